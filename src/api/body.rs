@@ -1,0 +1,104 @@
+//! Request bodies and query strings, with errors that name what was wrong: the field path
+//! for a wrong type or a missing or unknown field, line and column for broken JSON, and
+//! 413 for a body over the limit.
+
+use std::future::{ready, Ready};
+
+use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
+use futures_util::{future::LocalBoxFuture, StreamExt};
+use serde::de::DeserializeOwned;
+
+use super::State;
+use crate::error::{ApiError, Code};
+
+/// Parses JSON, naming the failing field (`events[0].content`) in the error.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::new(
+                Code::InvalidJson,
+                format!("the body is not valid JSON: {inner}"),
+            )
+        } else if path == "." {
+            ApiError::invalid(format!("invalid body: {inner}"))
+        } else {
+            ApiError::invalid(format!("invalid field `{path}`: {inner}"))
+        }
+    })?;
+    de.end().map_err(|e| {
+        ApiError::new(
+            Code::InvalidJson,
+            format!("the body is not valid JSON: {e}"),
+        )
+    })?;
+    Ok(value)
+}
+
+/// A JSON body read up to `server.max_body_bytes`.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
+    type Error = ApiError;
+    type Future = LocalBoxFuture<'static, Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let limit = req
+            .app_data::<State>()
+            .map_or(1 << 20, |s| s.settings.server.max_body_bytes);
+        let declared = req
+            .headers()
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let mut payload = payload.take();
+        Box::pin(async move {
+            let too_large = || {
+                ApiError::new(
+                    Code::PayloadTooLarge,
+                    format!("the body is larger than the limit of {limit} bytes"),
+                )
+            };
+            if declared.is_some_and(|n| n > limit) {
+                return Err(too_large());
+            }
+            let mut body = web::BytesMut::new();
+            while let Some(chunk) = payload.next().await {
+                let chunk = chunk
+                    .map_err(|e| ApiError::invalid(format!("could not read the body: {e}")))?;
+                if body.len() + chunk.len() > limit {
+                    return Err(too_large());
+                }
+                body.extend_from_slice(&chunk);
+            }
+            if body.is_empty() {
+                return Err(ApiError::new(
+                    Code::InvalidJson,
+                    "the body is empty; a JSON object is expected",
+                ));
+            }
+            parse_json(&body).map(JsonBody)
+        })
+    }
+}
+
+/// A query string, with bracket arrays (`types[]=a&types[]=b`) as some clients send them.
+pub struct Query<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest for Query<T> {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        // Not strict: clients percent-encode the brackets (`types%5B%5D=`).
+        let config = serde_qs::Config::new(5, false);
+        ready(
+            config
+                .deserialize_str::<T>(req.query_string())
+                .map(Query)
+                .map_err(|e| ApiError::invalid(format!("invalid query string: {e}"))),
+        )
+    }
+}

@@ -1,0 +1,106 @@
+//! The HTTP views. Each view turns requests into session calls and renders log events in
+//! its own wire types; none of them owns state.
+
+pub mod aap;
+pub mod auth;
+pub mod body;
+pub mod native;
+pub mod ops;
+pub mod sse;
+
+use std::sync::Arc;
+
+use actix_web::web;
+use dashmap::DashMap;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::error::{ApiError, Code};
+use crate::session::Sessions;
+
+/// What every handler may use.
+pub struct AppState {
+    pub sessions: Sessions,
+    pub settings: Arc<Settings>,
+    pub auth: auth::Keys,
+    pub streams: StreamCounter,
+    /// Cancelled at shutdown: every open stream ends cleanly.
+    pub shutdown: CancellationToken,
+}
+
+pub type State = web::Data<AppState>;
+
+/// Open streams per subject, for the `max_streams_per_subject` limit.
+#[derive(Default)]
+pub struct StreamCounter {
+    open: Arc<DashMap<String, usize>>,
+}
+
+/// Held by an open stream; counts it down when the stream ends.
+pub struct StreamGuard {
+    open: Arc<DashMap<String, usize>>,
+    subject: String,
+}
+
+impl StreamCounter {
+    pub fn open(&self, subject: &str, limit: usize) -> Result<StreamGuard, ApiError> {
+        let mut count = self.open.entry(subject.to_string()).or_insert(0);
+        if *count >= limit {
+            return Err(ApiError::new(
+                Code::TooManyStreams,
+                format!("subject {subject:?} already has {limit} open streams (streams.max_streams_per_subject)"),
+            ));
+        }
+        *count += 1;
+        crate::metrics::STREAMS_OPEN.inc();
+        Ok(StreamGuard {
+            open: self.open.clone(),
+            subject: subject.to_string(),
+        })
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        crate::metrics::STREAMS_OPEN.dec();
+        self.open.remove_if_mut(&self.subject, |_, count| {
+            *count -= 1;
+            *count == 0
+        });
+    }
+}
+
+/// Every route of every view.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    ops::routes(cfg);
+    cfg.configure(aap::session_routes)
+        .configure(native::session_routes)
+        .service(
+            web::scope("/api/v1/cloud")
+                .configure(aap::session_routes)
+                .configure(native::session_routes),
+        );
+}
+
+/// The service's one error shape, used by the native and AAP views:
+/// `{"type":"error","error":{"type":…,"code":…,"message":…}}`.
+impl actix_web::ResponseError for ApiError {
+    fn status_code(&self) -> actix_web::http::StatusCode {
+        self.code.status()
+    }
+
+    fn error_response(&self) -> actix_web::HttpResponse {
+        actix_web::HttpResponse::build(self.status_code()).json(serde_json::json!({
+            "type": "error",
+            "error": {"type": self.code.kind(), "code": self.code.code(), "message": self.message},
+        }))
+    }
+}
+
+/// Any request no route matched: a JSON 404 rather than an empty body.
+pub async fn no_route(req: actix_web::HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
+    Err(ApiError::new(
+        Code::NotFound,
+        format!("no route for {} {}", req.method(), req.path()),
+    ))
+}

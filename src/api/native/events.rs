@@ -1,0 +1,158 @@
+//! `GET /sessions/{id}/events` (a page of the log) and `POST /sessions/{id}/events`
+//! (user events, answered once durable).
+
+use actix_web::{web, HttpResponse};
+use bytes::{BufMut, BytesMut};
+
+use super::wire::{ListQuery, PostEvents};
+use crate::api::body::{JsonBody, Query};
+use crate::api::State;
+use crate::domain::{Draft, EventBody, RawEvent};
+use crate::error::{ApiError, Code};
+use crate::session::Caller;
+use crate::store::ReadRange;
+
+pub async fn post(
+    state: State,
+    caller: Caller,
+    path: web::Path<String>,
+    body: JsonBody<PostEvents>,
+) -> Result<HttpResponse, ApiError> {
+    let summary = state.sessions.get(&caller, &path)?;
+    let limits = &state.settings.limits;
+    let events = body.0.events;
+    if events.is_empty() {
+        return Err(ApiError::invalid(
+            "invalid field `events`: at least one event is needed",
+        ));
+    }
+    if events.len() > limits.max_events_per_request {
+        return Err(ApiError::invalid(format!(
+            "invalid field `events`: at most {} events per request",
+            limits.max_events_per_request
+        )));
+    }
+    let mut drafts = Vec::with_capacity(events.len());
+    for (i, event) in events.into_iter().enumerate() {
+        let draft = Draft::new(None, &EventBody::from(event));
+        if draft.len() > limits.max_event_bytes {
+            return Err(ApiError::new(
+                Code::PayloadTooLarge,
+                format!(
+                    "event {i} is {} bytes; the limit is {}",
+                    draft.len(),
+                    limits.max_event_bytes
+                ),
+            ));
+        }
+        drafts.push(draft);
+    }
+    let stored = state.sessions.append(&summary, drafts).await?;
+    Ok(json_events(&stored, None))
+}
+
+pub async fn list(
+    state: State,
+    caller: Caller,
+    path: web::Path<String>,
+    query: Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let summary = state.sessions.get(&caller, &path)?;
+    let query = query.0;
+    let max = state.settings.limits.max_page_size;
+    let limit = query.limit.unwrap_or(100);
+    if limit == 0 || limit > max {
+        return Err(ApiError::invalid(format!(
+            "invalid query `limit`: must be between 1 and {max}"
+        )));
+    }
+    let newest_first = match query.order.as_deref() {
+        None | Some("asc") => false,
+        Some("desc") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "invalid query `order`: {other:?} is not asc or desc"
+            )))
+        }
+    };
+    let cursor = |c: Option<String>| {
+        c.map(|c| state.sessions.check_cursor(&summary, &c))
+            .transpose()
+    };
+    let after = cursor(query.after_id)?.and_then(|p| p.last);
+    let before = cursor(query.before_id)?.and_then(|p| p.last);
+    let kinds: Vec<String> = query
+        .kind
+        .iter()
+        .flat_map(|k| k.split(','))
+        .chain(query.types.iter().map(String::as_str))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(String::from)
+        .collect();
+
+    // Read one more than asked to know whether there is more; with a type filter, read on
+    // in chunks until enough events match.
+    let mut found: Vec<RawEvent> = Vec::new();
+    let (mut after, mut before) = (after, before);
+    loop {
+        let chunk = limit.max(256);
+        let range = ReadRange {
+            after,
+            before,
+            limit: chunk,
+            newest_first,
+        };
+        let events = state.sessions.events(&summary, range)?;
+        let exhausted = events.len() < chunk;
+        if let Some(last) = events.last() {
+            if newest_first {
+                before = Some(last.id);
+            } else {
+                after = Some(last.id);
+            }
+        }
+        found.extend(
+            events
+                .into_iter()
+                .filter(|e| kinds.is_empty() || kinds.iter().any(|k| k == e.kind())),
+        );
+        if found.len() > limit || exhausted {
+            break;
+        }
+    }
+    let has_more = found.len() > limit;
+    found.truncate(limit);
+    Ok(json_events(&found, Some(has_more)))
+}
+
+/// `{"data":[...]}` (and the page fields when `has_more` is given), writing the stored
+/// JSON as it is.
+fn json_events(events: &[RawEvent], has_more: Option<bool>) -> HttpResponse {
+    let size: usize = events.iter().map(|e| e.json.len() + 1).sum();
+    let mut out = BytesMut::with_capacity(size + 128);
+    out.put_slice(b"{\"data\":[");
+    for (i, event) in events.iter().enumerate() {
+        if i > 0 {
+            out.put_u8(b',');
+        }
+        out.put_slice(&event.json);
+    }
+    out.put_u8(b']');
+    if let Some(has_more) = has_more {
+        let id = |e: Option<&RawEvent>| e.map_or("null".to_string(), |e| format!("\"{}\"", e.id));
+        out.put_slice(
+            format!(
+                ",\"first_id\":{},\"last_id\":{},\"has_more\":{}",
+                id(events.first()),
+                id(events.last()),
+                has_more
+            )
+            .as_bytes(),
+        );
+    }
+    out.put_u8(b'}');
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(out.freeze())
+}

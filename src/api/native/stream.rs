@@ -1,0 +1,60 @@
+//! `GET /sessions/{id}/events/stream`: replay after `after_id` (or `Last-Event-ID`, or from
+//! the start), then live events, each as `id:`, `event:` and `data:`.
+
+use std::time::Duration;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+
+use super::wire::StreamQuery;
+use crate::api::body::Query;
+use crate::api::sse::{self, Follow};
+use crate::api::State;
+use crate::error::ApiError;
+use crate::session::Caller;
+
+pub async fn stream(
+    state: State,
+    caller: Caller,
+    path: web::Path<String>,
+    query: Query<StreamQuery>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let summary = state.sessions.get(&caller, &path)?;
+    let header = req
+        .headers()
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    let cursor = query
+        .0
+        .after_id
+        .as_deref()
+        .or(header)
+        .filter(|c| !c.is_empty());
+    let follower = state.sessions.follow(&summary, cursor)?;
+    let settings = &state.settings.streams;
+    let guard = state
+        .streams
+        .open(&caller.subject, settings.max_streams_per_subject)?;
+    tracing::debug!(session_id = %summary.id, cursor = cursor.unwrap_or("start"), "stream opened");
+    let body = sse::follow(
+        Follow {
+            follower,
+            heartbeat: Duration::from_millis(settings.heartbeat_ms),
+            merge_window: query.0.delta_flush_interval_ms.map(Duration::from_millis),
+            shutdown: state.shutdown.clone(),
+            guard,
+        },
+        sse::native_frame,
+    );
+    Ok(sse_response().streaming(body))
+}
+
+pub fn sse_response() -> actix_web::HttpResponseBuilder {
+    let mut response = HttpResponse::Ok();
+    response
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .insert_header(("x-accel-buffering", "no"));
+    response
+}

@@ -1,0 +1,111 @@
+//! Server-sent events: framing, and the driver that turns a [`Follower`] into a response
+//! body with heartbeats, delta merging, and a clean end at `terminated` or shutdown.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::Stream;
+use tokio_util::sync::CancellationToken;
+
+use super::StreamGuard;
+use crate::domain::RawEvent;
+use crate::session::{Coalescer, Follower};
+
+pub const PING: &[u8] = b": ping\n\n";
+
+/// Writes one frame. `data` must be one line (compact JSON always is).
+pub fn frame(out: &mut BytesMut, id: Option<&str>, event: &str, data: &[u8]) {
+    out.reserve(data.len() + event.len() + 48);
+    if let Some(id) = id {
+        out.put_slice(b"id: ");
+        out.put_slice(id.as_bytes());
+        out.put_u8(b'\n');
+    }
+    out.put_slice(b"event: ");
+    out.put_slice(event.as_bytes());
+    out.put_slice(b"\ndata: ");
+    out.put_slice(data);
+    out.put_slice(b"\n\n");
+}
+
+/// The native frame: the event id, its type, and the stored JSON as it is.
+pub fn native_frame(out: &mut BytesMut, event: &RawEvent) {
+    frame(out, Some(&event.id.to_string()), event.kind(), &event.json);
+}
+
+pub struct Follow {
+    pub follower: Follower,
+    pub heartbeat: Duration,
+    pub merge_window: Option<Duration>,
+    pub shutdown: CancellationToken,
+    pub guard: StreamGuard,
+}
+
+/// The body of a stream that follows a log, rendering events with `render`.
+pub fn follow<R>(follow: Follow, mut render: R) -> impl Stream<Item = Result<Bytes, Infallible>>
+where
+    R: FnMut(&mut BytesMut, &RawEvent) + 'static,
+{
+    let Follow {
+        mut follower,
+        heartbeat,
+        merge_window,
+        shutdown,
+        guard,
+    } = follow;
+    async_stream::stream! {
+        let _guard = guard;
+        let mut coalescer = Coalescer::new(merge_window);
+        let start = tokio::time::Instant::now() + heartbeat;
+        let mut ping = tokio::time::interval_at(start, heartbeat);
+        loop {
+            let mut out = BytesMut::new();
+            let deadline = coalescer.deadline();
+            let more = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => false,
+                next = follower.next() => match next {
+                    Ok(Some(events)) => {
+                        for event in coalescer.push(events, tokio::time::Instant::now()) {
+                            render(&mut out, &event);
+                        }
+                        true
+                    }
+                    Ok(None) => false,
+                    Err(error) => {
+                        tracing::info!(%error, "closing a stream");
+                        false
+                    }
+                },
+                _ = sleep_until(deadline), if deadline.is_some() => {
+                    if let Some(event) = coalescer.flush() {
+                        render(&mut out, &event);
+                    }
+                    true
+                }
+                _ = ping.tick() => {
+                    out.put_slice(PING);
+                    true
+                }
+            };
+            if !more {
+                if let Some(event) = coalescer.flush() {
+                    render(&mut out, &event);
+                }
+            }
+            if !out.is_empty() {
+                yield Ok(out.freeze());
+            }
+            if !more {
+                break;
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    if let Some(deadline) = deadline {
+        tokio::time::sleep_until(deadline).await;
+    }
+}

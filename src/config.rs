@@ -1,0 +1,174 @@
+//! Settings: `config/default.toml` (compiled in), then an optional file, then
+//! `TURNLOG__SECTION__KEY` environment variables; validated before anything starts.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Toml};
+use figment::Figment;
+use serde::Deserialize;
+
+const DEFAULTS: &str = include_str!("../config/default.toml");
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub store: StoreSettings,
+    pub streams: StreamSettings,
+    pub limits: LimitSettings,
+    pub auth: AuthSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    pub addr: String,
+    pub data_dir: PathBuf,
+    pub max_body_bytes: usize,
+    pub workers: usize,
+    pub shutdown_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSettings {
+    pub cache_capacity_mb: u64,
+    pub max_batch_events: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSettings {
+    pub heartbeat_ms: u64,
+    pub bus_capacity: usize,
+    pub max_backlog_events: u64,
+    pub replay_chunk_events: usize,
+    pub max_streams_per_subject: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSettings {
+    pub max_event_bytes: usize,
+    pub max_events_per_session: u64,
+    pub max_events_per_request: usize,
+    pub max_page_size: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    pub keys: Vec<ApiKey>,
+}
+
+/// An API key, stored only as the hex SHA-256 of the key.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    pub subject: String,
+    pub sha256: String,
+    #[serde(default)]
+    pub admin: bool,
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKey")
+            .field("subject", &self.subject)
+            .field("admin", &self.admin)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+impl Settings {
+    /// Reads the layers. `file` is optional; a named file that does not exist is an error.
+    pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
+        let mut figment = Figment::from(Toml::string(DEFAULTS));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        let settings: Settings = figment
+            .merge(Env::prefixed("TURNLOG__").split("__"))
+            .extract()
+            .map_err(|e| ConfigError::Load(Box::new(e)))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Refuses contradictions before anything starts.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        self.addr()?;
+        if self.server.max_body_bytes < 1024 {
+            return invalid("server.max_body_bytes must be at least 1024");
+        }
+        if self.limits.max_event_bytes > self.server.max_body_bytes {
+            return invalid("limits.max_event_bytes cannot exceed server.max_body_bytes");
+        }
+        if self.store.max_batch_events == 0 || self.streams.replay_chunk_events == 0 {
+            return invalid(
+                "store.max_batch_events and streams.replay_chunk_events must be positive",
+            );
+        }
+        if self.streams.heartbeat_ms == 0 {
+            return invalid("streams.heartbeat_ms must be positive");
+        }
+        for key in &self.auth.keys {
+            if key.sha256.len() != 64 || !key.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(ConfigError::Invalid(format!(
+                    "auth.keys: the key of subject {:?} needs `sha256`, 64 hex digits (see `turnlog hash-key`)",
+                    key.subject
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.server.addr.parse().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "server.addr {:?} is not an IP:port address",
+                self.server.addr
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_load_and_validate() {
+        let settings = Settings::load(None).unwrap();
+        assert_eq!(settings.streams.heartbeat_ms, 15_000);
+        assert!(settings.auth.keys.is_empty());
+    }
+
+    #[test]
+    fn a_bad_key_hash_is_refused_with_its_subject() {
+        let mut settings = Settings::load(None).unwrap();
+        settings.auth.keys.push(ApiKey {
+            subject: "alice".into(),
+            sha256: "abc".into(),
+            admin: false,
+        });
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(error.contains("alice"), "{error}");
+    }
+}

@@ -1,0 +1,420 @@
+//! The event envelope and the catalog of event types: the one format every view renders.
+//!
+//! An event is stored as the exact JSON bytes the native stream sends. The writer builds
+//! the envelope (`id`, `type`, ids, sequence numbers, times) in front of the body that
+//! a caller serialised, so replay never re-serialises and the type can be read from a
+//! fixed offset without parsing.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::ids::{EventId, SessionId, TurnId};
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A content block (`{"type":"text","text":"..."}`, images, documents, ...). Only text is
+/// interpreted; every other block is kept as it came.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Block {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+impl Block {
+    pub fn text(text: impl Into<String>) -> Self {
+        Block {
+            kind: "text".into(),
+            text: Some(text.into()),
+            rest: Map::new(),
+        }
+    }
+
+    /// The text of all text blocks, joined.
+    pub fn join_text(blocks: &[Block]) -> String {
+        blocks
+            .iter()
+            .filter_map(|b| b.text.as_deref())
+            .collect::<Vec<_>>()
+            .join("")
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, other: Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+}
+
+/// Why a turn stopped (`session.status_idle.stop_reason.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    EndTurn,
+    RequiresAction,
+    MaxTokens,
+    MaxTurnRequests,
+    Refusal,
+    Cancelled,
+    Error,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StopInfo {
+    #[serde(rename = "type")]
+    pub kind: StopReason,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub event_ids: Vec<EventId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Permission {
+    Allow,
+    Ask,
+    Deny,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Confirmation {
+    Allow,
+    Deny,
+}
+
+/// How a session was created: the Agent Application Protocol's session request, kept as
+/// given so that every view can answer with it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionSpec {
+    pub agent: AgentSpec,
+    /// Tools the client declared (run by the client).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Value>,
+    /// Seed history.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub metadata: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentSpec {
+    pub name: String,
+    /// Server tools enabled for this session, with the trust the client gave them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<ToolTrust>>,
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub options: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolTrust {
+    pub name: String,
+    #[serde(default)]
+    pub trust: bool,
+}
+
+/// Every event type, with its own fields. Serialised with `type` first (serde writes the
+/// tag of an internally tagged enum before the fields), which the writer relies on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum EventBody {
+    #[serde(rename = "session.created")]
+    SessionCreated {
+        #[serde(flatten)]
+        spec: SessionSpec,
+        created_by: String,
+    },
+    #[serde(rename = "session.updated")]
+    SessionUpdated {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<AgentSpec>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tools: Option<Vec<Value>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        title: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        metadata: Option<Map<String, Value>>,
+    },
+    #[serde(rename = "session.deleted")]
+    SessionDeleted {},
+    #[serde(rename = "turn.started")]
+    TurnStarted {},
+    #[serde(rename = "user.message")]
+    UserMessage { content: Vec<Block> },
+    #[serde(rename = "user.interrupt")]
+    UserInterrupt {},
+    #[serde(rename = "user.define_outcome")]
+    UserDefineOutcome { outcome: Value },
+    #[serde(rename = "user.tool_confirmation")]
+    UserToolConfirmation {
+        tool_use_id: String,
+        result: Confirmation,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deny_message: Option<String>,
+    },
+    #[serde(rename = "user.custom_tool_result")]
+    UserCustomToolResult {
+        custom_tool_use_id: String,
+        #[serde(default)]
+        content: Vec<Block>,
+        #[serde(default)]
+        is_error: bool,
+    },
+    #[serde(rename = "session.status_running")]
+    StatusRunning { status: String },
+    #[serde(rename = "span.model_request_start")]
+    ModelRequestStart { model: String, span_id: String },
+    #[serde(rename = "agent.thinking")]
+    AgentThinking {
+        message_id: String,
+        thinking: String,
+    },
+    #[serde(rename = "agent.thinking.delta")]
+    AgentThinkingDelta { message_id: String, delta: String },
+    #[serde(rename = "agent.message")]
+    AgentMessage {
+        message_id: String,
+        content: Vec<Block>,
+    },
+    #[serde(rename = "agent.message.delta")]
+    AgentMessageDelta { message_id: String, delta: String },
+    #[serde(rename = "agent.tool_use")]
+    AgentToolUse {
+        tool_call_id: String,
+        name: String,
+        input: Value,
+        evaluated_permission: Permission,
+    },
+    #[serde(rename = "agent.custom_tool_use")]
+    AgentCustomToolUse {
+        tool_call_id: String,
+        name: String,
+        input: Value,
+    },
+    #[serde(rename = "agent.tool_result")]
+    AgentToolResult {
+        tool_use_id: EventId,
+        tool_call_id: String,
+        content: Vec<Block>,
+        #[serde(default)]
+        is_error: bool,
+    },
+    #[serde(rename = "span.model_request_end")]
+    ModelRequestEnd {
+        span_id: String,
+        model: String,
+        usage: Usage,
+        #[serde(default)]
+        is_error: bool,
+    },
+    #[serde(rename = "session.status_idle")]
+    StatusIdle {
+        status: String,
+        stop_reason: StopInfo,
+        usage: Usage,
+    },
+    #[serde(rename = "session.error")]
+    SessionError { error: String, code: String },
+    #[serde(rename = "terminated")]
+    Terminated { reason: String },
+}
+
+/// A decoded event: the envelope and the type's own fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: EventId,
+    pub session_id: SessionId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<TurnId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_sequence_number: Option<u32>,
+    pub sequence_number: u64,
+    pub created_at: String,
+    pub processed_at: String,
+    pub schema_version: u32,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+/// What a caller asks to append: the body already serialised (off the writer's thread)
+/// and the turn it belongs to. The writer adds the envelope.
+#[derive(Debug, Clone)]
+pub struct Draft {
+    pub turn: Option<TurnId>,
+    body: Bytes,
+    kind_end: usize,
+}
+
+const TYPE_PREFIX: &[u8] = b"{\"type\":\"";
+
+impl Draft {
+    pub fn new(turn: Option<TurnId>, body: &EventBody) -> Draft {
+        let body = Bytes::from(serde_json::to_vec(body).expect("event bodies always serialise"));
+        let kind_end = TYPE_PREFIX.len()
+            + body[TYPE_PREFIX.len()..]
+                .iter()
+                .position(|&b| b == b'"')
+                .expect("a type tag");
+        Draft {
+            turn,
+            body,
+            kind_end,
+        }
+    }
+
+    pub fn kind(&self) -> &str {
+        std::str::from_utf8(&self.body[TYPE_PREFIX.len()..self.kind_end]).expect("utf-8")
+    }
+
+    /// The body's own fields after the type: `,"content":[...]}` or `}`.
+    pub fn fields(&self) -> &[u8] {
+        &self.body[self.kind_end + 1..]
+    }
+
+    pub fn len(&self) -> usize {
+        self.body.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.body.is_empty()
+    }
+}
+
+/// A stored event as bytes, with the two facts the hot paths need without parsing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawEvent {
+    pub id: EventId,
+    pub seq: u64,
+    pub json: Bytes,
+}
+
+/// `{"id":"evt_` + 26 ULID characters + `","type":"`: where the writer puts the type.
+const KIND_OFFSET: usize = 7 + 4 + 26 + 10;
+
+impl RawEvent {
+    /// The event type, read from where the writer put it.
+    pub fn kind(&self) -> &str {
+        let rest = self.json.get(KIND_OFFSET..).unwrap_or_default();
+        let end = rest.iter().position(|&b| b == b'"').unwrap_or(0);
+        std::str::from_utf8(&rest[..end]).unwrap_or("")
+    }
+
+    pub fn decode(&self) -> Result<Event, serde_json::Error> {
+        serde_json::from_slice(&self.json)
+    }
+
+    pub fn is_delta(&self) -> bool {
+        self.kind().ends_with(".delta")
+    }
+}
+
+/// Writes the envelope of an event in front of its fields. Field order is fixed: `id`
+/// then `type` first, which [`RawEvent::kind`] relies on.
+pub struct Envelope<'a> {
+    pub id: EventId,
+    pub session: SessionId,
+    pub turn: Option<(TurnId, u32)>,
+    pub seq: u64,
+    pub now: &'a str,
+}
+
+impl Envelope<'_> {
+    pub fn write(&self, draft: &Draft) -> Bytes {
+        use std::io::Write;
+        let mut out = Vec::with_capacity(draft.len() + 256);
+        write!(
+            out,
+            "{{\"id\":\"{}\",\"type\":\"{}\",\"session_id\":\"{}\"",
+            self.id,
+            draft.kind(),
+            self.session
+        )
+        .expect("writing to a Vec");
+        if let Some((turn, turn_seq)) = self.turn {
+            write!(
+                out,
+                ",\"turn_id\":\"{turn}\",\"turn_sequence_number\":{turn_seq}"
+            )
+            .expect("vec");
+        }
+        write!(
+            out,
+            ",\"sequence_number\":{},\"created_at\":\"{}\",\"processed_at\":\"{}\",\"schema_version\":{}",
+            self.seq, self.now, self.now, SCHEMA_VERSION
+        )
+        .expect("vec");
+        out.extend_from_slice(draft.fields());
+        Bytes::from(out)
+    }
+}
+
+/// RFC 3339 with microseconds, in UTC.
+pub fn timestamp_now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ulid::Ulid;
+
+    #[test]
+    fn envelope_and_body_make_one_event_that_decodes() {
+        let body = EventBody::UserMessage {
+            content: vec![Block::text("hi")],
+        };
+        let draft = Draft::new(None, &body);
+        assert_eq!(draft.kind(), "user.message");
+        let id = EventId(Ulid::new());
+        let session = SessionId(Ulid::new());
+        let turn = TurnId(Ulid::new());
+        let json = Envelope {
+            id,
+            session,
+            turn: Some((turn, 3)),
+            seq: 7,
+            now: "2026-01-01T00:00:00.000000Z",
+        }
+        .write(&draft);
+        let raw = RawEvent { id, seq: 7, json };
+        assert_eq!(raw.kind(), "user.message");
+        let event = raw.decode().unwrap();
+        assert_eq!(event.id, id);
+        assert_eq!(event.session_id, session);
+        assert_eq!(event.turn_id, Some(turn));
+        assert_eq!(event.turn_sequence_number, Some(3));
+        assert_eq!(event.sequence_number, 7);
+        assert_eq!(event.body, body);
+    }
+
+    #[test]
+    fn a_body_with_no_fields_still_makes_valid_json() {
+        let draft = Draft::new(None, &EventBody::SessionDeleted {});
+        let id = EventId(Ulid::new());
+        let json = Envelope {
+            id,
+            session: SessionId(Ulid::new()),
+            turn: None,
+            seq: 1,
+            now: "t",
+        }
+        .write(&draft);
+        let value: Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(value["type"], "session.deleted");
+        assert_eq!(RawEvent { id, seq: 1, json }.kind(), "session.deleted");
+    }
+}

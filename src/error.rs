@@ -1,0 +1,100 @@
+//! The one table of error codes: each knows its HTTP status, its error type and its code.
+//! Each view renders an [`ApiError`] in its own shape; 5xx bodies say little and the
+//! cause is logged.
+
+use actix_web::http::StatusCode;
+
+use crate::session::{FollowError, SessionError};
+
+macro_rules! codes {
+    ($($variant:ident => ($status:literal, $kind:literal, $code:literal),)*) => {
+        /// An error code: status, type and code string.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Code { $($variant,)* }
+
+        impl Code {
+            pub fn status(self) -> StatusCode {
+                match self { $(Code::$variant => StatusCode::from_u16($status).expect("valid status"),)* }
+            }
+            /// The error type, in the style of the Anthropic and OpenAI APIs.
+            pub fn kind(self) -> &'static str {
+                match self { $(Code::$variant => $kind,)* }
+            }
+            /// The stable machine-readable code.
+            pub fn code(self) -> &'static str {
+                match self { $(Code::$variant => $code,)* }
+            }
+        }
+    };
+}
+
+codes! {
+    InvalidRequest => (400, "invalid_request_error", "invalid_request"),
+    InvalidJson => (400, "invalid_request_error", "invalid_json"),
+    Unauthorized => (401, "authentication_error", "unauthorized"),
+    NotFound => (404, "not_found_error", "not_found"),
+    SessionNotFound => (404, "not_found_error", "session_not_found"),
+    UnknownCursor => (409, "invalid_request_error", "unknown_cursor"),
+    Conflict => (409, "invalid_request_error", "conflict"),
+    PayloadTooLarge => (413, "request_too_large", "payload_too_large"),
+    LimitExceeded => (422, "invalid_request_error", "limit_exceeded"),
+    TooManyStreams => (429, "rate_limit_error", "too_many_streams"),
+    Internal => (500, "api_error", "internal_error"),
+    Unavailable => (503, "overloaded_error", "unavailable"),
+}
+
+/// An error as every view sees it: a code and a message naming what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub code: Code,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: Code, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(Code::InvalidRequest, message)
+    }
+
+    /// A server-side failure: the cause goes to the log, the client gets a short message.
+    pub fn internal(cause: impl std::fmt::Display) -> ApiError {
+        tracing::error!(%cause, "request failed");
+        ApiError::new(
+            Code::Internal,
+            "internal error; the cause is in the server log",
+        )
+    }
+}
+
+impl From<SessionError> for ApiError {
+    fn from(error: SessionError) -> ApiError {
+        let message = error.to_string();
+        match error {
+            SessionError::NotFound(_) => ApiError::new(Code::SessionNotFound, message),
+            SessionError::UnknownCursor(_) => ApiError::new(Code::UnknownCursor, message),
+            SessionError::Terminated(_) | SessionError::Conflict(_) => {
+                ApiError::new(Code::Conflict, message)
+            }
+            SessionError::Invalid(_) => ApiError::new(Code::InvalidRequest, message),
+            SessionError::Limit(_) => ApiError::new(Code::LimitExceeded, message),
+            SessionError::ShuttingDown => ApiError::new(Code::Unavailable, message),
+            SessionError::Storage(cause) => ApiError::internal(cause),
+        }
+    }
+}
+
+impl From<FollowError> for ApiError {
+    fn from(error: FollowError) -> ApiError {
+        match error {
+            FollowError::Backlog { .. } => ApiError::new(Code::Conflict, error.to_string()),
+            FollowError::Storage(cause) => ApiError::internal(cause),
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Projections: pure folds over the log. The store runs them as it writes and rebuilds
+//! them from the `events` tree after an unclean stop.
+
+pub mod sessions;
+
+pub use sessions::{SessionIndex, SessionSummary};
+
+use std::sync::Arc;
+
+use crate::store::Projection;
+
+/// Every projection the service keeps.
+pub fn all() -> Vec<Arc<dyn Projection>> {
+    vec![Arc::new(SessionIndex)]
+}

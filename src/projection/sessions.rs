@@ -1,0 +1,89 @@
+//! The session index: what listing, filtering and ownership checks need, one entry per
+//! session, folded from `session.*` events and `terminated`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::event::SessionSpec;
+use crate::domain::{Event, EventBody, SessionId};
+use crate::store::Projection;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionSummary {
+    pub id: SessionId,
+    pub spec: SessionSpec,
+    pub created_by: String,
+    pub created_at: String,
+    pub updated_at: String,
+    pub deleted: bool,
+}
+
+impl SessionSummary {
+    /// The fold: the summary after `event`, or `None` when `event` does not change it.
+    pub fn apply(current: Option<SessionSummary>, event: &Event) -> Option<SessionSummary> {
+        match (&event.body, current) {
+            (EventBody::SessionCreated { spec, created_by }, _) => Some(SessionSummary {
+                id: event.session_id,
+                spec: spec.clone(),
+                created_by: created_by.clone(),
+                created_at: event.created_at.clone(),
+                updated_at: event.created_at.clone(),
+                deleted: false,
+            }),
+            (
+                EventBody::SessionUpdated {
+                    agent,
+                    tools,
+                    title,
+                    metadata,
+                },
+                Some(mut summary),
+            ) => {
+                if let Some(agent) = agent {
+                    summary.spec.agent = agent.clone();
+                }
+                if let Some(tools) = tools {
+                    summary.spec.tools = tools.clone();
+                }
+                if let Some(title) = title {
+                    summary.spec.title = Some(title.clone());
+                }
+                if let Some(metadata) = metadata {
+                    summary.spec.metadata = metadata.clone();
+                }
+                summary.updated_at = event.created_at.clone();
+                Some(summary)
+            }
+            (EventBody::SessionDeleted {} | EventBody::Terminated { .. }, Some(mut summary)) => {
+                summary.deleted = true;
+                summary.updated_at = event.created_at.clone();
+                Some(summary)
+            }
+            _ => None,
+        }
+    }
+}
+
+pub struct SessionIndex;
+
+impl SessionIndex {
+    pub const NAME: &'static str = "sessions";
+}
+
+impl Projection for SessionIndex {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn wants(&self, kind: &str) -> bool {
+        matches!(
+            kind,
+            "session.created" | "session.updated" | "session.deleted" | "terminated"
+        )
+    }
+
+    fn apply(&self, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
+        let current = current.and_then(|bytes| serde_json::from_slice(bytes).ok());
+        SessionSummary::apply(current, event)
+            .map(|s| serde_json::to_vec(&s).expect("summaries serialise"))
+    }
+}

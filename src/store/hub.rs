@@ -1,0 +1,101 @@
+//! One channel per active session: its durable watermark and its live bus.
+//!
+//! sled makes an applied batch visible before it is flushed, so no reader may look past
+//! the watermark, which the writer advances only after the flush. A channel exists while
+//! anyone holds it (a subscriber, or the writer while a batch is in flight), so a reader
+//! that has to create one knows that nothing is in flight for that session and can take
+//! the store's last key as durable.
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use tokio::sync::broadcast;
+use ulid::Ulid;
+
+use crate::domain::{EventId, RawEvent};
+
+/// A point in a session's log: its last event and sequence number (0 for an empty log).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Position {
+    pub last: Option<EventId>,
+    pub seq: u64,
+}
+
+pub type Batch = Arc<[RawEvent]>;
+
+pub struct Channel {
+    durable: Mutex<Position>,
+    bus: broadcast::Sender<Batch>,
+}
+
+impl Channel {
+    pub fn durable(&self) -> Position {
+        *self.durable.lock()
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Batch> {
+        self.bus.subscribe()
+    }
+
+    /// Called by the writer after the flush: first the watermark, then the broadcast, so
+    /// a subscriber that subscribed before reading the watermark misses nothing.
+    pub(super) fn publish(&self, events: Batch) {
+        if let Some(last) = events.last() {
+            *self.durable.lock() = Position {
+                last: Some(last.id),
+                seq: last.seq,
+            };
+            // No receivers is not an error: nobody is watching this session right now.
+            let _ = self.bus.send(events);
+        }
+    }
+}
+
+pub struct Hub {
+    channels: DashMap<Ulid, Arc<Channel>>,
+    bus_capacity: usize,
+}
+
+impl Hub {
+    pub fn new(bus_capacity: usize) -> Hub {
+        Hub {
+            channels: DashMap::new(),
+            bus_capacity: bus_capacity.max(1),
+        }
+    }
+
+    /// The session's channel, created with `load` (the store's last position) if needed.
+    pub fn channel<E>(
+        &self,
+        session: Ulid,
+        load: impl FnOnce() -> Result<Position, E>,
+    ) -> Result<Arc<Channel>, E> {
+        if let Some(channel) = self.channels.get(&session) {
+            return Ok(channel.clone());
+        }
+        match self.channels.entry(session) {
+            dashmap::Entry::Occupied(entry) => Ok(entry.get().clone()),
+            dashmap::Entry::Vacant(entry) => {
+                let durable = load()?;
+                let (bus, _) = broadcast::channel(self.bus_capacity);
+                let channel = Arc::new(Channel {
+                    durable: Mutex::new(durable),
+                    bus,
+                });
+                entry.insert(channel.clone());
+                Ok(channel)
+            }
+        }
+    }
+
+    /// Drops the channels nobody holds, so an idle session costs no memory.
+    pub fn sweep(&self) {
+        self.channels
+            .retain(|_, channel| Arc::strong_count(channel) > 1);
+    }
+
+    pub fn len(&self) -> usize {
+        self.channels.len()
+    }
+}
