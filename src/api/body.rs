@@ -92,13 +92,23 @@ impl<T: DeserializeOwned> FromRequest for Query<T> {
     type Future = Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        // Not strict: clients percent-encode the brackets (`types%5B%5D=`).
-        let config = serde_qs::Config::new(5, false);
-        ready(
-            config
-                .deserialize_str::<T>(req.query_string())
-                .map(Query)
-                .map_err(|e| ApiError::invalid(format!("invalid query string: {e}"))),
-        )
+        ready(parse_query(req.query_string()).map(Query))
     }
+}
+
+/// Parses a query string, naming the failing parameter.
+pub fn parse_query<T: DeserializeOwned>(query: &str) -> Result<T, ApiError> {
+    // Not strict: clients percent-encode the brackets (`types%5B%5D=`).
+    let config = serde_qs::Config::new(5, false);
+    let de = serde_qs::Deserializer::with_config(&config, query.as_bytes())
+        .map_err(|e| ApiError::invalid(format!("invalid query string: {e}")))?;
+    serde_path_to_error::deserialize(de).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        if path == "." {
+            ApiError::invalid(format!("invalid query string: {inner}"))
+        } else {
+            ApiError::invalid(format!("invalid query `{path}`: {inner}"))
+        }
+    })
 }

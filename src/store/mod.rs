@@ -434,11 +434,21 @@ impl Store {
     /// Stops the writer after it has written everything queued, marks the log clean and
     /// flushes. Appends after this answer `ShuttingDown`.
     pub fn close(&self) -> Result<(), StoreError> {
+        self.stop(true)
+    }
+
+    /// Closes without marking the log clean, as a crash would leave it: the next open
+    /// rebuilds the projections. For tests of recovery.
+    pub fn close_unclean(&self) -> Result<(), StoreError> {
+        self.stop(false)
+    }
+
+    fn stop(&self, clean: bool) -> Result<(), StoreError> {
         self.jobs.lock().take();
         if let Some(handle) = self.writer.lock().take() {
             let _ = handle.join();
         }
-        if self.inner.failed().is_none() {
+        if clean && self.inner.failed().is_none() {
             self.inner.meta.insert(META_STATE, b"clean".as_slice())?;
         }
         self.inner.db.flush()?;

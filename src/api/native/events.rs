@@ -4,10 +4,10 @@
 use actix_web::{web, HttpResponse};
 use bytes::{BufMut, BytesMut};
 
-use super::wire::{ListQuery, PostEvents};
+use super::wire::{user_event, ListQuery, PostEvents};
 use crate::api::body::{JsonBody, Query};
 use crate::api::State;
-use crate::domain::{Draft, EventBody, RawEvent};
+use crate::domain::{Draft, RawEvent};
 use crate::error::{ApiError, Code};
 use crate::session::Caller;
 use crate::store::ReadRange;
@@ -34,7 +34,7 @@ pub async fn post(
     }
     let mut drafts = Vec::with_capacity(events.len());
     for (i, event) in events.into_iter().enumerate() {
-        let draft = Draft::new(None, &EventBody::from(event));
+        let draft = Draft::new(None, &user_event(i, event)?);
         if draft.len() > limits.max_event_bytes {
             return Err(ApiError::new(
                 Code::PayloadTooLarge,

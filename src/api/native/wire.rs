@@ -6,68 +6,129 @@ use serde_json::Value;
 
 use crate::domain::event::Confirmation;
 use crate::domain::{Block, EventBody};
+use crate::error::ApiError;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PostEvents {
-    pub events: Vec<UserEvent>,
+    pub events: Vec<Value>,
+}
+
+pub const USER_EVENT_TYPES: &[&str] = &[
+    "user.message",
+    "user.interrupt",
+    "user.define_outcome",
+    "user.tool_confirmation",
+    "user.custom_tool_result",
+];
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Message {
+    #[serde(deserialize_with = "content")]
+    content: Vec<Block>,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(tag = "type", deny_unknown_fields)]
-pub enum UserEvent {
-    #[serde(rename = "user.message")]
-    Message {
-        #[serde(deserialize_with = "content")]
-        content: Vec<Block>,
-    },
-    #[serde(rename = "user.interrupt")]
-    Interrupt {},
-    #[serde(rename = "user.define_outcome")]
-    DefineOutcome { outcome: Value },
-    #[serde(rename = "user.tool_confirmation")]
-    ToolConfirmation {
-        tool_use_id: String,
-        result: Confirmation,
-        #[serde(default)]
-        deny_message: Option<String>,
-    },
-    #[serde(rename = "user.custom_tool_result")]
-    CustomToolResult {
-        custom_tool_use_id: String,
-        #[serde(default, deserialize_with = "content")]
-        content: Vec<Block>,
-        #[serde(default)]
-        is_error: bool,
-    },
+#[serde(deny_unknown_fields)]
+struct Interrupt {}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DefineOutcome {
+    outcome: Value,
 }
 
-impl From<UserEvent> for EventBody {
-    fn from(event: UserEvent) -> EventBody {
-        match event {
-            UserEvent::Message { content } => EventBody::UserMessage { content },
-            UserEvent::Interrupt {} => EventBody::UserInterrupt {},
-            UserEvent::DefineOutcome { outcome } => EventBody::UserDefineOutcome { outcome },
-            UserEvent::ToolConfirmation {
-                tool_use_id,
-                result,
-                deny_message,
-            } => EventBody::UserToolConfirmation {
-                tool_use_id,
-                result,
-                deny_message,
-            },
-            UserEvent::CustomToolResult {
-                custom_tool_use_id,
-                content,
-                is_error,
-            } => EventBody::UserCustomToolResult {
-                custom_tool_use_id,
-                content,
-                is_error,
-            },
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolConfirmation {
+    tool_use_id: String,
+    result: Confirmation,
+    #[serde(default)]
+    deny_message: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CustomToolResult {
+    custom_tool_use_id: String,
+    #[serde(default, deserialize_with = "content")]
+    content: Vec<Block>,
+    #[serde(default)]
+    is_error: bool,
+}
+
+/// Reads event `i` of a request, naming the failing field (`events[0].content`).
+pub fn user_event(i: usize, value: Value) -> Result<EventBody, ApiError> {
+    let Value::Object(mut fields) = value else {
+        return Err(ApiError::invalid(format!(
+            "invalid field `events[{i}]`: expected an event object"
+        )));
+    };
+    let kind = match fields.remove("type") {
+        Some(Value::String(kind)) => kind,
+        _ => {
+            return Err(ApiError::invalid(format!(
+                "invalid field `events[{i}].type`: a string is required"
+            )))
         }
+    };
+    let fields = Value::Object(fields);
+    let parse = |fields| -> Result<EventBody, serde_path_to_error::Error<serde_json::Error>> {
+        Ok(match kind.as_str() {
+            "user.message" => {
+                let Message { content } = serde_path_to_error::deserialize(fields)?;
+                EventBody::UserMessage { content }
+            }
+            "user.interrupt" => {
+                let Interrupt {} = serde_path_to_error::deserialize(fields)?;
+                EventBody::UserInterrupt {}
+            }
+            "user.define_outcome" => {
+                let DefineOutcome { outcome } = serde_path_to_error::deserialize(fields)?;
+                EventBody::UserDefineOutcome { outcome }
+            }
+            "user.tool_confirmation" => {
+                let ToolConfirmation {
+                    tool_use_id,
+                    result,
+                    deny_message,
+                } = serde_path_to_error::deserialize(fields)?;
+                EventBody::UserToolConfirmation {
+                    tool_use_id,
+                    result,
+                    deny_message,
+                }
+            }
+            _ => {
+                let CustomToolResult {
+                    custom_tool_use_id,
+                    content,
+                    is_error,
+                } = serde_path_to_error::deserialize(fields)?;
+                EventBody::UserCustomToolResult {
+                    custom_tool_use_id,
+                    content,
+                    is_error,
+                }
+            }
+        })
+    };
+    if !USER_EVENT_TYPES.contains(&kind.as_str()) {
+        return Err(ApiError::invalid(format!(
+            "invalid field `events[{i}].type`: {kind:?} is not a user event type; expected one of {}",
+            USER_EVENT_TYPES.join(", ")
+        )));
     }
+    parse(fields).map_err(|error| {
+        let path = error.path().to_string();
+        let at = if path == "." {
+            format!("events[{i}]")
+        } else {
+            format!("events[{i}].{path}")
+        };
+        ApiError::invalid(format!("invalid field `{at}`: {}", error.into_inner()))
+    })
 }
 
 /// Content as a string or an array of blocks, each with a string `type`, and a string
@@ -120,36 +181,52 @@ mod tests {
     use super::*;
     use crate::api::body::parse_json;
 
+    fn parse(body: &str) -> Result<Vec<EventBody>, ApiError> {
+        let request: PostEvents = parse_json(body.as_bytes())?;
+        request
+            .events
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| user_event(i, e))
+            .collect()
+    }
+
     #[test]
     fn unknown_fields_and_types_are_named() {
-        let error = parse_json::<PostEvents>(
-            br#"{"events":[{"type":"user.message","content":"hi","extra":1}]}"#,
-        )
-        .unwrap_err();
+        let error =
+            parse(r#"{"events":[{"type":"user.message","content":"hi","extra":1}]}"#).unwrap_err();
         assert!(
             error.message.contains("events[0]") && error.message.contains("extra"),
             "{}",
             error.message
         );
+        let error = parse(r#"{"events":[{"type":"agent.message","content":[]}]}"#).unwrap_err();
+        assert!(
+            error.message.contains("events[0].type") && error.message.contains("agent.message"),
+            "{}",
+            error.message
+        );
         let error =
-            parse_json::<PostEvents>(br#"{"events":[{"type":"agent.message","content":[]}]}"#)
+            parse(r#"{"events":[{"type":"user.interrupt"},{"type":"user.message","content":5}]}"#)
                 .unwrap_err();
-        assert!(error.message.contains("agent.message"), "{}", error.message);
-        let error = parse_json::<PostEvents>(
-            br#"{"events":[{"type":"user.message","content":[{"type":"text"}]}]}"#,
-        )
-        .unwrap_err();
+        assert!(
+            error.message.contains("events[1].content"),
+            "{}",
+            error.message
+        );
+        let error = parse(r#"{"events":[{"type":"user.message","content":[{"type":"text"}]}]}"#)
+            .unwrap_err();
         assert!(error.message.contains("text"), "{}", error.message);
     }
 
     #[test]
     fn string_content_becomes_a_text_block() {
-        let parsed =
-            parse_json::<PostEvents>(br#"{"events":[{"type":"user.message","content":"hi"}]}"#)
-                .unwrap();
-        let UserEvent::Message { content } = &parsed.events[0] else {
-            panic!()
-        };
-        assert_eq!(content, &vec![Block::text("hi")]);
+        let parsed = parse(r#"{"events":[{"type":"user.message","content":"hi"}]}"#).unwrap();
+        assert_eq!(
+            parsed,
+            vec![EventBody::UserMessage {
+                content: vec![Block::text("hi")]
+            }]
+        );
     }
 }

@@ -1,0 +1,270 @@
+//! Starts the real `turnlog` binary on port 0 with a fresh data dir, and gives tests typed
+//! verbs over its HTTP API.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use eventsource_stream::Eventsource;
+use futures_util::{Stream, StreamExt};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub struct TestApp {
+    pub url: String,
+    pub client: reqwest::Client,
+    pub key: Option<String>,
+    pub dir: Arc<tempfile::TempDir>,
+    child: Child,
+}
+
+/// A server with the defaults and no API keys.
+pub async fn spawn_app() -> TestApp {
+    spawn_with("").await
+}
+
+/// A server with `config` (TOML) read over the defaults.
+pub async fn spawn_with(config: &str) -> TestApp {
+    let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+    start(dir, config.to_string()).await
+}
+
+async fn start(dir: Arc<tempfile::TempDir>, config: String) -> TestApp {
+    let config_path = dir.path().join("config.toml");
+    std::fs::write(&config_path, &config).expect("write config");
+    let (child, url) = launch(&config_path, &dir.path().join("data"), "127.0.0.1:0")
+        .await
+        .expect("server starts");
+    TestApp {
+        url,
+        client: client(),
+        key: None,
+        dir,
+        child,
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .expect("http client")
+}
+
+/// Runs the binary and waits for its `listening on` line; `Err` carries what it printed if
+/// it exited instead.
+pub async fn launch(config: &Path, data: &Path, addr: &str) -> Result<(Child, String), String> {
+    let log = std::fs::File::create(data.with_extension("log")).expect("log file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnlog"))
+        .args(["serve", "--addr", addr, "--config"])
+        .arg(config)
+        .arg("--data-dir")
+        .arg(data)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn turnlog");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+    match line {
+        Ok(Ok(Some(line))) if line.starts_with("listening on ") => Ok((
+            child,
+            line.trim_start_matches("listening on ").trim().to_string(),
+        )),
+        _ => {
+            let _ = child.wait().await;
+            Err(std::fs::read_to_string(data.with_extension("log")).unwrap_or_default())
+        }
+    }
+}
+
+impl TestApp {
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Kills the server with SIGKILL: no shutdown code runs.
+    pub async fn kill(&mut self) {
+        self.child.start_kill().expect("SIGKILL");
+        self.child.wait().await.expect("reap");
+    }
+
+    /// Stops the server with SIGTERM and waits for it to exit.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("running") as i32;
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill -TERM");
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("exits")
+            .expect("reap")
+    }
+
+    /// Starts the server again on the same data dir (after `kill` or `terminate`).
+    pub async fn restart(&mut self) {
+        let config_path = self.dir.path().join("config.toml");
+        let (child, url) = launch(&config_path, &self.data_dir(), "127.0.0.1:0")
+            .await
+            .expect("server restarts");
+        self.child = child;
+        self.url = url;
+    }
+
+    /// Sends later requests with this API key.
+    pub fn use_key(&mut self, key: &str) {
+        self.key = Some(key.to_string());
+    }
+
+    pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.auth(self.client.get(format!("{}{}", self.url, path)))
+    }
+
+    pub fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        self.auth(self.client.post(format!("{}{}", self.url, path)))
+    }
+
+    pub fn delete(&self, path: &str) -> reqwest::RequestBuilder {
+        self.auth(self.client.delete(format!("{}{}", self.url, path)))
+    }
+
+    fn auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.key {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        }
+    }
+
+    pub async fn create_session(&self) -> String {
+        let response = self
+            .post("/sessions")
+            .json(&json!({"agent": {"name": "default"}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.unwrap();
+        body["sessionId"].as_str().expect("sessionId").to_string()
+    }
+
+    /// Posts user messages `text-0` .. and returns the stored events.
+    pub async fn post_messages(&self, session: &str, texts: &[String]) -> Vec<Value> {
+        let events: Vec<Value> = texts
+            .iter()
+            .map(|t| json!({"type": "user.message", "content": t}))
+            .collect();
+        let response = self
+            .post(&format!("/sessions/{session}/events"))
+            .json(&json!({"events": events}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+        let body: Value = response.json().await.unwrap();
+        body["data"].as_array().unwrap().clone()
+    }
+
+    /// Every event of the session, through the list API.
+    pub async fn all_events(&self, session: &str) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut path = format!("/sessions/{session}/events?limit=1000");
+            if let Some(after) = &after {
+                path.push_str(&format!("&after_id={after}"));
+            }
+            let page: Value = self.get(&path).send().await.unwrap().json().await.unwrap();
+            let data = page["data"].as_array().unwrap();
+            all.extend(data.iter().cloned());
+            if !page["has_more"].as_bool().unwrap() {
+                return all;
+            }
+            after = page["last_id"].as_str().map(String::from);
+        }
+    }
+
+    /// Opens the native stream after `after_id` (query) or `last_event_id` (header).
+    pub async fn stream(
+        &self,
+        session: &str,
+        after_id: Option<&str>,
+        last_event_id: Option<&str>,
+    ) -> reqwest::Response {
+        let mut path = format!("/sessions/{session}/events/stream");
+        if let Some(after) = after_id {
+            path.push_str(&format!("?after_id={after}"));
+        }
+        let mut request = self.get(&path);
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id);
+        }
+        request.send().await.unwrap()
+    }
+
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .get("/metrics")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// One SSE event as a test sees it.
+#[derive(Debug, Clone)]
+pub struct Sse {
+    pub id: String,
+    pub event: String,
+    pub data: Value,
+}
+
+/// The SSE events of a response, parsed by `eventsource-stream`.
+pub fn sse(response: reqwest::Response) -> impl Stream<Item = Sse> + Unpin {
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    Box::pin(response.bytes_stream().eventsource().map(|event| {
+        let event = event.expect("well-formed SSE");
+        Sse {
+            id: event.id,
+            event: event.event,
+            data: serde_json::from_str(&event.data).expect("JSON data"),
+        }
+    }))
+}
+
+/// Reads `n` events, failing after `secs` seconds of waiting.
+pub async fn take(stream: &mut (impl Stream<Item = Sse> + Unpin), n: usize, secs: u64) -> Vec<Sse> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        match tokio::time::timeout(Duration::from_secs(secs), stream.next()).await {
+            Ok(Some(event)) => out.push(event),
+            Ok(None) => panic!("stream ended after {} of {n} events", out.len()),
+            Err(_) => panic!("timed out after {} of {n} events", out.len()),
+        }
+    }
+    out
+}
+
+pub fn ids(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+pub fn texts(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}

@@ -1,0 +1,7 @@
+mod auth;
+mod crash;
+mod events;
+mod helpers;
+mod ops;
+mod sessions;
+mod stream;
