@@ -6,11 +6,13 @@
 //! - [`domain`]: ids and events, the vocabulary of every other layer.
 //! - [`store`]: the durable log in sled (group-commit writer, watermarks, live buses).
 //! - [`projection`]: pure folds over the log (the session index).
-//! - [`session`]: sessions, ownership, and following a log (replay, then tail).
+//! - [`agent`]: agents from config, the model interface and its providers, server tools.
+//! - [`session`]: sessions, ownership, the turn engine, and following a log.
 //! - [`api`]: the HTTP views, each with its own wire types.
 //! - [`app`], [`config`], [`metrics`], [`error`], [`telemetry`]: wiring and operations.
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod api;
 pub mod app;
 pub mod config;

@@ -103,7 +103,7 @@ pub struct SessionSpec {
     pub tools: Vec<Value>,
     /// Seed history.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub messages: Vec<Value>,
+    pub messages: Vec<super::Message>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     #[serde(default, skip_serializing_if = "Map::is_empty")]

@@ -2,6 +2,8 @@
 
 pub mod event;
 pub mod ids;
+pub mod message;
 
 pub use event::{Block, Draft, Event, EventBody, RawEvent, StopReason, Usage};
 pub use ids::{EventId, SessionId, TurnId};
+pub use message::{Message, Part};

@@ -1,7 +1,9 @@
 //! Projections: pure folds over the log. The store runs them as it writes and rebuilds
 //! them from the `events` tree after an unclean stop.
 
+pub mod history;
 pub mod sessions;
+pub mod turns;
 
 pub use sessions::{SessionIndex, SessionSummary};
 
@@ -11,5 +13,5 @@ use crate::store::Projection;
 
 /// Every projection the service keeps.
 pub fn all() -> Vec<Arc<dyn Projection>> {
-    vec![Arc::new(SessionIndex)]
+    vec![Arc::new(SessionIndex), Arc::new(turns::OpenTurns)]
 }

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::domain::event::{AgentSpec, SessionSpec, ToolTrust};
+use crate::domain::{Message, Part};
 use crate::projection::SessionSummary;
 
 #[derive(Debug, Deserialize)]
@@ -11,7 +12,7 @@ use crate::projection::SessionSummary;
 pub struct CreateSession {
     pub agent: AgentRequest,
     #[serde(default)]
-    pub messages: Vec<Value>,
+    pub messages: Vec<MessageIn>,
     #[serde(default)]
     pub tools: Vec<ToolSpec>,
     /// Extensions of ours, for listing and audit.
@@ -74,7 +75,11 @@ impl CreateSession {
                 .into_iter()
                 .map(|t| serde_json::to_value(t).expect("tool specs serialise"))
                 .collect(),
-            messages: self.messages,
+            messages: self
+                .messages
+                .into_iter()
+                .filter_map(MessageIn::into_domain)
+                .collect(),
             title: self.title,
             metadata: self.metadata,
         }
@@ -146,4 +151,190 @@ pub struct ListQuery {
     /// RFC 3339 bounds on creation time.
     pub created_after: Option<String>,
     pub created_before: Option<String>,
+}
+
+/// A history message as AAP clients send it (seed history and turn input).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum MessageIn {
+    System {
+        content: String,
+    },
+    User {
+        #[serde(deserialize_with = "crate::api::native::wire::content")]
+        content: Vec<crate::domain::Block>,
+    },
+    Assistant {
+        content: AssistantContent,
+    },
+    Tool {
+        #[serde(rename = "toolCallId")]
+        tool_call_id: String,
+        content: ToolContent,
+    },
+    ToolPermission {
+        #[serde(rename = "toolCallId")]
+        tool_call_id: String,
+        granted: bool,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum AssistantContent {
+    Text(String),
+    Blocks(Vec<BlockIn>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BlockIn {
+    Text {
+        text: String,
+    },
+    Thinking {
+        thinking: String,
+    },
+    ToolUse {
+        #[serde(rename = "toolCallId")]
+        tool_call_id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ToolContent {
+    Text(String),
+    Blocks(Vec<crate::domain::Block>),
+}
+
+impl ToolContent {
+    pub fn into_blocks(self) -> Vec<crate::domain::Block> {
+        match self {
+            ToolContent::Text(text) => vec![crate::domain::Block::text(text)],
+            ToolContent::Blocks(blocks) => blocks,
+        }
+    }
+}
+
+impl MessageIn {
+    /// The domain message, or `None` for a `tool_permission` (never stored).
+    pub fn into_domain(self) -> Option<Message> {
+        Some(match self {
+            MessageIn::System { content } => Message::System { content },
+            MessageIn::User { content } => Message::User { content },
+            MessageIn::Assistant {
+                content: AssistantContent::Text(text),
+            } => Message::Assistant {
+                content: vec![Part::Text { text }],
+            },
+            MessageIn::Assistant {
+                content: AssistantContent::Blocks(blocks),
+            } => Message::Assistant {
+                content: blocks
+                    .into_iter()
+                    .map(|b| match b {
+                        BlockIn::Text { text } => Part::Text { text },
+                        BlockIn::Thinking { thinking } => Part::Thinking { thinking },
+                        BlockIn::ToolUse {
+                            tool_call_id,
+                            name,
+                            input,
+                        } => Part::ToolUse {
+                            tool_call_id,
+                            name,
+                            input,
+                        },
+                    })
+                    .collect(),
+            },
+            MessageIn::Tool {
+                tool_call_id,
+                content,
+            } => Message::Tool {
+                tool_call_id,
+                content: content.into_blocks(),
+                is_error: false,
+            },
+            MessageIn::ToolPermission { .. } => return None,
+        })
+    }
+}
+
+/// A history message as AAP clients see it: content is a string when it is plain text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum MessageOut {
+    System {
+        content: String,
+    },
+    User {
+        content: ContentOut,
+    },
+    Assistant {
+        content: ContentOut,
+    },
+    Tool {
+        #[serde(rename = "toolCallId")]
+        tool_call_id: String,
+        content: ContentOut,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum ContentOut {
+    Text(String),
+    Blocks(Vec<Value>),
+}
+
+impl ContentOut {
+    fn from_blocks(blocks: &[crate::domain::Block]) -> ContentOut {
+        if blocks.iter().all(|b| b.kind == "text") {
+            ContentOut::Text(crate::domain::Block::join_text(blocks))
+        } else {
+            ContentOut::Blocks(
+                blocks
+                    .iter()
+                    .map(|b| serde_json::to_value(b).expect("blocks serialise"))
+                    .collect(),
+            )
+        }
+    }
+}
+
+impl From<&Message> for MessageOut {
+    fn from(message: &Message) -> MessageOut {
+        match message {
+            Message::System { content } => MessageOut::System { content: content.clone() },
+            Message::User { content } => MessageOut::User { content: ContentOut::from_blocks(content) },
+            Message::Tool { tool_call_id, content, .. } => {
+                MessageOut::Tool { tool_call_id: tool_call_id.clone(), content: ContentOut::from_blocks(content) }
+            }
+            Message::Assistant { content } => MessageOut::Assistant {
+                content: match content.as_slice() {
+                    [Part::Text { text }] => ContentOut::Text(text.clone()),
+                    parts => ContentOut::Blocks(
+                        parts
+                            .iter()
+                            .map(|p| match p {
+                                Part::Text { text } => serde_json::json!({"type": "text", "text": text}),
+                                Part::Thinking { thinking } => {
+                                    serde_json::json!({"type": "thinking", "thinking": thinking})
+                                }
+                                Part::ToolUse { tool_call_id, name, input } => serde_json::json!(
+                                    {"type": "tool_use", "toolCallId": tool_call_id, "name": name, "input": input}
+                                ),
+                            })
+                            .collect(),
+                    ),
+                },
+            },
+        }
+    }
 }

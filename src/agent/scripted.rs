@@ -1,0 +1,378 @@
+//! The scripted model: deterministic, so that tests, demos and load runs need no network.
+//! It reads the last user message; lines starting with `/` are directives, the others
+//! are text (DESIGN.md section 4 lists the directives).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::model::{Model, ModelError, ModelEvent, ModelRequest, ModelStop, ModelStream};
+use crate::domain::{Message, Part, Usage};
+
+pub struct ScriptedModel {
+    name: String,
+}
+
+impl ScriptedModel {
+    pub fn new(name: &str) -> ScriptedModel {
+        ScriptedModel {
+            name: if name.is_empty() {
+                "scripted".into()
+            } else {
+                name.into()
+            },
+        }
+    }
+}
+
+#[derive(Debug, Default, PartialEq)]
+struct Script {
+    text: Vec<String>,
+    directives: bool,
+    thinking: Option<String>,
+    calls: Vec<(String, Value)>,
+    words: Option<usize>,
+    delay: Option<Duration>,
+    looping: bool,
+    error: Option<String>,
+    refuse: bool,
+    max_tokens: bool,
+}
+
+fn parse(text: &str) -> Result<Script, ModelError> {
+    let mut script = Script::default();
+    for line in text.lines() {
+        let Some(directive) = line.strip_prefix('/') else {
+            script.text.push(line.to_string());
+            continue;
+        };
+        script.directives = true;
+        let (name, rest) = directive.split_once(' ').unwrap_or((directive, ""));
+        let rest = rest.trim();
+        let bad = |why: &str| {
+            ModelError::new(
+                "invalid_directive",
+                format!("scripted model: `{line}`: {why}"),
+            )
+        };
+        match name {
+            "think" => script.thinking = Some(rest.to_string()),
+            "tool" => {
+                let (tool, input) = rest.split_once(' ').unwrap_or((rest, "{}"));
+                if tool.is_empty() {
+                    return Err(bad("needs a tool name"));
+                }
+                let input: Value = serde_json::from_str(input)
+                    .map_err(|e| bad(&format!("input is not JSON: {e}")))?;
+                if !input.is_object() {
+                    return Err(bad("input must be a JSON object"));
+                }
+                script.calls.push((tool.to_string(), input));
+            }
+            "words" => script.words = Some(rest.parse().map_err(|_| bad("needs a number"))?),
+            "delay" => {
+                script.delay = Some(Duration::from_millis(
+                    rest.parse().map_err(|_| bad("needs milliseconds"))?,
+                ))
+            }
+            "loop" => script.looping = true,
+            "error" => {
+                script.error = Some(if rest.is_empty() {
+                    "model_error".into()
+                } else {
+                    rest.to_string()
+                })
+            }
+            "refuse" => script.refuse = true,
+            "max_tokens" => script.max_tokens = true,
+            _ => return Err(bad("unknown directive")),
+        }
+    }
+    Ok(script)
+}
+
+/// What one response says and does.
+#[derive(Debug, PartialEq)]
+struct Reply {
+    thinking: Option<String>,
+    text: String,
+    calls: Vec<(String, Value)>,
+    stop: ModelStop,
+}
+
+fn reply(messages: &[Message]) -> Result<Reply, ModelError> {
+    let last_user = messages
+        .iter()
+        .rposition(|m| matches!(m, Message::User { .. }));
+    let user_text = last_user.map(|i| messages[i].text()).unwrap_or_default();
+    let script = parse(&user_text)?;
+    if let Some(code) = script.error {
+        return Err(ModelError::new(code, "the scripted model was told to fail"));
+    }
+    let answered_tools = matches!(messages.last(), Some(Message::Tool { .. }));
+    if script.looping {
+        let call = ("calculator".to_string(), json!({"expression": "1+1"}));
+        return Ok(Reply {
+            thinking: None,
+            text: String::new(),
+            calls: vec![call],
+            stop: ModelStop::ToolUse,
+        });
+    }
+    if answered_tools {
+        return Ok(Reply {
+            thinking: None,
+            text: tool_results(messages),
+            calls: vec![],
+            stop: ModelStop::EndTurn,
+        });
+    }
+    let said = script.text.join("\n");
+    let (text, calls, stop) = if script.refuse {
+        (
+            "I can't help with that.".to_string(),
+            vec![],
+            ModelStop::Refusal,
+        )
+    } else if !script.calls.is_empty() {
+        (said, script.calls, ModelStop::ToolUse)
+    } else if let Some(n) = script.words {
+        (
+            (1..=n)
+                .map(|i| format!("w{i}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            vec![],
+            ModelStop::EndTurn,
+        )
+    } else if script.max_tokens {
+        (
+            "this reply was cut".to_string(),
+            vec![],
+            ModelStop::MaxTokens,
+        )
+    } else if script.directives {
+        (
+            format!("echo: {said}").trim_end().to_string(),
+            vec![],
+            ModelStop::EndTurn,
+        )
+    } else {
+        (format!("echo: {user_text}"), vec![], ModelStop::EndTurn)
+    };
+    Ok(Reply {
+        thinking: script.thinking,
+        text,
+        calls,
+        stop,
+    })
+}
+
+/// `tool results: name=content; name=content`, in the order of the calls.
+fn tool_results(messages: &[Message]) -> String {
+    let calls = messages.iter().rev().find_map(|m| match m {
+        Message::Assistant { content } => Some(content),
+        _ => None,
+    });
+    let results: Vec<String> = calls
+        .into_iter()
+        .flatten()
+        .filter_map(|part| match part {
+            Part::ToolUse {
+                tool_call_id, name, ..
+            } => {
+                let content = messages.iter().rev().find_map(|m| match m {
+                    Message::Tool {
+                        tool_call_id: id, ..
+                    } if id == tool_call_id => Some(m.text()),
+                    _ => None,
+                });
+                Some(format!("{name}={}", content.unwrap_or_default()))
+            }
+            _ => None,
+        })
+        .collect();
+    format!("tool results: {}", results.join("; "))
+}
+
+/// Words with the whitespace before them, so the tokens join back to the exact text.
+fn tokens(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut previous_space = true;
+    for c in text.chars() {
+        let space = c.is_whitespace();
+        match out.last_mut() {
+            Some(token) if !(space && !previous_space) => token.push(c),
+            _ => out.push(c.to_string()),
+        }
+        previous_space = space;
+    }
+    out
+}
+
+impl Model for ScriptedModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn provider(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn stream(&self, request: ModelRequest) -> ModelStream {
+        let input_tokens = request
+            .messages
+            .iter()
+            .map(|m| m.text().split_whitespace().count() as u64)
+            .sum();
+        let delay = request
+            .messages
+            .iter()
+            .rev()
+            .find(|m| matches!(m, Message::User { .. }))
+            .and_then(|m| parse(&m.text()).ok())
+            .and_then(|s| s.delay);
+        let planned = reply(&request.messages);
+        Box::pin(async_stream::stream! {
+            let reply = match planned {
+                Ok(reply) => reply,
+                Err(error) => {
+                    yield Err(error);
+                    return;
+                }
+            };
+            let mut output_tokens = 0u64;
+            let thinking = reply.thinking.as_deref().map(tokens).unwrap_or_default();
+            let text = tokens(&reply.text);
+            let pieces = thinking.into_iter().map(ModelEvent::ThinkingDelta).chain(text.into_iter().map(ModelEvent::TextDelta));
+            for piece in pieces {
+                if let Some(delay) = delay {
+                    tokio::select! {
+                        _ = request.cancel.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+                output_tokens += 1;
+                yield Ok(piece);
+            }
+            for (name, input) in reply.calls {
+                output_tokens += 1;
+                yield Ok(ModelEvent::ToolCall { id: None, name, input });
+            }
+            yield Ok(ModelEvent::Usage(Usage { input_tokens, output_tokens }));
+            yield Ok(ModelEvent::Stop(reply.stop));
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Block;
+
+    fn user(text: &str) -> Message {
+        Message::User {
+            content: vec![Block::text(text)],
+        }
+    }
+
+    #[test]
+    fn tokens_join_back_to_the_text() {
+        assert_eq!(
+            tokens("echo: hello  there"),
+            vec!["echo:", " hello", "  there"]
+        );
+        assert_eq!(tokens("a\nb").concat(), "a\nb");
+    }
+
+    #[test]
+    fn plain_text_is_echoed() {
+        let r = reply(&[user("hello there")]).unwrap();
+        assert_eq!(
+            (r.text.as_str(), r.stop),
+            ("echo: hello there", ModelStop::EndTurn)
+        );
+    }
+
+    #[test]
+    fn directives_shape_the_reply() {
+        let r = reply(&[user(
+            "look it up\n/think hmm\n/tool a {\"x\":1}\n/tool b {}",
+        )])
+        .unwrap();
+        assert_eq!(r.thinking.as_deref(), Some("hmm"));
+        assert_eq!(r.text, "look it up");
+        assert_eq!(
+            r.calls,
+            vec![("a".into(), json!({"x": 1})), ("b".into(), json!({}))]
+        );
+        assert_eq!(r.stop, ModelStop::ToolUse);
+        assert_eq!(reply(&[user("/words 3")]).unwrap().text, "w1 w2 w3");
+        assert_eq!(reply(&[user("/refuse")]).unwrap().stop, ModelStop::Refusal);
+        assert_eq!(
+            reply(&[user("/max_tokens")]).unwrap().stop,
+            ModelStop::MaxTokens
+        );
+        assert_eq!(
+            reply(&[user("/error model_overloaded_error")])
+                .unwrap_err()
+                .code,
+            "model_overloaded_error"
+        );
+        assert_eq!(
+            reply(&[user("/tool x notjson")]).unwrap_err().code,
+            "invalid_directive"
+        );
+        assert_eq!(
+            reply(&[user("/nope")]).unwrap_err().code,
+            "invalid_directive"
+        );
+    }
+
+    #[test]
+    fn after_tool_results_it_reports_them_in_call_order() {
+        let messages = vec![
+            user("/tool b {}\n/tool a {}"),
+            Message::Assistant {
+                content: vec![
+                    Part::ToolUse {
+                        tool_call_id: "1".into(),
+                        name: "b".into(),
+                        input: json!({}),
+                    },
+                    Part::ToolUse {
+                        tool_call_id: "2".into(),
+                        name: "a".into(),
+                        input: json!({}),
+                    },
+                ],
+            },
+            Message::Tool {
+                tool_call_id: "2".into(),
+                content: vec![Block::text("A")],
+                is_error: false,
+            },
+            Message::Tool {
+                tool_call_id: "1".into(),
+                content: vec![Block::text("B")],
+                is_error: false,
+            },
+        ];
+        let r = reply(&messages).unwrap();
+        assert_eq!(r.text, "tool results: b=B; a=A");
+        assert_eq!(r.stop, ModelStop::EndTurn);
+    }
+
+    #[test]
+    fn loop_calls_the_calculator_every_time() {
+        let messages = vec![
+            user("/loop"),
+            Message::Tool {
+                tool_call_id: "1".into(),
+                content: vec![Block::text("2")],
+                is_error: false,
+            },
+        ];
+        assert_eq!(reply(&messages).unwrap().calls[0].0, "calculator");
+    }
+}

@@ -1,0 +1,60 @@
+//! A conversation as the model sees it and history shows it: system, user, assistant and
+//! tool messages. Views render these in their own shapes.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Block;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Message {
+    System {
+        content: String,
+    },
+    User {
+        content: Vec<Block>,
+    },
+    Assistant {
+        content: Vec<Part>,
+    },
+    Tool {
+        tool_call_id: String,
+        content: Vec<Block>,
+        #[serde(default)]
+        is_error: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Part {
+    Text {
+        text: String,
+    },
+    Thinking {
+        thinking: String,
+    },
+    ToolUse {
+        tool_call_id: String,
+        name: String,
+        input: Value,
+    },
+}
+
+impl Message {
+    /// The text of a user or tool message, or of an assistant message's text parts.
+    pub fn text(&self) -> String {
+        match self {
+            Message::System { content } => content.clone(),
+            Message::User { content } | Message::Tool { content, .. } => Block::join_text(content),
+            Message::Assistant { content } => content
+                .iter()
+                .filter_map(|p| match p {
+                    Part::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! History: the conversation folded from the log. User messages, each model response as
+//! one assistant message (thinking, text and tool calls in order), and tool results.
+//! Permission decisions and deltas never appear; a denial appears as the tool result the
+//! engine wrote for it.
+
+use std::collections::HashMap;
+
+use crate::domain::{Block, Event, EventBody};
+pub use crate::domain::{Message, Part};
+
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    pub messages: Vec<Message>,
+    /// Whether the next agent event continues the last assistant message (same response).
+    assistant_open: bool,
+    /// Tool-call event id → the model's call id, to place results.
+    call_ids: HashMap<String, String>,
+}
+
+impl History {
+    pub fn apply(&mut self, event: &Event) {
+        match &event.body {
+            EventBody::SessionCreated { spec, .. } => {
+                self.messages.extend(spec.messages.iter().cloned())
+            }
+            EventBody::UserMessage { content } => {
+                self.assistant_open = false;
+                self.messages.push(Message::User {
+                    content: content.clone(),
+                });
+            }
+            EventBody::ModelRequestStart { .. } => self.assistant_open = false,
+            EventBody::AgentThinking { thinking, .. } => self.part(Part::Thinking {
+                thinking: thinking.clone(),
+            }),
+            EventBody::AgentMessage { content, .. } => self.part(Part::Text {
+                text: Block::join_text(content),
+            }),
+            EventBody::AgentToolUse {
+                tool_call_id,
+                name,
+                input,
+                ..
+            }
+            | EventBody::AgentCustomToolUse {
+                tool_call_id,
+                name,
+                input,
+            } => {
+                self.call_ids
+                    .insert(event.id.to_string(), tool_call_id.clone());
+                self.part(Part::ToolUse {
+                    tool_call_id: tool_call_id.clone(),
+                    name: name.clone(),
+                    input: input.clone(),
+                });
+            }
+            EventBody::AgentToolResult {
+                tool_call_id,
+                content,
+                is_error,
+                ..
+            } => {
+                self.tool(tool_call_id.clone(), content.clone(), *is_error);
+            }
+            EventBody::UserCustomToolResult {
+                custom_tool_use_id,
+                content,
+                is_error,
+            } => {
+                let call = self
+                    .call_ids
+                    .get(custom_tool_use_id)
+                    .cloned()
+                    .unwrap_or_else(|| custom_tool_use_id.clone());
+                self.tool(call, content.clone(), *is_error);
+            }
+            _ => {}
+        }
+    }
+
+    fn part(&mut self, part: Part) {
+        if self.assistant_open {
+            if let Some(Message::Assistant { content }) = self.messages.last_mut() {
+                content.push(part);
+                return;
+            }
+        }
+        self.assistant_open = true;
+        self.messages.push(Message::Assistant {
+            content: vec![part],
+        });
+    }
+
+    fn tool(&mut self, tool_call_id: String, content: Vec<Block>, is_error: bool) {
+        self.assistant_open = false;
+        self.messages.push(Message::Tool {
+            tool_call_id,
+            content,
+            is_error,
+        });
+    }
+}
