@@ -1,7 +1,10 @@
 //! Agents: declared in config (model, system prompt, server tools and their permissions,
 //! limits, options), each with its model built once at start.
 
+pub mod anthropic;
+mod http;
 pub mod model;
+pub mod openai;
 pub mod scripted;
 pub mod tools;
 
@@ -119,10 +122,8 @@ pub enum OptionKind {
 pub fn build_model(config: &ModelConfig) -> Result<Arc<dyn Model>, String> {
     match config.provider {
         Provider::Scripted => Ok(Arc::new(scripted::ScriptedModel::new(&config.name))),
-        Provider::Openai | Provider::Anthropic => Err(format!(
-            "model provider {:?} is not available in this build",
-            config.provider
-        )),
+        Provider::Openai => Ok(Arc::new(openai::OpenAiModel::new(config)?)),
+        Provider::Anthropic => Ok(Arc::new(anthropic::AnthropicModel::new(config)?)),
     }
 }
 

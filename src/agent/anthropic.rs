@@ -1,0 +1,543 @@
+//! The `anthropic` provider: the Messages API with `stream: true`. The transport, retries
+//! and timeouts are in [`super::http`]; this module maps our conversation onto the request
+//! and the streamed events back onto model events.
+//!
+//! A stream looks like this (`event:` and `data:` lines, blank line between; shortened):
+//! ```text
+//! event: message_start
+//! data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-5","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":472,"output_tokens":2}}}
+//!
+//! event: content_block_start
+//! data: {"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}
+//!
+//! event: content_block_delta
+//! data: {"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"city\": \"Par"}}
+//!
+//! event: content_block_stop
+//! data: {"type":"content_block_stop","index":0}
+//!
+//! event: message_delta
+//! data: {"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":89}}
+//!
+//! event: message_stop
+//! data: {"type":"message_stop"}
+//! ```
+
+use std::collections::HashMap;
+
+use eventsource_stream::Event;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::http::{self, Decoder, Failure, Http, Secret, Step};
+use super::model::{Model, ModelEvent, ModelRequest, ModelStop, ModelStream, ToolDef};
+use super::openai::decimal;
+use super::ModelConfig;
+use crate::domain::{Block, Message, Part, Usage};
+
+const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
+const DEFAULT_KEY_ENV: &str = "ANTHROPIC_API_KEY";
+const API_VERSION: &str = "2023-06-01";
+/// The API requires `max_tokens`; this is used when the config sets none.
+const DEFAULT_MAX_TOKENS: u32 = 4096;
+
+pub struct AnthropicModel {
+    name: String,
+    url: String,
+    key_env: String,
+    params: Map<String, Value>,
+    http: Http,
+}
+
+impl AnthropicModel {
+    pub fn new(config: &ModelConfig) -> Result<AnthropicModel, String> {
+        if config.name.trim().is_empty() {
+            return Err("provider anthropic needs the model `name`".into());
+        }
+        let base = config.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL);
+        // Accept a base URL given with or without the `/v1` the path starts with.
+        let base = base.trim_end_matches('/').trim_end_matches("/v1");
+        let mut params = Map::new();
+        let max_tokens = config.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        params.insert("max_tokens".into(), json!(max_tokens));
+        if let Some(t) = config.temperature {
+            params.insert("temperature".into(), decimal(t));
+        }
+        if let Some(p) = config.top_p {
+            params.insert("top_p".into(), decimal(p));
+        }
+        Ok(AnthropicModel {
+            name: config.name.clone(),
+            url: format!("{base}/v1/messages"),
+            key_env: config.api_key_env.clone().unwrap_or_else(|| DEFAULT_KEY_ENV.into()),
+            params,
+            http: Http::new("anthropic", config)?,
+        })
+    }
+
+    fn body(&self, request: &ModelRequest) -> Value {
+        let (system, messages) = conversation(&request.system, &request.messages);
+        let mut body = json!({"model": self.name, "messages": messages, "stream": true});
+        if !system.is_empty() {
+            body["system"] = Value::String(system);
+        }
+        if !request.tools.is_empty() {
+            body["tools"] = request.tools.iter().map(tool).collect();
+        }
+        let fields = body.as_object_mut().expect("an object");
+        fields.extend(self.params.clone());
+        body
+    }
+}
+
+fn tool(def: &ToolDef) -> Value {
+    let schema =
+        if def.parameters.is_object() { def.parameters.clone() } else { json!({"type": "object", "properties": {}}) };
+    json!({"name": def.name, "description": def.description, "input_schema": schema})
+}
+
+/// The system prompt (ours, then any system messages in the history) and the messages.
+/// Tool results become `tool_result` blocks of a user message; consecutive messages of
+/// one role are merged, because the API wants roles to alternate and all results of one
+/// assistant message in the next user message.
+fn conversation(system: &str, history: &[Message]) -> (String, Vec<Value>) {
+    let mut prompt = system.to_string();
+    let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for message in history {
+        let (role, blocks) = match message {
+            Message::System { content } => {
+                if !prompt.is_empty() {
+                    prompt.push_str("\n\n");
+                }
+                prompt.push_str(content);
+                continue;
+            }
+            Message::User { content } => ("user", blocks(content)),
+            Message::Assistant { content } => ("assistant", assistant(content)),
+            Message::Tool { tool_call_id, content, is_error } => {
+                ("user", vec![tool_result(tool_call_id, content, *is_error)])
+            }
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match out.last_mut() {
+            Some((last, previous)) if *last == role => previous.extend(blocks),
+            _ => out.push((role, blocks)),
+        }
+    }
+    let messages = out.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect();
+    (prompt, messages)
+}
+
+/// Our blocks are Anthropic's shape already; only empty text is dropped (the API
+/// refuses it).
+fn blocks(content: &[Block]) -> Vec<Value> {
+    content
+        .iter()
+        .filter(|b| b.kind != "text" || b.text.as_deref().is_some_and(|t| !t.is_empty()))
+        .filter_map(|b| serde_json::to_value(b).ok())
+        .collect()
+}
+
+/// Thinking is not sent back: the API only takes it with the signature we do not keep.
+fn assistant(parts: &[Part]) -> Vec<Value> {
+    parts
+        .iter()
+        .filter_map(|part| match part {
+            Part::Text { text } if !text.is_empty() => Some(json!({"type": "text", "text": text})),
+            Part::ToolUse { tool_call_id, name, input } => Some(json!({
+                "type": "tool_use", "id": call_id(tool_call_id), "name": name, "input": input,
+            })),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tool_result(tool_call_id: &str, content: &[Block], is_error: bool) -> Value {
+    let mut result = json!({
+        "type": "tool_result",
+        "tool_use_id": call_id(tool_call_id),
+        "content": blocks(content),
+    });
+    if is_error {
+        result["is_error"] = Value::Bool(true);
+    }
+    result
+}
+
+/// The API takes ids of `[a-zA-Z0-9_-]`; calls made by another provider may have others.
+fn call_id(id: &str) -> String {
+    id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect()
+}
+
+impl Model for AnthropicModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn provider(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn stream(&self, request: ModelRequest) -> ModelStream {
+        let key = match http::read_key("anthropic", &self.key_env) {
+            Ok(key) => key,
+            Err(error) => return Box::pin(futures_util::stream::once(async { Err(error) })),
+        };
+        let body = self.body(&request);
+        let client = self.http.client().clone();
+        let url = self.url.clone();
+        let header = key_header(&key);
+        let build = move || {
+            let mut request = client
+                .post(&url)
+                .header("anthropic-version", API_VERSION)
+                .header("accept", "text/event-stream")
+                .json(&body);
+            if let Some(value) = &header {
+                request = request.header("x-api-key", value.clone());
+            }
+            request
+        };
+        self.http.stream(build, StreamDecoder::default, Some(key), request.cancel)
+    }
+}
+
+/// `None` for a key with bytes a header cannot carry: the server will answer 401.
+fn key_header(key: &Secret) -> Option<reqwest::header::HeaderValue> {
+    let mut value = reqwest::header::HeaderValue::from_str(key.expose()).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum StreamEvent {
+    MessageStart {
+        message: MessageStart,
+    },
+    ContentBlockStart {
+        index: usize,
+        content_block: ContentBlock,
+    },
+    ContentBlockDelta {
+        index: usize,
+        delta: Delta,
+    },
+    ContentBlockStop {
+        index: usize,
+    },
+    MessageDelta {
+        delta: MessageDelta,
+        usage: Option<WireUsage>,
+    },
+    MessageStop,
+    Error {
+        error: ApiError,
+    },
+    /// `ping`, and event types added after this was written.
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct MessageStart {
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ContentBlock {
+    Text {
+        #[serde(default)]
+        text: String,
+    },
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Delta {
+    #[serde(rename = "text_delta")]
+    Text { text: String },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: String },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: String },
+    /// `signature_delta`, `citations_delta`, ...: nothing we keep.
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct MessageDelta {
+    stop_reason: Option<String>,
+}
+
+/// Input counts come at the start and (in newer responses) again at the end; output
+/// counts at the end are cumulative.
+#[derive(Deserialize)]
+struct WireUsage {
+    input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct ApiError {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    message: String,
+}
+
+/// A tool-use block being streamed.
+struct PartialCall {
+    id: String,
+    name: String,
+    start: Value,
+    json: String,
+}
+
+/// Assembles one response from its events.
+#[derive(Default)]
+struct StreamDecoder {
+    calls: HashMap<usize, PartialCall>,
+    usage: Usage,
+    stop: Option<ModelStop>,
+}
+
+impl Decoder for StreamDecoder {
+    fn event(&mut self, event: &Event) -> Result<Step, Failure> {
+        let parsed: StreamEvent = serde_json::from_str(&event.data).map_err(|e| {
+            Failure::fatal("model_response_error", format!("anthropic: a stream event is not the expected JSON: {e}"))
+        })?;
+        let out = match parsed {
+            StreamEvent::MessageStart { message } => {
+                self.add_usage(message.usage);
+                vec![]
+            }
+            StreamEvent::ContentBlockStart { index, content_block } => self.start(index, content_block),
+            StreamEvent::ContentBlockDelta { index, delta } => self.delta(index, delta),
+            StreamEvent::ContentBlockStop { index } => self.finish_call(index)?,
+            StreamEvent::MessageDelta { delta, usage } => {
+                self.add_usage(usage);
+                if let Some(reason) = delta.stop_reason.as_deref() {
+                    self.stop = Some(stop(reason));
+                }
+                vec![]
+            }
+            StreamEvent::MessageStop => return Ok(Step::Done(self.done())),
+            StreamEvent::Error { error } => return Err(stream_error(&error)),
+            StreamEvent::Other => vec![],
+        };
+        Ok(Step::More(out))
+    }
+
+    fn end(&mut self) -> Result<Vec<ModelEvent>, Failure> {
+        // The stop reason came; only `message_stop` is missing.
+        if self.stop.is_some() {
+            return Ok(self.done());
+        }
+        Err(Failure::retryable(
+            "model_connection_error",
+            "anthropic: the stream ended before the response was complete",
+        ))
+    }
+}
+
+impl StreamDecoder {
+    fn start(&mut self, index: usize, block: ContentBlock) -> Vec<ModelEvent> {
+        match block {
+            ContentBlock::Text { text } if !text.is_empty() => vec![ModelEvent::TextDelta(text)],
+            ContentBlock::Thinking { thinking } if !thinking.is_empty() => {
+                vec![ModelEvent::ThinkingDelta(thinking)]
+            }
+            ContentBlock::ToolUse { id, name, input } => {
+                let start = input;
+                let json = String::new();
+                self.calls.insert(index, PartialCall { id, name, start, json });
+                vec![]
+            }
+            _ => vec![],
+        }
+    }
+
+    fn delta(&mut self, index: usize, delta: Delta) -> Vec<ModelEvent> {
+        match delta {
+            Delta::Text { text } if !text.is_empty() => vec![ModelEvent::TextDelta(text)],
+            Delta::Thinking { thinking } if !thinking.is_empty() => {
+                vec![ModelEvent::ThinkingDelta(thinking)]
+            }
+            Delta::InputJson { partial_json } => {
+                if let Some(call) = self.calls.get_mut(&index) {
+                    call.json.push_str(&partial_json);
+                }
+                vec![]
+            }
+            _ => vec![],
+        }
+    }
+
+    /// A tool-use block is complete at its `content_block_stop`.
+    fn finish_call(&mut self, index: usize) -> Result<Vec<ModelEvent>, Failure> {
+        let Some(call) = self.calls.remove(&index) else {
+            return Ok(vec![]);
+        };
+        let json = call.json.trim();
+        let input = if !json.is_empty() {
+            serde_json::from_str(json).map_err(|e| {
+                Failure::fatal(
+                    "model_response_error",
+                    format!("anthropic: the input of the call of {:?} is not JSON: {e}", call.name),
+                )
+            })?
+        } else if call.start.is_object() {
+            call.start
+        } else {
+            json!({})
+        };
+        Ok(vec![ModelEvent::ToolCall { id: Some(call.id), name: call.name, input }])
+    }
+
+    fn add_usage(&mut self, usage: Option<WireUsage>) {
+        let Some(usage) = usage else { return };
+        // Cached input is counted apart by this API; we report all input the model read.
+        let parts = [usage.input_tokens, usage.cache_creation_input_tokens, usage.cache_read_input_tokens];
+        if parts.iter().any(Option::is_some) {
+            self.usage.input_tokens = parts.iter().flatten().sum();
+        }
+        if let Some(output) = usage.output_tokens {
+            self.usage.output_tokens = output;
+        }
+    }
+
+    fn done(&mut self) -> Vec<ModelEvent> {
+        let stop = self.stop.unwrap_or(ModelStop::EndTurn);
+        vec![ModelEvent::Usage(self.usage), ModelEvent::Stop(stop)]
+    }
+}
+
+fn stop(reason: &str) -> ModelStop {
+    match reason {
+        "tool_use" => ModelStop::ToolUse,
+        "max_tokens" | "model_context_window_exceeded" => ModelStop::MaxTokens,
+        "refusal" => ModelStop::Refusal,
+        // `end_turn`, `stop_sequence`, `pause_turn` and reasons added later.
+        _ => ModelStop::EndTurn,
+    }
+}
+
+/// An `error` event inside the stream, by its error type.
+fn stream_error(error: &ApiError) -> Failure {
+    let message = format!("anthropic: {}: {}", error.kind, error.message);
+    match error.kind.as_str() {
+        "overloaded_error" | "api_error" => Failure::retryable("model_overloaded_error", message),
+        "rate_limit_error" => Failure::retryable("model_rate_limited_error", message),
+        "timeout_error" => Failure::retryable("model_timeout_error", message),
+        "authentication_error" | "permission_error" => {
+            Failure::fatal("model_auth_error", "anthropic: the API key was refused")
+        }
+        _ => Failure::fatal("model_request_error", message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(data: &[&str]) -> Vec<ModelEvent> {
+        let mut decoder = StreamDecoder::default();
+        let mut out = Vec::new();
+        for data in data {
+            let event = Event { data: data.to_string(), ..Event::default() };
+            match decoder.event(&event).map_err(|f| f.error).unwrap() {
+                Step::More(events) => out.extend(events),
+                Step::Done(events) => out.extend(events),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn usage_adds_cached_input_and_keeps_the_last_output() {
+        let out = decode(&[
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_read_input_tokens":5,"output_tokens":1}}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":30}}"#,
+            r#"{"type":"message_stop"}"#,
+        ]);
+        assert_eq!(
+            out,
+            vec![
+                ModelEvent::Usage(Usage { input_tokens: 15, output_tokens: 30 }),
+                ModelEvent::Stop(ModelStop::MaxTokens),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_tool_with_no_input_deltas_gets_its_start_input() {
+        let out = decode(&[
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t","name":"now","input":{}}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+        ]);
+        assert_eq!(out, vec![ModelEvent::ToolCall { id: Some("t".into()), name: "now".into(), input: json!({}) }]);
+    }
+
+    #[test]
+    fn tool_results_merge_into_one_user_message_and_system_messages_join_the_prompt() {
+        let history = vec![
+            Message::User { content: vec![Block::text("go")] },
+            Message::Assistant {
+                content: vec![
+                    Part::Thinking { thinking: "hm".into() },
+                    Part::Text { text: String::new() },
+                    Part::ToolUse { tool_call_id: "a.1".into(), name: "f".into(), input: json!({}) },
+                    Part::ToolUse { tool_call_id: "b".into(), name: "g".into(), input: json!({"x": 1}) },
+                ],
+            },
+            Message::Tool { tool_call_id: "a.1".into(), content: vec![Block::text("A")], is_error: false },
+            Message::Tool { tool_call_id: "b".into(), content: vec![Block::text("B")], is_error: true },
+            Message::System { content: "be brief".into() },
+        ];
+        let (system, messages) = conversation("sys", &history);
+        assert_eq!(system, "sys\n\nbe brief");
+        assert_eq!(
+            messages,
+            vec![
+                json!({"role": "user", "content": [{"type": "text", "text": "go"}]}),
+                json!({"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "a_1", "name": "f", "input": {}},
+                    {"type": "tool_use", "id": "b", "name": "g", "input": {"x": 1}},
+                ]}),
+                json!({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "a_1", "content": [{"type": "text", "text": "A"}]},
+                    {"type": "tool_result", "tool_use_id": "b", "content": [{"type": "text", "text": "B"}], "is_error": true},
+                ]}),
+            ]
+        );
+    }
+
+    #[test]
+    fn stop_reasons_map() {
+        assert_eq!(stop("end_turn"), ModelStop::EndTurn);
+        assert_eq!(stop("stop_sequence"), ModelStop::EndTurn);
+        assert_eq!(stop("tool_use"), ModelStop::ToolUse);
+        assert_eq!(stop("max_tokens"), ModelStop::MaxTokens);
+        assert_eq!(stop("refusal"), ModelStop::Refusal);
+    }
+}

@@ -1,0 +1,5 @@
+mod anthropic;
+mod fake;
+mod openai;
+mod support;
+mod turns;
