@@ -1,0 +1,259 @@
+//! `turns`: turns/s and turn latency with the scripted model (no delay), in each AAP stream
+//! mode (`none`, `delta`, `message`); N clients, each on its own session, each with one
+//! turn in flight. The scripted model answers `echo: <text>`.
+//!
+//! Correctness: every turn must end with `end_turn` and answer exactly `echo: <text>`
+//! (the JSON messages in `none`, the concatenated `text_delta`s in `delta`, the `text`
+//! events in `message`, between `turn_start` and `turn_stop`); at the end each session's
+//! log must be well formed and hold one `user.message` and one `session.status_idle`
+//! (`end_turn`) per turn.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::task::JoinSet;
+
+use super::{check_alive, create_sessions, Ctx, Deadline, Observe, Size};
+use crate::check::{Log, Violations};
+use crate::client::{Api, EventStream, LogEvent};
+use crate::report::Report;
+use crate::stats::Latency;
+
+#[derive(Args, Debug, Clone, Serialize)]
+pub struct Params {
+    /// Concurrent clients, each on its own session with one turn in flight.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// Seconds of turns per stream mode.
+    #[arg(long, default_value_t = 8.0)]
+    pub duration: f64,
+    /// Stop a mode after this many turns even if time is left.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub count: u64,
+    /// The AAP stream modes to measure, in order.
+    #[arg(long, value_delimiter = ',', default_value = "none,delta,message")]
+    pub modes: Vec<String>,
+    /// Hard stop for the whole scenario, in seconds (default: modes x duration + 60).
+    #[arg(long)]
+    pub deadline: Option<f64>,
+}
+
+impl Params {
+    pub fn sized(size: Size) -> Params {
+        let mut p: Params = super::defaults();
+        match size {
+            Size::Full => {}
+            Size::Quick => p.duration = 1.5,
+            Size::Tiny => {
+                p.clients = 2;
+                p.duration = 0.3;
+                p.count = 20;
+            }
+        }
+        p
+    }
+}
+
+struct Client {
+    session: usize,
+    turns: u64,
+    latency: Latency,
+    error: Option<String>,
+    deadline_hit: bool,
+}
+
+pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
+    let mut report = Report::new("turns", p);
+    let mut server = ctx.launcher.start().await?;
+    let api = Api::new(&server.url);
+    let deadline = Deadline::after(p.deadline.unwrap_or(p.modes.len() as f64 * p.duration + 60.0));
+    let sessions = create_sessions(&api, p.clients.max(1), 16, ctx.quiet).await?;
+    // One turn first, so a missing turn API is one clear error rather than one per client.
+    turn(&api, &sessions[0], "none", "warm up").await.context("the turn API (POST /sessions/{id}/turns)")?;
+    let mut turns_per_session = vec![1u64; sessions.len()];
+    let mut violations = Violations::default();
+
+    for mode in &p.modes {
+        let observe = Observe::start(&server, &api).await;
+        let bar =
+            crate::progress::timed(ctx.quiet, Duration::from_secs_f64(p.duration), &format!("turns, stream {mode}"));
+        let started = Instant::now();
+        let stop = started + Duration::from_secs_f64(p.duration);
+        let per_client = p.count.div_ceil(p.clients.max(1) as u64);
+        let mut clients = JoinSet::new();
+        for (c, session) in sessions.iter().enumerate() {
+            let (api, session, mode) = (api.clone(), session.clone(), mode.clone());
+            clients.spawn(async move {
+                let mut client =
+                    Client { session: c, turns: 0, latency: Latency::new(), error: None, deadline_hit: false };
+                while Instant::now() < stop && client.turns < per_client {
+                    let text = format!("hello from client {c} turn {}", client.turns);
+                    let sent = Instant::now();
+                    match deadline.run(turn(&api, &session, &mode, &text)).await {
+                        None => {
+                            client.deadline_hit = true;
+                            break;
+                        }
+                        Some(Err(error)) => {
+                            client.error = Some(format!("client {c}, stream {mode}: {error:#}"));
+                            break;
+                        }
+                        Some(Ok(())) => {
+                            client.latency.record(sent.elapsed());
+                            client.turns += 1;
+                        }
+                    }
+                }
+                client
+            });
+        }
+        let done: Vec<Client> = clients.join_all().await;
+        let elapsed = started.elapsed().as_secs_f64();
+        bar.finish_and_clear();
+        observe.finish(&server, &api, &mut report).await;
+        let mut latency = Latency::new();
+        let mut turns = 0;
+        for client in done {
+            latency.merge(&client.latency);
+            turns += client.turns;
+            turns_per_session[client.session] += client.turns;
+            report.deadline_hit |= client.deadline_hit;
+            if let Some(error) = client.error {
+                violations.push(error);
+            }
+        }
+        report.at_least(
+            &format!("stream {mode}: turns"),
+            turns as f64 / elapsed.max(1e-9),
+            "turns/s",
+            2000.0,
+            ">= 2000 turns/s",
+        );
+        report.figure(&format!("stream {mode}: turn p50"), latency.ms(0.5), "ms");
+        report.figure(&format!("stream {mode}: turn p99"), latency.ms(0.99), "ms");
+    }
+    report.note(format!("{} clients, each on its own session", sessions.len()));
+
+    for (session, turns) in sessions.iter().zip(turns_per_session) {
+        if let Err(violation) = check_log(&api, session, turns).await {
+            violations.push(violation);
+        }
+    }
+    report.violations.extend(violations.into_vec());
+    check_alive(&mut server, &mut report);
+    server.stop().await;
+    Ok(report)
+}
+
+/// One turn in `mode`; fails unless it ends with `end_turn` and answers `echo: <text>`.
+pub async fn turn(api: &Api, session: &str, mode: &str, text: &str) -> anyhow::Result<()> {
+    let response = api
+        .http
+        .post(api.url(&format!("/sessions/{session}/turns")))
+        .json(&json!({"stream": mode, "messages": [{"role": "user", "content": text}]}))
+        .send()
+        .await?;
+    let status = response.status();
+    if status != 200 {
+        bail!("POST /sessions/{session}/turns answered {status}: {}", crate::client::text(response).await);
+    }
+    let (stop, reply) = match mode {
+        "none" => json_turn(response).await?,
+        _ => streamed_turn(EventStream::new(response).await?, mode).await?,
+    };
+    let expected = format!("echo: {text}");
+    if stop != "end_turn" || reply != expected {
+        bail!("the turn ended with {stop:?} answering {reply:?}; expected end_turn answering {expected:?}");
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TurnAnswer {
+    stop_reason: String,
+    messages: Vec<Value>,
+}
+
+async fn json_turn(response: reqwest::Response) -> anyhow::Result<(String, String)> {
+    let answer: TurnAnswer =
+        serde_json::from_slice(&response.bytes().await?).context("the answer of a turn with stream none")?;
+    let mut reply = String::new();
+    for message in answer.messages.iter().filter(|m| m["role"] == "assistant") {
+        match &message["content"] {
+            Value::String(content) => reply.push_str(content),
+            Value::Array(blocks) => blocks
+                .iter()
+                .filter(|b| b["type"] == "text")
+                .filter_map(|b| b["text"].as_str())
+                .for_each(|t| reply.push_str(t)),
+            _ => {}
+        }
+    }
+    Ok((answer.stop_reason, reply))
+}
+
+async fn streamed_turn(mut events: EventStream, mode: &str) -> anyhow::Result<(String, String)> {
+    let mut reply = String::new();
+    let mut started = false;
+    while let Some(event) = events.next_raw().await? {
+        let data: Value =
+            serde_json::from_str(&event.data).with_context(|| format!("the data of a `{}` event", event.event))?;
+        match (event.event.as_str(), started) {
+            ("turn_start", false) => started = true,
+            (kind, false) => bail!("the first event was `{kind}`, not turn_start"),
+            ("turn_start", true) => bail!("a second turn_start"),
+            ("turn_stop", true) => {
+                let stop = data["stopReason"].as_str().unwrap_or_default().to_string();
+                return Ok((stop, reply));
+            }
+            ("text_delta", true) if mode == "delta" => {
+                reply.push_str(data["delta"].as_str().ok_or_else(|| anyhow!("text_delta without delta"))?)
+            }
+            ("text", true) if mode == "message" => {
+                reply.push_str(data["text"].as_str().ok_or_else(|| anyhow!("text without text"))?)
+            }
+            ("text_delta", true) | ("text", true) => {
+                bail!("a `{}` event in stream mode {mode}", event.event)
+            }
+            _ => {}
+        }
+    }
+    bail!("the stream ended before turn_stop")
+}
+
+#[derive(Deserialize)]
+struct TurnEvent {
+    id: String,
+    sequence_number: u64,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    stop_reason: Option<Value>,
+}
+
+/// The log holds one user message and one `end_turn` idle per turn, and is well formed.
+async fn check_log(api: &Api, session: &str, turns: u64) -> Result<(), String> {
+    let events: Vec<TurnEvent> = api.log_as(session).await.map_err(|e| format!("listing {session}: {e:#}"))?;
+    let heads: Vec<LogEvent> = events
+        .iter()
+        .map(|e| LogEvent { id: e.id.clone(), sequence_number: e.sequence_number, kind: e.kind.clone() })
+        .collect();
+    Log::new(session, &heads)?;
+    let count = |kind: &str| events.iter().filter(|e| e.kind == kind).count() as u64;
+    let ended = events
+        .iter()
+        .filter(|e| e.kind == "session.status_idle")
+        .filter(|e| e.stop_reason.as_ref().is_some_and(|r| r["type"] == "end_turn"))
+        .count() as u64;
+    if count("user.message") != turns || ended != turns {
+        return Err(format!(
+            "log of {session}: {turns} turns answered, but {} user.message and {ended} session.status_idle (end_turn) events",
+            count("user.message")
+        ));
+    }
+    Ok(())
+}
