@@ -11,10 +11,11 @@ use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpServer};
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::{tools::Tools, Agents};
 use crate::api::{self, AppState, StreamCounter};
 use crate::config::Settings;
 use crate::metrics;
-use crate::session::{FollowConfig, Sessions};
+use crate::session::{Engine, FollowConfig, Sessions};
 use crate::store::{Store, StoreConfig};
 
 pub struct Application {
@@ -29,24 +30,16 @@ pub enum StartError {
     #[error("{0}")]
     Refused(String),
     #[error("could not open the log in {path}: {source}")]
-    Store {
-        path: String,
-        source: crate::store::StoreError,
-    },
+    Store { path: String, source: crate::store::StoreError },
     #[error("could not listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
 }
 
 impl Application {
     /// Opens the store and binds (port 0 allowed); [`Application::addr`] says where.
-    pub fn build(settings: Settings) -> Result<Application, StartError> {
+    pub async fn build(settings: Settings) -> Result<Application, StartError> {
         metrics::init();
-        let requested = settings
-            .addr()
-            .map_err(|e| StartError::Refused(e.to_string()))?;
+        let requested = settings.addr().map_err(|e| StartError::Refused(e.to_string()))?;
         let auth = api::auth::Keys::new(&settings.auth.keys);
         if auth.is_open() && !requested.ip().is_loopback() {
             return Err(StartError::Refused(format!(
@@ -66,31 +59,32 @@ impl Application {
             },
             crate::projection::all(),
         )
-        .map_err(|source| StartError::Store {
-            path: settings.server.data_dir.display().to_string(),
-            source,
-        })?;
+        .map_err(|source| StartError::Store { path: settings.server.data_dir.display().to_string(), source })?;
         let shutdown = CancellationToken::new();
         let follow = FollowConfig {
             replay_chunk: settings.streams.replay_chunk_events,
             max_backlog: settings.streams.max_backlog_events,
         };
+        let sessions = Sessions::new(store.clone(), follow);
+        let agents =
+            Agents::build(&settings.agents, Tools::new(settings.tools.clone())).map_err(StartError::Refused)?;
+        let engine = Engine::new(sessions.clone(), Arc::new(agents), settings.engine.clone());
+        match engine.recover().await {
+            Ok(0) => {}
+            Ok(closed) => tracing::warn!(closed, "closed turns that the last stop left running"),
+            Err(error) => return Err(StartError::Refused(format!("could not close interrupted turns: {error}"))),
+        }
         let state = web::Data::new(AppState {
-            sessions: Sessions::new(store.clone(), follow),
+            engine: engine.clone(),
+            sessions,
             settings: Arc::new(settings.clone()),
             auth,
             streams: StreamCounter::default(),
             shutdown: shutdown.clone(),
         });
         let listener =
-            std::net::TcpListener::bind(requested).map_err(|source| StartError::Bind {
-                addr: requested,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| StartError::Bind {
-            addr: requested,
-            source,
-        })?;
+            std::net::TcpListener::bind(requested).map_err(|source| StartError::Bind { addr: requested, source })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: requested, source })?;
         let workers = match settings.server.workers {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
@@ -110,12 +104,7 @@ impl Application {
         .listen(listener)
         .map_err(|source| StartError::Bind { addr, source })?
         .run();
-        Ok(Application {
-            server,
-            addr,
-            store,
-            shutdown,
-        })
+        Ok(Application { server, addr, store, shutdown })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -128,21 +117,14 @@ impl Application {
 
     /// Serves until SIGTERM or Ctrl-C, then shuts down in order.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let Application {
-            server,
-            store,
-            shutdown,
-            ..
-        } = self;
+        let Application { server, store, shutdown, .. } = self;
         let handle = server.handle();
         let sweeper = tokio::spawn(sweep(store.clone()));
         let signals = tokio::spawn({
             let shutdown = shutdown.clone();
             async move {
                 wait_for_signal().await;
-                tracing::info!(
-                    "shutting down: ending streams, draining requests, flushing the log"
-                );
+                tracing::info!("shutting down: ending streams, draining requests, flushing the log");
                 shutdown.cancel();
                 handle.stop(true).await;
             }
@@ -153,10 +135,7 @@ impl Application {
         sweeper.abort();
         let started = Instant::now();
         match tokio::task::spawn_blocking(move || store.close()).await {
-            Ok(Ok(())) => tracing::info!(
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "log flushed and closed"
-            ),
+            Ok(Ok(())) => tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "log flushed and closed"),
             Ok(Err(error)) => tracing::error!(%error, "closing the log failed"),
             Err(error) => tracing::error!(%error, "closing the log panicked"),
         }
@@ -200,11 +179,7 @@ async fn observe(
     let route = req.match_pattern().unwrap_or_else(|| "unmatched".into());
     let response = next.call(req).await?;
     let status = response.status().as_u16().to_string();
-    metrics::HTTP_REQUESTS
-        .with_label_values(&[&method, &route, &status])
-        .inc();
-    metrics::HTTP_SECONDS
-        .with_label_values(&[&method, &route])
-        .observe(started.elapsed().as_secs_f64());
+    metrics::HTTP_REQUESTS.with_label_values(&[&method, &route, &status]).inc();
+    metrics::HTTP_SECONDS.with_label_values(&[&method, &route]).observe(started.elapsed().as_secs_f64());
     Ok(response)
 }

@@ -18,6 +18,9 @@ pub struct Settings {
     pub streams: StreamSettings,
     pub limits: LimitSettings,
     pub auth: AuthSettings,
+    pub engine: crate::session::EngineSettings,
+    pub tools: crate::agent::tools::ToolSettings,
+    pub agents: std::collections::BTreeMap<String, crate::agent::AgentConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -74,10 +77,7 @@ pub struct ApiKey {
 
 impl std::fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiKey")
-            .field("subject", &self.subject)
-            .field("admin", &self.admin)
-            .finish_non_exhaustive()
+        f.debug_struct("ApiKey").field("subject", &self.subject).field("admin", &self.admin).finish_non_exhaustive()
     }
 }
 
@@ -95,10 +95,7 @@ impl Settings {
         let mut figment = Figment::from(Toml::string(DEFAULTS));
         if let Some(file) = file {
             if !file.exists() {
-                return Err(ConfigError::Invalid(format!(
-                    "config file {} does not exist",
-                    file.display()
-                )));
+                return Err(ConfigError::Invalid(format!("config file {} does not exist", file.display())));
             }
             figment = figment.merge(Toml::file(file));
         }
@@ -121,12 +118,18 @@ impl Settings {
             return invalid("limits.max_event_bytes cannot exceed server.max_body_bytes");
         }
         if self.store.max_batch_events == 0 || self.streams.replay_chunk_events == 0 {
-            return invalid(
-                "store.max_batch_events and streams.replay_chunk_events must be positive",
-            );
+            return invalid("store.max_batch_events and streams.replay_chunk_events must be positive");
         }
         if self.streams.heartbeat_ms == 0 {
             return invalid("streams.heartbeat_ms must be positive");
+        }
+        if self.agents.is_empty() {
+            return invalid("at least one agent must be configured under [agents]");
+        }
+        for (name, agent) in &self.agents {
+            if agent.max_turn_requests == 0 {
+                return Err(ConfigError::Invalid(format!("agents.{name}.max_turn_requests must be positive")));
+            }
         }
         for key in &self.auth.keys {
             if key.sha256.len() != 64 || !key.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -140,12 +143,10 @@ impl Settings {
     }
 
     pub fn addr(&self) -> Result<SocketAddr, ConfigError> {
-        self.server.addr.parse().map_err(|_| {
-            ConfigError::Invalid(format!(
-                "server.addr {:?} is not an IP:port address",
-                self.server.addr
-            ))
-        })
+        self.server
+            .addr
+            .parse()
+            .map_err(|_| ConfigError::Invalid(format!("server.addr {:?} is not an IP:port address", self.server.addr)))
     }
 }
 
@@ -163,11 +164,7 @@ mod tests {
     #[test]
     fn a_bad_key_hash_is_refused_with_its_subject() {
         let mut settings = Settings::load(None).unwrap();
-        settings.auth.keys.push(ApiKey {
-            subject: "alice".into(),
-            sha256: "abc".into(),
-            admin: false,
-        });
+        settings.auth.keys.push(ApiKey { subject: "alice".into(), sha256: "abc".into(), admin: false });
         let error = settings.validate().unwrap_err().to_string();
         assert!(error.contains("alice"), "{error}");
     }

@@ -53,10 +53,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: Code, message: impl Into<String>) -> ApiError {
-        ApiError {
-            code,
-            message: message.into(),
-        }
+        ApiError { code, message: message.into() }
     }
 
     pub fn invalid(message: impl Into<String>) -> ApiError {
@@ -66,10 +63,7 @@ impl ApiError {
     /// A server-side failure: the cause goes to the log, the client gets a short message.
     pub fn internal(cause: impl std::fmt::Display) -> ApiError {
         tracing::error!(%cause, "request failed");
-        ApiError::new(
-            Code::Internal,
-            "internal error; the cause is in the server log",
-        )
+        ApiError::new(Code::Internal, "internal error; the cause is in the server log")
     }
 }
 
@@ -79,12 +73,10 @@ impl From<SessionError> for ApiError {
         match error {
             SessionError::NotFound(_) => ApiError::new(Code::SessionNotFound, message),
             SessionError::UnknownCursor(_) => ApiError::new(Code::UnknownCursor, message),
-            SessionError::Terminated(_) | SessionError::Conflict(_) => {
-                ApiError::new(Code::Conflict, message)
-            }
+            SessionError::Terminated(_) | SessionError::Conflict(_) => ApiError::new(Code::Conflict, message),
             SessionError::Invalid(_) => ApiError::new(Code::InvalidRequest, message),
             SessionError::Limit(_) => ApiError::new(Code::LimitExceeded, message),
-            SessionError::ShuttingDown => ApiError::new(Code::Unavailable, message),
+            SessionError::ShuttingDown | SessionError::Retry(_) => ApiError::new(Code::Unavailable, message),
             SessionError::Storage(cause) => ApiError::internal(cause),
         }
     }

@@ -8,11 +8,7 @@ use clap::{Parser, Subcommand};
 use turnlog::{Application, Settings};
 
 #[derive(Parser)]
-#[command(
-    name = "turnlog",
-    version,
-    about = "An event-sourced session service for LLM agents"
-)]
+#[command(name = "turnlog", version, about = "An event-sourced session service for LLM agents")]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -68,7 +64,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     turnlog::telemetry::init();
     let settings = settings(&args)?;
     actix_web::rt::System::new().block_on(async move {
-        let app = Application::build(settings).context("starting turnlog")?;
+        let app = Application::build(settings).await.context("starting turnlog")?;
         println!("listening on http://{}", app.addr());
         std::io::stdout().flush()?;
         app.run_until_stopped().await.context("serving")

@@ -4,16 +4,14 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(metric: T) -> T {
-    REGISTRY
-        .register(Box::new(metric.clone()))
-        .expect("metric names are unique");
+    REGISTRY.register(Box::new(metric.clone())).expect("metric names are unique");
     metric
 }
 
@@ -22,25 +20,15 @@ fn counter(name: &str, help: &str) -> IntCounter {
 }
 
 fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
-    register(
-        Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
-            .expect("valid metric"),
-    )
+    register(Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).expect("valid metric"))
 }
 
-pub static EVENTS_APPENDED: LazyLock<IntCounter> = LazyLock::new(|| {
-    counter(
-        "turnlog_events_appended_total",
-        "Events made durable by the writer.",
-    )
-});
+pub static EVENTS_APPENDED: LazyLock<IntCounter> =
+    LazyLock::new(|| counter("turnlog_events_appended_total", "Events made durable by the writer."));
 pub static APPENDS_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
-        IntCounterVec::new(
-            Opts::new("turnlog_appends_refused_total", "Append requests refused."),
-            &["reason"],
-        )
-        .expect("valid metric"),
+        IntCounterVec::new(Opts::new("turnlog_appends_refused_total", "Append requests refused."), &["reason"])
+            .expect("valid metric"),
     )
 });
 pub static BATCH_EVENTS: LazyLock<Histogram> = LazyLock::new(|| {
@@ -57,40 +45,22 @@ pub static FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
         exponential_buckets(0.000_05, 2.0, 14).expect("buckets"),
     )
 });
-pub static STREAMS_OPEN: LazyLock<IntGauge> = LazyLock::new(|| {
-    register(IntGauge::new("turnlog_streams_open", "SSE streams open now.").expect("valid metric"))
-});
-pub static EVENTS_REPLAYED: LazyLock<IntCounter> = LazyLock::new(|| {
-    counter(
-        "turnlog_stream_events_replayed_total",
-        "Events sent to streams from the store.",
-    )
-});
-pub static EVENTS_LIVE: LazyLock<IntCounter> = LazyLock::new(|| {
-    counter(
-        "turnlog_stream_events_live_total",
-        "Events sent to streams from the live bus.",
-    )
-});
+pub static STREAMS_OPEN: LazyLock<IntGauge> =
+    LazyLock::new(|| register(IntGauge::new("turnlog_streams_open", "SSE streams open now.").expect("valid metric")));
+pub static EVENTS_REPLAYED: LazyLock<IntCounter> =
+    LazyLock::new(|| counter("turnlog_stream_events_replayed_total", "Events sent to streams from the store."));
+pub static EVENTS_LIVE: LazyLock<IntCounter> =
+    LazyLock::new(|| counter("turnlog_stream_events_live_total", "Events sent to streams from the live bus."));
 pub static SUBSCRIBERS_LAGGED: LazyLock<IntCounter> = LazyLock::new(|| {
-    counter(
-        "turnlog_stream_lagged_total",
-        "Times a stream fell behind the live bus and re-read the store.",
-    )
+    counter("turnlog_stream_lagged_total", "Times a stream fell behind the live bus and re-read the store.")
 });
 pub static SUBSCRIBERS_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
-    counter(
-        "turnlog_stream_backlog_disconnects_total",
-        "Streams closed because they fell too far behind.",
-    )
+    counter("turnlog_stream_backlog_disconnects_total", "Streams closed because they fell too far behind.")
 });
 pub static HTTP_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
-        IntCounterVec::new(
-            Opts::new("turnlog_http_requests_total", "HTTP requests."),
-            &["method", "route", "status"],
-        )
-        .expect("valid metric"),
+        IntCounterVec::new(Opts::new("turnlog_http_requests_total", "HTTP requests."), &["method", "route", "status"])
+            .expect("valid metric"),
     )
 });
 pub static HTTP_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
@@ -105,11 +75,8 @@ pub static HTTP_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
 });
 pub static TURNS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
-        IntCounterVec::new(
-            Opts::new("turnlog_turns_total", "Turns ended, by stop reason."),
-            &["stop_reason"],
-        )
-        .expect("valid metric"),
+        IntCounterVec::new(Opts::new("turnlog_turns_total", "Turns ended, by stop reason."), &["stop_reason"])
+            .expect("valid metric"),
     )
 });
 pub static MODEL_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
@@ -124,11 +91,8 @@ pub static MODEL_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
 });
 pub static MODEL_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
-        IntCounterVec::new(
-            Opts::new("turnlog_model_tokens_total", "Model tokens."),
-            &["provider", "direction"],
-        )
-        .expect("valid metric"),
+        IntCounterVec::new(Opts::new("turnlog_model_tokens_total", "Model tokens."), &["provider", "direction"])
+            .expect("valid metric"),
     )
 });
 pub static TOOL_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
@@ -164,8 +128,6 @@ pub fn init() {
 /// The text exposition of every metric.
 pub fn render() -> String {
     let mut out = Vec::new();
-    TextEncoder::new()
-        .encode(&REGISTRY.gather(), &mut out)
-        .expect("text encoding never fails");
+    TextEncoder::new().encode(&REGISTRY.gather(), &mut out).expect("text encoding never fails");
     String::from_utf8(out).expect("prometheus text is utf-8")
 }

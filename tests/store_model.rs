@@ -11,21 +11,9 @@ const SESSIONS: usize = 3;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Append {
-        session: usize,
-        texts: Vec<String>,
-        terminate: bool,
-    },
-    Read {
-        session: usize,
-        after: Option<usize>,
-        before: Option<usize>,
-        limit: usize,
-        newest_first: bool,
-    },
-    Restart {
-        clean: bool,
-    },
+    Append { session: usize, texts: Vec<String>, terminate: bool },
+    Read { session: usize, after: Option<usize>, before: Option<usize>, limit: usize, newest_first: bool },
+    Restart { clean: bool },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -47,10 +35,7 @@ struct Stored {
 }
 
 fn open(path: &std::path::Path) -> Store {
-    let config = StoreConfig {
-        path: Some(path.to_path_buf()),
-        ..StoreConfig::default()
-    };
+    let config = StoreConfig { path: Some(path.to_path_buf()), ..StoreConfig::default() };
     Store::open(config, turnlog::projection::all()).expect("store opens")
 }
 
@@ -61,45 +46,19 @@ async fn run(ops: Vec<Op>) {
     let mut model: Vec<Vec<Stored>> = vec![Vec::new(); SESSIONS];
     let mut closed = [false; SESSIONS];
     for (i, session) in sessions.iter().enumerate() {
-        let created = EventBody::SessionCreated {
-            spec: Default::default(),
-            created_by: format!("s{i}"),
-        };
-        let events = store
-            .append(*session, vec![Draft::new(None, &created)])
-            .await
-            .unwrap();
-        model[i].extend(events.into_iter().map(|e| Stored {
-            id: e.id,
-            seq: e.seq,
-            json: e.json,
-        }));
+        let created = EventBody::SessionCreated { spec: Default::default(), created_by: format!("s{i}") };
+        let events = store.append(*session, vec![Draft::new(None, &created)]).await.unwrap();
+        model[i].extend(events.into_iter().map(|e| Stored { id: e.id, seq: e.seq, json: e.json }));
     }
     for op in ops {
         match op {
-            Op::Append {
-                session,
-                texts,
-                terminate,
-            } => {
+            Op::Append { session, texts, terminate } => {
                 let mut drafts: Vec<Draft> = texts
                     .iter()
-                    .map(|t| {
-                        Draft::new(
-                            None,
-                            &EventBody::UserMessage {
-                                content: vec![Block::text(t.clone())],
-                            },
-                        )
-                    })
+                    .map(|t| Draft::new(None, &EventBody::UserMessage { content: vec![Block::text(t.clone())] }))
                     .collect();
                 if terminate {
-                    drafts.push(Draft::new(
-                        None,
-                        &EventBody::Terminated {
-                            reason: "done".into(),
-                        },
-                    ));
+                    drafts.push(Draft::new(None, &EventBody::Terminated { reason: "done".into() }));
                 }
                 let result = store.append(sessions[session], drafts).await;
                 if closed[session] {
@@ -115,21 +74,11 @@ async fn run(ops: Vec<Op>) {
                     let decoded = event.decode().unwrap();
                     assert_eq!(decoded.sequence_number, event.seq);
                     assert_eq!(decoded.session_id, sessions[session]);
-                    model[session].push(Stored {
-                        id: event.id,
-                        seq: event.seq,
-                        json: event.json,
-                    });
+                    model[session].push(Stored { id: event.id, seq: event.seq, json: event.json });
                 }
                 closed[session] |= terminate;
             }
-            Op::Read {
-                session,
-                after,
-                before,
-                limit,
-                newest_first,
-            } => {
+            Op::Read { session, after, before, limit, newest_first } => {
                 let log = &model[session];
                 let after = after.filter(|&a| a < log.len());
                 let before = before.filter(|&b| b < log.len());
@@ -143,16 +92,11 @@ async fn run(ops: Vec<Op>) {
                     .read(sessions[session], range)
                     .unwrap()
                     .into_iter()
-                    .map(|e| Stored {
-                        id: e.id,
-                        seq: e.seq,
-                        json: e.json,
-                    })
+                    .map(|e| Stored { id: e.id, seq: e.seq, json: e.json })
                     .collect();
                 let from = after.map_or(0, |a| a + 1);
                 let to = before.unwrap_or(log.len());
-                let mut expected: Vec<Stored> =
-                    log.get(from..to.max(from)).unwrap_or_default().to_vec();
+                let mut expected: Vec<Stored> = log.get(from..to.max(from)).unwrap_or_default().to_vec();
                 if newest_first {
                     expected.reverse();
                 }
@@ -171,16 +115,10 @@ async fn run(ops: Vec<Op>) {
                     let position = store.position(*session).unwrap();
                     assert_eq!(position.seq, model[i].last().unwrap().seq);
                     assert_eq!(position.last, Some(model[i].last().unwrap().id));
-                    let summary = store
-                        .projected(SessionIndex::NAME, *session)
-                        .unwrap()
-                        .expect("indexed");
+                    let summary = store.projected(SessionIndex::NAME, *session).unwrap().expect("indexed");
                     let summary: SessionSummary = serde_json::from_slice(&summary).unwrap();
                     assert_eq!(summary.created_by, format!("s{i}"));
-                    assert_eq!(
-                        summary.deleted, closed[i],
-                        "the index knows which sessions ended"
-                    );
+                    assert_eq!(summary.deleted, closed[i], "the index knows which sessions ended");
                 }
             }
         }

@@ -146,26 +146,13 @@ impl Agents {
         for (name, config) in configs {
             for tool in config.tools.keys() {
                 if !tools.has(tool) {
-                    return Err(format!(
-                        "agents.{name}.tools: there is no server tool named {tool:?}"
-                    ));
+                    return Err(format!("agents.{name}.tools: there is no server tool named {tool:?}"));
                 }
             }
-            let model =
-                build_model(&config.model).map_err(|e| format!("agents.{name}.model: {e}"))?;
-            agents.insert(
-                name.clone(),
-                Arc::new(Agent {
-                    name: name.clone(),
-                    config: config.clone(),
-                    model,
-                }),
-            );
+            let model = build_model(&config.model).map_err(|e| format!("agents.{name}.model: {e}"))?;
+            agents.insert(name.clone(), Arc::new(Agent { name: name.clone(), config: config.clone(), model }));
         }
-        Ok(Agents {
-            agents,
-            tools: Arc::new(tools),
-        })
+        Ok(Agents { agents, tools: Arc::new(tools) })
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Agent>> {

@@ -63,10 +63,7 @@ pub struct ModelError {
 
 impl ModelError {
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> ModelError {
-        ModelError {
-            code: code.into(),
-            message: message.into(),
-        }
+        ModelError { code: code.into(), message: message.into() }
     }
 }
 

@@ -15,13 +15,7 @@ pub struct ScriptedModel {
 
 impl ScriptedModel {
     pub fn new(name: &str) -> ScriptedModel {
-        ScriptedModel {
-            name: if name.is_empty() {
-                "scripted".into()
-            } else {
-                name.into()
-            },
-        }
+        ScriptedModel { name: if name.is_empty() { "scripted".into() } else { name.into() } }
     }
 }
 
@@ -49,12 +43,7 @@ fn parse(text: &str) -> Result<Script, ModelError> {
         script.directives = true;
         let (name, rest) = directive.split_once(' ').unwrap_or((directive, ""));
         let rest = rest.trim();
-        let bad = |why: &str| {
-            ModelError::new(
-                "invalid_directive",
-                format!("scripted model: `{line}`: {why}"),
-            )
-        };
+        let bad = |why: &str| ModelError::new("invalid_directive", format!("scripted model: `{line}`: {why}"));
         match name {
             "think" => script.thinking = Some(rest.to_string()),
             "tool" => {
@@ -62,27 +51,16 @@ fn parse(text: &str) -> Result<Script, ModelError> {
                 if tool.is_empty() {
                     return Err(bad("needs a tool name"));
                 }
-                let input: Value = serde_json::from_str(input)
-                    .map_err(|e| bad(&format!("input is not JSON: {e}")))?;
+                let input: Value = serde_json::from_str(input).map_err(|e| bad(&format!("input is not JSON: {e}")))?;
                 if !input.is_object() {
                     return Err(bad("input must be a JSON object"));
                 }
                 script.calls.push((tool.to_string(), input));
             }
             "words" => script.words = Some(rest.parse().map_err(|_| bad("needs a number"))?),
-            "delay" => {
-                script.delay = Some(Duration::from_millis(
-                    rest.parse().map_err(|_| bad("needs milliseconds"))?,
-                ))
-            }
+            "delay" => script.delay = Some(Duration::from_millis(rest.parse().map_err(|_| bad("needs milliseconds"))?)),
             "loop" => script.looping = true,
-            "error" => {
-                script.error = Some(if rest.is_empty() {
-                    "model_error".into()
-                } else {
-                    rest.to_string()
-                })
-            }
+            "error" => script.error = Some(if rest.is_empty() { "model_error".into() } else { rest.to_string() }),
             "refuse" => script.refuse = true,
             "max_tokens" => script.max_tokens = true,
             _ => return Err(bad("unknown directive")),
@@ -101,9 +79,7 @@ struct Reply {
 }
 
 fn reply(messages: &[Message]) -> Result<Reply, ModelError> {
-    let last_user = messages
-        .iter()
-        .rposition(|m| matches!(m, Message::User { .. }));
+    let last_user = messages.iter().rposition(|m| matches!(m, Message::User { .. }));
     let user_text = last_user.map(|i| messages[i].text()).unwrap_or_default();
     let script = parse(&user_text)?;
     if let Some(code) = script.error {
@@ -112,60 +88,26 @@ fn reply(messages: &[Message]) -> Result<Reply, ModelError> {
     let answered_tools = matches!(messages.last(), Some(Message::Tool { .. }));
     if script.looping {
         let call = ("calculator".to_string(), json!({"expression": "1+1"}));
-        return Ok(Reply {
-            thinking: None,
-            text: String::new(),
-            calls: vec![call],
-            stop: ModelStop::ToolUse,
-        });
+        return Ok(Reply { thinking: None, text: String::new(), calls: vec![call], stop: ModelStop::ToolUse });
     }
     if answered_tools {
-        return Ok(Reply {
-            thinking: None,
-            text: tool_results(messages),
-            calls: vec![],
-            stop: ModelStop::EndTurn,
-        });
+        return Ok(Reply { thinking: None, text: tool_results(messages), calls: vec![], stop: ModelStop::EndTurn });
     }
     let said = script.text.join("\n");
     let (text, calls, stop) = if script.refuse {
-        (
-            "I can't help with that.".to_string(),
-            vec![],
-            ModelStop::Refusal,
-        )
+        ("I can't help with that.".to_string(), vec![], ModelStop::Refusal)
     } else if !script.calls.is_empty() {
         (said, script.calls, ModelStop::ToolUse)
     } else if let Some(n) = script.words {
-        (
-            (1..=n)
-                .map(|i| format!("w{i}"))
-                .collect::<Vec<_>>()
-                .join(" "),
-            vec![],
-            ModelStop::EndTurn,
-        )
+        ((1..=n).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" "), vec![], ModelStop::EndTurn)
     } else if script.max_tokens {
-        (
-            "this reply was cut".to_string(),
-            vec![],
-            ModelStop::MaxTokens,
-        )
+        ("this reply was cut".to_string(), vec![], ModelStop::MaxTokens)
     } else if script.directives {
-        (
-            format!("echo: {said}").trim_end().to_string(),
-            vec![],
-            ModelStop::EndTurn,
-        )
+        (format!("echo: {said}").trim_end().to_string(), vec![], ModelStop::EndTurn)
     } else {
         (format!("echo: {user_text}"), vec![], ModelStop::EndTurn)
     };
-    Ok(Reply {
-        thinking: script.thinking,
-        text,
-        calls,
-        stop,
-    })
+    Ok(Reply { thinking: script.thinking, text, calls, stop })
 }
 
 /// `tool results: name=content; name=content`, in the order of the calls.
@@ -178,13 +120,9 @@ fn tool_results(messages: &[Message]) -> String {
         .into_iter()
         .flatten()
         .filter_map(|part| match part {
-            Part::ToolUse {
-                tool_call_id, name, ..
-            } => {
+            Part::ToolUse { tool_call_id, name, .. } => {
                 let content = messages.iter().rev().find_map(|m| match m {
-                    Message::Tool {
-                        tool_call_id: id, ..
-                    } if id == tool_call_id => Some(m.text()),
+                    Message::Tool { tool_call_id: id, .. } if id == tool_call_id => Some(m.text()),
                     _ => None,
                 });
                 Some(format!("{name}={}", content.unwrap_or_default()))
@@ -202,7 +140,8 @@ fn tokens(text: &str) -> Vec<String> {
     for c in text.chars() {
         let space = c.is_whitespace();
         match out.last_mut() {
-            Some(token) if !(space && !previous_space) => token.push(c),
+            // A new token starts at the first space after a word.
+            Some(token) if !space || previous_space => token.push(c),
             _ => out.push(c.to_string()),
         }
         previous_space = space;
@@ -220,11 +159,7 @@ impl Model for ScriptedModel {
     }
 
     fn stream(&self, request: ModelRequest) -> ModelStream {
-        let input_tokens = request
-            .messages
-            .iter()
-            .map(|m| m.text().split_whitespace().count() as u64)
-            .sum();
+        let input_tokens = request.messages.iter().map(|m| m.text().split_whitespace().count() as u64).sum();
         let delay = request
             .messages
             .iter()
@@ -271,62 +206,34 @@ mod tests {
     use crate::domain::Block;
 
     fn user(text: &str) -> Message {
-        Message::User {
-            content: vec![Block::text(text)],
-        }
+        Message::User { content: vec![Block::text(text)] }
     }
 
     #[test]
     fn tokens_join_back_to_the_text() {
-        assert_eq!(
-            tokens("echo: hello  there"),
-            vec!["echo:", " hello", "  there"]
-        );
+        assert_eq!(tokens("echo: hello  there"), vec!["echo:", " hello", "  there"]);
         assert_eq!(tokens("a\nb").concat(), "a\nb");
     }
 
     #[test]
     fn plain_text_is_echoed() {
         let r = reply(&[user("hello there")]).unwrap();
-        assert_eq!(
-            (r.text.as_str(), r.stop),
-            ("echo: hello there", ModelStop::EndTurn)
-        );
+        assert_eq!((r.text.as_str(), r.stop), ("echo: hello there", ModelStop::EndTurn));
     }
 
     #[test]
     fn directives_shape_the_reply() {
-        let r = reply(&[user(
-            "look it up\n/think hmm\n/tool a {\"x\":1}\n/tool b {}",
-        )])
-        .unwrap();
+        let r = reply(&[user("look it up\n/think hmm\n/tool a {\"x\":1}\n/tool b {}")]).unwrap();
         assert_eq!(r.thinking.as_deref(), Some("hmm"));
         assert_eq!(r.text, "look it up");
-        assert_eq!(
-            r.calls,
-            vec![("a".into(), json!({"x": 1})), ("b".into(), json!({}))]
-        );
+        assert_eq!(r.calls, vec![("a".into(), json!({"x": 1})), ("b".into(), json!({}))]);
         assert_eq!(r.stop, ModelStop::ToolUse);
         assert_eq!(reply(&[user("/words 3")]).unwrap().text, "w1 w2 w3");
         assert_eq!(reply(&[user("/refuse")]).unwrap().stop, ModelStop::Refusal);
-        assert_eq!(
-            reply(&[user("/max_tokens")]).unwrap().stop,
-            ModelStop::MaxTokens
-        );
-        assert_eq!(
-            reply(&[user("/error model_overloaded_error")])
-                .unwrap_err()
-                .code,
-            "model_overloaded_error"
-        );
-        assert_eq!(
-            reply(&[user("/tool x notjson")]).unwrap_err().code,
-            "invalid_directive"
-        );
-        assert_eq!(
-            reply(&[user("/nope")]).unwrap_err().code,
-            "invalid_directive"
-        );
+        assert_eq!(reply(&[user("/max_tokens")]).unwrap().stop, ModelStop::MaxTokens);
+        assert_eq!(reply(&[user("/error model_overloaded_error")]).unwrap_err().code, "model_overloaded_error");
+        assert_eq!(reply(&[user("/tool x notjson")]).unwrap_err().code, "invalid_directive");
+        assert_eq!(reply(&[user("/nope")]).unwrap_err().code, "invalid_directive");
     }
 
     #[test]
@@ -335,28 +242,12 @@ mod tests {
             user("/tool b {}\n/tool a {}"),
             Message::Assistant {
                 content: vec![
-                    Part::ToolUse {
-                        tool_call_id: "1".into(),
-                        name: "b".into(),
-                        input: json!({}),
-                    },
-                    Part::ToolUse {
-                        tool_call_id: "2".into(),
-                        name: "a".into(),
-                        input: json!({}),
-                    },
+                    Part::ToolUse { tool_call_id: "1".into(), name: "b".into(), input: json!({}) },
+                    Part::ToolUse { tool_call_id: "2".into(), name: "a".into(), input: json!({}) },
                 ],
             },
-            Message::Tool {
-                tool_call_id: "2".into(),
-                content: vec![Block::text("A")],
-                is_error: false,
-            },
-            Message::Tool {
-                tool_call_id: "1".into(),
-                content: vec![Block::text("B")],
-                is_error: false,
-            },
+            Message::Tool { tool_call_id: "2".into(), content: vec![Block::text("A")], is_error: false },
+            Message::Tool { tool_call_id: "1".into(), content: vec![Block::text("B")], is_error: false },
         ];
         let r = reply(&messages).unwrap();
         assert_eq!(r.text, "tool results: b=B; a=A");
@@ -367,11 +258,7 @@ mod tests {
     fn loop_calls_the_calculator_every_time() {
         let messages = vec![
             user("/loop"),
-            Message::Tool {
-                tool_call_id: "1".into(),
-                content: vec![Block::text("2")],
-                is_error: false,
-            },
+            Message::Tool { tool_call_id: "1".into(), content: vec![Block::text("2")], is_error: false },
         ];
         assert_eq!(reply(&messages).unwrap().calls[0].0, "calculator");
     }

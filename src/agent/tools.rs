@@ -78,60 +78,37 @@ impl Tools {
                 "Evaluates an arithmetic expression: numbers, + - * / % ^ and parentheses.",
                 json!({"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}),
             ),
-            "current_time" => (
-                "The current date and time in UTC (RFC 3339).",
-                json!({"type": "object", "properties": {}}),
-            ),
+            "current_time" => {
+                ("The current date and time in UTC (RFC 3339).", json!({"type": "object", "properties": {}}))
+            }
             "fetch_url" => (
                 "Fetches a web page over HTTP(S) from an allowed host and returns its text.",
                 json!({"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}),
             ),
             _ => return None,
         };
-        Some(ToolDef {
-            name: name.into(),
-            description: description.into(),
-            parameters,
-        })
+        Some(ToolDef { name: name.into(), description: description.into(), parameters })
     }
 
     /// Runs a tool. `Err` is the text of a failure, for the model to read.
-    pub async fn call(
-        &self,
-        name: &str,
-        input: &Value,
-        cancel: &CancellationToken,
-    ) -> Result<String, String> {
+    pub async fn call(&self, name: &str, input: &Value, cancel: &CancellationToken) -> Result<String, String> {
         let started = std::time::Instant::now();
         let result = tokio::select! {
             _ = cancel.cancelled() => Err("Tool call cancelled".to_string()),
             result = self.run(name, input) => result,
         };
-        crate::metrics::TOOL_SECONDS
-            .with_label_values(&[name])
-            .observe(started.elapsed().as_secs_f64());
+        crate::metrics::TOOL_SECONDS.with_label_values(&[name]).observe(started.elapsed().as_secs_f64());
         result
     }
 
     async fn run(&self, name: &str, input: &Value) -> Result<String, String> {
         match name {
             "calculator" => {
-                let expression = input["expression"]
-                    .as_str()
-                    .ok_or("calculator needs a string `expression`")?;
+                let expression = input["expression"].as_str().ok_or("calculator needs a string `expression`")?;
                 calculate(expression).map(format_number)
             }
-            "current_time" => {
-                Ok(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-            }
-            "fetch_url" => {
-                self.fetch(
-                    input["url"]
-                        .as_str()
-                        .ok_or("fetch_url needs a string `url`")?,
-                )
-                .await
-            }
+            "current_time" => Ok(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            "fetch_url" => self.fetch(input["url"].as_str().ok_or("fetch_url needs a string `url`")?).await,
             other => Err(format!("there is no server tool named {other:?}")),
         }
     }
@@ -139,52 +116,32 @@ impl Tools {
     async fn fetch(&self, url: &str) -> Result<String, String> {
         let parsed = reqwest::Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
         if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(format!(
-                "only http and https URLs may be fetched, not {}",
-                parsed.scheme()
-            ));
+            return Err(format!("only http and https URLs may be fetched, not {}", parsed.scheme()));
         }
         let host = parsed.host_str().unwrap_or_default().to_ascii_lowercase();
         if !host_allowed(&self.settings.fetch_url.allowed_hosts, &host) {
-            return Err(format!(
-                "host {host:?} is not on the allow-list (tools.fetch_url.allowed_hosts)"
-            ));
+            return Err(format!("host {host:?} is not on the allow-list (tools.fetch_url.allowed_hosts)"));
         }
-        let mut response = self
-            .http
-            .get(parsed)
-            .send()
-            .await
-            .map_err(|e| format!("fetch failed: {e}"))?;
+        let mut response = self.http.get(parsed).send().await.map_err(|e| format!("fetch failed: {e}"))?;
         let status = response.status();
         let limit = self.settings.fetch_url.max_bytes;
         let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| format!("fetch failed: {e}"))?
-        {
+        while let Some(chunk) = response.chunk().await.map_err(|e| format!("fetch failed: {e}"))? {
             body.extend_from_slice(&chunk);
             if body.len() >= limit {
                 body.truncate(limit);
                 break;
             }
         }
-        Ok(format!(
-            "HTTP {}\n\n{}",
-            status.as_u16(),
-            String::from_utf8_lossy(&body)
-        ))
+        Ok(format!("HTTP {}\n\n{}", status.as_u16(), String::from_utf8_lossy(&body)))
     }
 }
 
 fn host_allowed(allowed: &[String], host: &str) -> bool {
-    allowed
-        .iter()
-        .any(|pattern| match pattern.strip_prefix("*.") {
-            Some(domain) => host.ends_with(&format!(".{domain}")),
-            None => pattern.eq_ignore_ascii_case(host),
-        })
+    allowed.iter().any(|pattern| match pattern.strip_prefix("*.") {
+        Some(domain) => host.ends_with(&format!(".{domain}")),
+        None => pattern.eq_ignore_ascii_case(host),
+    })
 }
 
 /// Integral results print without a fraction: `14`, not `14.0`.
@@ -201,17 +158,10 @@ fn format_number(n: f64) -> String {
 /// scripting language (variables, strings, functions) to whatever the model writes.
 pub fn calculate(expression: &str) -> Result<f64, String> {
     let tokens: Vec<char> = expression.chars().filter(|c| !c.is_whitespace()).collect();
-    let mut parser = Calc {
-        tokens: &tokens,
-        at: 0,
-        depth: 0,
-    };
+    let mut parser = Calc { tokens: &tokens, at: 0, depth: 0 };
     let value = parser.expr()?;
     if parser.at != tokens.len() {
-        return Err(format!(
-            "unexpected {:?} at position {}",
-            tokens[parser.at], parser.at
-        ));
+        return Err(format!("unexpected {:?} at position {}", tokens[parser.at], parser.at));
     }
     if !value.is_finite() {
         return Err("the result is not a finite number".into());
@@ -241,10 +191,10 @@ impl Calc<'_> {
     }
 
     fn term(&mut self) -> Result<f64, String> {
-        let mut value = self.power()?;
+        let mut value = self.unary()?;
         while let Some(op @ ('*' | '/' | '%')) = self.peek() {
             self.at += 1;
-            let rhs = self.power()?;
+            let rhs = self.unary()?;
             if op != '*' && rhs == 0.0 {
                 return Err("division by zero".into());
             }
@@ -257,11 +207,12 @@ impl Calc<'_> {
         Ok(value)
     }
 
+    /// `^` binds tighter than a sign on its left (`-2^2` is -4) and is right-associative.
     fn power(&mut self) -> Result<f64, String> {
-        let base = self.unary()?;
+        let base = self.primary()?;
         if self.peek() == Some('^') {
             self.at += 1;
-            let exponent = self.power()?;
+            let exponent = self.unary()?;
             return Ok(base.powf(exponent));
         }
         Ok(base)
@@ -277,7 +228,7 @@ impl Calc<'_> {
                 self.at += 1;
                 self.unary()
             }
-            _ => self.primary(),
+            _ => self.power(),
         }
     }
 
@@ -303,8 +254,7 @@ impl Calc<'_> {
                     self.at += 1;
                 }
                 let text: String = self.tokens[start..self.at].iter().collect();
-                text.parse()
-                    .map_err(|_| format!("{text:?} is not a number"))
+                text.parse().map_err(|_| format!("{text:?} is not a number"))
             }
             Some(c) => Err(format!("unexpected {c:?} at position {}", self.at)),
             None => Err("the expression ends too early".into()),
@@ -323,10 +273,8 @@ mod tests {
         assert_eq!(calculate("7/2").map(format_number), Ok("3.5".into()));
         assert_eq!(calculate("-2^2").map(format_number), Ok("-4".into()));
         assert_eq!(calculate("2^3^2").map(format_number), Ok("512".into()));
-        assert_eq!(
-            calculate(" 10 % 4 - -1 ").map(format_number),
-            Ok("3".into())
-        );
+        assert_eq!(calculate("2^-1").map(format_number), Ok("0.5".into()));
+        assert_eq!(calculate(" 10 % 4 - -1 ").map(format_number), Ok("3".into()));
         assert!(calculate("1/0").unwrap_err().contains("division by zero"));
         assert!(calculate("2*(3").unwrap_err().contains("expected `)`"));
         assert!(calculate("x+1").unwrap_err().contains("'x'"));

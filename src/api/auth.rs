@@ -23,13 +23,7 @@ impl Keys {
             .iter()
             .filter_map(|key| {
                 let hash: [u8; 32] = hex::decode(&key.sha256).ok()?.try_into().ok()?;
-                Some((
-                    hash,
-                    Caller {
-                        subject: key.subject.clone(),
-                        admin: key.admin,
-                    },
-                ))
+                Some((hash, Caller { subject: key.subject.clone(), admin: key.admin }))
             })
             .collect();
         Keys { by_hash }
@@ -41,10 +35,7 @@ impl Keys {
 
     pub fn caller(&self, presented: Option<&str>) -> Result<Caller, ApiError> {
         if self.is_open() {
-            return Ok(Caller {
-                subject: "local".into(),
-                admin: true,
-            });
+            return Ok(Caller { subject: "local".into(), admin: true });
         }
         let Some(key) = presented else {
             return Err(ApiError::new(
@@ -53,10 +44,7 @@ impl Keys {
             ));
         };
         let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        self.by_hash
-            .get(&hash)
-            .cloned()
-            .ok_or_else(|| ApiError::new(Code::Unauthorized, "invalid API key"))
+        self.by_hash.get(&hash).cloned().ok_or_else(|| ApiError::new(Code::Unauthorized, "invalid API key"))
     }
 }
 
@@ -69,17 +57,11 @@ pub fn presented_key(req: &HttpRequest) -> Option<&str> {
     let headers = req.headers();
     if let Some(value) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
         let value = value.trim();
-        if let Some(token) = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-        {
+        if let Some(token) = value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer ")) {
             return Some(token.trim());
         }
     }
-    headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
+    headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)
 }
 
 impl FromRequest for Caller {
@@ -98,16 +80,9 @@ mod tests {
 
     #[test]
     fn keys_are_matched_by_hash() {
-        let keys = Keys::new(&[ApiKey {
-            subject: "alice".into(),
-            sha256: hash_key("secret"),
-            admin: false,
-        }]);
+        let keys = Keys::new(&[ApiKey { subject: "alice".into(), sha256: hash_key("secret"), admin: false }]);
         assert_eq!(keys.caller(Some("secret")).unwrap().subject, "alice");
-        assert_eq!(
-            keys.caller(Some("wrong")).unwrap_err().code,
-            Code::Unauthorized
-        );
+        assert_eq!(keys.caller(Some("wrong")).unwrap_err().code, Code::Unauthorized);
         assert_eq!(keys.caller(None).unwrap_err().code, Code::Unauthorized);
     }
 

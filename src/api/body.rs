@@ -18,22 +18,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let path = error.path().to_string();
         let inner = error.into_inner();
         if inner.is_syntax() || inner.is_eof() {
-            ApiError::new(
-                Code::InvalidJson,
-                format!("the body is not valid JSON: {inner}"),
-            )
+            ApiError::new(Code::InvalidJson, format!("the body is not valid JSON: {inner}"))
         } else if path == "." {
             ApiError::invalid(format!("invalid body: {inner}"))
         } else {
             ApiError::invalid(format!("invalid field `{path}`: {inner}"))
         }
     })?;
-    de.end().map_err(|e| {
-        ApiError::new(
-            Code::InvalidJson,
-            format!("the body is not valid JSON: {e}"),
-        )
-    })?;
+    de.end().map_err(|e| ApiError::new(Code::InvalidJson, format!("the body is not valid JSON: {e}")))?;
     Ok(value)
 }
 
@@ -45,39 +37,26 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
     type Future = LocalBoxFuture<'static, Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let limit = req
-            .app_data::<State>()
-            .map_or(1 << 20, |s| s.settings.server.max_body_bytes);
-        let declared = req
-            .headers()
-            .get("content-length")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
+        let limit = req.app_data::<State>().map_or(1 << 20, |s| s.settings.server.max_body_bytes);
+        let declared =
+            req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
         let mut payload = payload.take();
         Box::pin(async move {
-            let too_large = || {
-                ApiError::new(
-                    Code::PayloadTooLarge,
-                    format!("the body is larger than the limit of {limit} bytes"),
-                )
-            };
+            let too_large =
+                || ApiError::new(Code::PayloadTooLarge, format!("the body is larger than the limit of {limit} bytes"));
             if declared.is_some_and(|n| n > limit) {
                 return Err(too_large());
             }
             let mut body = web::BytesMut::new();
             while let Some(chunk) = payload.next().await {
-                let chunk = chunk
-                    .map_err(|e| ApiError::invalid(format!("could not read the body: {e}")))?;
+                let chunk = chunk.map_err(|e| ApiError::invalid(format!("could not read the body: {e}")))?;
                 if body.len() + chunk.len() > limit {
                     return Err(too_large());
                 }
                 body.extend_from_slice(&chunk);
             }
             if body.is_empty() {
-                return Err(ApiError::new(
-                    Code::InvalidJson,
-                    "the body is empty; a JSON object is expected",
-                ));
+                return Err(ApiError::new(Code::InvalidJson, "the body is empty; a JSON object is expected"));
             }
             parse_json(&body).map(JsonBody)
         })

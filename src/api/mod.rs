@@ -16,11 +16,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::error::{ApiError, Code};
-use crate::session::Sessions;
+use crate::session::{Engine, Sessions};
 
 /// What every handler may use.
 pub struct AppState {
     pub sessions: Sessions,
+    pub engine: Engine,
     pub settings: Arc<Settings>,
     pub auth: auth::Keys,
     pub streams: StreamCounter,
@@ -53,10 +54,7 @@ impl StreamCounter {
         }
         *count += 1;
         crate::metrics::STREAMS_OPEN.inc();
-        Ok(StreamGuard {
-            open: self.open.clone(),
-            subject: subject.to_string(),
-        })
+        Ok(StreamGuard { open: self.open.clone(), subject: subject.to_string() })
     }
 }
 
@@ -73,13 +71,10 @@ impl Drop for StreamGuard {
 /// Every route of every view.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     ops::routes(cfg);
-    cfg.configure(aap::session_routes)
+    cfg.configure(aap::routes)
+        .configure(aap::session_routes)
         .configure(native::session_routes)
-        .service(
-            web::scope("/api/v1/cloud")
-                .configure(aap::session_routes)
-                .configure(native::session_routes),
-        );
+        .service(web::scope("/api/v1/cloud").configure(aap::session_routes).configure(native::session_routes));
 }
 
 /// The service's one error shape, used by the native and AAP views:
@@ -99,8 +94,5 @@ impl actix_web::ResponseError for ApiError {
 
 /// Any request no route matched: a JSON 404 rather than an empty body.
 pub async fn no_route(req: actix_web::HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError::new(
-        Code::NotFound,
-        format!("no route for {} {}", req.method(), req.path()),
-    ))
+    Err(ApiError::new(Code::NotFound, format!("no route for {} {}", req.method(), req.path())))
 }

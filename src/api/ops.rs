@@ -3,8 +3,7 @@
 use actix_web::{web, HttpResponse};
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(healthz))
-        .route("/metrics", web::get().to(metrics));
+    cfg.route("/healthz", web::get().to(healthz)).route("/metrics", web::get().to(metrics));
 }
 
 async fn healthz() -> HttpResponse {
@@ -12,7 +11,5 @@ async fn healthz() -> HttpResponse {
 }
 
 async fn metrics() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(crate::metrics::render())
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(crate::metrics::render())
 }

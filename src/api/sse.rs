@@ -30,11 +30,21 @@ pub fn frame(out: &mut BytesMut, id: Option<&str>, event: &str, data: &[u8]) {
 }
 
 /// The native frame: the event id, its type, and the stored JSON as it is.
-pub fn native_frame(out: &mut BytesMut, event: &RawEvent) {
+pub fn native_frame(out: &mut BytesMut, event: &RawEvent) -> Flow {
     frame(out, Some(&event.id.to_string()), event.kind(), &event.json);
+    Flow::Continue
+}
+
+/// Whether a stream goes on after an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    End,
 }
 
 pub struct Follow {
+    /// Sent before anything else (e.g. AAP's `turn_start`).
+    pub preamble: Option<Bytes>,
     pub follower: Follower,
     pub heartbeat: Duration,
     pub merge_window: Option<Duration>,
@@ -45,17 +55,14 @@ pub struct Follow {
 /// The body of a stream that follows a log, rendering events with `render`.
 pub fn follow<R>(follow: Follow, mut render: R) -> impl Stream<Item = Result<Bytes, Infallible>>
 where
-    R: FnMut(&mut BytesMut, &RawEvent) + 'static,
+    R: FnMut(&mut BytesMut, &RawEvent) -> Flow + 'static,
 {
-    let Follow {
-        mut follower,
-        heartbeat,
-        merge_window,
-        shutdown,
-        guard,
-    } = follow;
+    let Follow { preamble, mut follower, heartbeat, merge_window, shutdown, guard } = follow;
     async_stream::stream! {
         let _guard = guard;
+        if let Some(preamble) = preamble {
+            yield Ok(preamble);
+        }
         let mut coalescer = Coalescer::new(merge_window);
         let start = tokio::time::Instant::now() + heartbeat;
         let mut ping = tokio::time::interval_at(start, heartbeat);
@@ -66,12 +73,10 @@ where
                 biased;
                 _ = shutdown.cancelled() => false,
                 next = follower.next() => match next {
-                    Ok(Some(events)) => {
-                        for event in coalescer.push(events, tokio::time::Instant::now()) {
-                            render(&mut out, &event);
-                        }
-                        true
-                    }
+                    Ok(Some(events)) => coalescer
+                        .push(events, tokio::time::Instant::now())
+                        .iter()
+                        .all(|event| render(&mut out, event) == Flow::Continue),
                     Ok(None) => false,
                     Err(error) => {
                         tracing::info!(%error, "closing a stream");
@@ -79,10 +84,7 @@ where
                     }
                 },
                 _ = sleep_until(deadline), if deadline.is_some() => {
-                    if let Some(event) = coalescer.flush() {
-                        render(&mut out, &event);
-                    }
-                    true
+                    coalescer.flush().is_none_or(|event| render(&mut out, &event) == Flow::Continue)
                 }
                 _ = ping.tick() => {
                     out.put_slice(PING);
@@ -91,7 +93,7 @@ where
             };
             if !more {
                 if let Some(event) = coalescer.flush() {
-                    render(&mut out, &event);
+                    let _ = render(&mut out, &event);
                 }
             }
             if !out.is_empty() {

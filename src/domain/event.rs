@@ -27,20 +27,12 @@ pub struct Block {
 
 impl Block {
     pub fn text(text: impl Into<String>) -> Self {
-        Block {
-            kind: "text".into(),
-            text: Some(text.into()),
-            rest: Map::new(),
-        }
+        Block { kind: "text".into(), text: Some(text.into()), rest: Map::new() }
     }
 
     /// The text of all text blocks, joined.
     pub fn join_text(blocks: &[Block]) -> String {
-        blocks
-            .iter()
-            .filter_map(|b| b.text.as_deref())
-            .collect::<Vec<_>>()
-            .join("")
+        blocks.iter().filter_map(|b| b.text.as_deref()).collect::<Vec<_>>().join("")
     }
 }
 
@@ -179,32 +171,17 @@ pub enum EventBody {
     #[serde(rename = "span.model_request_start")]
     ModelRequestStart { model: String, span_id: String },
     #[serde(rename = "agent.thinking")]
-    AgentThinking {
-        message_id: String,
-        thinking: String,
-    },
+    AgentThinking { message_id: String, thinking: String },
     #[serde(rename = "agent.thinking.delta")]
     AgentThinkingDelta { message_id: String, delta: String },
     #[serde(rename = "agent.message")]
-    AgentMessage {
-        message_id: String,
-        content: Vec<Block>,
-    },
+    AgentMessage { message_id: String, content: Vec<Block> },
     #[serde(rename = "agent.message.delta")]
     AgentMessageDelta { message_id: String, delta: String },
     #[serde(rename = "agent.tool_use")]
-    AgentToolUse {
-        tool_call_id: String,
-        name: String,
-        input: Value,
-        evaluated_permission: Permission,
-    },
+    AgentToolUse { tool_call_id: String, name: String, input: Value, evaluated_permission: Permission },
     #[serde(rename = "agent.custom_tool_use")]
-    AgentCustomToolUse {
-        tool_call_id: String,
-        name: String,
-        input: Value,
-    },
+    AgentCustomToolUse { tool_call_id: String, name: String, input: Value },
     #[serde(rename = "agent.tool_result")]
     AgentToolResult {
         tool_use_id: EventId,
@@ -222,15 +199,25 @@ pub enum EventBody {
         is_error: bool,
     },
     #[serde(rename = "session.status_idle")]
-    StatusIdle {
-        status: String,
-        stop_reason: StopInfo,
-        usage: Usage,
-    },
+    StatusIdle { status: String, stop_reason: StopInfo, usage: Usage },
     #[serde(rename = "session.error")]
     SessionError { error: String, code: String },
     #[serde(rename = "terminated")]
     Terminated { reason: String },
+}
+
+impl EventBody {
+    /// Whether a client sent this (rather than the agent or the service writing it).
+    pub fn is_user_input(&self) -> bool {
+        matches!(
+            self,
+            EventBody::UserMessage { .. }
+                | EventBody::UserInterrupt {}
+                | EventBody::UserDefineOutcome { .. }
+                | EventBody::UserToolConfirmation { .. }
+                | EventBody::UserCustomToolResult { .. }
+        )
+    }
 }
 
 /// A decoded event: the envelope and the type's own fields.
@@ -264,16 +251,9 @@ const TYPE_PREFIX: &[u8] = b"{\"type\":\"";
 impl Draft {
     pub fn new(turn: Option<TurnId>, body: &EventBody) -> Draft {
         let body = Bytes::from(serde_json::to_vec(body).expect("event bodies always serialise"));
-        let kind_end = TYPE_PREFIX.len()
-            + body[TYPE_PREFIX.len()..]
-                .iter()
-                .position(|&b| b == b'"')
-                .expect("a type tag");
-        Draft {
-            turn,
-            body,
-            kind_end,
-        }
+        let kind_end =
+            TYPE_PREFIX.len() + body[TYPE_PREFIX.len()..].iter().position(|&b| b == b'"').expect("a type tag");
+        Draft { turn, body, kind_end }
     }
 
     pub fn kind(&self) -> &str {
@@ -336,20 +316,10 @@ impl Envelope<'_> {
     pub fn write(&self, draft: &Draft) -> Bytes {
         use std::io::Write;
         let mut out = Vec::with_capacity(draft.len() + 256);
-        write!(
-            out,
-            "{{\"id\":\"{}\",\"type\":\"{}\",\"session_id\":\"{}\"",
-            self.id,
-            draft.kind(),
-            self.session
-        )
-        .expect("writing to a Vec");
+        write!(out, "{{\"id\":\"{}\",\"type\":\"{}\",\"session_id\":\"{}\"", self.id, draft.kind(), self.session)
+            .expect("writing to a Vec");
         if let Some((turn, turn_seq)) = self.turn {
-            write!(
-                out,
-                ",\"turn_id\":\"{turn}\",\"turn_sequence_number\":{turn_seq}"
-            )
-            .expect("vec");
+            write!(out, ",\"turn_id\":\"{turn}\",\"turn_sequence_number\":{turn_seq}").expect("vec");
         }
         write!(
             out,
@@ -374,22 +344,14 @@ mod tests {
 
     #[test]
     fn envelope_and_body_make_one_event_that_decodes() {
-        let body = EventBody::UserMessage {
-            content: vec![Block::text("hi")],
-        };
+        let body = EventBody::UserMessage { content: vec![Block::text("hi")] };
         let draft = Draft::new(None, &body);
         assert_eq!(draft.kind(), "user.message");
         let id = EventId(Ulid::new());
         let session = SessionId(Ulid::new());
         let turn = TurnId(Ulid::new());
-        let json = Envelope {
-            id,
-            session,
-            turn: Some((turn, 3)),
-            seq: 7,
-            now: "2026-01-01T00:00:00.000000Z",
-        }
-        .write(&draft);
+        let json =
+            Envelope { id, session, turn: Some((turn, 3)), seq: 7, now: "2026-01-01T00:00:00.000000Z" }.write(&draft);
         let raw = RawEvent { id, seq: 7, json };
         assert_eq!(raw.kind(), "user.message");
         let event = raw.decode().unwrap();
@@ -405,14 +367,7 @@ mod tests {
     fn a_body_with_no_fields_still_makes_valid_json() {
         let draft = Draft::new(None, &EventBody::SessionDeleted {});
         let id = EventId(Ulid::new());
-        let json = Envelope {
-            id,
-            session: SessionId(Ulid::new()),
-            turn: None,
-            seq: 1,
-            now: "t",
-        }
-        .write(&draft);
+        let json = Envelope { id, session: SessionId(Ulid::new()), turn: None, seq: 1, now: "t" }.write(&draft);
         let value: Value = serde_json::from_slice(&json).unwrap();
         assert_eq!(value["type"], "session.deleted");
         assert_eq!(RawEvent { id, seq: 1, json }.kind(), "session.deleted");

@@ -37,9 +37,7 @@ macro_rules! prefixed_id {
 
             fn from_str(s: &str) -> Result<Self, IdError> {
                 let raw = s.strip_prefix($prefix).ok_or(IdError::Prefix($prefix))?;
-                Ulid::from_string(raw)
-                    .map($name)
-                    .map_err(|_| IdError::Ulid($prefix))
+                Ulid::from_string(raw).map($name).map_err(|_| IdError::Ulid($prefix))
             }
         }
 
@@ -74,18 +72,15 @@ pub enum IdError {
 /// previous id plus one, so ids sort in append order whatever the clock does.
 pub fn next_ulid(last: Option<Ulid>, now_ms: u64) -> Ulid {
     match last {
-        Some(last) if last.timestamp_ms() >= now_ms => last
-            .increment()
-            .unwrap_or_else(|| Ulid::from_parts(last.timestamp_ms() + 1, 0)),
+        Some(last) if last.timestamp_ms() >= now_ms => {
+            last.increment().unwrap_or_else(|| Ulid::from_parts(last.timestamp_ms() + 1, 0))
+        }
         _ => Ulid::from_parts(now_ms, rand::random::<u128>() >> 48),
     }
 }
 
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// A process-wide monotonic generator for ids that are not per-session (sessions, turns,

@@ -29,17 +29,9 @@ pub enum Message {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Part {
-    Text {
-        text: String,
-    },
-    Thinking {
-        thinking: String,
-    },
-    ToolUse {
-        tool_call_id: String,
-        name: String,
-        input: Value,
-    },
+    Text { text: String },
+    Thinking { thinking: String },
+    ToolUse { tool_call_id: String, name: String, input: Value },
 }
 
 impl Message {

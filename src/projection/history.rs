@@ -20,59 +20,28 @@ pub struct History {
 impl History {
     pub fn apply(&mut self, event: &Event) {
         match &event.body {
-            EventBody::SessionCreated { spec, .. } => {
-                self.messages.extend(spec.messages.iter().cloned())
-            }
+            EventBody::SessionCreated { spec, .. } => self.messages.extend(spec.messages.iter().cloned()),
             EventBody::UserMessage { content } => {
                 self.assistant_open = false;
-                self.messages.push(Message::User {
-                    content: content.clone(),
-                });
+                self.messages.push(Message::User { content: content.clone() });
             }
             EventBody::ModelRequestStart { .. } => self.assistant_open = false,
-            EventBody::AgentThinking { thinking, .. } => self.part(Part::Thinking {
-                thinking: thinking.clone(),
-            }),
-            EventBody::AgentMessage { content, .. } => self.part(Part::Text {
-                text: Block::join_text(content),
-            }),
-            EventBody::AgentToolUse {
-                tool_call_id,
-                name,
-                input,
-                ..
-            }
-            | EventBody::AgentCustomToolUse {
-                tool_call_id,
-                name,
-                input,
-            } => {
-                self.call_ids
-                    .insert(event.id.to_string(), tool_call_id.clone());
+            EventBody::AgentThinking { thinking, .. } => self.part(Part::Thinking { thinking: thinking.clone() }),
+            EventBody::AgentMessage { content, .. } => self.part(Part::Text { text: Block::join_text(content) }),
+            EventBody::AgentToolUse { tool_call_id, name, input, .. }
+            | EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
+                self.call_ids.insert(event.id.to_string(), tool_call_id.clone());
                 self.part(Part::ToolUse {
                     tool_call_id: tool_call_id.clone(),
                     name: name.clone(),
                     input: input.clone(),
                 });
             }
-            EventBody::AgentToolResult {
-                tool_call_id,
-                content,
-                is_error,
-                ..
-            } => {
+            EventBody::AgentToolResult { tool_call_id, content, is_error, .. } => {
                 self.tool(tool_call_id.clone(), content.clone(), *is_error);
             }
-            EventBody::UserCustomToolResult {
-                custom_tool_use_id,
-                content,
-                is_error,
-            } => {
-                let call = self
-                    .call_ids
-                    .get(custom_tool_use_id)
-                    .cloned()
-                    .unwrap_or_else(|| custom_tool_use_id.clone());
+            EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error } => {
+                let call = self.call_ids.get(custom_tool_use_id).cloned().unwrap_or_else(|| custom_tool_use_id.clone());
                 self.tool(call, content.clone(), *is_error);
             }
             _ => {}
@@ -87,17 +56,11 @@ impl History {
             }
         }
         self.assistant_open = true;
-        self.messages.push(Message::Assistant {
-            content: vec![part],
-        });
+        self.messages.push(Message::Assistant { content: vec![part] });
     }
 
     fn tool(&mut self, tool_call_id: String, content: Vec<Block>, is_error: bool) {
         self.assistant_open = false;
-        self.messages.push(Message::Tool {
-            tool_call_id,
-            content,
-            is_error,
-        });
+        self.messages.push(Message::Tool { tool_call_id, content, is_error });
     }
 }

@@ -29,15 +29,7 @@ impl SessionSummary {
                 updated_at: event.created_at.clone(),
                 deleted: false,
             }),
-            (
-                EventBody::SessionUpdated {
-                    agent,
-                    tools,
-                    title,
-                    metadata,
-                },
-                Some(mut summary),
-            ) => {
+            (EventBody::SessionUpdated { agent, tools, title, metadata }, Some(mut summary)) => {
                 if let Some(agent) = agent {
                     summary.spec.agent = agent.clone();
                 }
@@ -75,15 +67,11 @@ impl Projection for SessionIndex {
     }
 
     fn wants(&self, kind: &str) -> bool {
-        matches!(
-            kind,
-            "session.created" | "session.updated" | "session.deleted" | "terminated"
-        )
+        matches!(kind, "session.created" | "session.updated" | "session.deleted" | "terminated")
     }
 
     fn apply(&self, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
         let current = current.and_then(|bytes| serde_json::from_slice(bytes).ok());
-        SessionSummary::apply(current, event)
-            .map(|s| serde_json::to_vec(&s).expect("summaries serialise"))
+        SessionSummary::apply(current, event).map(|s| serde_json::to_vec(&s).expect("summaries serialise"))
     }
 }

@@ -55,32 +55,13 @@ impl TurnState {
                 self.phase = Phase::Running(event.turn_id.expect("turn.started has a turn"));
                 self.last_turn = event.turn_id;
             }
-            EventBody::AgentToolUse {
-                tool_call_id,
-                name,
-                input,
-                evaluated_permission: Permission::Ask,
-            } => {
-                self.pending.insert(
-                    event.id,
-                    call(event.id, tool_call_id, name, input, CallKind::Ask),
-                );
+            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: Permission::Ask } => {
+                self.pending.insert(event.id, call(event.id, tool_call_id, name, input, CallKind::Ask));
             }
-            EventBody::AgentCustomToolUse {
-                tool_call_id,
-                name,
-                input,
-            } => {
-                self.pending.insert(
-                    event.id,
-                    call(event.id, tool_call_id, name, input, CallKind::Client),
-                );
+            EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
+                self.pending.insert(event.id, call(event.id, tool_call_id, name, input, CallKind::Client));
             }
-            EventBody::UserToolConfirmation {
-                tool_use_id,
-                result,
-                ..
-            } => {
+            EventBody::UserToolConfirmation { tool_use_id, result, .. } => {
                 let id = tool_use_id.parse().ok();
                 if let Some(call) = id.and_then(|id| self.pending.remove(&id)) {
                     if *result == Confirmation::Allow {
@@ -88,9 +69,7 @@ impl TurnState {
                     }
                 }
             }
-            EventBody::UserCustomToolResult {
-                custom_tool_use_id, ..
-            } => {
+            EventBody::UserCustomToolResult { custom_tool_use_id, .. } => {
                 if let Ok(id) = custom_tool_use_id.parse() {
                     self.pending.remove(&id);
                 }
@@ -115,20 +94,8 @@ impl TurnState {
     }
 }
 
-fn call(
-    event_id: EventId,
-    tool_call_id: &str,
-    name: &str,
-    input: &Value,
-    kind: CallKind,
-) -> PendingCall {
-    PendingCall {
-        event_id,
-        tool_call_id: tool_call_id.into(),
-        name: name.into(),
-        input: input.clone(),
-        kind,
-    }
+fn call(event_id: EventId, tool_call_id: &str, name: &str, input: &Value, kind: CallKind) -> PendingCall {
+    PendingCall { event_id, tool_call_id: tool_call_id.into(), name: name.into(), input: input.clone(), kind }
 }
 
 /// On disk: the turn each session has open (started, not yet idle), if any.

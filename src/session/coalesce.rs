@@ -33,10 +33,7 @@ struct DeltaFields {
 impl Coalescer {
     /// `None` or zero: every event passes through as it is.
     pub fn new(window: Option<Duration>) -> Coalescer {
-        Coalescer {
-            window: window.filter(|w| !w.is_zero()),
-            pending: None,
-        }
+        Coalescer { window: window.filter(|w| !w.is_zero()), pending: None }
     }
 
     /// Takes events in log order; returns those ready to send now.
@@ -46,11 +43,7 @@ impl Coalescer {
         };
         let mut ready = Vec::with_capacity(events.len());
         for event in events {
-            let fields = if event.is_delta() {
-                serde_json::from_slice::<DeltaFields>(&event.json).ok()
-            } else {
-                None
-            };
+            let fields = if event.is_delta() { serde_json::from_slice::<DeltaFields>(&event.json).ok() } else { None };
             let Some(fields) = fields else {
                 ready.extend(self.flush());
                 ready.push(event);
@@ -92,10 +85,7 @@ impl Coalescer {
         if pending.merged == 1 {
             return Some(pending.last);
         }
-        Some(RawEvent {
-            json: with_delta(&pending.last.json, &pending.text),
-            ..pending.last
-        })
+        Some(RawEvent { json: with_delta(&pending.last.json, &pending.text), ..pending.last })
     }
 }
 
@@ -104,10 +94,7 @@ impl Coalescer {
 /// string (a quote there is always escaped), so the first match is the field.
 fn with_delta(json: &[u8], text: &str) -> Bytes {
     const FIELD: &[u8] = b",\"delta\":";
-    let at = json
-        .windows(FIELD.len())
-        .position(|w| w == FIELD)
-        .expect("delta events have a delta");
+    let at = json.windows(FIELD.len()).position(|w| w == FIELD).expect("delta events have a delta");
     let mut out = Vec::with_capacity(at + FIELD.len() + text.len() + 8);
     out.extend_from_slice(&json[..at + FIELD.len()]);
     serde_json::to_writer(&mut out, text).expect("strings serialise");
@@ -123,26 +110,15 @@ mod tests {
     use ulid::Ulid;
 
     fn delta(seq: u64, message: &str, text: &str) -> RawEvent {
-        let body = EventBody::AgentMessageDelta {
-            message_id: message.into(),
-            delta: text.into(),
-        };
+        let body = EventBody::AgentMessageDelta { message_id: message.into(), delta: text.into() };
         let id = EventId(Ulid::from_parts(seq, 0));
-        let json = Envelope {
-            id,
-            session: SessionId(Ulid::nil()),
-            turn: None,
-            seq,
-            now: "t",
-        }
-        .write(&Draft::new(None, &body));
+        let json =
+            Envelope { id, session: SessionId(Ulid::nil()), turn: None, seq, now: "t" }.write(&Draft::new(None, &body));
         RawEvent { id, seq, json }
     }
 
     fn text_of(event: &RawEvent) -> String {
-        serde_json::from_slice::<DeltaFields>(&event.json)
-            .unwrap()
-            .delta
+        serde_json::from_slice::<DeltaFields>(&event.json).unwrap().delta
     }
 
     #[test]
@@ -156,12 +132,8 @@ mod tests {
     fn a_run_of_deltas_becomes_one_event_with_the_last_id() {
         let mut c = Coalescer::new(Some(Duration::from_millis(50)));
         let now = Instant::now();
-        assert!(c
-            .push(vec![delta(1, "m", "he"), delta(2, "m", "l\"lo")], now)
-            .is_empty());
-        assert!(c
-            .push(vec![delta(3, "m", " ,\"delta\": x")], now)
-            .is_empty());
+        assert!(c.push(vec![delta(1, "m", "he"), delta(2, "m", "l\"lo")], now).is_empty());
+        assert!(c.push(vec![delta(3, "m", " ,\"delta\": x")], now).is_empty());
         let merged = c.push(vec![], now + Duration::from_millis(50));
         assert_eq!(merged.len(), 1);
         assert_eq!(merged[0].seq, 3);
@@ -185,15 +157,7 @@ mod tests {
             id: EventId(Ulid::from_parts(4, 0)),
             seq: 4,
         };
-        let out = c.push(
-            vec![
-                delta(1, "m", "a"),
-                delta(2, "n", "b"),
-                delta(3, "n", "c"),
-                other,
-            ],
-            now,
-        );
+        let out = c.push(vec![delta(1, "m", "a"), delta(2, "n", "b"), delta(3, "n", "c"), other], now);
         let seqs: Vec<u64> = out.iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![1, 3, 4]);
         assert_eq!(text_of(&out[1]), "bc");

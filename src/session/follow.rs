@@ -39,34 +39,14 @@ impl Follower {
     ) -> Result<Follower, StoreError> {
         let subscription = store.subscribe(session)?;
         let replay_to = Some(subscription.at);
-        Ok(Follower {
-            store,
-            session,
-            subscription,
-            sent: after,
-            replay_to,
-            config,
-            ended: false,
-        })
+        Ok(Follower { store, session, subscription, sent: after, replay_to, config, ended: false })
     }
 
     /// A follower that only sees events appended from now on.
-    pub fn live(
-        store: Store,
-        session: SessionId,
-        config: FollowConfig,
-    ) -> Result<Follower, StoreError> {
+    pub fn live(store: Store, session: SessionId, config: FollowConfig) -> Result<Follower, StoreError> {
         let subscription = store.subscribe(session)?;
         let sent = subscription.at;
-        Ok(Follower {
-            store,
-            session,
-            subscription,
-            sent,
-            replay_to: None,
-            config,
-            ended: false,
-        })
+        Ok(Follower { store, session, subscription, sent, replay_to: None, config, ended: false })
     }
 
     /// Where the follower is: the last event it returned.
@@ -98,11 +78,7 @@ impl Follower {
             }
             match self.subscription.live.recv().await {
                 Ok(batch) => {
-                    let fresh: Vec<RawEvent> = batch
-                        .iter()
-                        .filter(|e| Some(e.id) > self.sent.last)
-                        .cloned()
-                        .collect();
+                    let fresh: Vec<RawEvent> = batch.iter().filter(|e| Some(e.id) > self.sent.last).cloned().collect();
                     if !fresh.is_empty() {
                         metrics::EVENTS_LIVE.inc_by(fresh.len() as u64);
                         return Ok(Some(self.mark(fresh)));
@@ -114,10 +90,7 @@ impl Follower {
                     let behind = head.seq.saturating_sub(self.sent.seq);
                     if behind > self.config.max_backlog {
                         metrics::SUBSCRIBERS_DROPPED.inc();
-                        return Err(FollowError::Backlog {
-                            behind,
-                            limit: self.config.max_backlog,
-                        });
+                        return Err(FollowError::Backlog { behind, limit: self.config.max_backlog });
                     }
                     self.replay_to = Some(head);
                 }
@@ -133,10 +106,7 @@ impl Follower {
             self.ended = true;
         }
         if let Some(last) = events.last() {
-            self.sent = Position {
-                last: Some(last.id),
-                seq: last.seq,
-            };
+            self.sent = Position { last: Some(last.id), seq: last.seq };
         }
         events
     }

@@ -2,10 +2,14 @@
 //! following them, with ownership checked on every call. Views call this layer; they
 //! never reach into the store.
 
+mod actor;
 mod coalesce;
+pub mod engine;
 mod follow;
+pub mod turn;
 
 pub use coalesce::Coalescer;
+pub use engine::{Engine, EngineSettings, Input, SessionUpdate, Submission, Submitted};
 
 pub use follow::{FollowError, Follower};
 
@@ -43,6 +47,9 @@ pub enum SessionError {
     Limit(String),
     #[error("the service is shutting down")]
     ShuttingDown,
+    /// The session's actor stopped before it took the submission: send it again.
+    #[error("retry")]
+    Retry(Box<engine::Submission>),
     #[error(transparent)]
     Storage(#[from] StoreError),
 }
@@ -53,9 +60,7 @@ impl From<AppendError> for SessionError {
             AppendError::Closed => SessionError::Conflict("the session is terminated".into()),
             AppendError::TooManyEvents { .. } => SessionError::Limit(error.to_string()),
             AppendError::ShuttingDown => SessionError::ShuttingDown,
-            AppendError::Storage(message) => {
-                SessionError::Storage(StoreError::from(sled::Error::Unsupported(message)))
-            }
+            AppendError::Storage(message) => SessionError::Storage(StoreError::from(sled::Error::Unsupported(message))),
         }
     }
 }
@@ -97,19 +102,24 @@ impl Sessions {
         &self.store
     }
 
-    pub async fn create(
-        &self,
-        caller: &Caller,
-        spec: SessionSpec,
-    ) -> Result<SessionSummary, SessionError> {
+    pub async fn create(&self, caller: &Caller, spec: SessionSpec) -> Result<SessionSummary, SessionError> {
         let id = SessionId::generate();
-        let body = EventBody::SessionCreated {
-            spec,
-            created_by: caller.subject.clone(),
-        };
+        let body = EventBody::SessionCreated { spec, created_by: caller.subject.clone() };
         self.store.append(id, vec![Draft::new(None, &body)]).await?;
-        self.summary(id)?
-            .ok_or_else(|| SessionError::NotFound(id.to_string()))
+        self.summary(id)?.ok_or_else(|| SessionError::NotFound(id.to_string()))
+    }
+
+    /// The session's summary, whoever owns it (for the engine).
+    pub(crate) fn summary_of(&self, id: SessionId) -> Result<SessionSummary, SessionError> {
+        self.summary(id)?.ok_or_else(|| SessionError::NotFound(id.to_string()))
+    }
+
+    /// Appends to a session's log on the engine's behalf.
+    pub(crate) async fn append_to(&self, id: SessionId, drafts: Vec<Draft>) -> Result<Vec<RawEvent>, SessionError> {
+        match self.store.append(id, drafts).await {
+            Err(AppendError::Closed) => Err(SessionError::NotFound(id.to_string())),
+            other => other.map_err(Into::into),
+        }
     }
 
     fn summary(&self, id: SessionId) -> Result<Option<SessionSummary>, SessionError> {
@@ -130,17 +140,10 @@ impl Sessions {
         }
     }
 
-    pub fn list(
-        &self,
-        caller: &Caller,
-        filter: &ListFilter,
-    ) -> Result<Page<SessionSummary>, SessionError> {
+    pub fn list(&self, caller: &Caller, filter: &ListFilter) -> Result<Page<SessionSummary>, SessionError> {
         let mut items = Vec::new();
         let mut has_more = false;
-        for entry in self
-            .store
-            .projected_scan(SessionIndex::NAME, filter.after, true)
-        {
+        for entry in self.store.projected_scan(SessionIndex::NAME, filter.after, true) {
             let (_, bytes) = entry?;
             let Ok(summary) = serde_json::from_slice::<SessionSummary>(&bytes) else {
                 continue;
@@ -148,11 +151,7 @@ impl Sessions {
             if summary.deleted || !caller.may_see(&summary) || !matches(filter, &summary) {
                 continue;
             }
-            if filter
-                .created_after
-                .as_deref()
-                .is_some_and(|after| summary.created_at.as_str() <= after)
-            {
+            if filter.created_after.as_deref().is_some_and(|after| summary.created_at.as_str() <= after) {
                 break; // newest first: everything further is older still
             }
             if items.len() == filter.limit {
@@ -169,12 +168,7 @@ impl Sessions {
         let summary = self.get(caller, id)?;
         let drafts = vec![
             Draft::new(None, &EventBody::SessionDeleted {}),
-            Draft::new(
-                None,
-                &EventBody::Terminated {
-                    reason: "session deleted".into(),
-                },
-            ),
+            Draft::new(None, &EventBody::Terminated { reason: "session deleted".into() }),
         ];
         match self.store.append(summary.id, drafts).await {
             // A concurrent delete got there first: the session is gone either way.
@@ -183,58 +177,51 @@ impl Sessions {
         }
     }
 
-    pub async fn append(
-        &self,
-        summary: &SessionSummary,
-        drafts: Vec<Draft>,
-    ) -> Result<Vec<RawEvent>, SessionError> {
+    pub async fn append(&self, summary: &SessionSummary, drafts: Vec<Draft>) -> Result<Vec<RawEvent>, SessionError> {
         match self.store.append(summary.id, drafts).await {
             Err(AppendError::Closed) => Err(SessionError::NotFound(summary.id.to_string())),
             other => other.map_err(Into::into),
         }
     }
 
-    pub fn events(
-        &self,
-        summary: &SessionSummary,
-        range: ReadRange,
-    ) -> Result<Vec<RawEvent>, SessionError> {
+    /// The session's history, folded from its whole log.
+    pub fn history(&self, summary: &SessionSummary) -> Result<Vec<crate::domain::Message>, SessionError> {
+        let mut history = crate::projection::history::History::default();
+        let mut after = None;
+        loop {
+            let range = ReadRange { after, before: None, limit: 4096, newest_first: false };
+            let events = self.store.read(summary.id, range)?;
+            let Some(last) = events.last() else { return Ok(history.messages) };
+            after = Some(last.id);
+            for raw in &events {
+                if let Ok(event) = raw.decode() {
+                    history.apply(&event);
+                }
+            }
+        }
+    }
+
+    pub fn events(&self, summary: &SessionSummary, range: ReadRange) -> Result<Vec<RawEvent>, SessionError> {
         Ok(self.store.read(summary.id, range)?)
     }
 
     /// The position of `cursor`, which must be an event of this session.
-    pub fn check_cursor(
-        &self,
-        summary: &SessionSummary,
-        cursor: &str,
-    ) -> Result<Position, SessionError> {
+    pub fn check_cursor(&self, summary: &SessionSummary, cursor: &str) -> Result<Position, SessionError> {
         let unknown = || SessionError::UnknownCursor(cursor.to_string());
         let id: EventId = cursor.parse().map_err(|_| unknown())?;
         match self.store.event(summary.id, id)? {
-            Some(event) => Ok(Position {
-                last: Some(event.id),
-                seq: event.seq,
-            }),
+            Some(event) => Ok(Position { last: Some(event.id), seq: event.seq }),
             None => Err(unknown()),
         }
     }
 
     /// A follower of the session's log after `cursor` (from the start when `None`).
-    pub fn follow(
-        &self,
-        summary: &SessionSummary,
-        cursor: Option<&str>,
-    ) -> Result<Follower, SessionError> {
+    pub fn follow(&self, summary: &SessionSummary, cursor: Option<&str>) -> Result<Follower, SessionError> {
         let after = match cursor {
             Some(cursor) => self.check_cursor(summary, cursor)?,
             None => Position::default(),
         };
-        Ok(Follower::new(
-            self.store.clone(),
-            summary.id,
-            after,
-            self.follow,
-        )?)
+        Ok(Follower::new(self.store.clone(), summary.id, after, self.follow)?)
     }
 
     /// A follower that starts at the current end of the log (live only).
@@ -244,16 +231,7 @@ impl Sessions {
 }
 
 fn matches(filter: &ListFilter, summary: &SessionSummary) -> bool {
-    filter
-        .agent
-        .as_ref()
-        .is_none_or(|agent| &summary.spec.agent.name == agent)
-        && filter
-            .created_by
-            .as_ref()
-            .is_none_or(|by| &summary.created_by == by)
-        && filter
-            .created_before
-            .as_deref()
-            .is_none_or(|before| summary.created_at.as_str() < before)
+    filter.agent.as_ref().is_none_or(|agent| &summary.spec.agent.name == agent)
+        && filter.created_by.as_ref().is_none_or(|by| &summary.created_by == by)
+        && filter.created_before.as_deref().is_none_or(|before| summary.created_at.as_str() < before)
 }

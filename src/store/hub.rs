@@ -42,10 +42,7 @@ impl Channel {
     /// a subscriber that subscribed before reading the watermark misses nothing.
     pub(super) fn publish(&self, events: Batch) {
         if let Some(last) = events.last() {
-            *self.durable.lock() = Position {
-                last: Some(last.id),
-                seq: last.seq,
-            };
+            *self.durable.lock() = Position { last: Some(last.id), seq: last.seq };
             // No receivers is not an error: nobody is watching this session right now.
             let _ = self.bus.send(events);
         }
@@ -59,18 +56,11 @@ pub struct Hub {
 
 impl Hub {
     pub fn new(bus_capacity: usize) -> Hub {
-        Hub {
-            channels: DashMap::new(),
-            bus_capacity: bus_capacity.max(1),
-        }
+        Hub { channels: DashMap::new(), bus_capacity: bus_capacity.max(1) }
     }
 
     /// The session's channel, created with `load` (the store's last position) if needed.
-    pub fn channel<E>(
-        &self,
-        session: Ulid,
-        load: impl FnOnce() -> Result<Position, E>,
-    ) -> Result<Arc<Channel>, E> {
+    pub fn channel<E>(&self, session: Ulid, load: impl FnOnce() -> Result<Position, E>) -> Result<Arc<Channel>, E> {
         if let Some(channel) = self.channels.get(&session) {
             return Ok(channel.clone());
         }
@@ -79,10 +69,7 @@ impl Hub {
             dashmap::Entry::Vacant(entry) => {
                 let durable = load()?;
                 let (bus, _) = broadcast::channel(self.bus_capacity);
-                let channel = Arc::new(Channel {
-                    durable: Mutex::new(durable),
-                    bus,
-                });
+                let channel = Arc::new(Channel { durable: Mutex::new(durable), bus });
                 entry.insert(channel.clone());
                 Ok(channel)
             }
@@ -91,8 +78,7 @@ impl Hub {
 
     /// Drops the channels nobody holds, so an idle session costs no memory.
     pub fn sweep(&self) {
-        self.channels
-            .retain(|_, channel| Arc::strong_count(channel) > 1);
+        self.channels.retain(|_, channel| Arc::strong_count(channel) > 1);
     }
 
     pub fn len(&self) -> usize {

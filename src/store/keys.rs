@@ -32,11 +32,7 @@ pub fn event_from_key(key: &[u8]) -> Option<EventId> {
 
 /// The key range of `session`'s events strictly after `after` (or from the start) up to
 /// and including `upto`.
-pub fn range(
-    session: SessionId,
-    after: Option<EventId>,
-    upto: EventId,
-) -> (Bound<Key>, Bound<Key>) {
+pub fn range(session: SessionId, after: Option<EventId>, upto: EventId) -> (Bound<Key>, Bound<Key>) {
     let lower = match after {
         Some(after) => Bound::Excluded(event_key(session, after)),
         None => Bound::Included(event_key(session, EventId(Ulid::nil()))),

@@ -108,27 +108,16 @@ struct Inner {
 
 impl Inner {
     fn channel(&self, session: SessionId) -> Result<Arc<Channel>, StoreError> {
-        self.hub
-            .channel(session.ulid(), || self.last_stored(session))
+        self.hub.channel(session.ulid(), || self.last_stored(session))
     }
 
     /// The last event in the store for `session`. Only exact as a durable position when
     /// nothing is in flight for it, which [`Hub::channel`] guarantees when it calls this.
     fn last_stored(&self, session: SessionId) -> Result<Position, StoreError> {
-        Ok(
-            match self
-                .events
-                .scan_prefix(keys::session_key(session))
-                .next_back()
-                .transpose()?
-            {
-                Some((key, value)) => Position {
-                    last: keys::event_from_key(&key),
-                    seq: sequence_number(&value),
-                },
-                None => Position::default(),
-            },
-        )
+        Ok(match self.events.scan_prefix(keys::session_key(session)).next_back().transpose()? {
+            Some((key, value)) => Position { last: keys::event_from_key(&key), seq: sequence_number(&value) },
+            None => Position::default(),
+        })
     }
 
     fn project(&self, session: SessionId, event: &RawEvent) -> Result<(), sled::Error> {
@@ -187,11 +176,7 @@ fn sequence_number(json: &[u8]) -> u64 {
 fn raw_event(key: &[u8], value: sled::IVec) -> RawEvent {
     let id = keys::event_from_key(key).expect("event keys are 32 bytes");
     let seq = sequence_number(&value);
-    RawEvent {
-        id,
-        seq,
-        json: bytes::Bytes::from(value.to_vec()),
-    }
+    RawEvent { id, seq, json: bytes::Bytes::from(value.to_vec()) }
 }
 
 #[derive(Clone)]
@@ -207,10 +192,7 @@ const META_PROJECTIONS: &[u8] = b"projections";
 impl Store {
     /// Opens the log, rebuilds the projections if the last run did not close cleanly, and
     /// starts the writer.
-    pub fn open(
-        config: StoreConfig,
-        projections: Vec<Arc<dyn Projection>>,
-    ) -> Result<Store, StoreError> {
+    pub fn open(config: StoreConfig, projections: Vec<Arc<dyn Projection>>) -> Result<Store, StoreError> {
         let sled_config = sled::Config::new()
             .cache_capacity(config.cache_capacity_bytes)
             .flush_every_ms(None)
@@ -226,15 +208,7 @@ impl Store {
             .map(|p| Ok((p.clone(), db.open_tree(format!("projection:{}", p.name()))?)))
             .collect::<Result<Vec<_>, sled::Error>>()?;
         let hub = Hub::new(config.bus_capacity);
-        let inner = Arc::new(Inner {
-            db,
-            events,
-            meta,
-            projections,
-            hub,
-            config,
-            failed: Mutex::new(None),
-        });
+        let inner = Arc::new(Inner { db, events, meta, projections, hub, config, failed: Mutex::new(None) });
         Store::recover(&inner)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = writer::Writer::new(inner.clone(), rx);
@@ -242,11 +216,7 @@ impl Store {
             .name("turnlog-writer".into())
             .spawn(move || worker.run())
             .expect("spawning the writer thread");
-        Ok(Store {
-            inner,
-            jobs: Arc::new(Mutex::new(Some(tx))),
-            writer: Arc::new(Mutex::new(Some(handle))),
-        })
+        Ok(Store { inner, jobs: Arc::new(Mutex::new(Some(tx))), writer: Arc::new(Mutex::new(Some(handle))) })
     }
 
     fn recover(inner: &Inner) -> Result<(), StoreError> {
@@ -257,11 +227,7 @@ impl Store {
         if !(clean && same) {
             let started = std::time::Instant::now();
             let count = Store::rebuild_projections(inner)?;
-            tracing::info!(
-                events = count,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "rebuilt projections"
-            );
+            tracing::info!(events = count, elapsed_ms = started.elapsed().as_millis() as u64, "rebuilt projections");
         }
         inner.meta.insert(META_PROJECTIONS, names.as_bytes())?;
         inner.meta.insert(META_STATE, b"open".as_slice())?;
@@ -285,20 +251,12 @@ impl Store {
     }
 
     /// Appends `drafts` to the session's log as one unit and answers once they are durable.
-    pub async fn append(
-        &self,
-        session: SessionId,
-        drafts: Vec<Draft>,
-    ) -> Result<Vec<RawEvent>, AppendError> {
+    pub async fn append(&self, session: SessionId, drafts: Vec<Draft>) -> Result<Vec<RawEvent>, AppendError> {
         if drafts.is_empty() {
             return Ok(Vec::new());
         }
         let (reply, answer) = oneshot::channel();
-        let job = writer::Job {
-            session,
-            drafts,
-            reply,
-        };
+        let job = writer::Job { session, drafts, reply };
         match self.jobs.lock().as_ref() {
             Some(jobs) => jobs.send(job).map_err(|_| AppendError::ShuttingDown)?,
             None => return Err(AppendError::ShuttingDown),
@@ -332,9 +290,7 @@ impl Store {
             upper = std::ops::Bound::Excluded(keys::event_key(session, before));
         }
         let iter = self.inner.events.range::<keys::Key, _>((lower, upper));
-        let take = |item: Result<(sled::IVec, sled::IVec), sled::Error>| {
-            item.map(|(k, v)| raw_event(&k, v))
-        };
+        let take = |item: Result<(sled::IVec, sled::IVec), sled::Error>| item.map(|(k, v)| raw_event(&k, v));
         let events: Result<Vec<_>, _> = if range.newest_first {
             iter.rev().take(range.limit).map(take).collect()
         } else {
@@ -350,11 +306,7 @@ impl Store {
             return Ok(None);
         }
         let key = keys::event_key(session, id);
-        Ok(self
-            .inner
-            .events
-            .get(key)?
-            .map(|value| raw_event(&key, value)))
+        Ok(self.inner.events.get(key)?.map(|value| raw_event(&key, value)))
     }
 
     pub fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
@@ -365,11 +317,7 @@ impl Store {
     }
 
     /// A projection's value for one session.
-    pub fn projected(
-        &self,
-        name: &str,
-        session: SessionId,
-    ) -> Result<Option<sled::IVec>, StoreError> {
+    pub fn projected(&self, name: &str, session: SessionId) -> Result<Option<sled::IVec>, StoreError> {
         Ok(self.tree(name).get(keys::session_key(session))?)
     }
 
@@ -390,10 +338,9 @@ impl Store {
         match (newest_first, bound) {
             (true, Some(b)) => Box::new(tree.range(..b).rev().map(entry)),
             (true, None) => Box::new(tree.iter().rev().map(entry)),
-            (false, Some(b)) => Box::new(
-                tree.range((std::ops::Bound::Excluded(b), std::ops::Bound::Unbounded))
-                    .map(entry),
-            ),
+            (false, Some(b)) => {
+                Box::new(tree.range((std::ops::Bound::Excluded(b), std::ops::Bound::Unbounded)).map(entry))
+            }
             (false, None) => Box::new(tree.iter().map(entry)),
         }
     }
@@ -415,9 +362,7 @@ impl Store {
             let from = next.take()?;
             let (key, _) = self.inner.events.range(from..).next()?.ok()?;
             let session = keys::session_from_key(&key)?;
-            next = u128::from(session.ulid())
-                .checked_add(1)
-                .map(|n| n.to_be_bytes().to_vec());
+            next = u128::from(session.ulid()).checked_add(1).map(|n| n.to_be_bytes().to_vec());
             Some(session)
         })
     }

@@ -53,11 +53,7 @@ const MAX_CACHED_TAILS: usize = 100_000;
 
 impl Writer {
     pub fn new(store: Arc<Inner>, jobs: mpsc::UnboundedReceiver<Job>) -> Writer {
-        Writer {
-            store,
-            jobs,
-            tails: HashMap::new(),
-        }
+        Writer { store, jobs, tails: HashMap::new() }
     }
 
     pub fn run(mut self) {
@@ -114,9 +110,7 @@ impl Writer {
                     accepted.push((job, events));
                 }
                 Err(error) => {
-                    metrics::APPENDS_REFUSED
-                        .with_label_values(&[error.reason()])
-                        .inc();
+                    metrics::APPENDS_REFUSED.with_label_values(&[error.reason()]).inc();
                     let _ = job.reply.send(Err(error));
                 }
             }
@@ -153,12 +147,7 @@ impl Writer {
     ) -> Result<Vec<RawEvent>, AppendError> {
         let mut tail = self.tail(job.session)?;
         // Nothing follows `terminated`: check the whole job before staging any of it.
-        let terminated_early = job
-            .drafts
-            .iter()
-            .rev()
-            .skip(1)
-            .any(|d| d.kind() == "terminated");
+        let terminated_early = job.drafts.iter().rev().skip(1).any(|d| d.kind() == "terminated");
         if tail.closed || terminated_early {
             return Err(AppendError::Closed);
         }
@@ -174,19 +163,9 @@ impl Writer {
                 Some((current, n)) if current == turn => (turn, n + 1),
                 _ => (turn, 1),
             });
-            let json = Envelope {
-                id,
-                session: job.session,
-                turn,
-                seq,
-                now,
-            }
-            .write(draft);
+            let json = Envelope { id, session: job.session, turn, seq, now }.write(draft);
             batch.insert(&keys::event_key(job.session, id)[..], json.as_ref());
-            tail.position = Position {
-                last: Some(id),
-                seq,
-            };
+            tail.position = Position { last: Some(id), seq };
             tail.turn = turn.or(tail.turn);
             tail.closed = draft.kind() == "terminated";
             events.push(RawEvent { id, seq, json });
@@ -198,11 +177,7 @@ impl Writer {
         Ok(events)
     }
 
-    fn apply_and_flush(
-        &self,
-        batch: sled::Batch,
-        accepted: &[(Job, Vec<RawEvent>)],
-    ) -> Result<(), sled::Error> {
+    fn apply_and_flush(&self, batch: sled::Batch, accepted: &[(Job, Vec<RawEvent>)]) -> Result<(), sled::Error> {
         self.store.events.apply_batch(batch)?;
         for (job, events) in accepted {
             for event in events {
@@ -219,8 +194,7 @@ impl Writer {
         if let Some(tail) = self.tails.get(&session) {
             return Ok(*tail);
         }
-        self.load_tail(session)
-            .map_err(|e| AppendError::Storage(e.to_string()))
+        self.load_tail(session).map_err(|e| AppendError::Storage(e.to_string()))
     }
 
     /// Rebuilds a session's tail from the store: its last event, and the last event that
@@ -234,10 +208,7 @@ impl Writer {
                 continue;
             };
             if i == 0 {
-                tail.position = Position {
-                    last: keys::event_from_key(&key),
-                    seq: head.sequence_number,
-                };
+                tail.position = Position { last: keys::event_from_key(&key), seq: head.sequence_number };
                 tail.closed = head.kind == "terminated";
             }
             if let (Some(turn), Some(n)) = (head.turn_id, head.turn_sequence_number) {

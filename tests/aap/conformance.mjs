@@ -6,7 +6,8 @@
 //   TURNLOG_URL=http://127.0.0.1:PORT TURNLOG_KEY=k node --test conformance.mjs
 //   (or: node conformance.mjs)
 //
-// The steps run in file order and share state; a step whose prerequisite failed is skipped.
+// The steps run in file order and share state; a step whose prerequisite failed fails too
+// (never skipped), naming the dependency.
 
 import test from "node:test";
 import assert from "node:assert/strict";
@@ -40,8 +41,7 @@ const toolMsgs = {}; // tool messages we expect in the full history, by step
 
 function need(t, ...values) {
   if (values.some((v) => v === undefined || v === false)) {
-    t.skip("an earlier step this one depends on failed");
-    return false;
+    assert.fail("an earlier step this one depends on failed");
   }
   return true;
 }

@@ -26,9 +26,14 @@ async fn acknowledged_events_survive_sigkill() {
                 for i in 0.. {
                     let session = &sessions[(w + i) % sessions.len()];
                     let n = 1 + (i % 5);
-                    let events: Vec<Value> =
-                        (0..n).map(|k| json!({"type": "user.message", "content": format!("r{round}-w{w}-{i}-{k}")})).collect();
-                    let sent = client.post(format!("{url}/sessions/{session}/events")).json(&json!({"events": events})).send().await;
+                    let events: Vec<Value> = (0..n)
+                        .map(|k| json!({"type": "user.define_outcome", "outcome": format!("r{round}-w{w}-{i}-{k}")}))
+                        .collect();
+                    let sent = client
+                        .post(format!("{url}/sessions/{session}/events"))
+                        .json(&json!({"events": events}))
+                        .send()
+                        .await;
                     let Ok(response) = sent else { return };
                     if response.status() != 200 {
                         return;
@@ -51,39 +56,23 @@ async fn acknowledged_events_survive_sigkill() {
         let mut stored = std::collections::HashMap::new();
         let mut last_ids = std::collections::HashMap::new();
         for session in &sessions {
-            let response = app
-                .get(&format!("/sessions/{session}"))
-                .send()
-                .await
-                .unwrap();
+            let response = app.get(&format!("/sessions/{session}")).send().await.unwrap();
             assert_eq!(response.status(), 200, "the session index survived");
             let count = app.all_events(session).await.len();
             let all = check_log(&app, session, count).await;
-            last_ids.insert(
-                session.clone(),
-                all.last().unwrap()["id"].as_str().unwrap().to_string(),
-            );
+            last_ids.insert(session.clone(), all.last().unwrap()["id"].as_str().unwrap().to_string());
             for event in all {
                 stored.insert(event["id"].as_str().unwrap().to_string(), event);
             }
         }
         for event in &acked {
             let id = event["id"].as_str().unwrap();
-            assert_eq!(
-                stored.get(id),
-                Some(event),
-                "acknowledged event {id} is stored exactly as acknowledged"
-            );
+            assert_eq!(stored.get(id), Some(event), "acknowledged event {id} is stored exactly as acknowledged");
         }
         for session in &sessions {
             let before = app.all_events(session).await.len();
-            let new = app
-                .post_messages(session, &["after the crash".to_string()])
-                .await;
-            assert!(
-                new[0]["id"].as_str().unwrap() > last_ids[session].as_str(),
-                "new ids sort after every old one"
-            );
+            let new = app.post_outcomes(session, &["after the crash".to_string()]).await;
+            assert!(new[0]["id"].as_str().unwrap() > last_ids[session].as_str(), "new ids sort after every old one");
             assert_eq!(new[0]["sequence_number"], before as u64 + 1);
         }
     }

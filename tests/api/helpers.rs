@@ -34,23 +34,12 @@ pub async fn spawn_with(config: &str) -> TestApp {
 async fn start(dir: Arc<tempfile::TempDir>, config: String) -> TestApp {
     let config_path = dir.path().join("config.toml");
     std::fs::write(&config_path, &config).expect("write config");
-    let (child, url) = launch(&config_path, &dir.path().join("data"), "127.0.0.1:0")
-        .await
-        .expect("server starts");
-    TestApp {
-        url,
-        client: client(),
-        key: None,
-        dir,
-        child,
-    }
+    let (child, url) = launch(&config_path, &dir.path().join("data"), "127.0.0.1:0").await.expect("server starts");
+    TestApp { url, client: client(), key: None, dir, child }
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .pool_max_idle_per_host(64)
-        .build()
-        .expect("http client")
+    reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("http client")
 }
 
 /// Runs the binary and waits for its `listening on` line; `Err` carries what it printed if
@@ -72,10 +61,9 @@ pub async fn launch(config: &Path, data: &Path, addr: &str) -> Result<(Child, St
     let mut lines = BufReader::new(stdout).lines();
     let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
     match line {
-        Ok(Ok(Some(line))) if line.starts_with("listening on ") => Ok((
-            child,
-            line.trim_start_matches("listening on ").trim().to_string(),
-        )),
+        Ok(Ok(Some(line))) if line.starts_with("listening on ") => {
+            Ok((child, line.trim_start_matches("listening on ").trim().to_string()))
+        }
         _ => {
             let _ = child.wait().await;
             Err(std::fs::read_to_string(data.with_extension("log")).unwrap_or_default())
@@ -97,22 +85,14 @@ impl TestApp {
     /// Stops the server with SIGTERM and waits for it to exit.
     pub async fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = self.child.id().expect("running") as i32;
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("kill -TERM");
-        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("exits")
-            .expect("reap")
+        std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill -TERM");
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await.expect("exits").expect("reap")
     }
 
     /// Starts the server again on the same data dir (after `kill` or `terminate`).
     pub async fn restart(&mut self) {
         let config_path = self.dir.path().join("config.toml");
-        let (child, url) = launch(&config_path, &self.data_dir(), "127.0.0.1:0")
-            .await
-            .expect("server restarts");
+        let (child, url) = launch(&config_path, &self.data_dir(), "127.0.0.1:0").await.expect("server restarts");
         self.child = child;
         self.url = url;
     }
@@ -142,29 +122,18 @@ impl TestApp {
     }
 
     pub async fn create_session(&self) -> String {
-        let response = self
-            .post("/sessions")
-            .json(&json!({"agent": {"name": "default"}}))
-            .send()
-            .await
-            .unwrap();
+        let response = self.post("/sessions").json(&json!({"agent": {"name": "default"}})).send().await.unwrap();
         assert_eq!(response.status(), 201);
         let body: Value = response.json().await.unwrap();
         body["sessionId"].as_str().expect("sessionId").to_string()
     }
 
-    /// Posts user messages `text-0` .. and returns the stored events.
-    pub async fn post_messages(&self, session: &str, texts: &[String]) -> Vec<Value> {
-        let events: Vec<Value> = texts
-            .iter()
-            .map(|t| json!({"type": "user.message", "content": t}))
-            .collect();
-        let response = self
-            .post(&format!("/sessions/{session}/events"))
-            .json(&json!({"events": events}))
-            .send()
-            .await
-            .unwrap();
+    /// Posts `user.define_outcome` events, one per text, and returns the stored events. They
+    /// start no turn, so tests of the log itself can append as many as they like.
+    pub async fn post_outcomes(&self, session: &str, texts: &[String]) -> Vec<Value> {
+        let events: Vec<Value> = texts.iter().map(|t| json!({"type": "user.define_outcome", "outcome": t})).collect();
+        let response =
+            self.post(&format!("/sessions/{session}/events")).json(&json!({"events": events})).send().await.unwrap();
         assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
         let body: Value = response.json().await.unwrap();
         body["data"].as_array().unwrap().clone()
@@ -208,14 +177,7 @@ impl TestApp {
     }
 
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .get("/metrics")
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = self.get("/metrics").send().await.unwrap().text().await.unwrap();
         text.lines()
             .filter(|l| l.starts_with(name) && !l.starts_with('#'))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -237,11 +199,7 @@ pub fn sse(response: reqwest::Response) -> impl Stream<Item = Sse> + Unpin {
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     Box::pin(response.bytes_stream().eventsource().map(|event| {
         let event = event.expect("well-formed SSE");
-        Sse {
-            id: event.id,
-            event: event.event,
-            data: serde_json::from_str(&event.data).expect("JSON data"),
-        }
+        Sse { id: event.id, event: event.event, data: serde_json::from_str(&event.data).expect("JSON data") }
     }))
 }
 
@@ -259,10 +217,7 @@ pub async fn take(stream: &mut (impl Stream<Item = Sse> + Unpin), n: usize, secs
 }
 
 pub fn ids(events: &[Value]) -> Vec<String> {
-    events
-        .iter()
-        .map(|e| e["id"].as_str().unwrap().to_string())
-        .collect()
+    events.iter().map(|e| e["id"].as_str().unwrap().to_string()).collect()
 }
 
 pub fn texts(prefix: &str, n: usize) -> Vec<String> {

@@ -11,58 +11,38 @@ use crate::helpers::{ids, spawn_app, spawn_with, sse, take, texts, TestApp};
 async fn the_stream_replays_from_the_start_then_tails() {
     let app = spawn_app().await;
     let session = app.create_session().await;
-    app.post_messages(&session, &texts("old", 3)).await;
+    app.post_outcomes(&session, &texts("old", 3)).await;
     let mut stream = sse(app.stream(&session, None, None).await);
     let replayed = take(&mut stream, 4, 10).await;
     assert_eq!(replayed[0].event, "session.created");
     for event in &replayed {
-        assert_eq!(
-            event.id,
-            event.data["id"].as_str().unwrap(),
-            "the SSE id is the event id"
-        );
-        assert_eq!(
-            event.event,
-            event.data["type"].as_str().unwrap(),
-            "the SSE event is the type"
-        );
+        assert_eq!(event.id, event.data["id"].as_str().unwrap(), "the SSE id is the event id");
+        assert_eq!(event.event, event.data["type"].as_str().unwrap(), "the SSE event is the type");
     }
-    let live = app.post_messages(&session, &texts("new", 2)).await;
+    let live = app.post_outcomes(&session, &texts("new", 2)).await;
     let tailed = take(&mut stream, 2, 10).await;
-    assert_eq!(
-        tailed.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
-        ids(&live)
-    );
-    assert_eq!(
-        tailed[1].data, live[1],
-        "the stream sends exactly the stored event"
-    );
+    assert_eq!(tailed.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), ids(&live));
+    assert_eq!(tailed[1].data, live[1], "the stream sends exactly the stored event");
 }
 
 #[tokio::test]
 async fn the_stream_resumes_after_a_cursor_from_the_query_or_the_header() {
     let app = spawn_app().await;
     let session = app.create_session().await;
-    let stored = ids(&app.post_messages(&session, &texts("m", 6)).await);
+    let stored = ids(&app.post_outcomes(&session, &texts("m", 6)).await);
 
     let mut by_query = sse(app.stream(&session, Some(&stored[2]), None).await);
-    let got: Vec<String> = take(&mut by_query, 3, 10)
-        .await
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
+    let got: Vec<String> = take(&mut by_query, 3, 10).await.into_iter().map(|e| e.id).collect();
     assert_eq!(got, stored[3..]);
 
     let mut by_header = sse(app.stream(&session, None, Some(&stored[4])).await);
     assert_eq!(take(&mut by_header, 1, 10).await[0].id, stored[5]);
 
-    let mut query_wins = sse(app
-        .stream(&session, Some(&stored[0]), Some(&stored[4]))
-        .await);
+    let mut query_wins = sse(app.stream(&session, Some(&stored[0]), Some(&stored[4])).await);
     assert_eq!(take(&mut query_wins, 1, 10).await[0].id, stored[1]);
 
     let mut at_end = sse(app.stream(&session, Some(&stored[5]), None).await);
-    let more = ids(&app.post_messages(&session, &texts("later", 1)).await);
+    let more = ids(&app.post_outcomes(&session, &texts("later", 1)).await);
     assert_eq!(take(&mut at_end, 1, 10).await[0].id, more[0]);
 }
 
@@ -71,7 +51,7 @@ async fn a_cursor_that_is_not_in_this_log_is_a_conflict() {
     let app = spawn_app().await;
     let session = app.create_session().await;
     let other = app.create_session().await;
-    let foreign = ids(&app.post_messages(&other, &texts("x", 1)).await);
+    let foreign = ids(&app.post_outcomes(&other, &texts("x", 1)).await);
     for (query, header) in [
         (Some("evt_01J00000000000000000000000"), None),
         (None, Some("evt_01J00000000000000000000000")),
@@ -95,16 +75,10 @@ async fn many_subscribers_each_get_every_event_once_in_order() {
     }
     let mut expected = ids(&app.all_events(&session).await);
     for round in 0..10 {
-        expected.extend(ids(&app
-            .post_messages(&session, &texts(&format!("r{round}"), 20))
-            .await));
+        expected.extend(ids(&app.post_outcomes(&session, &texts(&format!("r{round}"), 20)).await));
     }
     for stream in &mut streams {
-        let got: Vec<String> = take(stream, expected.len(), 20)
-            .await
-            .into_iter()
-            .map(|e| e.id)
-            .collect();
+        let got: Vec<String> = take(stream, expected.len(), 20).await.into_iter().map(|e| e.id).collect();
         assert_eq!(got, expected);
     }
 }
@@ -115,7 +89,7 @@ async fn many_subscribers_each_get_every_event_once_in_order() {
 async fn reconnects_at_random_points_lose_and_repeat_nothing() {
     let app = spawn_app().await;
     let session = app.create_session().await;
-    let first = ids(&app.post_messages(&session, &texts("seed", 5)).await);
+    let first = ids(&app.post_outcomes(&session, &texts("seed", 5)).await);
     const BATCHES: usize = 40;
     const PER_BATCH: usize = 10;
     let total = 1 + 5 + BATCHES * PER_BATCH;
@@ -124,18 +98,11 @@ async fn reconnects_at_random_points_lose_and_repeat_nothing() {
     for reader in 0..8 {
         let url = app.url.clone();
         let session = session.clone();
-        let start = if reader % 2 == 0 {
-            None
-        } else {
-            Some(first[reader % 5].clone())
-        };
-        readers.push(tokio::spawn(async move {
-            read_with_reconnects(url, session, start, total).await
-        }));
+        let start = if reader % 2 == 0 { None } else { Some(first[reader % 5].clone()) };
+        readers.push(tokio::spawn(async move { read_with_reconnects(url, session, start, total).await }));
     }
     for batch in 0..BATCHES {
-        app.post_messages(&session, &texts(&format!("b{batch}"), PER_BATCH))
-            .await;
+        app.post_outcomes(&session, &texts(&format!("b{batch}"), PER_BATCH)).await;
         if batch % 8 == 0 {
             tokio::task::yield_now().await;
         }
@@ -145,11 +112,7 @@ async fn reconnects_at_random_points_lose_and_repeat_nothing() {
     for reader in readers {
         let (start, got, reconnects) = reader.await.unwrap();
         let from = start.map_or(0, |s| log.iter().position(|id| *id == s).unwrap() + 1);
-        assert_eq!(
-            got,
-            log[from..],
-            "a reader from {from} with {reconnects} reconnects"
-        );
+        assert_eq!(got, log[from..], "a reader from {from} with {reconnects} reconnects");
         assert!(reconnects > 0);
     }
 }
@@ -202,43 +165,29 @@ async fn a_subscriber_that_stops_reading_does_not_hold_anyone_back() {
     let mut expected = ids(&app.all_events(&session).await);
     for batch in 0..50 {
         let events: Vec<Value> = (0..50)
-            .map(|i| json!({"type": "user.message", "content": format!("{batch}-{i}-{payload}")}))
+            .map(|i| json!({"type": "user.define_outcome", "outcome": format!("{batch}-{i}-{payload}")}))
             .collect();
-        let response = app
-            .post(&format!("/sessions/{session}/events"))
-            .json(&json!({"events": events}))
-            .send()
-            .await
-            .unwrap();
+        let response =
+            app.post(&format!("/sessions/{session}/events")).json(&json!({"events": events})).send().await.unwrap();
         assert_eq!(response.status(), 200);
-        expected.extend(ids(response.json::<Value>().await.unwrap()["data"]
-            .as_array()
-            .unwrap()));
+        expected.extend(ids(response.json::<Value>().await.unwrap()["data"].as_array().unwrap()));
         let seen = take(&mut reader, if batch == 0 { 51 } else { 50 }, 20).await;
-        assert_eq!(
-            seen.last().unwrap().id,
-            *expected.last().unwrap(),
-            "the reading subscriber keeps up"
-        );
+        assert_eq!(seen.last().unwrap().id, *expected.last().unwrap(), "the reading subscriber keeps up");
     }
     assert_eq!(expected.len(), 2501);
 
     // The stalled subscriber now reads: what it gets is a prefix of the log, in order,
     // ending early because it fell too far behind; resuming by id gives the rest.
     let mut got = vec![first[0].id.clone()];
-    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(20), stalled.next()).await
-    {
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(20), stalled.next()).await {
         got.push(event.id);
     }
     assert!(got.len() < expected.len(), "the stalled stream was cut off");
     assert_eq!(got, expected[..got.len()]);
     assert!(app.metric("turnlog_stream_backlog_disconnects_total").await >= 1.0);
     let mut resumed = sse(app.stream(&session, None, Some(got.last().unwrap())).await);
-    let rest: Vec<String> = take(&mut resumed, expected.len() - got.len(), 20)
-        .await
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
+    let rest: Vec<String> =
+        take(&mut resumed, expected.len() - got.len(), 20).await.into_iter().map(|e| e.id).collect();
     got.extend(rest);
     assert_eq!(got, expected);
 }
@@ -247,28 +196,16 @@ async fn a_subscriber_that_stops_reading_does_not_hold_anyone_back() {
 async fn deleting_a_session_ends_its_streams_after_terminated() {
     let app = spawn_app().await;
     let session = app.create_session().await;
-    let mut streams = vec![
-        sse(app.stream(&session, None, None).await),
-        sse(app.stream(&session, None, None).await),
-    ];
+    let mut streams = vec![sse(app.stream(&session, None, None).await), sse(app.stream(&session, None, None).await)];
     for stream in &mut streams {
         take(stream, 1, 10).await;
     }
-    assert_eq!(
-        app.delete(&format!("/sessions/{session}"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        204
-    );
+    assert_eq!(app.delete(&format!("/sessions/{session}")).send().await.unwrap().status(), 204);
     for stream in &mut streams {
         let last = take(stream, 2, 10).await;
         assert_eq!(last[0].event, "session.deleted");
         assert_eq!(last[1].event, "terminated");
-        let end = tokio::time::timeout(Duration::from_secs(10), stream.next())
-            .await
-            .expect("the stream ends");
+        let end = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.expect("the stream ends");
         assert!(end.is_none());
     }
     let response = app
@@ -288,17 +225,10 @@ async fn quiet_streams_get_ping_comments() {
     let mut body = response.bytes_stream();
     let mut text = String::new();
     while !text.contains(": ping\n\n") {
-        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let chunk = tokio::time::timeout(Duration::from_secs(10), body.next()).await.unwrap().unwrap().unwrap();
         text.push_str(std::str::from_utf8(&chunk).unwrap());
     }
-    assert!(
-        text.starts_with("id: evt_"),
-        "events first, then pings: {text}"
-    );
+    assert!(text.starts_with("id: evt_"), "events first, then pings: {text}");
 }
 
 #[tokio::test]
@@ -308,14 +238,7 @@ async fn streams_per_subject_are_limited() {
     let one = app.stream(&session, None, None).await;
     let two = app.stream(&session, None, None).await;
     let three = app.stream(&session, None, None).await;
-    assert_eq!(
-        (
-            one.status().as_u16(),
-            two.status().as_u16(),
-            three.status().as_u16()
-        ),
-        (200, 200, 429)
-    );
+    assert_eq!((one.status().as_u16(), two.status().as_u16(), three.status().as_u16()), (200, 200, 429));
     drop(one);
     // The slot frees when the server notices the closed connection, at the next write.
     let mut opened = false;
@@ -341,14 +264,9 @@ async fn live_ids_increase_and_sequence_numbers_have_no_gaps() {
         writers.push(tokio::spawn(async move {
             let client = reqwest::Client::new();
             for i in 0..25 {
-                let body =
-                    json!({"events": [{"type": "user.message", "content": format!("{w}-{i}")}]});
-                let response = client
-                    .post(format!("{url}/sessions/{session}/events"))
-                    .json(&body)
-                    .send()
-                    .await
-                    .unwrap();
+                let body = json!({"events": [{"type": "user.define_outcome", "outcome": format!("{w}-{i}")}]});
+                let response =
+                    client.post(format!("{url}/sessions/{session}/events")).json(&body).send().await.unwrap();
                 assert_eq!(response.status(), 200);
             }
         }));
@@ -367,10 +285,7 @@ pub async fn check_log(app: &TestApp, session: &str, expected: usize) -> Vec<Val
         assert_eq!(event["sequence_number"], i as u64 + 1);
         assert!(seen.insert(event["id"].as_str().unwrap().to_string()));
         if i > 0 {
-            assert!(
-                event["id"].as_str() > all[i - 1]["id"].as_str(),
-                "ids increase in append order"
-            );
+            assert!(event["id"].as_str() > all[i - 1]["id"].as_str(), "ids increase in append order");
         }
     }
     all

@@ -59,27 +59,14 @@ impl CreateSession {
         SessionSpec {
             agent: AgentSpec {
                 name: self.agent.name,
-                tools: self.agent.tools.map(|tools| {
-                    tools
-                        .into_iter()
-                        .map(|t| ToolTrust {
-                            name: t.name,
-                            trust: t.trust,
-                        })
-                        .collect()
-                }),
+                tools: self
+                    .agent
+                    .tools
+                    .map(|tools| tools.into_iter().map(|t| ToolTrust { name: t.name, trust: t.trust }).collect()),
                 options: self.agent.options,
             },
-            tools: self
-                .tools
-                .into_iter()
-                .map(|t| serde_json::to_value(t).expect("tool specs serialise"))
-                .collect(),
-            messages: self
-                .messages
-                .into_iter()
-                .filter_map(MessageIn::into_domain)
-                .collect(),
+            tools: self.tools.into_iter().map(|t| serde_json::to_value(t).expect("tool specs serialise")).collect(),
+            messages: self.messages.into_iter().filter_map(MessageIn::into_domain).collect(),
             title: self.title,
             metadata: self.metadata,
         }
@@ -228,39 +215,22 @@ impl MessageIn {
         Some(match self {
             MessageIn::System { content } => Message::System { content },
             MessageIn::User { content } => Message::User { content },
-            MessageIn::Assistant {
-                content: AssistantContent::Text(text),
-            } => Message::Assistant {
-                content: vec![Part::Text { text }],
-            },
-            MessageIn::Assistant {
-                content: AssistantContent::Blocks(blocks),
-            } => Message::Assistant {
+            MessageIn::Assistant { content: AssistantContent::Text(text) } => {
+                Message::Assistant { content: vec![Part::Text { text }] }
+            }
+            MessageIn::Assistant { content: AssistantContent::Blocks(blocks) } => Message::Assistant {
                 content: blocks
                     .into_iter()
                     .map(|b| match b {
                         BlockIn::Text { text } => Part::Text { text },
                         BlockIn::Thinking { thinking } => Part::Thinking { thinking },
-                        BlockIn::ToolUse {
-                            tool_call_id,
-                            name,
-                            input,
-                        } => Part::ToolUse {
-                            tool_call_id,
-                            name,
-                            input,
-                        },
+                        BlockIn::ToolUse { tool_call_id, name, input } => Part::ToolUse { tool_call_id, name, input },
                     })
                     .collect(),
             },
-            MessageIn::Tool {
-                tool_call_id,
-                content,
-            } => Message::Tool {
-                tool_call_id,
-                content: content.into_blocks(),
-                is_error: false,
-            },
+            MessageIn::Tool { tool_call_id, content } => {
+                Message::Tool { tool_call_id, content: content.into_blocks(), is_error: false }
+            }
             MessageIn::ToolPermission { .. } => return None,
         })
     }
@@ -298,12 +268,7 @@ impl ContentOut {
         if blocks.iter().all(|b| b.kind == "text") {
             ContentOut::Text(crate::domain::Block::join_text(blocks))
         } else {
-            ContentOut::Blocks(
-                blocks
-                    .iter()
-                    .map(|b| serde_json::to_value(b).expect("blocks serialise"))
-                    .collect(),
-            )
+            ContentOut::Blocks(blocks.iter().map(|b| serde_json::to_value(b).expect("blocks serialise")).collect())
         }
     }
 }
@@ -336,5 +301,62 @@ impl From<&Message> for MessageOut {
                 },
             },
         }
+    }
+}
+
+/// `POST /sessions/{id}/turns`.
+#[derive(Debug, Deserialize)]
+pub struct TurnRequest {
+    #[serde(default)]
+    pub agent: Option<AgentUpdate>,
+    #[serde(default)]
+    pub stream: StreamMode,
+    pub messages: Vec<MessageIn>,
+    #[serde(default)]
+    pub tools: Option<Vec<ToolSpec>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AgentUpdate {
+    #[serde(default)]
+    pub tools: Option<Vec<ToolTrustRequest>>,
+    #[serde(default)]
+    pub options: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamMode {
+    Delta,
+    Message,
+    #[default]
+    None,
+}
+
+/// The JSON answer of a turn with `stream: "none"`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentResponse {
+    pub stop_reason: &'static str,
+    pub messages: Vec<MessageOut>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct HistoryQuery {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+}
+
+/// AAP's stop reasons, plus ours where AAP has none (`cancelled`, `max_turn_requests`).
+pub fn stop_reason(reason: crate::domain::StopReason) -> &'static str {
+    use crate::domain::StopReason::*;
+    match reason {
+        EndTurn => "end_turn",
+        RequiresAction => "tool_use",
+        MaxTokens => "max_tokens",
+        MaxTurnRequests => "max_turn_requests",
+        Refusal => "refusal",
+        Cancelled => "cancelled",
+        Error => "error",
     }
 }

@@ -7,9 +7,10 @@ use bytes::{BufMut, BytesMut};
 use super::wire::{user_event, ListQuery, PostEvents};
 use crate::api::body::{JsonBody, Query};
 use crate::api::State;
-use crate::domain::{Draft, RawEvent};
+use crate::domain::event::Confirmation;
+use crate::domain::{Draft, EventBody, RawEvent};
 use crate::error::{ApiError, Code};
-use crate::session::Caller;
+use crate::session::{Caller, Input, SessionUpdate, Submission};
 use crate::store::ReadRange;
 
 pub async fn post(
@@ -22,9 +23,7 @@ pub async fn post(
     let limits = &state.settings.limits;
     let events = body.0.events;
     if events.is_empty() {
-        return Err(ApiError::invalid(
-            "invalid field `events`: at least one event is needed",
-        ));
+        return Err(ApiError::invalid("invalid field `events`: at least one event is needed"));
     }
     if events.len() > limits.max_events_per_request {
         return Err(ApiError::invalid(format!(
@@ -32,23 +31,37 @@ pub async fn post(
             limits.max_events_per_request
         )));
     }
-    let mut drafts = Vec::with_capacity(events.len());
+    let mut inputs = Vec::with_capacity(events.len());
     for (i, event) in events.into_iter().enumerate() {
-        let draft = Draft::new(None, &user_event(i, event)?);
-        if draft.len() > limits.max_event_bytes {
+        let body = user_event(i, event)?;
+        let size = Draft::new(None, &body).len();
+        if size > limits.max_event_bytes {
             return Err(ApiError::new(
                 Code::PayloadTooLarge,
-                format!(
-                    "event {i} is {} bytes; the limit is {}",
-                    draft.len(),
-                    limits.max_event_bytes
-                ),
+                format!("event {i} is {size} bytes; the limit is {}", limits.max_event_bytes),
             ));
         }
-        drafts.push(draft);
+        inputs.push(input(body));
     }
-    let stored = state.sessions.append(&summary, drafts).await?;
+    let submission = Submission { update: SessionUpdate::default(), inputs, all_at_once: false };
+    let submitted = state.engine.submit(&summary, submission).await?;
+    let stored: Vec<RawEvent> = submitted.events.into_iter().filter(|e| e.kind().starts_with("user.")).collect();
     Ok(json_events(&stored, None))
+}
+
+/// A user event as input for the session's engine.
+fn input(body: EventBody) -> Input {
+    match body {
+        EventBody::UserMessage { content } => Input::Message(content),
+        EventBody::UserToolConfirmation { tool_use_id, result, deny_message } => {
+            Input::Permission { call: tool_use_id, granted: result == Confirmation::Allow, reason: deny_message }
+        }
+        EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error } => {
+            Input::Result { call: custom_tool_use_id, content, is_error }
+        }
+        EventBody::UserDefineOutcome { outcome } => Input::Outcome(outcome),
+        _ => Input::Interrupt,
+    }
 }
 
 pub async fn list(
@@ -62,23 +75,14 @@ pub async fn list(
     let max = state.settings.limits.max_page_size;
     let limit = query.limit.unwrap_or(100);
     if limit == 0 || limit > max {
-        return Err(ApiError::invalid(format!(
-            "invalid query `limit`: must be between 1 and {max}"
-        )));
+        return Err(ApiError::invalid(format!("invalid query `limit`: must be between 1 and {max}")));
     }
     let newest_first = match query.order.as_deref() {
         None | Some("asc") => false,
         Some("desc") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(format!(
-                "invalid query `order`: {other:?} is not asc or desc"
-            )))
-        }
+        Some(other) => return Err(ApiError::invalid(format!("invalid query `order`: {other:?} is not asc or desc"))),
     };
-    let cursor = |c: Option<String>| {
-        c.map(|c| state.sessions.check_cursor(&summary, &c))
-            .transpose()
-    };
+    let cursor = |c: Option<String>| c.map(|c| state.sessions.check_cursor(&summary, &c)).transpose();
     let after = cursor(query.after_id)?.and_then(|p| p.last);
     let before = cursor(query.before_id)?.and_then(|p| p.last);
     let kinds: Vec<String> = query
@@ -97,12 +101,7 @@ pub async fn list(
     let (mut after, mut before) = (after, before);
     loop {
         let chunk = limit.max(256);
-        let range = ReadRange {
-            after,
-            before,
-            limit: chunk,
-            newest_first,
-        };
+        let range = ReadRange { after, before, limit: chunk, newest_first };
         let events = state.sessions.events(&summary, range)?;
         let exhausted = events.len() < chunk;
         if let Some(last) = events.last() {
@@ -112,11 +111,7 @@ pub async fn list(
                 after = Some(last.id);
             }
         }
-        found.extend(
-            events
-                .into_iter()
-                .filter(|e| kinds.is_empty() || kinds.iter().any(|k| k == e.kind())),
-        );
+        found.extend(events.into_iter().filter(|e| kinds.is_empty() || kinds.iter().any(|k| k == e.kind())));
         if found.len() > limit || exhausted {
             break;
         }
@@ -142,17 +137,10 @@ fn json_events(events: &[RawEvent], has_more: Option<bool>) -> HttpResponse {
     if let Some(has_more) = has_more {
         let id = |e: Option<&RawEvent>| e.map_or("null".to_string(), |e| format!("\"{}\"", e.id));
         out.put_slice(
-            format!(
-                ",\"first_id\":{},\"last_id\":{},\"has_more\":{}",
-                id(events.first()),
-                id(events.last()),
-                has_more
-            )
-            .as_bytes(),
+            format!(",\"first_id\":{},\"last_id\":{},\"has_more\":{}", id(events.first()), id(events.last()), has_more)
+                .as_bytes(),
         );
     }
     out.put_u8(b'}');
-    HttpResponse::Ok()
-        .content_type("application/json")
-        .body(out.freeze())
+    HttpResponse::Ok().content_type("application/json").body(out.freeze())
 }

@@ -5,6 +5,8 @@ mod events;
 mod stream;
 pub mod wire;
 
+pub use stream::sse_response;
+
 use actix_web::web;
 
 pub fn session_routes(cfg: &mut web::ServiceConfig) {
@@ -13,7 +15,5 @@ pub fn session_routes(cfg: &mut web::ServiceConfig) {
             .route(web::get().to(events::list))
             .route(web::post().to(events::post)),
     )
-    .service(
-        web::resource("/sessions/{session_id}/events/stream").route(web::get().to(stream::stream)),
-    );
+    .service(web::resource("/sessions/{session_id}/events/stream").route(web::get().to(stream::stream)));
 }

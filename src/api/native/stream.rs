@@ -20,25 +20,15 @@ pub async fn stream(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let summary = state.sessions.get(&caller, &path)?;
-    let header = req
-        .headers()
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim);
-    let cursor = query
-        .0
-        .after_id
-        .as_deref()
-        .or(header)
-        .filter(|c| !c.is_empty());
+    let header = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()).map(str::trim);
+    let cursor = query.0.after_id.as_deref().or(header).filter(|c| !c.is_empty());
     let follower = state.sessions.follow(&summary, cursor)?;
     let settings = &state.settings.streams;
-    let guard = state
-        .streams
-        .open(&caller.subject, settings.max_streams_per_subject)?;
+    let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;
     tracing::debug!(session_id = %summary.id, cursor = cursor.unwrap_or("start"), "stream opened");
     let body = sse::follow(
         Follow {
+            preamble: None,
             follower,
             heartbeat: Duration::from_millis(settings.heartbeat_ms),
             merge_window: query.0.delta_flush_interval_ms.map(Duration::from_millis),

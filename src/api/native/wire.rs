@@ -14,13 +14,8 @@ pub struct PostEvents {
     pub events: Vec<Value>,
 }
 
-pub const USER_EVENT_TYPES: &[&str] = &[
-    "user.message",
-    "user.interrupt",
-    "user.define_outcome",
-    "user.tool_confirmation",
-    "user.custom_tool_result",
-];
+pub const USER_EVENT_TYPES: &[&str] =
+    &["user.message", "user.interrupt", "user.define_outcome", "user.tool_confirmation", "user.custom_tool_result"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -61,17 +56,11 @@ struct CustomToolResult {
 /// Reads event `i` of a request, naming the failing field (`events[0].content`).
 pub fn user_event(i: usize, value: Value) -> Result<EventBody, ApiError> {
     let Value::Object(mut fields) = value else {
-        return Err(ApiError::invalid(format!(
-            "invalid field `events[{i}]`: expected an event object"
-        )));
+        return Err(ApiError::invalid(format!("invalid field `events[{i}]`: expected an event object")));
     };
     let kind = match fields.remove("type") {
         Some(Value::String(kind)) => kind,
-        _ => {
-            return Err(ApiError::invalid(format!(
-                "invalid field `events[{i}].type`: a string is required"
-            )))
-        }
+        _ => return Err(ApiError::invalid(format!("invalid field `events[{i}].type`: a string is required"))),
     };
     let fields = Value::Object(fields);
     let parse = |fields| -> Result<EventBody, serde_path_to_error::Error<serde_json::Error>> {
@@ -89,28 +78,13 @@ pub fn user_event(i: usize, value: Value) -> Result<EventBody, ApiError> {
                 EventBody::UserDefineOutcome { outcome }
             }
             "user.tool_confirmation" => {
-                let ToolConfirmation {
-                    tool_use_id,
-                    result,
-                    deny_message,
-                } = serde_path_to_error::deserialize(fields)?;
-                EventBody::UserToolConfirmation {
-                    tool_use_id,
-                    result,
-                    deny_message,
-                }
+                let ToolConfirmation { tool_use_id, result, deny_message } = serde_path_to_error::deserialize(fields)?;
+                EventBody::UserToolConfirmation { tool_use_id, result, deny_message }
             }
             _ => {
-                let CustomToolResult {
-                    custom_tool_use_id,
-                    content,
-                    is_error,
-                } = serde_path_to_error::deserialize(fields)?;
-                EventBody::UserCustomToolResult {
-                    custom_tool_use_id,
-                    content,
-                    is_error,
-                }
+                let CustomToolResult { custom_tool_use_id, content, is_error } =
+                    serde_path_to_error::deserialize(fields)?;
+                EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error }
             }
         })
     };
@@ -122,11 +96,7 @@ pub fn user_event(i: usize, value: Value) -> Result<EventBody, ApiError> {
     }
     parse(fields).map_err(|error| {
         let path = error.path().to_string();
-        let at = if path == "." {
-            format!("events[{i}]")
-        } else {
-            format!("events[{i}].{path}")
-        };
+        let at = if path == "." { format!("events[{i}]") } else { format!("events[{i}].{path}") };
         ApiError::invalid(format!("invalid field `{at}`: {}", error.into_inner()))
     })
 }
@@ -141,19 +111,15 @@ pub fn content<'de, D: Deserializer<'de>>(de: D) -> Result<Vec<Block>, D::Error>
             .into_iter()
             .enumerate()
             .map(|(i, item)| {
-                let block: Block = serde_json::from_value(item)
-                    .map_err(|e| D::Error::custom(format!("block {i}: {e}")))?;
+                let block: Block =
+                    serde_json::from_value(item).map_err(|e| D::Error::custom(format!("block {i}: {e}")))?;
                 if block.kind == "text" && block.text.is_none() {
-                    return Err(D::Error::custom(format!(
-                        "block {i}: a text block needs a string `text`"
-                    )));
+                    return Err(D::Error::custom(format!("block {i}: a text block needs a string `text`")));
                 }
                 Ok(block)
             })
             .collect(),
-        other => Err(D::Error::custom(format!(
-            "expected a string or an array of content blocks, got {other}"
-        ))),
+        other => Err(D::Error::custom(format!("expected a string or an array of content blocks, got {other}"))),
     }
 }
 
@@ -183,50 +149,28 @@ mod tests {
 
     fn parse(body: &str) -> Result<Vec<EventBody>, ApiError> {
         let request: PostEvents = parse_json(body.as_bytes())?;
-        request
-            .events
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| user_event(i, e))
-            .collect()
+        request.events.into_iter().enumerate().map(|(i, e)| user_event(i, e)).collect()
     }
 
     #[test]
     fn unknown_fields_and_types_are_named() {
-        let error =
-            parse(r#"{"events":[{"type":"user.message","content":"hi","extra":1}]}"#).unwrap_err();
-        assert!(
-            error.message.contains("events[0]") && error.message.contains("extra"),
-            "{}",
-            error.message
-        );
+        let error = parse(r#"{"events":[{"type":"user.message","content":"hi","extra":1}]}"#).unwrap_err();
+        assert!(error.message.contains("events[0]") && error.message.contains("extra"), "{}", error.message);
         let error = parse(r#"{"events":[{"type":"agent.message","content":[]}]}"#).unwrap_err();
         assert!(
             error.message.contains("events[0].type") && error.message.contains("agent.message"),
             "{}",
             error.message
         );
-        let error =
-            parse(r#"{"events":[{"type":"user.interrupt"},{"type":"user.message","content":5}]}"#)
-                .unwrap_err();
-        assert!(
-            error.message.contains("events[1].content"),
-            "{}",
-            error.message
-        );
-        let error = parse(r#"{"events":[{"type":"user.message","content":[{"type":"text"}]}]}"#)
-            .unwrap_err();
+        let error = parse(r#"{"events":[{"type":"user.interrupt"},{"type":"user.message","content":5}]}"#).unwrap_err();
+        assert!(error.message.contains("events[1].content"), "{}", error.message);
+        let error = parse(r#"{"events":[{"type":"user.message","content":[{"type":"text"}]}]}"#).unwrap_err();
         assert!(error.message.contains("text"), "{}", error.message);
     }
 
     #[test]
     fn string_content_becomes_a_text_block() {
         let parsed = parse(r#"{"events":[{"type":"user.message","content":"hi"}]}"#).unwrap();
-        assert_eq!(
-            parsed,
-            vec![EventBody::UserMessage {
-                content: vec![Block::text("hi")]
-            }]
-        );
+        assert_eq!(parsed, vec![EventBody::UserMessage { content: vec![Block::text("hi")] }]);
     }
 }

@@ -1,0 +1,34 @@
+//! `GET /sessions/{id}/history?type=compacted|full`. This server does not compact, so
+//! both are the full history, exactly: tool permissions never appear, and it may end with
+//! tool calls that still wait for the client.
+
+use actix_web::{web, HttpResponse};
+use serde_json::json;
+
+use super::wire::{HistoryQuery, MessageOut};
+use crate::api::body::Query;
+use crate::api::State;
+use crate::error::{ApiError, Code};
+use crate::session::Caller;
+
+pub async fn history(
+    state: State,
+    caller: Caller,
+    path: web::Path<String>,
+    query: Query<HistoryQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let summary = state.sessions.get(&caller, &path)?;
+    let kind = match query.0.kind.as_deref() {
+        None | Some("compacted") => "compacted",
+        Some("full") => "full",
+        Some(other) => {
+            return Err(ApiError::new(
+                Code::NotFound,
+                format!("history type {other:?} is not offered; use compacted or full"),
+            ))
+        }
+    };
+    let messages = state.sessions.history(&summary)?;
+    let out: Vec<MessageOut> = messages.iter().map(MessageOut::from).collect();
+    Ok(HttpResponse::Ok().json(json!({"history": {kind: out}})))
+}

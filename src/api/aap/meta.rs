@@ -1,0 +1,45 @@
+//! `GET /meta`: the protocol version and the agents, with their exposed tools, options
+//! and capabilities. No key needed, as the protocol allows.
+
+use actix_web::HttpResponse;
+use serde_json::{json, Value};
+
+use crate::agent::Agent;
+use crate::api::State;
+use crate::domain::event::Permission;
+
+pub async fn meta(state: State) -> HttpResponse {
+    let agents = state.engine.agents();
+    let list: Vec<Value> = agents.all().map(|agent| describe(agent, &agents.tools)).collect();
+    HttpResponse::Ok().json(json!({"version": 3, "agents": list}))
+}
+
+fn describe(agent: &Agent, tools: &crate::agent::Tools) -> Value {
+    let exposed: Vec<Value> = agent
+        .config
+        .tools
+        .iter()
+        .filter(|(name, permission)| **permission != Permission::Deny && tools.exposed(name))
+        .filter_map(|(name, _)| tools.def(name))
+        .map(|def| json!({"name": def.name, "description": def.description, "parameters": def.parameters}))
+        .collect();
+    let mut out = json!({
+        "name": agent.name,
+        "version": agent.config.version,
+        "tools": exposed,
+        "options": agent.config.options,
+        "capabilities": {
+            "history": {"compacted": {}, "full": {}},
+            "stream": {"delta": {}, "message": {}, "none": {}},
+            "application": {"tools": {}},
+            "image": {"http": {}, "data": {}},
+        },
+    });
+    if let Some(title) = &agent.config.title {
+        out["title"] = json!(title);
+    }
+    if !agent.config.description.is_empty() {
+        out["description"] = json!(agent.config.description);
+    }
+    out
+}

@@ -1,0 +1,181 @@
+//! `POST /sessions/{id}/turns`: one user message, or the results and permissions for every
+//! waiting tool call, in; the turn out as SSE (`delta` or `message`) or as one JSON answer
+//! (`none`). The turn is the session's: a client that goes away does not stop it.
+
+use std::time::Duration;
+
+use actix_web::{web, HttpResponse};
+use bytes::{Bytes, BytesMut};
+use serde_json::{json, Value};
+
+use super::sessions::{check_agent_tools, check_client_tools, merge_options};
+use super::wire::{stop_reason, AgentResponse, MessageIn, MessageOut, StreamMode, TurnRequest};
+use crate::api::body::JsonBody;
+use crate::api::sse::{self, Flow, Follow};
+use crate::api::State;
+use crate::domain::event::{AgentSpec, ToolTrust};
+use crate::domain::{Block, Event, EventBody, TurnId};
+use crate::error::ApiError;
+use crate::projection::history::History;
+use crate::projection::SessionSummary;
+use crate::session::{Caller, Follower, Input, SessionUpdate, Submission};
+
+pub async fn post(
+    state: State,
+    caller: Caller,
+    path: web::Path<String>,
+    body: JsonBody<TurnRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let summary = state.sessions.get(&caller, &path)?;
+    let request = body.0;
+    let update = session_update(&state, &summary, &request)?;
+    let inputs = inputs(request.messages)?;
+    // Follow from the current end before submitting, so every event of the turn is seen.
+    let follower = state.sessions.follow_live(&summary)?;
+    let submission = Submission { update, inputs, all_at_once: true };
+    let submitted = state.engine.submit(&summary, submission).await?;
+    let turn = submitted.turn.ok_or_else(|| ApiError::internal("a turn request started no turn"))?;
+    tracing::debug!(session_id = %summary.id, turn_id = %turn, "turn started");
+    match request.stream {
+        StreamMode::None => answer(follower, turn).await,
+        mode => stream(&state, &caller, follower, turn, mode),
+    }
+}
+
+/// The turn's input: exactly one user message, or tool results and permissions only.
+fn inputs(messages: Vec<MessageIn>) -> Result<Vec<Input>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("invalid field `messages`: at least one message is needed"));
+    }
+    let users = messages.iter().filter(|m| matches!(m, MessageIn::User { .. })).count();
+    if users > 1 || (users == 1 && messages.len() > 1) {
+        return Err(ApiError::invalid(
+            "invalid field `messages`: send one user message, or only tool and tool_permission messages",
+        ));
+    }
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, message)| match message {
+            MessageIn::User { content } => Ok(Input::Message(content)),
+            MessageIn::Tool { tool_call_id, content } => {
+                Ok(Input::Result { call: tool_call_id, content: content.into_blocks(), is_error: false })
+            }
+            MessageIn::ToolPermission { tool_call_id, granted, reason } => {
+                Ok(Input::Permission { call: tool_call_id, granted, reason })
+            }
+            MessageIn::System { .. } | MessageIn::Assistant { .. } => Err(ApiError::invalid(format!(
+                "invalid field `messages[{i}].role`: a turn takes user, tool and tool_permission messages"
+            ))),
+        })
+        .collect()
+}
+
+/// `agent.tools` and `tools` replace, `agent.options` merge by key; all persist.
+fn session_update(state: &State, summary: &SessionSummary, request: &TurnRequest) -> Result<SessionUpdate, ApiError> {
+    let agent = state.engine.agents().get(&summary.spec.agent.name);
+    let agent = agent.ok_or_else(|| ApiError::invalid("the session's agent is no longer configured"))?;
+    let tools = &state.engine.agents().tools;
+    let mut update = SessionUpdate::default();
+    if let Some(client_tools) = &request.tools {
+        check_client_tools(&agent, client_tools)?;
+        update.tools = Some(client_tools.iter().map(|t| serde_json::to_value(t).expect("serialises")).collect());
+    }
+    if let Some(changes) = &request.agent {
+        let mut spec: AgentSpec = summary.spec.agent.clone();
+        if let Some(trust) = &changes.tools {
+            check_agent_tools(&agent, tools, trust)?;
+            spec.tools = Some(trust.iter().map(|t| ToolTrust { name: t.name.clone(), trust: t.trust }).collect());
+        }
+        if let Some(options) = &changes.options {
+            spec.options = merge_options(&agent, &spec.options, options)?;
+        }
+        update.agent = Some(spec);
+    } else if request.tools.is_some() {
+        check_client_tools(&agent, request.tools.as_deref().unwrap_or_default())?;
+    }
+    Ok(update)
+}
+
+/// Waits for the turn to end and answers `{stopReason, messages}`: what the agent said
+/// and what its tools answered in this turn.
+async fn answer(mut follower: Follower, turn: TurnId) -> Result<HttpResponse, ApiError> {
+    let mut history = History::default();
+    loop {
+        let Some(events) = follower.next().await? else {
+            return Err(ApiError::internal("the session ended during the turn"));
+        };
+        for raw in events {
+            let Ok(event) = raw.decode() else { continue };
+            if event.turn_id != Some(turn) || event.body.is_user_input() {
+                continue;
+            }
+            if let EventBody::StatusIdle { stop_reason: stop, .. } = &event.body {
+                let messages = history.messages.iter().map(MessageOut::from).collect();
+                return Ok(HttpResponse::Ok().json(AgentResponse { stop_reason: stop_reason(stop.kind), messages }));
+            }
+            history.apply(&event);
+        }
+    }
+}
+
+fn stream(
+    state: &State,
+    caller: &Caller,
+    follower: Follower,
+    turn: TurnId,
+    mode: StreamMode,
+) -> Result<HttpResponse, ApiError> {
+    let settings = &state.settings.streams;
+    let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;
+    let mut preamble = BytesMut::new();
+    sse::frame(&mut preamble, None, "turn_start", b"{}");
+    let body = sse::follow(
+        Follow {
+            preamble: Some(preamble.freeze()),
+            follower,
+            heartbeat: Duration::from_millis(settings.heartbeat_ms),
+            merge_window: None,
+            shutdown: state.shutdown.clone(),
+            guard,
+        },
+        move |out, raw| match raw.decode() {
+            Ok(event) if event.turn_id == Some(turn) => render(out, &event, mode),
+            _ => Flow::Continue,
+        },
+    );
+    Ok(crate::api::native::sse_response().streaming(body))
+}
+
+/// One log event as AAP SSE, if AAP shows it in this mode.
+fn render(out: &mut BytesMut, event: &Event, mode: StreamMode) -> Flow {
+    let (name, data): (&str, Value) = match &event.body {
+        EventBody::AgentMessageDelta { delta, .. } if mode == StreamMode::Delta => {
+            ("text_delta", json!({"delta": delta}))
+        }
+        EventBody::AgentThinkingDelta { delta, .. } if mode == StreamMode::Delta => {
+            ("thinking_delta", json!({"delta": delta}))
+        }
+        EventBody::AgentMessage { content, .. } if mode == StreamMode::Message => {
+            ("text", json!({"text": Block::join_text(content)}))
+        }
+        EventBody::AgentThinking { thinking, .. } if mode == StreamMode::Message => {
+            ("thinking", json!({"thinking": thinking}))
+        }
+        EventBody::AgentToolUse { tool_call_id, name, input, .. }
+        | EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
+            ("tool_call", json!({"toolCallId": tool_call_id, "name": name, "input": input}))
+        }
+        EventBody::AgentToolResult { tool_call_id, content, .. } => {
+            ("tool_result", json!({"toolCallId": tool_call_id, "content": Block::join_text(content)}))
+        }
+        EventBody::StatusIdle { stop_reason: stop, .. } => {
+            let data = serde_json::to_vec(&json!({"stopReason": stop_reason(stop.kind)})).expect("serialises");
+            sse::frame(out, None, "turn_stop", &data);
+            return Flow::End;
+        }
+        _ => return Flow::Continue,
+    };
+    sse::frame(out, None, name, &Bytes::from(serde_json::to_vec(&data).expect("serialises")));
+    Flow::Continue
+}

@@ -1,0 +1,390 @@
+//! One turn: call the model, stream its text and thinking as coalesced delta events, then
+//! handle its tool calls (trusted server tools run inline, the rest wait for the client)
+//! and call the model again, until it stops, needs the client, or hits a limit. Every step
+//! is an event in the log; the actor writes how the turn ended.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{Agent, ModelError, ModelEvent, ModelRequest, ModelStop, ToolDef, Tools};
+use crate::domain::event::{Permission, SessionSpec, StopReason};
+use crate::domain::ids::prefixed;
+use crate::domain::{Block, Draft, EventBody, EventId, Message, Part, RawEvent, SessionId, TurnId, Usage};
+use crate::metrics;
+use crate::projection::turns::PendingCall;
+use crate::store::{AppendError, Store};
+
+/// How a call of each tool is handled in this session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Inline,
+    Ask,
+    Client,
+}
+
+/// The tools offered to the model, and how each is handled.
+#[derive(Debug, Clone, Default)]
+pub struct ToolPlan {
+    pub defs: Vec<ToolDef>,
+    pub modes: HashMap<String, Mode>,
+}
+
+impl ToolPlan {
+    /// Server tools the agent has (minus `deny`), enabled as the session says: exposed
+    /// tools only when the client listed them (trusted or not), unexposed ones always.
+    /// A tool runs inline only if the config allows it and the client trusts it. Then the
+    /// client's own tools.
+    pub fn new(agent: &Agent, tools: &Tools, spec: &SessionSpec) -> ToolPlan {
+        let mut plan = ToolPlan::default();
+        for (name, permission) in &agent.config.tools {
+            if *permission == Permission::Deny {
+                continue;
+            }
+            let trust = if tools.exposed(name) {
+                match spec.agent.tools.as_ref().and_then(|list| list.iter().find(|t| &t.name == name)) {
+                    Some(choice) => choice.trust,
+                    None => continue,
+                }
+            } else {
+                true
+            };
+            if let Some(def) = tools.def(name) {
+                let mode = if *permission == Permission::Allow && trust { Mode::Inline } else { Mode::Ask };
+                plan.defs.push(def);
+                plan.modes.insert(name.clone(), mode);
+            }
+        }
+        for tool in &spec.tools {
+            let Some(name) = tool["name"].as_str() else { continue };
+            plan.defs.push(ToolDef {
+                name: name.to_string(),
+                description: tool["description"].as_str().unwrap_or_default().to_string(),
+                parameters: tool.get("parameters").cloned().unwrap_or(Value::Null),
+            });
+            plan.modes.insert(name.to_string(), Mode::Client);
+        }
+        plan
+    }
+}
+
+pub struct TurnContext {
+    pub store: Store,
+    pub session: SessionId,
+    pub turn: TurnId,
+    pub agent: Arc<Agent>,
+    pub tools: Arc<Tools>,
+    pub plan: ToolPlan,
+    pub history: Vec<Message>,
+    /// Calls granted permission before this turn: they run first.
+    pub granted: Vec<PendingCall>,
+    pub cancel: CancellationToken,
+    pub delta_coalesce: Duration,
+}
+
+/// How a turn ended: a stop reason (with the calls waiting for the client), or a failure.
+pub struct Outcome {
+    pub stop: Result<(StopReason, Vec<EventId>), ModelError>,
+    pub usage: Usage,
+}
+
+pub async fn run(mut ctx: TurnContext) -> Outcome {
+    let mut usage = Usage::default();
+    let stop = drive(&mut ctx, &mut usage).await;
+    let stop = match stop {
+        Err(Failure::Model(error)) => Err(error),
+        Err(Failure::Cancelled) => Ok((StopReason::Cancelled, vec![])),
+        Err(Failure::Log(error)) => Err(ModelError::new("log_error", error.to_string())),
+        Ok(stop) => Ok(stop),
+    };
+    Outcome { stop, usage }
+}
+
+enum Failure {
+    Model(ModelError),
+    Cancelled,
+    Log(AppendError),
+}
+
+impl From<AppendError> for Failure {
+    fn from(error: AppendError) -> Failure {
+        Failure::Log(error)
+    }
+}
+
+async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, Vec<EventId>), Failure> {
+    let granted = std::mem::take(&mut ctx.granted);
+    let calls: Vec<(EventId, String, String, Value)> =
+        granted.into_iter().map(|c| (c.event_id, c.tool_call_id, c.name, c.input)).collect();
+    run_server_tools(ctx, calls).await?;
+    let mut requests = 0;
+    loop {
+        if ctx.cancel.is_cancelled() {
+            return Err(Failure::Cancelled);
+        }
+        if requests >= ctx.agent.config.max_turn_requests {
+            return Ok((StopReason::MaxTurnRequests, vec![]));
+        }
+        requests += 1;
+        let response = model_request(ctx, usage).await?;
+        let calls = response.calls;
+        let mut waiting = Vec::new();
+        let mut inline = Vec::new();
+        for call in calls {
+            match call.mode {
+                Some(Mode::Inline) => inline.push((call.event_id, call.tool_call_id, call.name, call.input)),
+                Some(Mode::Ask | Mode::Client) => waiting.push(call.event_id),
+                None => {}
+            }
+        }
+        run_server_tools(ctx, inline).await?;
+        if !waiting.is_empty() {
+            return Ok((StopReason::RequiresAction, waiting));
+        }
+        match response.stop {
+            ModelStop::ToolUse if response.called => continue,
+            ModelStop::ToolUse | ModelStop::EndTurn => return Ok((StopReason::EndTurn, vec![])),
+            ModelStop::MaxTokens => return Ok((StopReason::MaxTokens, vec![])),
+            ModelStop::Refusal => return Ok((StopReason::Refusal, vec![])),
+        }
+    }
+}
+
+async fn append(ctx: &TurnContext, bodies: Vec<EventBody>) -> Result<Vec<RawEvent>, AppendError> {
+    let drafts = bodies.iter().map(|body| Draft::new(Some(ctx.turn), body)).collect();
+    ctx.store.append(ctx.session, drafts).await
+}
+
+struct Call {
+    event_id: EventId,
+    tool_call_id: String,
+    name: String,
+    input: Value,
+    mode: Option<Mode>,
+}
+
+struct Response {
+    stop: ModelStop,
+    calls: Vec<Call>,
+    called: bool,
+}
+
+/// Text and thinking so far, and what has not yet gone out as a delta event.
+#[derive(Default)]
+struct Said {
+    text: String,
+    thinking: String,
+    unsent_text: String,
+    unsent_thinking: String,
+}
+
+impl Said {
+    fn deltas(&mut self, message_id: &str) -> Vec<EventBody> {
+        let mut out = Vec::new();
+        if !self.unsent_thinking.is_empty() {
+            let delta = std::mem::take(&mut self.unsent_thinking);
+            out.push(EventBody::AgentThinkingDelta { message_id: message_id.into(), delta });
+        }
+        if !self.unsent_text.is_empty() {
+            let delta = std::mem::take(&mut self.unsent_text);
+            out.push(EventBody::AgentMessageDelta { message_id: message_id.into(), delta });
+        }
+        out
+    }
+}
+
+/// One model request: its span, its coalesced deltas, its message and its tool calls.
+async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Response, Failure> {
+    let model = ctx.agent.model.clone();
+    let span_id = prefixed("span_");
+    let message_id = prefixed("msg_");
+    append(ctx, vec![EventBody::ModelRequestStart { model: model.name().into(), span_id: span_id.clone() }]).await?;
+    let request = ModelRequest {
+        system: ctx.agent.config.system.clone(),
+        messages: ctx.history.clone(),
+        tools: ctx.plan.defs.clone(),
+        cancel: ctx.cancel.clone(),
+    };
+    let started = Instant::now();
+    let mut stream = model.stream(request);
+    let mut said = Said::default();
+    let mut calls: Vec<(Option<String>, String, Value)> = Vec::new();
+    let mut request_usage = Usage::default();
+    let mut stop = None;
+    let mut flush_at: Option<tokio::time::Instant> = None;
+    let failure = loop {
+        let next = tokio::select! {
+            _ = ctx.cancel.cancelled() => break Some(Failure::Cancelled),
+            _ = sleep_until(flush_at), if flush_at.is_some() => {
+                flush_at = None;
+                append(ctx, said.deltas(&message_id)).await?;
+                continue;
+            }
+            next = stream.next() => next,
+        };
+        match next {
+            Some(Ok(ModelEvent::TextDelta(text))) => {
+                said.text.push_str(&text);
+                said.unsent_text.push_str(&text);
+            }
+            Some(Ok(ModelEvent::ThinkingDelta(text))) => {
+                said.thinking.push_str(&text);
+                said.unsent_thinking.push_str(&text);
+            }
+            Some(Ok(ModelEvent::ToolCall { id, name, input })) => calls.push((id, name, input)),
+            Some(Ok(ModelEvent::Usage(u))) => request_usage = u,
+            Some(Ok(ModelEvent::Stop(s))) => {
+                stop = Some(s);
+                break None;
+            }
+            Some(Err(error)) => break Some(Failure::Model(error)),
+            None => {
+                break Some(Failure::Model(ModelError::new(
+                    "model_stream_error",
+                    "the model stream ended without a stop",
+                )))
+            }
+        }
+        if flush_at.is_none() && !(said.unsent_text.is_empty() && said.unsent_thinking.is_empty()) {
+            flush_at = Some(tokio::time::Instant::now() + ctx.delta_coalesce);
+        }
+    };
+    drop(stream);
+    let provider = model.provider();
+    metrics::MODEL_SECONDS.with_label_values(&[provider]).observe(started.elapsed().as_secs_f64());
+    metrics::MODEL_TOKENS.with_label_values(&[provider, "input"]).inc_by(request_usage.input_tokens);
+    metrics::MODEL_TOKENS.with_label_values(&[provider, "output"]).inc_by(request_usage.output_tokens);
+    *usage += request_usage;
+
+    // What was said is recorded even when the request failed or was cancelled, so the
+    // history holds it; calls are recorded only from a complete response.
+    let mut bodies = said.deltas(&message_id);
+    let mut parts = Vec::new();
+    if !said.thinking.is_empty() {
+        bodies.push(EventBody::AgentThinking { message_id: message_id.clone(), thinking: said.thinking.clone() });
+        parts.push(Part::Thinking { thinking: said.thinking });
+    }
+    if !said.text.is_empty() {
+        bodies.push(EventBody::AgentMessage { message_id: message_id.clone(), content: vec![Block::text(&said.text)] });
+        parts.push(Part::Text { text: said.text });
+    }
+    let mut planned = Vec::new();
+    if failure.is_none() {
+        for (id, name, input) in calls {
+            let tool_call_id = id.unwrap_or_else(|| prefixed("call_"));
+            let mode = ctx.plan.modes.get(&name).copied();
+            bodies.push(match mode {
+                Some(Mode::Client) => EventBody::AgentCustomToolUse {
+                    tool_call_id: tool_call_id.clone(),
+                    name: name.clone(),
+                    input: input.clone(),
+                },
+                Some(Mode::Ask) => tool_use(&tool_call_id, &name, &input, Permission::Ask),
+                Some(Mode::Inline) => tool_use(&tool_call_id, &name, &input, Permission::Allow),
+                None => tool_use(&tool_call_id, &name, &input, Permission::Deny),
+            });
+            parts.push(Part::ToolUse { tool_call_id: tool_call_id.clone(), name: name.clone(), input: input.clone() });
+            planned.push((tool_call_id, name, input, mode));
+        }
+    }
+    let is_error = failure.is_some();
+    bodies.push(EventBody::ModelRequestEnd { span_id, model: model.name().into(), usage: request_usage, is_error });
+    let events = append(ctx, bodies).await?;
+    if !parts.is_empty() {
+        ctx.history.push(Message::Assistant { content: parts });
+    }
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
+    let call_events = events.iter().filter(|e| matches!(e.kind(), "agent.tool_use" | "agent.custom_tool_use"));
+    let calls: Vec<Call> = call_events
+        .zip(planned)
+        .map(|(event, (tool_call_id, name, input, mode))| Call { event_id: event.id, tool_call_id, name, input, mode })
+        .collect();
+    let called = !calls.is_empty();
+    // A call of a tool this session does not have gets an error result at once.
+    let unknown: Vec<EventBody> = calls
+        .iter()
+        .filter(|c| c.mode.is_none())
+        .map(|c| EventBody::AgentToolResult {
+            tool_use_id: c.event_id,
+            tool_call_id: c.tool_call_id.clone(),
+            content: vec![Block::text(format!("Tool call denied: no tool named {:?} is available", c.name))],
+            is_error: true,
+        })
+        .collect();
+    record_results(ctx, unknown).await?;
+    Ok(Response { stop: stop.unwrap_or(ModelStop::EndTurn), calls, called })
+}
+
+fn tool_use(tool_call_id: &str, name: &str, input: &Value, permission: Permission) -> EventBody {
+    EventBody::AgentToolUse {
+        tool_call_id: tool_call_id.into(),
+        name: name.into(),
+        input: input.clone(),
+        evaluated_permission: permission,
+    }
+}
+
+/// Runs server tools in parallel and records their results in call order. A cancel
+/// reaches running tools at once; they answer `Tool call cancelled`.
+async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, String, Value)>) -> Result<(), Failure> {
+    if calls.is_empty() {
+        return Ok(());
+    }
+    let tools = ctx.tools.clone();
+    let cancel = ctx.cancel.clone();
+    let results = futures_util::future::join_all(calls.iter().map(|(_, _, name, input)| {
+        let (tools, cancel) = (tools.clone(), cancel.clone());
+        async move { tools.call(name, input, &cancel).await }
+    }))
+    .await;
+    let bodies = calls
+        .into_iter()
+        .zip(results)
+        .map(|((event_id, tool_call_id, _, _), result)| {
+            let (text, is_error) = match result {
+                Ok(text) => (text, false),
+                Err(text) => (text, true),
+            };
+            EventBody::AgentToolResult {
+                tool_use_id: event_id,
+                tool_call_id,
+                content: vec![Block::text(text)],
+                is_error,
+            }
+        })
+        .collect();
+    record_results(ctx, bodies).await?;
+    if ctx.cancel.is_cancelled() {
+        return Err(Failure::Cancelled);
+    }
+    Ok(())
+}
+
+async fn record_results(ctx: &mut TurnContext, bodies: Vec<EventBody>) -> Result<(), Failure> {
+    if bodies.is_empty() {
+        return Ok(());
+    }
+    for body in &bodies {
+        if let EventBody::AgentToolResult { tool_call_id, content, is_error, .. } = body {
+            ctx.history.push(Message::Tool {
+                tool_call_id: tool_call_id.clone(),
+                content: content.clone(),
+                is_error: *is_error,
+            });
+        }
+    }
+    append(ctx, bodies).await?;
+    Ok(())
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    if let Some(deadline) = deadline {
+        tokio::time::sleep_until(deadline).await;
+    }
+}
