@@ -218,6 +218,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
     let mut flush_at: Option<tokio::time::Instant> = None;
     let failure = loop {
         let next = tokio::select! {
+            biased;
             _ = ctx.cancel.cancelled() => break Some(Failure::Cancelled),
             _ = sleep_until(flush_at), if flush_at.is_some() => {
                 flush_at = None;
@@ -241,6 +242,8 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
                 stop = Some(s);
                 break None;
             }
+            // A provider may end its stream as it sees the cancel.
+            Some(Err(_)) | None if ctx.cancel.is_cancelled() => break Some(Failure::Cancelled),
             Some(Err(error)) => break Some(Failure::Model(error)),
             None => {
                 break Some(Failure::Model(ModelError::new(

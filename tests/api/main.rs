@@ -5,3 +5,4 @@ mod helpers;
 mod ops;
 mod sessions;
 mod stream;
+mod turns;

@@ -1,0 +1,320 @@
+//! The AAP turn routes and the event API driving turns, over HTTP against the real binary.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use crate::helpers::{spawn_app, sse, take, Sse, TestApp};
+
+async fn aap_session(app: &TestApp) -> String {
+    let body = json!({
+        "agent": {"name": "default", "tools": [{"name": "calculator", "trust": false}, {"name": "current_time", "trust": true}]},
+        "tools": [{"name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}],
+    });
+    let response = app.post("/sessions").json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    response.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string()
+}
+
+async fn turn(app: &TestApp, session: &str, body: Value) -> reqwest::Response {
+    app.post(&format!("/sessions/{session}/turns")).json(&body).send().await.unwrap()
+}
+
+/// All frames of a turn stream, which must end after `turn_stop`.
+async fn frames(response: reqwest::Response) -> Vec<Sse> {
+    let mut stream = sse(response);
+    let mut out = Vec::new();
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(20), stream.next()).await.expect("a frame") {
+        out.push(frame);
+    }
+    assert_eq!(out.first().map(|f| f.event.as_str()), Some("turn_start"));
+    assert_eq!(out.last().map(|f| f.event.as_str()), Some("turn_stop"));
+    out
+}
+
+fn deltas(frames: &[Sse]) -> String {
+    frames.iter().filter(|f| f.event == "text_delta").map(|f| f.data["delta"].as_str().unwrap()).collect()
+}
+
+async fn wait_idle(app: &TestApp, session: &str) -> Vec<Value> {
+    for _ in 0..400 {
+        let events = app.all_events(session).await;
+        if events.last().is_some_and(|e| e["type"] == "session.status_idle") {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the session did not go idle");
+}
+
+#[tokio::test]
+async fn each_stream_mode_renders_the_same_turn() {
+    let app = spawn_app().await;
+    let session = aap_session(&app).await;
+
+    let delta = frames(
+        turn(
+            &app,
+            &session,
+            json!({"stream": "delta", "messages": [{"role": "user", "content": "/delay 5\n/words 30"}]}),
+        )
+        .await,
+    )
+    .await;
+    let words: Vec<String> = (1..=30).map(|i| format!("w{i}")).collect();
+    assert_eq!(deltas(&delta), words.join(" "));
+    assert!(delta.iter().filter(|f| f.event == "text_delta").count() > 1, "tokens are coalesced, not batched whole");
+    assert_eq!(delta.last().unwrap().data, json!({"stopReason": "end_turn"}));
+
+    let message = frames(
+        turn(&app, &session, json!({"stream": "message", "messages": [{"role": "user", "content": "/think hmm\nhi"}]}))
+            .await,
+    )
+    .await;
+    let names: Vec<&str> = message.iter().map(|f| f.event.as_str()).collect();
+    assert_eq!(names, ["turn_start", "thinking", "text", "turn_stop"]);
+    assert_eq!(message[1].data, json!({"thinking": "hmm"}));
+    assert_eq!(message[2].data, json!({"text": "echo: hi"}));
+
+    let none = turn(&app, &session, json!({"messages": [{"role": "user", "content": "plain"}]})).await;
+    assert_eq!(none.headers()["content-type"], "application/json");
+    let body: Value = none.json().await.unwrap();
+    assert_eq!(body, json!({"stopReason": "end_turn", "messages": [{"role": "assistant", "content": "echo: plain"}]}));
+}
+
+#[tokio::test]
+async fn tools_inline_with_permission_and_on_the_client_in_one_parallel_stop() {
+    let app = spawn_app().await;
+    let session = aap_session(&app).await;
+    let input =
+        "/tool current_time {}\n/tool calculator {\"expression\": \"6*7\"}\n/tool get_weather {\"city\": \"Oslo\"}";
+    let first = frames(
+        turn(&app, &session, json!({"stream": "delta", "messages": [{"role": "user", "content": input}]})).await,
+    )
+    .await;
+    let calls: Vec<&Sse> = first.iter().filter(|f| f.event == "tool_call").collect();
+    assert_eq!(calls.len(), 3);
+    let results: Vec<&Sse> = first.iter().filter(|f| f.event == "tool_result").collect();
+    assert_eq!(results.len(), 1, "only the trusted tool ran");
+    assert_eq!(results[0].data["toolCallId"], calls[0].data["toolCallId"]);
+    assert_eq!(first.last().unwrap().data["stopReason"], "tool_use");
+
+    let id = |i: usize| calls[i].data["toolCallId"].as_str().unwrap().to_string();
+    let answer = json!({"messages": [
+        {"role": "tool", "toolCallId": id(2), "content": "cold"},
+        {"role": "tool_permission", "toolCallId": id(1), "granted": true},
+    ]});
+    let body: Value = turn(&app, &session, answer).await.json().await.unwrap();
+    assert_eq!(body["stopReason"], "end_turn");
+    let messages = body["messages"].as_array().unwrap();
+    assert_eq!(messages[0], json!({"role": "tool", "toolCallId": id(1), "content": "42"}));
+    let time = results[0].data["content"].as_str().unwrap();
+    assert_eq!(
+        messages[1],
+        json!({"role": "assistant", "content": format!("tool results: current_time={time}; calculator=42; get_weather=cold")})
+    );
+
+    let history: Value =
+        app.get(&format!("/sessions/{session}/history?type=full")).send().await.unwrap().json().await.unwrap();
+    let history = history["history"]["full"].as_array().unwrap();
+    assert!(history.iter().all(|m| m["role"] != "tool_permission"));
+    assert_eq!(history.iter().filter(|m| m["role"] == "tool").count(), 3);
+}
+
+#[tokio::test]
+async fn refusals_name_what_is_wrong_and_store_nothing() {
+    let app = spawn_app().await;
+    let session = aap_session(&app).await;
+    let body: Value = turn(&app, &session, json!({"messages": [{"role": "user", "content": "/tool get_weather {}"}]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let call = body["messages"][0]["content"][0]["toolCallId"].as_str().unwrap().to_string();
+    let before = app.all_events(&session).await.len();
+
+    let cases = [
+        (json!({"messages": [{"role": "user", "content": "hi"}]}), 409, call.as_str()),
+        (json!({"stream": "delta", "messages": [{"role": "user", "content": "hi"}]}), 409, call.as_str()),
+        (json!({"messages": [{"role": "tool", "toolCallId": "call_nope", "content": "x"}]}), 409, "call_nope"),
+        (json!({"messages": [{"role": "tool_permission", "toolCallId": call, "granted": true}]}), 409, "client tool"),
+        (
+            json!({"messages": [{"role": "user", "content": "a"}, {"role": "tool", "toolCallId": call, "content": "x"}]}),
+            400,
+            "messages",
+        ),
+        (json!({"messages": []}), 400, "messages"),
+        (json!({"messages": [{"role": "assistant", "content": "x"}]}), 400, "messages[0].role"),
+        (json!({"stream": "sideways", "messages": [{"role": "user", "content": "x"}]}), 400, "stream"),
+        (
+            json!({"tools": [{"name": "calculator"}], "messages": [{"role": "tool", "toolCallId": call, "content": "x"}]}),
+            400,
+            "clashes",
+        ),
+        (
+            json!({"agent": {"tools": [{"name": "rm_rf"}]}, "messages": [{"role": "tool", "toolCallId": call, "content": "x"}]}),
+            400,
+            "rm_rf",
+        ),
+    ];
+    for (body, status, needle) in cases {
+        let response = turn(&app, &session, body.clone()).await;
+        assert_eq!(response.status(), status, "{body}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains(needle), "{text} should name {needle}");
+    }
+    let response = app
+        .post(&format!("/sessions/{session}/events"))
+        .json(&json!({"events": [{"type": "user.message", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 409);
+    assert!(response.text().await.unwrap().contains(&call));
+    assert_eq!(app.all_events(&session).await.len(), before, "no refused input was stored");
+
+    let missing =
+        turn(&app, "sess_01J00000000000000000000000", json!({"messages": [{"role": "user", "content": "x"}]})).await;
+    assert_eq!(missing.status(), 404);
+    let clash = json!({"agent": {"name": "default"}, "tools": [{"name": "current_time"}]});
+    let response = app.post("/sessions").json(&clash).send().await.unwrap();
+    assert_eq!(response.status(), 400);
+    assert!(response.text().await.unwrap().contains("clashes"));
+    let unknown = app.post("/sessions").json(&json!({"agent": {"name": "nobody"}})).send().await.unwrap();
+    assert_eq!(unknown.status(), 400);
+    assert!(unknown.text().await.unwrap().contains("nobody"));
+}
+
+#[tokio::test]
+async fn an_interrupt_cancels_a_streaming_turn_and_a_disconnect_does_not() {
+    let app = spawn_app().await;
+    let session = aap_session(&app).await;
+    let slow = json!({"stream": "delta", "messages": [{"role": "user", "content": "/delay 10\n/words 400"}]});
+
+    // A client that goes away mid-turn: the turn still ends normally.
+    let mut gone = sse(turn(&app, &session, slow.clone()).await);
+    take(&mut gone, 2, 10).await;
+    drop(gone);
+    let events = wait_idle(&app, &session).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["stop_reason"]["type"], "end_turn");
+    let message = events.iter().rev().find(|e| e["type"] == "agent.message").unwrap();
+    assert!(message["content"][0]["text"].as_str().unwrap().ends_with("w400"));
+
+    // An explicit interrupt: the stream ends with the turn, cancelled.
+    let mut streaming = sse(turn(&app, &session, slow).await);
+    take(&mut streaming, 2, 10).await;
+    let response = app
+        .post(&format!("/sessions/{session}/events"))
+        .json(&json!({"events": [{"type": "user.interrupt"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut rest = Vec::new();
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), streaming.next()).await.unwrap() {
+        rest.push(frame);
+    }
+    assert_eq!(rest.last().unwrap().data, json!({"stopReason": "cancelled"}));
+    assert!(app.metric("turnlog_turns_total{stop_reason=\"cancelled\"}").await >= 1.0);
+}
+
+#[tokio::test]
+async fn a_turn_running_at_a_crash_is_closed_on_restart() {
+    let mut app = spawn_app().await;
+    let session = aap_session(&app).await;
+    let mut streaming = sse(turn(
+        &app,
+        &session,
+        json!({"stream": "delta", "messages": [{"role": "user", "content": "/delay 50\n/words 100"}]}),
+    )
+    .await);
+    take(&mut streaming, 2, 10).await;
+    app.kill().await;
+    app.restart().await;
+    let events = app.all_events(&session).await;
+    let n = events.len();
+    assert_eq!(events[n - 2]["type"], "session.error");
+    assert_eq!(events[n - 2]["code"], "interrupted");
+    assert_eq!(events[n - 1]["type"], "session.status_idle");
+    assert_eq!(events[n - 1]["stop_reason"]["type"], "error");
+    assert_eq!(events[n - 1]["turn_id"], events[n - 2]["turn_id"]);
+    let body: Value = turn(&app, &session, json!({"messages": [{"role": "user", "content": "still here"}]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["messages"][0]["content"], "echo: still here");
+}
+
+#[tokio::test]
+async fn the_event_api_and_the_turn_api_drive_one_session_in_turn() {
+    let app = spawn_app().await;
+    let session = aap_session(&app).await;
+    let mut observer = sse(app.stream(&session, None, None).await);
+    let posted = app
+        .post(&format!("/sessions/{session}/events"))
+        .json(&json!({"events": [{"type": "user.message", "content": "/tool get_weather {}"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 200);
+    let stored: Value = posted.json().await.unwrap();
+    assert_eq!(stored["data"][0]["type"], "user.message", "the answer echoes the user event");
+    let events = wait_idle(&app, &session).await;
+    let ask = events.iter().find(|e| e["type"] == "agent.custom_tool_use").unwrap();
+    assert_eq!(events.last().unwrap()["stop_reason"]["event_ids"], json!([ask["id"]]));
+
+    // The AAP view sees the waiting call in history and answers it.
+    let history: Value =
+        app.get(&format!("/sessions/{session}/history?type=full")).send().await.unwrap().json().await.unwrap();
+    let call = history["history"]["full"].as_array().unwrap().last().unwrap()["content"][0]["toolCallId"].clone();
+    assert_eq!(call, ask["tool_call_id"]);
+    let body: Value =
+        turn(&app, &session, json!({"messages": [{"role": "tool", "toolCallId": call, "content": "fog"}]}))
+            .await
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(body["messages"][0]["content"], "tool results: get_weather=fog");
+
+    // The observer saw all of it, in order, once.
+    let all = app.all_events(&session).await;
+    let seen = take(&mut observer, all.len(), 10).await;
+    assert_eq!(seen.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), crate::helpers::ids(&all));
+}
+
+#[tokio::test]
+async fn a_stream_can_merge_deltas_and_resume_exactly_after_a_merged_one() {
+    let app = spawn_app().await;
+    let session = aap_session(&app).await;
+    let body: Value = turn(&app, &session, json!({"messages": [{"role": "user", "content": "/delay 4\n/words 60"}]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let text = body["messages"][0]["content"].as_str().unwrap().to_string();
+    let all = app.all_events(&session).await;
+    let stored_deltas: Vec<&Value> = all.iter().filter(|e| e["type"] == "agent.message.delta").collect();
+    assert!(stored_deltas.len() >= 3, "the engine wrote several deltas ({})", stored_deltas.len());
+
+    let response =
+        app.get(&format!("/sessions/{session}/events/stream?delta_flush_interval_ms=1000")).send().await.unwrap();
+    let mut stream = sse(response);
+    let expected = all.len() - stored_deltas.len() + 1;
+    let merged = take(&mut stream, expected, 10).await;
+    let delta: Vec<&Sse> = merged.iter().filter(|e| e.event == "agent.message.delta").collect();
+    assert_eq!(delta.len(), 1, "consecutive deltas of one message became one event");
+    assert_eq!(delta[0].data["delta"], text.as_str());
+    assert_eq!(delta[0].id, stored_deltas.last().unwrap()["id"].as_str().unwrap(), "it keeps the last covered id");
+    let after: Vec<String> = all
+        .iter()
+        .skip_while(|e| e["id"] != delta[0].id.as_str())
+        .skip(1)
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    let mut resumed = sse(app.stream(&session, None, Some(&delta[0].id)).await);
+    let got: Vec<String> = take(&mut resumed, after.len(), 10).await.into_iter().map(|e| e.id).collect();
+    assert_eq!(got, after);
+}

@@ -1,0 +1,459 @@
+//! The engine, given / when / then, without HTTP: given a session (and what happened in
+//! it), when this input, expect these events in the log.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use turnlog::agent::{tools::Tools, Agents};
+use turnlog::domain::event::{AgentSpec, SessionSpec, ToolTrust};
+use turnlog::domain::{Block, Event, EventBody, StopReason};
+use turnlog::projection::SessionSummary;
+use turnlog::session::{Caller, Engine, FollowConfig, Input, SessionError, Sessions, Submission, Submitted};
+use turnlog::store::{Store, StoreConfig};
+use turnlog::Settings;
+
+struct Given {
+    engine: Engine,
+    sessions: Sessions,
+    session: SessionSummary,
+}
+
+/// A session of the default agent, with these server tools enabled (name, trusted) and a
+/// client tool `get_weather`.
+async fn given(server_tools: &[(&str, bool)]) -> Given {
+    given_with(server_tools, |_| {}).await
+}
+
+async fn given_with(server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
+    let mut settings = Settings::load(None).unwrap();
+    tweak(&mut settings);
+    let store = Store::open(StoreConfig::default(), turnlog::projection::all()).unwrap();
+    let sessions = Sessions::new(store, FollowConfig { replay_chunk: 512, max_backlog: 100_000 });
+    let agents = Agents::build(&settings.agents, Tools::new(settings.tools.clone())).unwrap();
+    let engine = Engine::new(sessions.clone(), Arc::new(agents), settings.engine.clone());
+    let spec = SessionSpec {
+        agent: AgentSpec {
+            name: "default".into(),
+            tools: Some(
+                server_tools.iter().map(|(name, trust)| ToolTrust { name: (*name).into(), trust: *trust }).collect(),
+            ),
+            options: Default::default(),
+        },
+        tools: vec![json!({"name": "get_weather", "description": "weather", "parameters": {"type": "object"}})],
+        ..Default::default()
+    };
+    let caller = Caller { subject: "t".into(), admin: false };
+    let session = sessions.create(&caller, spec).await.unwrap();
+    Given { engine, sessions, session }
+}
+
+fn text(t: &str) -> Input {
+    Input::Message(vec![Block::text(t)])
+}
+
+impl Given {
+    async fn when(&self, inputs: Vec<Input>) -> Result<Submitted, SessionError> {
+        self.when_with(inputs, true).await
+    }
+
+    async fn when_with(&self, inputs: Vec<Input>, all_at_once: bool) -> Result<Submitted, SessionError> {
+        let submission = Submission { update: Default::default(), inputs, all_at_once };
+        self.engine.submit(&self.session, submission).await
+    }
+
+    /// Every event after the first `skip`, once the session has gone idle (or waiting).
+    async fn then_events(&self, skip: usize) -> Vec<Event> {
+        for _ in 0..500 {
+            let events = self.log();
+            if events.last().is_some_and(|e| e.body_is_idle()) && events.len() > skip {
+                return events[skip..].to_vec();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the session did not go idle: {:?}", kinds(&self.log()));
+    }
+
+    fn log(&self) -> Vec<Event> {
+        let range = turnlog::store::ReadRange { after: None, before: None, limit: 100_000, newest_first: false };
+        self.sessions.events(&self.session, range).unwrap().iter().map(|raw| raw.decode().unwrap()).collect()
+    }
+}
+
+trait IdleCheck {
+    fn body_is_idle(&self) -> bool;
+}
+
+impl IdleCheck for Event {
+    fn body_is_idle(&self) -> bool {
+        matches!(self.body, EventBody::StatusIdle { .. })
+    }
+}
+
+fn kinds(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| serde_json::to_value(&e.body).unwrap()["type"].as_str().unwrap().to_string())
+        .filter(|k| !k.ends_with(".delta"))
+        .collect()
+}
+
+fn stop(events: &[Event]) -> (StopReason, Vec<String>) {
+    match &events.last().unwrap().body {
+        EventBody::StatusIdle { stop_reason, .. } => {
+            (stop_reason.kind, stop_reason.event_ids.iter().map(|id| id.to_string()).collect())
+        }
+        other => panic!("not idle: {other:?}"),
+    }
+}
+
+fn said(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::AgentMessage { content, .. } => Some(Block::join_text(content)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tool_results(events: &[Event]) -> Vec<(String, bool)> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::AgentToolResult { content, is_error, .. } => Some((Block::join_text(content), *is_error)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn call_ids(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::AgentToolUse { tool_call_id, .. } | EventBody::AgentCustomToolUse { tool_call_id, .. } => {
+                Some(tool_call_id.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+const REPLY: &[&str] = &["span.model_request_start", "agent.message", "span.model_request_end"];
+
+fn with_reply(before: &[&str], after: &[&str]) -> Vec<String> {
+    before.iter().chain(REPLY).chain(after).map(|s| s.to_string()).collect()
+}
+
+#[tokio::test]
+async fn a_message_ends_the_turn_with_a_reply() {
+    let g = given(&[]).await;
+    let submitted = g.when(vec![text("hello there")]).await.unwrap();
+    assert!(submitted.turn.is_some());
+    let events = g.then_events(1).await;
+    assert_eq!(
+        kinds(&events),
+        with_reply(&["turn.started", "user.message", "session.status_running"], &["session.status_idle"])
+    );
+    assert_eq!(said(&events), vec!["echo: hello there"]);
+    assert_eq!(stop(&events).0, StopReason::EndTurn);
+    let turn = submitted.turn.unwrap();
+    assert!(events.iter().all(|e| e.turn_id == Some(turn)), "every event of the turn carries its id");
+    let numbers: Vec<u32> = events.iter().map(|e| e.turn_sequence_number.unwrap()).collect();
+    assert_eq!(numbers, (1..=numbers.len() as u32).collect::<Vec<_>>());
+    let deltas: String = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::AgentMessageDelta { delta, .. } => Some(delta.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deltas, "echo: hello there", "deltas add up to the message");
+}
+
+#[tokio::test]
+async fn thinking_comes_before_the_reply() {
+    let g = given(&[]).await;
+    g.when(vec![text("/think let me see\nhi")]).await.unwrap();
+    let events = g.then_events(1).await;
+    let thinking: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::AgentThinking { thinking, .. } => Some(thinking.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(thinking, vec!["let me see"]);
+    let k = kinds(&events);
+    assert!(k.iter().position(|x| x == "agent.thinking") < k.iter().position(|x| x == "agent.message"));
+}
+
+#[tokio::test]
+async fn model_stops_become_stop_reasons() {
+    for (input, reason) in [
+        ("/max_tokens", StopReason::MaxTokens),
+        ("/refuse", StopReason::Refusal),
+        ("/error model_overloaded_error", StopReason::Error),
+    ] {
+        let g = given(&[]).await;
+        g.when(vec![text(input)]).await.unwrap();
+        let events = g.then_events(1).await;
+        assert_eq!(stop(&events).0, reason, "{input}");
+        if reason == StopReason::Error {
+            let error = events.iter().find_map(|e| match &e.body {
+                EventBody::SessionError { code, .. } => Some(code.clone()),
+                _ => None,
+            });
+            assert_eq!(error.as_deref(), Some("model_overloaded_error"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_looping_model_stops_at_max_turn_requests() {
+    let g = given_with(&[("calculator", true)], |s| s.agents.get_mut("default").unwrap().max_turn_requests = 3).await;
+    g.when(vec![text("/loop")]).await.unwrap();
+    let events = g.then_events(1).await;
+    assert_eq!(stop(&events).0, StopReason::MaxTurnRequests);
+    let requests = events.iter().filter(|e| matches!(e.body, EventBody::ModelRequestStart { .. })).count();
+    assert_eq!(requests, 3);
+    assert_eq!(tool_results(&events), vec![("2".to_string(), false); 3]);
+}
+
+#[tokio::test]
+async fn a_trusted_server_tool_runs_inline_and_the_turn_goes_on() {
+    let g = given(&[("calculator", true)]).await;
+    g.when(vec![text("/tool calculator {\"expression\": \"2*(3+4)\"}")]).await.unwrap();
+    let events = g.then_events(1).await;
+    assert_eq!(
+        kinds(&events),
+        [
+            "turn.started",
+            "user.message",
+            "session.status_running",
+            "span.model_request_start",
+            "agent.tool_use",
+            "span.model_request_end",
+            "agent.tool_result",
+            "span.model_request_start",
+            "agent.message",
+            "span.model_request_end",
+            "session.status_idle"
+        ]
+    );
+    assert_eq!(tool_results(&events), vec![("14".to_string(), false)]);
+    assert_eq!(said(&events), vec!["tool results: calculator=14"]);
+    assert_eq!(stop(&events).0, StopReason::EndTurn);
+}
+
+#[tokio::test]
+async fn an_untrusted_tool_waits_for_permission_and_runs_when_granted() {
+    let g = given(&[("calculator", false)]).await;
+    g.when(vec![text("/tool calculator {\"expression\": \"1+2\"}")]).await.unwrap();
+    let events = g.then_events(1).await;
+    let (reason, waiting) = stop(&events);
+    assert_eq!(reason, StopReason::RequiresAction);
+    let ask = events.iter().find(|e| matches!(e.body, EventBody::AgentToolUse { .. })).unwrap();
+    assert_eq!(waiting, vec![ask.id.to_string()], "the idle event names the waiting call");
+    let call = call_ids(&events)[0].clone();
+    let mark = g.log().len();
+    g.when(vec![Input::Permission { call, granted: true, reason: None }]).await.unwrap();
+    let events = g.then_events(mark).await;
+    assert_eq!(
+        kinds(&events),
+        with_reply(
+            &["turn.started", "user.tool_confirmation", "session.status_running", "agent.tool_result"],
+            &["session.status_idle"]
+        )
+    );
+    assert_eq!(said(&events), vec!["tool results: calculator=3"]);
+}
+
+#[tokio::test]
+async fn a_denied_tool_tells_the_model_why() {
+    for (reason, text_seen) in [(Some("not now"), "Tool call denied: not now"), (None, "Tool call denied")] {
+        let g = given(&[("calculator", false)]).await;
+        g.when(vec![text("/tool calculator {\"expression\": \"1+2\"}")]).await.unwrap();
+        let events = g.then_events(1).await;
+        // Resolved by event id this time (the native API's way).
+        let ask = events.iter().find(|e| matches!(e.body, EventBody::AgentToolUse { .. })).unwrap().id.to_string();
+        let mark = g.log().len();
+        g.when(vec![Input::Permission { call: ask, granted: false, reason: reason.map(String::from) }]).await.unwrap();
+        let events = g.then_events(mark).await;
+        assert_eq!(tool_results(&events), vec![(text_seen.to_string(), true)]);
+        assert_eq!(said(&events), vec![format!("tool results: calculator={text_seen}")]);
+    }
+}
+
+#[tokio::test]
+async fn client_tools_wait_for_results_and_parallel_calls_resolve_together() {
+    let g = given(&[]).await;
+    g.when(vec![text("/tool get_weather {\"city\": \"Oslo\"}\n/tool get_weather {\"city\": \"Rome\"}")]).await.unwrap();
+    let events = g.then_events(1).await;
+    let (reason, waiting) = stop(&events);
+    assert_eq!(reason, StopReason::RequiresAction);
+    assert_eq!(waiting.len(), 2);
+    let calls = call_ids(&events);
+    let mark = g.log().len();
+
+    let only_one = vec![Input::Result { call: calls[0].clone(), content: vec![Block::text("3C")], is_error: false }];
+    let error = g.when(only_one.clone()).await.unwrap_err().to_string();
+    assert!(error.contains("missing") && error.contains(&calls[1]), "{error}");
+    assert_eq!(g.log().len(), mark, "a refused submission stores nothing");
+
+    let both = vec![
+        Input::Result { call: calls[1].clone(), content: vec![Block::text("20C")], is_error: false },
+        Input::Result { call: calls[0].clone(), content: vec![Block::text("3C")], is_error: false },
+    ];
+    g.when(both).await.unwrap();
+    let events = g.then_events(mark).await;
+    assert_eq!(said(&events), vec!["tool results: get_weather=3C; get_weather=20C"], "results in call order");
+}
+
+#[tokio::test]
+async fn results_may_come_one_at_a_time_through_the_event_api() {
+    let g = given(&[("calculator", false)]).await;
+    g.when(vec![text("/tool get_weather {}\n/tool calculator {\"expression\": \"2+2\"}")]).await.unwrap();
+    let events = g.then_events(1).await;
+    let calls = call_ids(&events);
+    let mark = g.log().len();
+    let first = vec![Input::Result { call: calls[0].clone(), content: vec![Block::text("sunny")], is_error: false }];
+    g.when_with(first, false).await.unwrap();
+    let events = g.then_events(mark).await;
+    let (reason, waiting) = stop(&events);
+    assert_eq!(reason, StopReason::RequiresAction, "the rest still waits");
+    assert_eq!(waiting.len(), 1);
+    let mark = g.log().len();
+    g.when_with(vec![Input::Permission { call: calls[1].clone(), granted: true, reason: None }], false).await.unwrap();
+    let events = g.then_events(mark).await;
+    assert_eq!(said(&events), vec!["tool results: get_weather=sunny; calculator=4"]);
+}
+
+#[tokio::test]
+async fn input_that_conflicts_with_the_state_is_refused_naming_the_calls() {
+    let g = given(&[("calculator", false)]).await;
+    let stray = Input::Result { call: "call_x".into(), content: vec![], is_error: false };
+    let error = g.when(vec![stray]).await.unwrap_err().to_string();
+    assert!(error.contains("no tool calls are waiting"), "{error}");
+
+    g.when(vec![text("/tool get_weather {}\n/tool calculator {\"expression\": \"1\"}")]).await.unwrap();
+    let events = g.then_events(1).await;
+    let calls = call_ids(&events);
+    let mark = g.log().len();
+    let cases: Vec<(Vec<Input>, Vec<&str>)> = vec![
+        (vec![text("again")], vec!["tool calls wait", &calls[0], &calls[1]]),
+        (
+            vec![text("again"), Input::Result { call: calls[0].clone(), content: vec![], is_error: false }],
+            vec!["cannot be mixed"],
+        ),
+        (
+            vec![Input::Result { call: "call_nope".into(), content: vec![], is_error: false }],
+            vec!["call_nope", "not a waiting"],
+        ),
+        (
+            vec![
+                Input::Result { call: calls[0].clone(), content: vec![], is_error: false },
+                Input::Result { call: calls[0].clone(), content: vec![], is_error: false },
+            ],
+            vec!["twice"],
+        ),
+        (
+            vec![
+                Input::Result { call: calls[0].clone(), content: vec![], is_error: false },
+                Input::Result { call: calls[1].clone(), content: vec![], is_error: false },
+            ],
+            vec!["needs a permission decision"],
+        ),
+        (
+            vec![
+                Input::Permission { call: calls[0].clone(), granted: true, reason: None },
+                Input::Permission { call: calls[1].clone(), granted: true, reason: None },
+            ],
+            vec!["client tool"],
+        ),
+    ];
+    for (inputs, needles) in cases {
+        let error = g.when(inputs).await.unwrap_err().to_string();
+        for needle in needles {
+            assert!(error.contains(needle), "{error:?} should name {needle:?}");
+        }
+    }
+    assert_eq!(g.log().len(), mark, "nothing refused was stored");
+}
+
+#[tokio::test]
+async fn cancel_stops_the_model_at_once_and_is_idempotent() {
+    let g = given(&[]).await;
+    g.when(vec![text("/delay 20\n/words 500")]).await.unwrap();
+    let error = g.when(vec![text("another")]).await.unwrap_err().to_string();
+    assert!(error.contains("a turn is running"), "{error}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    g.when(vec![Input::Interrupt]).await.unwrap();
+    g.when(vec![Input::Interrupt]).await.unwrap();
+    let events = g.then_events(1).await;
+    assert_eq!(stop(&events).0, StopReason::Cancelled);
+    let idles = events.iter().filter(|e| e.body_is_idle()).count();
+    assert_eq!(idles, 1, "one end, however many cancels");
+    let partial = &said(&events)[0];
+    assert!(partial.starts_with("w1 w2") && !partial.ends_with("w500"), "what was said is kept: {partial}");
+    // The session takes new input after a cancel.
+    let mark = g.log().len();
+    g.when(vec![text("hi")]).await.unwrap();
+    assert_eq!(stop(&g.then_events(mark).await).0, StopReason::EndTurn);
+}
+
+#[tokio::test]
+async fn a_cancel_right_as_the_turn_starts_is_not_lost() {
+    let g = given(&[]).await;
+    g.when(vec![text("/delay 50\n/words 5")]).await.unwrap();
+    g.when(vec![Input::Interrupt]).await.unwrap();
+    let events = g.then_events(1).await;
+    assert_eq!(stop(&events).0, StopReason::Cancelled);
+}
+
+#[tokio::test]
+async fn a_cancel_while_calls_wait_closes_them() {
+    let g = given(&[]).await;
+    g.when(vec![text("/tool get_weather {}")]).await.unwrap();
+    let events = g.then_events(1).await;
+    assert_eq!(stop(&events).0, StopReason::RequiresAction);
+    let mark = g.log().len();
+    g.when(vec![Input::Interrupt]).await.unwrap();
+    let events = g.then_events(mark).await;
+    assert_eq!(kinds(&events), ["user.interrupt", "agent.tool_result", "session.status_idle"]);
+    assert_eq!(tool_results(&events), vec![("Tool call cancelled".to_string(), true)]);
+    assert_eq!(stop(&events).0, StopReason::Cancelled);
+}
+
+#[tokio::test]
+async fn a_call_of_an_unknown_tool_is_answered_with_an_error() {
+    let g = given(&[]).await;
+    g.when(vec![text("/tool launch_rockets {}")]).await.unwrap();
+    let events = g.then_events(1).await;
+    let results = tool_results(&events);
+    assert_eq!(results.len(), 1);
+    assert!(results[0].0.starts_with("Tool call denied: no tool named \"launch_rockets\"") && results[0].1);
+    assert_eq!(stop(&events).0, StopReason::EndTurn);
+}
+
+#[tokio::test]
+async fn a_turn_left_running_is_closed_at_start() {
+    let g = given(&[]).await;
+    let turn = turnlog::domain::TurnId::generate();
+    let drafts = vec![
+        turnlog::domain::Draft::new(Some(turn), &EventBody::TurnStarted {}),
+        turnlog::domain::Draft::new(Some(turn), &EventBody::StatusRunning { status: "running".into() }),
+    ];
+    g.sessions.store().append(g.session.id, drafts).await.unwrap();
+    assert_eq!(g.engine.recover().await.unwrap(), 1);
+    let events = g.then_events(1).await;
+    let code = events.iter().find_map(|e| match &e.body {
+        EventBody::SessionError { code, .. } => Some(code.clone()),
+        _ => None,
+    });
+    assert_eq!(code.as_deref(), Some("interrupted"));
+    assert_eq!(stop(&events).0, StopReason::Error);
+    assert!(events.iter().all(|e| e.turn_id == Some(turn)));
+    assert_eq!(g.engine.recover().await.unwrap(), 0, "closed once");
+    g.when(vec![text("hi")]).await.unwrap();
+}
