@@ -57,12 +57,7 @@ async fn a_session_is_invisible_to_other_subjects_and_visible_to_admins() {
         let response = app.get(path).send().await.unwrap();
         assert_eq!(response.status(), 404, "{path}");
     }
-    let post = app
-        .post(&format!("/sessions/{session}/events"))
-        .json(&json!({"events": [{"type": "user.interrupt"}]}))
-        .send()
-        .await
-        .unwrap();
+    let post = app.post_event(&session, json!({"type": "user.interrupt"})).await;
     assert_eq!(post.status(), 404);
     assert_eq!(app.delete(&format!("/sessions/{session}")).send().await.unwrap().status(), 404);
     let list: Value = app.get("/sessions").send().await.unwrap().json().await.unwrap();

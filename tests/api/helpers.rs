@@ -139,6 +139,11 @@ impl TestApp {
         body["data"].as_array().unwrap().clone()
     }
 
+    /// Posts one event to the session's event API.
+    pub async fn post_event(&self, session: &str, event: Value) -> reqwest::Response {
+        self.post(&format!("/sessions/{session}/events")).json(&json!({"events": [event]})).send().await.unwrap()
+    }
+
     /// Every event of the session, through the list API.
     pub async fn all_events(&self, session: &str) -> Vec<Value> {
         let mut all = Vec::new();

@@ -208,12 +208,7 @@ async fn deleting_a_session_ends_its_streams_after_terminated() {
         let end = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.expect("the stream ends");
         assert!(end.is_none());
     }
-    let response = app
-        .post(&format!("/sessions/{session}/events"))
-        .json(&json!({"events": [{"type": "user.interrupt"}]}))
-        .send()
-        .await
-        .unwrap();
+    let response = app.post_event(&session, json!({"type": "user.interrupt"})).await;
     assert_eq!(response.status(), 404);
 }
 

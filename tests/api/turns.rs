@@ -164,12 +164,7 @@ async fn refusals_name_what_is_wrong_and_store_nothing() {
         let text = response.text().await.unwrap();
         assert!(text.contains(needle), "{text} should name {needle}");
     }
-    let response = app
-        .post(&format!("/sessions/{session}/events"))
-        .json(&json!({"events": [{"type": "user.message", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
+    let response = app.post_event(&session, json!({"type": "user.message", "content": "hi"})).await;
     assert_eq!(response.status(), 409);
     assert!(response.text().await.unwrap().contains(&call));
     assert_eq!(app.all_events(&session).await.len(), before, "no refused input was stored");
@@ -205,12 +200,7 @@ async fn an_interrupt_cancels_a_streaming_turn_and_a_disconnect_does_not() {
     // An explicit interrupt: the stream ends with the turn, cancelled.
     let mut streaming = sse(turn(&app, &session, slow).await);
     take(&mut streaming, 2, 10).await;
-    let response = app
-        .post(&format!("/sessions/{session}/events"))
-        .json(&json!({"events": [{"type": "user.interrupt"}]}))
-        .send()
-        .await
-        .unwrap();
+    let response = app.post_event(&session, json!({"type": "user.interrupt"})).await;
     assert_eq!(response.status(), 200);
     let mut rest = Vec::new();
     while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), streaming.next()).await.unwrap() {
@@ -253,12 +243,7 @@ async fn the_event_api_and_the_turn_api_drive_one_session_in_turn() {
     let app = spawn_app().await;
     let session = aap_session(&app).await;
     let mut observer = sse(app.stream(&session, None, None).await);
-    let posted = app
-        .post(&format!("/sessions/{session}/events"))
-        .json(&json!({"events": [{"type": "user.message", "content": "/tool get_weather {}"}]}))
-        .send()
-        .await
-        .unwrap();
+    let posted = app.post_event(&session, json!({"type": "user.message", "content": "/tool get_weather {}"})).await;
     assert_eq!(posted.status(), 200);
     let stored: Value = posted.json().await.unwrap();
     assert_eq!(stored["data"][0]["type"], "user.message", "the answer echoes the user event");
