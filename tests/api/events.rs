@@ -176,7 +176,7 @@ async fn bad_input_is_refused_with_the_field_named_and_stores_nothing() {
 async fn unknown_sessions_are_not_found() {
     let app = spawn_app().await;
     for session in ["sess_01J00000000000000000000000", "nonsense"] {
-        let response = app.post_event(&session, json!({"type": "user.interrupt"})).await;
+        let response = app.post_event(session, json!({"type": "user.interrupt"})).await;
         assert_eq!(response.status(), 404);
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["error"]["code"], "session_not_found");
