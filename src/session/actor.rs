@@ -23,7 +23,6 @@ pub(super) struct Actor {
     engine: Engine,
     session: SessionId,
     me: mpsc::WeakSender<Command>,
-    commands: mpsc::Receiver<Command>,
     summary: SessionSummary,
     agent: Arc<Agent>,
     history: History,
@@ -39,12 +38,33 @@ struct Resolved {
 }
 
 impl Actor {
-    pub fn load(
+    /// Loads the session from its log and runs; if it cannot be loaded, answers what was
+    /// already queued with the reason and leaves the registry.
+    pub async fn start(
         engine: Engine,
         session: SessionId,
-        me: mpsc::Sender<Command>,
-        commands: mpsc::Receiver<Command>,
-    ) -> Result<Actor, SessionError> {
+        generation: u64,
+        me: mpsc::WeakSender<Command>,
+        mut commands: mpsc::Receiver<Command>,
+    ) {
+        let failure = match Actor::load(engine.clone(), session, me) {
+            Ok(actor) => return actor.run(generation, commands).await,
+            Err(error) => error,
+        };
+        engine.retire(session, generation);
+        commands.close();
+        while let Ok(command) = commands.try_recv() {
+            if let Command::Submit(_, reply) = command {
+                let error = match &failure {
+                    SessionError::NotFound(id) => SessionError::NotFound(id.clone()),
+                    other => SessionError::Invalid(other.to_string()),
+                };
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+
+    fn load(engine: Engine, session: SessionId, me: mpsc::WeakSender<Command>) -> Result<Actor, SessionError> {
         let summary = engine.inner.sessions.summary_of(session)?;
         let agent = engine.inner.agents.get(&summary.spec.agent.name).ok_or_else(|| {
             SessionError::Invalid(format!("the session's agent {:?} is not configured", summary.spec.agent.name))
@@ -52,8 +72,7 @@ impl Actor {
         let mut actor = Actor {
             engine,
             session,
-            me: me.downgrade(),
-            commands,
+            me,
             summary,
             agent,
             history: History::default(),
@@ -65,13 +84,13 @@ impl Actor {
         Ok(actor)
     }
 
-    pub async fn run(mut self, generation: u64) {
+    async fn run(mut self, generation: u64, mut commands: mpsc::Receiver<Command>) {
         let idle = self.engine.idle_after();
         loop {
             let next = if self.running.is_some() {
-                self.commands.recv().await
+                commands.recv().await
             } else {
-                match tokio::time::timeout(idle, self.commands.recv()).await {
+                match tokio::time::timeout(idle, commands.recv()).await {
                     Ok(next) => next,
                     Err(_) => break,
                 }
@@ -84,8 +103,8 @@ impl Actor {
         // Idle: leave the registry, then bounce whatever was already queued so that it
         // goes to the next actor; nothing is running, so nothing else can arrive.
         self.engine.retire(self.session, generation);
-        self.commands.close();
-        while let Ok(command) = self.commands.try_recv() {
+        commands.close();
+        while let Ok(command) = commands.try_recv() {
             if let Command::Submit(submission, reply) = command {
                 let _ = reply.send(Err(SessionError::Retry(Box::new(submission))));
             }
@@ -174,8 +193,9 @@ impl Actor {
         let mut resolutions_written = resolved.is_empty();
         for input in &inputs {
             match input {
+                // As the Qoder event catalog has it, an outcome belongs to no turn.
                 Input::Outcome(outcome) => {
-                    drafts.push(Draft::new(current, &EventBody::UserDefineOutcome { outcome: outcome.clone() }))
+                    drafts.push(Draft::new(None, &EventBody::UserDefineOutcome { outcome: outcome.clone() }))
                 }
                 Input::Interrupt => {
                     drafts.push(Draft::new(current, &EventBody::UserInterrupt {}));

@@ -150,13 +150,13 @@ impl Engine {
         if let Some(entry) = self.inner.actors.get(&session) {
             return Ok(entry.clone());
         }
-        let entry = self.inner.actors.entry(session).or_try_insert_with(|| {
+        let entry = self.inner.actors.entry(session).or_insert_with(|| {
             let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
             let (sender, receiver) = mpsc::channel(64);
-            let actor = Actor::load(self.clone(), session, sender.clone(), receiver)?;
-            tokio::spawn(actor.run(generation));
-            Ok::<_, SessionError>((generation, sender))
-        })?;
+            // The actor reads the session's log in its own task, not under the registry's lock.
+            tokio::spawn(Actor::start(self.clone(), session, generation, sender.downgrade(), receiver));
+            (generation, sender)
+        });
         Ok(entry.clone())
     }
 
