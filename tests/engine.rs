@@ -457,3 +457,51 @@ async fn a_turn_left_running_is_closed_at_start() {
     assert_eq!(g.engine.recover().await.unwrap(), 0, "closed once");
     g.when(vec![text("hi")]).await.unwrap();
 }
+
+/// A one-shot HTTP server on loopback that answers every request with `body`.
+fn serve_once(body: &'static str) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(4) {
+            let mut stream = stream.unwrap();
+            let mut buffer = [0u8; 4096];
+            let _ = stream.read(&mut buffer);
+            let response =
+                format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+            let _ = stream.write_all(response.as_bytes());
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn fetch_url_reaches_only_allowed_hosts() {
+    let port = serve_once("hello from loopback");
+    let g = given_with(&[("fetch_url", true)], |s| {
+        s.tools.fetch_url.allowed_hosts = vec!["127.0.0.1".into()];
+        s.agents
+            .get_mut("default")
+            .unwrap()
+            .tools
+            .insert("fetch_url".into(), turnlog::domain::event::Permission::Allow);
+    })
+    .await;
+    let input = format!(
+        "/tool fetch_url {{\"url\": \"http://127.0.0.1:{port}/page\"}}\n/tool fetch_url {{\"url\": \"http://localhost:{port}/page\"}}"
+    );
+    g.when(vec![text(&input)]).await.unwrap();
+    let events = g.then_events(1).await;
+    let results = tool_results(&events);
+    assert_eq!(results[0], ("HTTP 200\n\nhello from loopback".to_string(), false));
+    assert!(results[1].1 && results[1].0.contains("\"localhost\" is not on the allow-list"), "{:?}", results[1]);
+}
+
+#[tokio::test]
+async fn an_ask_tool_in_config_asks_even_when_the_client_trusts_it() {
+    let g = given(&[("fetch_url", true)]).await;
+    g.when(vec![text("/tool fetch_url {\"url\": \"http://127.0.0.1:1/\"}")]).await.unwrap();
+    let events = g.then_events(1).await;
+    assert_eq!(stop(&events).0, StopReason::RequiresAction, "config says ask; the client cannot trust it past that");
+}

@@ -303,3 +303,26 @@ async fn a_stream_can_merge_deltas_and_resume_exactly_after_a_merged_one() {
     let got: Vec<String> = take(&mut resumed, after.len(), 10).await.into_iter().map(|e| e.id).collect();
     assert_eq!(got, after);
 }
+
+#[tokio::test]
+async fn an_unexposed_tool_is_not_listed_but_runs_and_streams() {
+    let app = crate::helpers::spawn_with("[tools.current_time]\nexposed = false\n").await;
+    let meta: Value = app.get("/meta").send().await.unwrap().json().await.unwrap();
+    let tools: Vec<&str> =
+        meta["agents"][0]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(tools, vec!["calculator", "fetch_url"]);
+    // Enabled without being asked for, since no client can name it.
+    let session = app.post("/sessions").json(&json!({"agent": {"name": "default"}})).send().await.unwrap();
+    let session = session.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string();
+    let frames = frames(
+        turn(
+            &app,
+            &session,
+            json!({"stream": "message", "messages": [{"role": "user", "content": "/tool current_time {}"}]}),
+        )
+        .await,
+    )
+    .await;
+    let names: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
+    assert_eq!(names, ["turn_start", "tool_call", "tool_result", "text", "turn_stop"]);
+}
