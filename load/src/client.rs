@@ -34,6 +34,16 @@ pub enum Cursor {
     LastEventId(u128),
 }
 
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cursor::Start => write!(f, "the start"),
+            Cursor::AfterId(id) => write!(f, "after_id {}", event_id(*id)),
+            Cursor::LastEventId(id) => write!(f, "Last-Event-ID {}", event_id(*id)),
+        }
+    }
+}
+
 impl Cursor {
     pub fn id(&self) -> Option<u128> {
         match self {
@@ -113,16 +123,18 @@ impl Api {
         Ok(response.json::<Created>().await?.session_id)
     }
 
-    /// Appends one `user.message` per text; answers the stored events (once durable) and
-    /// the size of the response body.
-    pub async fn post_messages(&self, session: &str, texts: &[String]) -> anyhow::Result<(Vec<Acked>, usize)> {
+    /// Appends one `user.define_outcome` per text (`{"outcome": text}`): a user event the
+    /// engine only records, so the log can be driven at full speed without starting turns
+    /// (a `user.message` starts one, and a second while it runs is refused). Answers the
+    /// stored events (once durable) and the size of the response body.
+    pub async fn post_events(&self, session: &str, texts: &[String]) -> anyhow::Result<(Vec<Acked>, usize)> {
         let mut body = String::with_capacity(texts.iter().map(|t| t.len() + 48).sum());
         body.push_str("{\"events\":[");
         for (i, text) in texts.iter().enumerate() {
             if i > 0 {
                 body.push(',');
             }
-            body.push_str("{\"type\":\"user.message\",\"content\":");
+            body.push_str("{\"type\":\"user.define_outcome\",\"outcome\":");
             body.push_str(&serde_json::to_string(text)?);
             body.push('}');
         }

@@ -160,6 +160,7 @@ pub fn json(reports: &[Report], command: &str) -> serde_json::Value {
         "date": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         "command": command,
         "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "load_average_at_end": crate::scenarios::load_average(),
         "ok": reports.iter().all(Report::ok),
         "scenarios": reports,
     })

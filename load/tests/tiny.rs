@@ -1,9 +1,6 @@
 //! Every scenario once at a tiny size against a real server started in-process on port 0
 //! with a temp data dir, so the harness cannot rot. Speed is reported, never asserted; the
 //! correctness checks are real: any violation fails the test.
-//!
-//! `turns` is not here yet: it needs the AAP turn API (`POST /sessions/{id}/turns`), which
-//! is being built. Add `tiny("turns")` once that route exists.
 
 use turnlog_load::scenarios::{run_all, Ctx, Scenario, Size};
 use turnlog_load::Launcher;
@@ -20,7 +17,7 @@ async fn start() -> Server {
     settings.server.data_dir = dir.path().join("data");
     settings.server.workers = 2;
     settings.streams.max_streams_per_subject = 1_000_000;
-    let app = turnlog::Application::build(settings).expect("the server starts");
+    let app = turnlog::Application::build(settings).await.expect("the server starts");
     let url = format!("http://{}", app.addr());
     tokio::spawn(app.run_until_stopped());
     Server { url, _dir: dir }
@@ -50,6 +47,11 @@ async fn baseline_at_a_tiny_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn append_at_a_tiny_size() {
     tiny("append").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_at_a_tiny_size() {
+    tiny("turns").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ pub mod baseline;
 pub mod catchup;
 pub mod connections;
 pub mod fanout;
+pub mod live;
 pub mod reconnect;
 pub mod replay;
 pub mod turns;
@@ -102,8 +103,16 @@ impl Scenario {
     }
 }
 
+/// The 1-minute load average, to tell a quiet machine from a busy one.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
 /// Runs `scenarios` in order; a scenario that cannot run becomes a failed report.
 pub async fn run_all(ctx: &Ctx, scenarios: Vec<Scenario>) -> Vec<Report> {
+    if let Some(load) = load_average().filter(|&l| l > 0.5 && !ctx.quiet) {
+        eprintln!("note: the load average is {load:.2}: other work on this machine will lower the figures");
+    }
     let mut reports = Vec::new();
     let mut raw: Option<baseline::Raw> = None;
     for scenario in scenarios {
@@ -161,8 +170,8 @@ impl Deadline {
     }
 }
 
-/// The stored JSON of a `user.message` is about this much more than its text.
-pub const ENVELOPE_BYTES: usize = 280;
+/// The stored JSON of a `user.define_outcome` is about this much more than its text.
+pub const ENVELOPE_BYTES: usize = 256;
 
 /// A message text that starts with `tag` and makes a stored event of about `event_bytes`.
 pub fn message(tag: &str, event_bytes: usize) -> String {

@@ -19,10 +19,10 @@ use tokio::task::JoinSet;
 use ulid::Ulid;
 
 use super::catchup::fill;
-use super::fanout::rate_writer;
+use super::live::{check_followers, write_at_rate, Follower, Rate, Received};
 use super::{check_alive, fetch_logs, Ctx, Deadline, Observe, Size};
 use crate::check::Violations;
-use crate::client::{Api, Cursor};
+use crate::client::{Api, Cursor, EventStream};
 use crate::report::Report;
 
 #[derive(Args, Debug, Clone, Serialize)]
@@ -75,12 +75,10 @@ impl Params {
     }
 }
 
-struct Subscriber {
-    first: Cursor,
-    received: Vec<u128>,
+/// A subscriber that keeps dropping and resuming, and how many connections it made.
+struct Resumer {
+    follower: Follower,
     connections: u64,
-    error: Option<String>,
-    deadline_hit: bool,
 }
 
 pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
@@ -88,63 +86,35 @@ pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
     let mut server = ctx.launcher.start().await?;
     let api = Api::new(&server.url);
     let deadline = Deadline::after(p.deadline.unwrap_or(p.duration + 120.0));
-    let session = api.create_session().await?;
-    fill(&api, std::slice::from_ref(&session), p.prefill, 300, true).await?;
-    let prefilled: Vec<u128> =
-        fetch_logs(&api, std::slice::from_ref(&session), 1).await.remove(0).map_err(anyhow::Error::msg)?.ids;
-
+    let sessions = vec![api.create_session().await?];
+    fill(&api, &sessions, p.prefill, 300, true).await?;
+    let prefilled = fetch_logs(&api, &sessions, 1).await.remove(0).map_err(anyhow::Error::msg)?.ids;
     let mut violations = Violations::default();
-    refusals(&api, &session, &mut violations).await;
+    refusals(&api, &sessions[0], &mut violations).await;
 
     let observe = Observe::start(&server, &api).await;
-    let (last_tx, last_rx) = watch::channel(None::<u128>);
-    let mut subscribers = JoinSet::new();
-    for i in 0..p.subscribers {
-        let mut rng = StdRng::seed_from_u64(p.seed.wrapping_mul(1_000_003) + i as u64);
-        let inside = prefilled[rng.random_range(0..prefilled.len())];
-        let first = match i % 3 {
-            0 => Cursor::Start,
-            1 => Cursor::AfterId(inside),
-            _ => Cursor::LastEventId(inside),
-        };
-        let (api, session, last, p) = (api.clone(), session.clone(), last_rx.clone(), p.clone());
-        subscribers.spawn(async move { resume(&api, &session, first, last, &p, rng, deadline).await });
-    }
+    let (target, receiver) = watch::channel(None::<u128>);
+    let resumers = spawn_resumers(&api, &sessions[0], &prefilled, &receiver, p, deadline);
     let bar = crate::progress::timed(ctx.quiet, Duration::from_secs_f64(p.duration), "writing");
-    let written = rate_writer(&api, &session, p.rate, p.duration, u64::MAX, 300, deadline).await;
+    let rate = Rate { per_sec: p.rate, duration: p.duration, count: u64::MAX, event_bytes: 300 };
+    let written = write_at_rate(&api, &sessions[0], rate, deadline).await;
     bar.finish_and_clear();
-    let last = written.acked.last().map(|a| a.id).or(prefilled.last().copied());
-    let _ = last_tx.send(last);
-    let done: Vec<Subscriber> = subscribers.join_all().await;
+    let _ = target.send(written.last().or(prefilled.last().copied()));
+    let resumers: Vec<Resumer> = resumers.join_all().await;
     observe.finish(&server, &api, &mut report).await;
 
     if let Some(error) = &written.error {
         violations.push(error.clone());
     }
-    report.deadline_hit = written.deadline_hit || done.iter().any(|s| s.deadline_hit);
-    let connections: u64 = done.iter().map(|s| s.connections).sum();
-    let delivered: usize = done.iter().map(|s| s.received.len()).sum();
-    let log = fetch_logs(&api, std::slice::from_ref(&session), 1).await.remove(0);
-    let mut exact = 0;
-    match &log {
-        Err(violation) => violations.push(violation.clone()),
-        Ok(log) => {
-            for (i, s) in done.iter().enumerate() {
-                if let Some(error) = &s.error {
-                    violations.push(format!("subscriber {i}: {error}"));
-                }
-                let who = format!("subscriber {i} (first cursor {:?})", s.first);
-                exact += usize::from(violations.check(log.check(&who, s.first.id(), &s.received)));
-            }
-        }
-    }
+    report.deadline_hit = written.deadline_hit || resumers.iter().any(|r| r.follower.received.deadline_hit);
+    let connections: u64 = resumers.iter().map(|r| r.connections).sum();
+    let followers: Vec<Follower> = resumers.into_iter().map(|r| r.follower).collect();
+    let exact = check_followers(&fetch_logs(&api, &sessions, 1).await, &followers, &mut violations);
+    let delivered: usize = followers.iter().map(|f| f.received.frames.len()).sum();
     report.figure("subscribers", p.subscribers as f64, "");
     report.figure("connections opened", connections as f64, "");
-    report.figure(
-        "reconnects per subscriber",
-        (connections as f64 - p.subscribers as f64) / p.subscribers.max(1) as f64,
-        "",
-    );
+    let reconnects = connections.saturating_sub(p.subscribers as u64) as f64;
+    report.figure("reconnects per subscriber", reconnects / p.subscribers.max(1) as f64, "");
     report.figure("events delivered", delivered as f64, "");
     report.figure("events written meanwhile", written.acked.len() as f64, "");
     report.figure("subscribers with exactly their suffix", exact as f64, "");
@@ -154,6 +124,32 @@ pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
     Ok(report)
 }
 
+/// The subscribers, each with its own seeded randomness; a third start from the start,
+/// a third after an id in the prefilled log by `after_id`, a third by `Last-Event-ID`.
+fn spawn_resumers(
+    api: &Api,
+    session: &str,
+    prefilled: &[u128],
+    target: &watch::Receiver<Option<u128>>,
+    p: &Params,
+    deadline: Deadline,
+) -> JoinSet<Resumer> {
+    let mut resumers = JoinSet::new();
+    for client in 0..p.subscribers {
+        let mut rng = StdRng::seed_from_u64(p.seed.wrapping_mul(1_000_003) + client as u64);
+        let inside = prefilled[rng.random_range(0..prefilled.len())];
+        let first = match client % 3 {
+            0 => Cursor::Start,
+            1 => Cursor::AfterId(inside),
+            _ => Cursor::LastEventId(inside),
+        };
+        let follower = Follower { client, session: 0, first, received: Received::default() };
+        let (api, session, target, p) = (api.clone(), session.to_string(), target.clone(), p.clone());
+        resumers.spawn(async move { resume(&api, &session, follower, target, &p, rng, deadline).await });
+    }
+    resumers
+}
+
 /// A cursor that is not in the log is a 409 `unknown_cursor`, by query and by header.
 async fn refusals(api: &Api, session: &str, violations: &mut Violations) {
     let stranger = Ulid::new().0;
@@ -161,83 +157,88 @@ async fn refusals(api: &Api, session: &str, violations: &mut Violations) {
         match api.stream_refusal(session, cursor).await {
             Ok((409, body)) if body.contains("unknown_cursor") => {}
             Ok((status, body)) => violations.push(format!(
-                "a stream at {cursor:?}, which is not in the log, answered {status} {body} (expected 409 unknown_cursor)"
+                "a stream at {cursor}, which is not in the log, answered {status} {body} (expected 409 unknown_cursor)"
             )),
             Err(error) => violations.push(format!("a stream at an unknown cursor: {error:#}")),
         }
     }
 }
 
-/// Connects, reads a little, drops, and resumes from the last event received, until it
-/// has the writer's last event.
+/// Whether `received` has reached `target`, or there was nothing after its first cursor.
+fn caught_up(follower: &Follower, target: Option<u128>) -> bool {
+    let Some(target) = target else { return false };
+    follower.received.frames.last().map_or(follower.first.id() == Some(target), |got| got.id >= target)
+}
+
+/// Connects, reads a little, drops, and resumes from the last event received (by
+/// `Last-Event-ID` or `after_id`, at random), until it has the writer's last event.
 async fn resume(
     api: &Api,
     session: &str,
-    first: Cursor,
-    mut last: watch::Receiver<Option<u128>>,
+    mut follower: Follower,
+    mut target: watch::Receiver<Option<u128>>,
     p: &Params,
     mut rng: StdRng,
     deadline: Deadline,
-) -> Subscriber {
-    let mut s = Subscriber { first, received: Vec::new(), connections: 0, error: None, deadline_hit: false };
-    let mut watching = true;
-    loop {
-        let done = |s: &Subscriber, target: Option<u128>| {
-            matches!((target, s.received.last()), (Some(t), Some(&got)) if got >= t)
-                || (target.is_some() && target == first.id())
+) -> Resumer {
+    let mut connections = 0;
+    let stopped = |f: &Follower| f.received.error.is_some() || f.received.deadline_hit;
+    while !caught_up(&follower, *target.borrow()) && !stopped(&follower) {
+        let cursor = match follower.received.frames.last() {
+            None => follower.first,
+            Some(last) if rng.random_bool(0.5) => Cursor::LastEventId(last.id),
+            Some(last) => Cursor::AfterId(last.id),
         };
-        if done(&s, *last.borrow()) {
-            return s;
-        }
-        let cursor = match s.received.last() {
-            None => first,
-            Some(&id) if rng.random_bool(0.5) => Cursor::LastEventId(id),
-            Some(&id) => Cursor::AfterId(id),
-        };
-        let mut stream = match deadline.run(api.stream(session, cursor)).await {
+        let stream = match deadline.run(api.stream(session, cursor)).await {
             None => {
-                s.deadline_hit = true;
-                return s;
+                follower.received.deadline_hit = true;
+                break;
             }
             Some(Err(error)) => {
-                s.error = Some(format!("reconnecting at {cursor:?}: {error:#}"));
-                return s;
+                follower.received.error = Some(format!("reconnecting at {cursor}: {error:#}"));
+                break;
             }
             Some(Ok(stream)) => stream,
         };
-        s.connections += 1;
+        connections += 1;
         let budget = rng.random_range(1..=p.max_events_per_connection.max(1));
-        let until =
-            tokio::time::Instant::now() + Duration::from_millis(rng.random_range(1..=p.max_connection_ms.max(1)));
-        let mut got = 0;
-        while got < budget && !done(&s, *last.borrow()) {
-            tokio::select! {
-                next = stream.next() => match next {
-                    Ok(Some(frame)) => {
-                        s.received.push(frame.id);
-                        got += 1;
-                    }
-                    Ok(None) => {
-                        s.error = Some("the server ended the stream".into());
-                        return s;
-                    }
-                    Err(error) => {
-                        s.error = Some(format!("{error:#}"));
-                        return s;
-                    }
-                },
-                _ = tokio::time::sleep_until(until) => break,
-                _ = tokio::time::sleep_until(deadline.0) => {
-                    s.deadline_hit = true;
-                    return s;
-                }
-                changed = last.changed(), if watching => watching = changed.is_ok(),
-            }
-        }
-        drop(stream);
+        let until = Instant::now() + Duration::from_millis(rng.random_range(1..=p.max_connection_ms.max(1)));
+        read_some(stream, &mut follower, &mut target, budget, until.into(), deadline).await;
         if rng.random_bool(0.3) {
-            let pause = Instant::now() + Duration::from_millis(rng.random_range(0..50));
-            tokio::time::sleep_until(pause.into()).await;
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
+        }
+    }
+    Resumer { follower, connections }
+}
+
+/// Reads at most `budget` events, until `until`, or until caught up; then drops the
+/// connection, often in the middle of a frame.
+async fn read_some(
+    mut stream: EventStream,
+    follower: &mut Follower,
+    target: &mut watch::Receiver<Option<u128>>,
+    budget: usize,
+    until: tokio::time::Instant,
+    deadline: Deadline,
+) {
+    let (mut watching, mut got) = (true, 0);
+    while got < budget && !caught_up(follower, *target.borrow()) {
+        let received = &mut follower.received;
+        tokio::select! {
+            next = stream.next() => match next {
+                Ok(Some(frame)) => {
+                    received.frames.push(frame);
+                    got += 1;
+                }
+                Ok(None) => received.error = Some("the server ended the stream".into()),
+                Err(error) => received.error = Some(format!("{error:#}")),
+            },
+            _ = tokio::time::sleep_until(until) => return,
+            _ = tokio::time::sleep_until(deadline.0) => received.deadline_hit = true,
+            changed = target.changed(), if watching => watching = changed.is_ok(),
+        }
+        if received.error.is_some() || received.deadline_hit {
+            return;
         }
     }
 }

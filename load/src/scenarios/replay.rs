@@ -10,7 +10,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use super::catchup::fill;
-use super::fanout::follow;
+use super::live::{check_followers, follow, Follower, Received};
 use super::{check_alive, fetch_logs, Ctx, Deadline, Observe, Size};
 use crate::check::Violations;
 use crate::client::{Api, Cursor};
@@ -49,16 +49,27 @@ pub async fn run(ctx: &Ctx, p: &Params, raw_scan: Option<f64>) -> anyhow::Result
     let mut server = ctx.launcher.start().await?;
     let api = Api::new(&server.url);
     let deadline = Deadline::after(p.deadline);
-    let session = api.create_session().await?;
-    let last = fill(&api, std::slice::from_ref(&session), p.events, p.event_bytes, ctx.quiet).await?[0];
+    let sessions = vec![api.create_session().await?];
+    let last = fill(&api, &sessions, p.events, p.event_bytes, ctx.quiet).await?[0];
 
     let observe = Observe::start(&server, &api).await;
     let (_keep, target) = watch::channel(Some(last));
     let sent = Instant::now();
-    let received = follow(&api, &session, Cursor::Start, target, deadline, || {}).await;
+    let received = follow(&api, &sessions[0], Cursor::Start, target, deadline, || {}).await;
     observe.finish(&server, &api, &mut report).await;
-    report.deadline_hit = received.deadline_hit;
 
+    report.deadline_hit = received.deadline_hit;
+    figures(&mut report, p, &received, sent, raw_scan);
+    let follower = Follower { client: 0, session: 0, first: Cursor::Start, received };
+    let mut violations = Violations::default();
+    check_followers(&fetch_logs(&api, &sessions, 1).await, &[follower], &mut violations);
+    report.violations.extend(violations.into_vec());
+    check_alive(&mut server, &mut report);
+    server.stop().await;
+    Ok(report)
+}
+
+fn figures(report: &mut Report, p: &Params, received: &Received, sent: Instant, raw_scan: Option<f64>) {
     let n = received.frames.len();
     let (first, end) = match (received.frames.first(), received.frames.last()) {
         (Some(first), Some(end)) => (first.at - sent, end.at - sent),
@@ -72,20 +83,4 @@ pub async fn run(ctx: &Ctx, p: &Params, raw_scan: Option<f64>) -> anyhow::Result
         report.figure("replay / raw sled scan", rate / raw * 100.0, "%");
     }
     report.note(format!("{n} events of about {} bytes in {:.0} ms", p.event_bytes, end.as_secs_f64() * 1000.0));
-
-    let mut violations = Violations::default();
-    if let Some(error) = &received.error {
-        violations.push(format!("the client: {error}"));
-    }
-    match fetch_logs(&api, std::slice::from_ref(&session), 1).await.remove(0) {
-        Err(violation) => violations.push(violation),
-        Ok(log) => {
-            let ids: Vec<u128> = received.frames.iter().map(|f| f.id).collect();
-            violations.check(log.check("the client", None, &ids));
-        }
-    }
-    report.violations.extend(violations.into_vec());
-    check_alive(&mut server, &mut report);
-    server.stop().await;
-    Ok(report)
 }

@@ -57,6 +57,7 @@ impl Params {
     }
 }
 
+#[derive(Default)]
 struct Client {
     session: usize,
     turns: u64,
@@ -73,79 +74,71 @@ pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
     let sessions = create_sessions(&api, p.clients.max(1), 16, ctx.quiet).await?;
     // One turn first, so a missing turn API is one clear error rather than one per client.
     turn(&api, &sessions[0], "none", "warm up").await.context("the turn API (POST /sessions/{id}/turns)")?;
-    let mut turns_per_session = vec![1u64; sessions.len()];
+    let mut turns_per_session = vec![0u64; sessions.len()];
+    turns_per_session[0] = 1;
     let mut violations = Violations::default();
 
     for mode in &p.modes {
         let observe = Observe::start(&server, &api).await;
-        let bar =
-            crate::progress::timed(ctx.quiet, Duration::from_secs_f64(p.duration), &format!("turns, stream {mode}"));
+        let label = format!("turns, stream {mode}");
+        let bar = crate::progress::timed(ctx.quiet, Duration::from_secs_f64(p.duration), &label);
         let started = Instant::now();
-        let stop = started + Duration::from_secs_f64(p.duration);
-        let per_client = p.count.div_ceil(p.clients.max(1) as u64);
-        let mut clients = JoinSet::new();
-        for (c, session) in sessions.iter().enumerate() {
-            let (api, session, mode) = (api.clone(), session.clone(), mode.clone());
-            clients.spawn(async move {
-                let mut client =
-                    Client { session: c, turns: 0, latency: Latency::new(), error: None, deadline_hit: false };
-                while Instant::now() < stop && client.turns < per_client {
-                    let text = format!("hello from client {c} turn {}", client.turns);
-                    let sent = Instant::now();
-                    match deadline.run(turn(&api, &session, &mode, &text)).await {
-                        None => {
-                            client.deadline_hit = true;
-                            break;
-                        }
-                        Some(Err(error)) => {
-                            client.error = Some(format!("client {c}, stream {mode}: {error:#}"));
-                            break;
-                        }
-                        Some(Ok(())) => {
-                            client.latency.record(sent.elapsed());
-                            client.turns += 1;
-                        }
-                    }
-                }
-                client
-            });
-        }
-        let done: Vec<Client> = clients.join_all().await;
+        let clients = turns_in_mode(&api, &sessions, mode, p, deadline).await;
         let elapsed = started.elapsed().as_secs_f64();
         bar.finish_and_clear();
         observe.finish(&server, &api, &mut report).await;
         let mut latency = Latency::new();
         let mut turns = 0;
-        for client in done {
+        for client in clients {
             latency.merge(&client.latency);
             turns += client.turns;
             turns_per_session[client.session] += client.turns;
             report.deadline_hit |= client.deadline_hit;
-            if let Some(error) = client.error {
-                violations.push(error);
-            }
+            violations.check(client.error.map_or(Ok(()), Err));
         }
-        report.at_least(
-            &format!("stream {mode}: turns"),
-            turns as f64 / elapsed.max(1e-9),
-            "turns/s",
-            2000.0,
-            ">= 2000 turns/s",
-        );
+        let rate = turns as f64 / elapsed.max(1e-9);
+        report.at_least(&format!("stream {mode}: turns"), rate, "turns/s", 2000.0, ">= 2000 turns/s");
         report.figure(&format!("stream {mode}: turn p50"), latency.ms(0.5), "ms");
         report.figure(&format!("stream {mode}: turn p99"), latency.ms(0.99), "ms");
     }
     report.note(format!("{} clients, each on its own session", sessions.len()));
-
     for (session, turns) in sessions.iter().zip(turns_per_session) {
-        if let Err(violation) = check_log(&api, session, turns).await {
-            violations.push(violation);
-        }
+        violations.check(check_log(&api, session, turns).await);
     }
     report.violations.extend(violations.into_vec());
     check_alive(&mut server, &mut report);
     server.stop().await;
     Ok(report)
+}
+
+/// Every client takes turns on its own session in `mode` for `p.duration`.
+async fn turns_in_mode(api: &Api, sessions: &[String], mode: &str, p: &Params, deadline: Deadline) -> Vec<Client> {
+    let stop = Instant::now() + Duration::from_secs_f64(p.duration);
+    let per_client = p.count.div_ceil(p.clients.max(1) as u64);
+    let mut clients = JoinSet::new();
+    for (c, session) in sessions.iter().enumerate() {
+        let (api, session, mode) = (api.clone(), session.clone(), mode.to_string());
+        clients.spawn(async move {
+            let mut client = Client { session: c, ..Client::default() };
+            while Instant::now() < stop && client.turns < per_client {
+                let text = format!("hello from client {c} turn {}", client.turns);
+                let sent = Instant::now();
+                match deadline.run(turn(&api, &session, &mode, &text)).await {
+                    None => client.deadline_hit = true,
+                    Some(Err(error)) => client.error = Some(format!("client {c}, stream {mode}: {error:#}")),
+                    Some(Ok(())) => {
+                        client.latency.record(sent.elapsed());
+                        client.turns += 1;
+                    }
+                }
+                if client.deadline_hit || client.error.is_some() {
+                    break;
+                }
+            }
+            client
+        });
+    }
+    clients.join_all().await
 }
 
 /// One turn in `mode`; fails unless it ends with `end_turn` and answers `echo: <text>`.
