@@ -242,6 +242,17 @@ impl Observe {
 
     /// Adds notes on CPU use and on the writer's and streams' counters since `start`.
     pub async fn finish(self, server: &Server, api: &Api, report: &mut Report) {
+        self.finish_as("", server, api, report).await;
+    }
+
+    /// [`Observe::finish`], each note starting with `label` (for scenarios with phases).
+    pub async fn finish_as(self, label: &str, server: &Server, api: &Api, report: &mut Report) {
+        let mut notes = Report::default();
+        self.notes(server, api, &mut notes).await;
+        report.notes.extend(notes.notes.into_iter().map(|n| format!("{label}{n}")));
+    }
+
+    async fn notes(self, server: &Server, api: &Api, report: &mut Report) {
         let wall = self.started.elapsed().as_secs_f64().max(1e-9);
         let metrics = api.metrics().await.unwrap_or_default();
         let own = std::process::id();

@@ -61,6 +61,8 @@ impl Params {
 struct Client {
     session: usize,
     turns: u64,
+    /// Turns finished in the first half of the mode's time.
+    first_half: u64,
     latency: Latency,
     error: Option<String>,
     deadline_hit: bool,
@@ -86,12 +88,13 @@ pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
         let clients = turns_in_mode(&api, &sessions, mode, p, deadline).await;
         let elapsed = started.elapsed().as_secs_f64();
         bar.finish_and_clear();
-        observe.finish(&server, &api, &mut report).await;
+        observe.finish_as(&format!("stream {mode}: "), &server, &api, &mut report).await;
         let mut latency = Latency::new();
-        let mut turns = 0;
+        let (mut turns, mut early) = (0, 0);
         for client in clients {
             latency.merge(&client.latency);
             turns += client.turns;
+            early += client.first_half;
             turns_per_session[client.session] += client.turns;
             report.deadline_hit |= client.deadline_hit;
             violations.check(client.error.map_or(Ok(()), Err));
@@ -100,6 +103,11 @@ pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
         report.at_least(&format!("stream {mode}: turns"), rate, "turns/s", 2000.0, ">= 2000 turns/s");
         report.figure(&format!("stream {mode}: turn p50"), latency.ms(0.5), "ms");
         report.figure(&format!("stream {mode}: turn p99"), latency.ms(0.99), "ms");
+        report.note(format!(
+            "stream {mode}: {:.0} turns/s in the first half, {:.0} in the second (each session's history grows with every turn)",
+            early as f64 / (elapsed / 2.0).max(1e-9),
+            (turns - early) as f64 / (elapsed / 2.0).max(1e-9)
+        ));
     }
     report.note(format!("{} clients, each on its own session", sessions.len()));
     for (session, turns) in sessions.iter().zip(turns_per_session) {
@@ -113,6 +121,7 @@ pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
 
 /// Every client takes turns on its own session in `mode` for `p.duration`.
 async fn turns_in_mode(api: &Api, sessions: &[String], mode: &str, p: &Params, deadline: Deadline) -> Vec<Client> {
+    let half = Instant::now() + Duration::from_secs_f64(p.duration / 2.0);
     let stop = Instant::now() + Duration::from_secs_f64(p.duration);
     let per_client = p.count.div_ceil(p.clients.max(1) as u64);
     let mut clients = JoinSet::new();
@@ -129,6 +138,7 @@ async fn turns_in_mode(api: &Api, sessions: &[String], mode: &str, p: &Params, d
                     Some(Ok(())) => {
                         client.latency.record(sent.elapsed());
                         client.turns += 1;
+                        client.first_half += u64::from(Instant::now() < half);
                     }
                 }
                 if client.deadline_hit || client.error.is_some() {
