@@ -82,9 +82,6 @@ impl Application {
             streams: StreamCounter::default(),
             shutdown: shutdown.clone(),
         });
-        let listener =
-            std::net::TcpListener::bind(requested).map_err(|source| StartError::Bind { addr: requested, source })?;
-        let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: requested, source })?;
         let workers = match settings.server.workers {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
@@ -96,14 +93,23 @@ impl Application {
                 .configure(api::routes)
                 .default_service(web::to(api::no_route))
         })
+        // Small SSE frames must not wait for the peer's delayed ACK (about 40 ms a frame).
+        .on_connect(|connection, _| {
+            if let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {
+                let _ = tcp.set_nodelay(true);
+            }
+        })
         .workers(workers)
+        // Applied only when the server binds the socket itself (not to a listener handed
+        // in), so it binds: a thousand clients connecting at once must not overflow it.
         .backlog(4096)
         .max_connections(100_000)
         .disable_signals()
         .shutdown_timeout(settings.server.shutdown_timeout_secs)
-        .listen(listener)
-        .map_err(|source| StartError::Bind { addr, source })?
-        .run();
+        .bind(requested)
+        .map_err(|source| StartError::Bind { addr: requested, source })?;
+        let addr = *server.addrs().first().expect("a bound address");
+        let server = server.run();
         Ok(Application { server, addr, store, shutdown })
     }
 
