@@ -237,7 +237,7 @@ async fn streams_per_subject_are_limited() {
     drop(one);
     // The slot frees when the server notices the closed connection, at the next write.
     let mut opened = false;
-    for _ in 0..100 {
+    for _ in 0..600 {
         let again = app.stream(&session, None, None).await;
         if again.status() == 200 {
             opened = true;

@@ -38,7 +38,7 @@ fn deltas(frames: &[Sse]) -> String {
 }
 
 async fn wait_idle(app: &TestApp, session: &str) -> Vec<Value> {
-    for _ in 0..400 {
+    for _ in 0..2400 {
         let events = app.all_events(session).await;
         if events.last().is_some_and(|e| e["type"] == "session.status_idle") {
             return events;
