@@ -314,7 +314,7 @@ async fn an_unexposed_tool_is_not_listed_but_runs_and_streams() {
     // Enabled without being asked for, since no client can name it.
     let session = app.post("/sessions").json(&json!({"agent": {"name": "default"}})).send().await.unwrap();
     let session = session.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string();
-    let frames = frames(
+    let inline = frames(
         turn(
             &app,
             &session,
@@ -323,6 +323,16 @@ async fn an_unexposed_tool_is_not_listed_but_runs_and_streams() {
         .await,
     )
     .await;
-    let names: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
+    let names: Vec<&str> = inline.iter().map(|f| f.event.as_str()).collect();
     assert_eq!(names, ["turn_start", "tool_call", "tool_result", "text", "turn_stop"]);
+
+    // `agent.tools` was omitted, so the exposed tools are disabled: a call is refused.
+    let body = json!({"stream": "message", "messages": [{"role": "user", "content": "/tool calculator {\"expression\": \"1\"}"}]});
+    let refused = frames(turn(&app, &session, body).await).await;
+    let result = refused.iter().find(|f| f.event == "tool_result").unwrap();
+    assert!(result.data["content"].as_str().unwrap().starts_with("Tool call denied: no tool named \"calculator\""));
+
+    // A history type the server does not declare is 404, as AAP says.
+    let history = app.get(&format!("/sessions/{session}/history?type=summary")).send().await.unwrap();
+    assert_eq!(history.status(), 404);
 }
