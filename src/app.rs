@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::body::MessageBody;
-use actix_web::dev::{Server, ServerHandle, ServiceRequest, ServiceResponse};
+use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpServer};
 use tokio_util::sync::CancellationToken;
@@ -115,10 +115,6 @@ impl Application {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-
-    pub fn handle(&self) -> ServerHandle {
-        self.server.handle()
     }
 
     /// Serves until SIGTERM or Ctrl-C, then shuts down in order.

@@ -73,7 +73,7 @@ impl From<SessionError> for ApiError {
         match error {
             SessionError::NotFound(_) => ApiError::new(Code::SessionNotFound, message),
             SessionError::UnknownCursor(_) => ApiError::new(Code::UnknownCursor, message),
-            SessionError::Terminated(_) | SessionError::Conflict(_) => ApiError::new(Code::Conflict, message),
+            SessionError::Conflict(_) => ApiError::new(Code::Conflict, message),
             SessionError::Invalid(_) => ApiError::new(Code::InvalidRequest, message),
             SessionError::Limit(_) => ApiError::new(Code::LimitExceeded, message),
             SessionError::ShuttingDown | SessionError::Retry(_) => ApiError::new(Code::Unavailable, message),

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::actor::Actor;
 use super::{SessionError, Sessions};
 use crate::agent::Agents;
-use crate::domain::event::{AgentSpec, StopInfo, StopReason};
+use crate::domain::event::{AgentSpec, StopReason};
 use crate::domain::{Block, Draft, EventBody, RawEvent, SessionId, TurnId, Usage};
 use crate::projection::turns::{OpenTurn, OpenTurns};
 use crate::projection::SessionSummary;
@@ -170,10 +170,6 @@ impl Engine {
         Duration::from_secs(self.inner.settings.actor_idle_secs.max(1))
     }
 
-    pub fn active_actors(&self) -> usize {
-        self.inner.actors.len()
-    }
-
     /// Closes turns that a stop left running: `session.error` (code `interrupted`) and an
     /// idle status, so no turn stays "running" forever.
     pub async fn recover(&self) -> Result<usize, SessionError> {
@@ -194,14 +190,7 @@ impl Engine {
                         code: "interrupted".into(),
                     },
                 ),
-                Draft::new(
-                    Some(*turn),
-                    &EventBody::StatusIdle {
-                        status: "idle".into(),
-                        stop_reason: StopInfo { kind: StopReason::Error, event_ids: vec![] },
-                        usage: Usage::default(),
-                    },
-                ),
+                Draft::new(Some(*turn), &super::actor::idle(StopReason::Error, vec![], Usage::default())),
             ];
             match store.append(*session, drafts).await {
                 Ok(_) => tracing::warn!(session_id = %session, turn_id = %turn, "closed a turn interrupted by a stop"),

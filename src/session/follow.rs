@@ -49,11 +49,6 @@ impl Follower {
         Ok(Follower { store, session, subscription, sent, replay_to: None, config, ended: false })
     }
 
-    /// Where the follower is: the last event it returned.
-    pub fn position(&self) -> Position {
-        self.sent
-    }
-
     /// The next events in log order, waiting for live ones. `None` once `terminated` has
     /// been returned or the log is gone. Cancel-safe: nothing is lost if the future is
     /// dropped before it completes.

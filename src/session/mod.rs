@@ -37,8 +37,6 @@ pub enum SessionError {
     NotFound(String),
     #[error("{0} is not an event of this session")]
     UnknownCursor(String),
-    #[error("session {0} is terminated")]
-    Terminated(SessionId),
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
@@ -170,18 +168,8 @@ impl Sessions {
             Draft::new(None, &EventBody::SessionDeleted {}),
             Draft::new(None, &EventBody::Terminated { reason: "session deleted".into() }),
         ];
-        match self.store.append(summary.id, drafts).await {
-            // A concurrent delete got there first: the session is gone either way.
-            Err(AppendError::Closed) => Err(SessionError::NotFound(id.to_string())),
-            other => other.map(drop).map_err(Into::into),
-        }
-    }
-
-    pub async fn append(&self, summary: &SessionSummary, drafts: Vec<Draft>) -> Result<Vec<RawEvent>, SessionError> {
-        match self.store.append(summary.id, drafts).await {
-            Err(AppendError::Closed) => Err(SessionError::NotFound(summary.id.to_string())),
-            other => other.map_err(Into::into),
-        }
+        // A concurrent delete that got there first leaves the log closed: not found either way.
+        self.append_to(summary.id, drafts).await.map(drop)
     }
 
     /// The session's history, folded from its whole log.

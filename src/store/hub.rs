@@ -80,8 +80,4 @@ impl Hub {
     pub fn sweep(&self) {
         self.channels.retain(|_, channel| Arc::strong_count(channel) > 1);
     }
-
-    pub fn len(&self) -> usize {
-        self.channels.len()
-    }
 }

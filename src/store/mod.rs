@@ -357,25 +357,9 @@ impl Store {
             .1
     }
 
-    /// Every session that has events, in id order (used at start-up to find open turns).
-    pub fn sessions_with_events(&self) -> impl Iterator<Item = SessionId> + '_ {
-        let mut next: Option<Vec<u8>> = Some(Vec::new());
-        std::iter::from_fn(move || {
-            let from = next.take()?;
-            let (key, _) = self.inner.events.range(from..).next()?.ok()?;
-            let session = keys::session_from_key(&key)?;
-            next = u128::from(session.ulid()).checked_add(1).map(|n| n.to_be_bytes().to_vec());
-            Some(session)
-        })
-    }
-
     /// Drops the channels of sessions nobody is watching or writing.
     pub fn sweep(&self) {
         self.inner.hub.sweep();
-    }
-
-    pub fn active_channels(&self) -> usize {
-        self.inner.hub.len()
     }
 
     /// Stops the writer after it has written everything queued, marks the log clean and
