@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use turnlog::agent::{tools::Tools, Agents};
 use turnlog::domain::event::{AgentSpec, SessionSpec, ToolTrust};
-use turnlog::domain::{Block, Event, EventBody, StopReason};
+use turnlog::domain::{Block, Event, EventBody, StopReason, Usage};
 use turnlog::projection::SessionSummary;
 use turnlog::session::{Caller, Engine, FollowConfig, Input, SessionError, Sessions, Submission, Submitted};
 use turnlog::store::{Store, StoreConfig};
@@ -182,6 +182,31 @@ async fn a_message_ends_the_turn_with_a_reply() {
         })
         .collect();
     assert_eq!(deltas, "echo: hello there", "deltas add up to the message");
+    // The idle event carries the turn's usage: the sum of its model requests'.
+    let spans: Vec<Usage> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::ModelRequestEnd { usage, .. } => Some(*usage),
+            _ => None,
+        })
+        .collect();
+    let EventBody::StatusIdle { usage, .. } = &events.last().unwrap().body else { unreachable!() };
+    assert_eq!(spans.len(), 1);
+    assert_eq!(*usage, spans[0]);
+    assert_eq!(usage.output_tokens, 3, "echo:, hello, there");
+    assert!(usage.input_tokens > 0);
+}
+
+#[tokio::test]
+async fn an_outcome_sent_during_a_turn_belongs_to_no_turn() {
+    let g = given(&[]).await;
+    g.when(vec![text("/delay 20\n/words 20")]).await.unwrap();
+    g.wait_for("agent.message.delta").await;
+    g.when(vec![Input::Outcome(json!("a tidy summary"))]).await.unwrap();
+    let events = g.then_events(1).await;
+    let outcome = events.iter().find(|e| matches!(e.body, EventBody::UserDefineOutcome { .. })).unwrap();
+    assert_eq!(outcome.turn_id, None, "as the Qoder catalog says");
+    assert_eq!(stop(&events).0, StopReason::EndTurn, "and it does not disturb the turn");
 }
 
 #[tokio::test]
