@@ -1,9 +1,10 @@
-//! Building and running the service: open the store, assemble the views, bind, serve, and
-//! shut down in order (streams end, requests drain, the writer flushes).
+//! The HTTP server on the [`Service`]: assemble the views, bind, serve, and shut down in
+//! order (stop accepting, stop the turns and record their end, end the streams, drain
+//! requests, close the log).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
@@ -11,72 +12,45 @@ use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpServer};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{tools::Tools, Agents};
 use crate::api::{self, AppState, StreamCounter};
 use crate::config::Settings;
 use crate::metrics;
-use crate::session::{Engine, FollowConfig, Sessions};
-use crate::store::{Store, StoreConfig};
+use crate::service::{Service, StartError};
 
 pub struct Application {
     server: Server,
     addr: SocketAddr,
-    store: Store,
+    service: Arc<Service>,
     shutdown: CancellationToken,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("{0}")]
-    Refused(String),
-    #[error("could not open the log in {path}: {source}")]
-    Store { path: String, source: crate::store::StoreError },
+pub enum BuildError {
+    #[error(transparent)]
+    Start(#[from] StartError),
     #[error("could not listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
 }
 
 impl Application {
-    /// Opens the store and binds (port 0 allowed); [`Application::addr`] says where.
-    pub async fn build(settings: Settings) -> Result<Application, StartError> {
+    /// Opens the service and binds (port 0 allowed); [`Application::addr`] says where.
+    pub async fn build(settings: Settings) -> Result<Application, BuildError> {
         metrics::init();
         let requested = settings.addr().map_err(|e| StartError::Refused(e.to_string()))?;
         let auth = api::auth::Keys::new(&settings.auth.keys);
         if auth.is_open() && !requested.ip().is_loopback() {
             return Err(StartError::Refused(format!(
                 "refusing to listen on {requested} with no API keys configured: add [[auth.keys]] or listen on loopback"
-            )));
+            ))
+            .into());
         }
         if auth.is_open() {
             tracing::warn!("no API keys configured: listening on loopback only, every caller is the admin `local`");
         }
-        let store = Store::open(
-            StoreConfig {
-                path: Some(settings.server.data_dir.clone()),
-                cache_capacity_bytes: settings.store.cache_capacity_mb << 20,
-                max_batch_events: settings.store.max_batch_events,
-                max_events_per_session: settings.limits.max_events_per_session,
-                bus_capacity: settings.streams.bus_capacity,
-            },
-            crate::projection::all(),
-        )
-        .map_err(|source| StartError::Store { path: settings.server.data_dir.display().to_string(), source })?;
+        let service = Arc::new(Service::open(&settings).await?);
         let shutdown = CancellationToken::new();
-        let follow = FollowConfig {
-            replay_chunk: settings.streams.replay_chunk_events,
-            max_backlog: settings.streams.max_backlog_events,
-        };
-        let sessions = Sessions::new(store.clone(), follow);
-        let agents =
-            Agents::build(&settings.agents, Tools::new(settings.tools.clone())).map_err(StartError::Refused)?;
-        let engine = Engine::new(sessions.clone(), Arc::new(agents), settings.engine.clone());
-        match engine.recover().await {
-            Ok(0) => {}
-            Ok(closed) => tracing::warn!(closed, "closed turns that the last stop left running"),
-            Err(error) => return Err(StartError::Refused(format!("could not close interrupted turns: {error}"))),
-        }
         let state = web::Data::new(AppState {
-            engine: engine.clone(),
-            sessions,
+            sessions: service.sessions().clone(),
             settings: Arc::new(settings.clone()),
             auth,
             streams: StreamCounter::default(),
@@ -107,10 +81,10 @@ impl Application {
         .disable_signals()
         .shutdown_timeout(settings.server.shutdown_timeout_secs)
         .bind(requested)
-        .map_err(|source| StartError::Bind { addr: requested, source })?;
+        .map_err(|source| BuildError::Bind { addr: requested, source })?;
         let addr = *server.addrs().first().expect("a bound address");
         let server = server.run();
-        Ok(Application { server, addr, store, shutdown })
+        Ok(Application { server, addr, service, shutdown })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -119,14 +93,15 @@ impl Application {
 
     /// Serves until SIGTERM or Ctrl-C, then shuts down in order.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let Application { server, store, shutdown, .. } = self;
+        let Application { server, service, shutdown, .. } = self;
         let handle = server.handle();
-        let sweeper = tokio::spawn(sweep(store.clone()));
         let signals = tokio::spawn({
-            let shutdown = shutdown.clone();
+            let (shutdown, service) = (shutdown.clone(), service.clone());
             async move {
                 wait_for_signal().await;
-                tracing::info!("shutting down: ending streams, draining requests, flushing the log");
+                tracing::info!("shutting down: stopping turns, ending streams, draining requests, flushing the log");
+                handle.pause().await;
+                service.stop_turns().await;
                 shutdown.cancel();
                 handle.stop(true).await;
             }
@@ -134,23 +109,10 @@ impl Application {
         let result = server.await;
         shutdown.cancel();
         signals.abort();
-        sweeper.abort();
-        let started = Instant::now();
-        match tokio::task::spawn_blocking(move || store.close()).await {
-            Ok(Ok(())) => tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "log flushed and closed"),
-            Ok(Err(error)) => tracing::error!(%error, "closing the log failed"),
-            Err(error) => tracing::error!(%error, "closing the log panicked"),
+        if let Err(error) = service.shutdown().await {
+            tracing::error!(%error, "closing the log failed");
         }
         result
-    }
-}
-
-/// Drops the live channels of sessions nobody watches, so idle sessions cost nothing.
-async fn sweep(store: Store) {
-    let mut every = tokio::time::interval(Duration::from_secs(10));
-    loop {
-        every.tick().await;
-        store.sweep();
     }
 }
 

@@ -1,8 +1,7 @@
 //! The one table of error codes: each knows its HTTP status, its error type and its code.
-//! Each view renders an [`ApiError`] in its own shape; 5xx bodies say little and the
-//! cause is logged.
-
-use actix_web::http::StatusCode;
+//! No view's shape is here: each view renders an [`ApiError`] in its own protocol's shape
+//! (`api::error` for HTTP, JSON-RPC errors for ACP). 5xx bodies say little and the cause
+//! is logged.
 
 use crate::session::{FollowError, SessionError};
 
@@ -13,8 +12,9 @@ macro_rules! codes {
         pub enum Code { $($variant,)* }
 
         impl Code {
-            pub fn status(self) -> StatusCode {
-                match self { $(Code::$variant => StatusCode::from_u16($status).expect("valid status"),)* }
+            /// The HTTP status.
+            pub fn status(self) -> u16 {
+                match self { $(Code::$variant => $status,)* }
             }
             /// The error type, in the style of the Anthropic and OpenAI APIs.
             pub fn kind(self) -> &'static str {

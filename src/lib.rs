@@ -4,12 +4,17 @@
 //! The layout, with dependencies pointing inward:
 //!
 //! - [`domain`]: ids and events, the vocabulary of every other layer.
-//! - [`store`]: the durable log in sled (group-commit writer, watermarks, live buses).
-//! - [`projection`]: pure folds over the log (the session index).
+//! - [`store`]: the log behind a narrow trait: the numbering rules, live buses and
+//!   watermarks, and two implementations (sled, durable; memory, for tests).
+//! - [`projection`]: pure folds over the log (session index, turn index, history, turn state).
 //! - [`agent`]: agents from config, the model interface and its providers, server tools.
-//! - [`session`]: sessions, ownership, the turn engine, and following a log.
-//! - [`api`]: the HTTP views, each with its own wire types.
-//! - [`app`], [`config`], [`metrics`], [`error`], [`telemetry`]: wiring and operations.
+//! - [`session`]: the front door to the log for views, turns and recovery: ownership,
+//!   the rules of a session's setup, the pure decision step, the turn engine, cursors and
+//!   following a log.
+//! - [`service`]: the service without a front end (log, agents, engine, recovery, shutdown).
+//! - [`api`]: the HTTP views, each with its own wire types and error shape.
+//! - [`app`]: the HTTP server on the service.
+//! - [`config`], [`metrics`], [`error`] (the one table of error codes), [`telemetry`].
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -20,9 +25,11 @@ pub mod domain;
 pub mod error;
 pub mod metrics;
 pub mod projection;
+pub mod service;
 pub mod session;
 pub mod store;
 pub mod telemetry;
 
 pub use app::Application;
 pub use config::Settings;
+pub use service::Service;

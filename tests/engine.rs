@@ -1,37 +1,55 @@
 //! The engine, given / when / then, without HTTP: given a session (and what happened in
-//! it), when this input, expect these events in the log.
+//! it), when this input, expect these events in the log. Every test runs on the durable
+//! sled log and on the in-memory log (`on_both_logs!` at the end).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use turnlog::agent::{tools::Tools, Agents};
 use turnlog::domain::event::{AgentSpec, SessionSpec, ToolTrust};
 use turnlog::domain::{Block, Event, EventBody, StopReason, Usage};
 use turnlog::projection::SessionSummary;
-use turnlog::session::{Caller, Engine, FollowConfig, Input, SessionError, Sessions, Submission, Submitted};
-use turnlog::store::{Store, StoreConfig};
-use turnlog::Settings;
+use turnlog::session::{Caller, EventQuery, Input, SessionError, Sessions, Submission, Submitted};
+use turnlog::store::memory::MemoryLog;
+use turnlog::store::sled::{SledConfig, SledLog};
+use turnlog::store::Log;
+use turnlog::{Service, Settings};
+
+/// The log a test runs on.
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    Sled,
+    Memory,
+}
+
+fn open_log(backend: Backend) -> Arc<dyn Log> {
+    match backend {
+        Backend::Sled => Arc::new(SledLog::open(SledConfig::default(), turnlog::projection::all()).unwrap()),
+        Backend::Memory => Arc::new(MemoryLog::new(turnlog::projection::all(), 256, 1_000_000)),
+    }
+}
 
 struct Given {
-    engine: Engine,
+    settings: Settings,
+    log: Arc<dyn Log>,
+    /// Held so that the service (its sweeper, its engine) lives as long as the test.
+    _service: Service,
     sessions: Sessions,
     session: SessionSummary,
 }
 
 /// A session of the default agent, with these server tools enabled (name, trusted) and a
 /// client tool `get_weather`.
-async fn given(server_tools: &[(&str, bool)]) -> Given {
-    given_with(server_tools, |_| {}).await
+async fn given(backend: Backend, server_tools: &[(&str, bool)]) -> Given {
+    given_with(backend, server_tools, |_| {}).await
 }
 
-async fn given_with(server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
+async fn given_with(backend: Backend, server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
     let mut settings = Settings::load(None).unwrap();
     tweak(&mut settings);
-    let store = Store::open(StoreConfig::default(), turnlog::projection::all()).unwrap();
-    let sessions = Sessions::new(store, FollowConfig { replay_chunk: 512, max_backlog: 100_000 });
-    let agents = Agents::build(&settings.agents, Tools::new(settings.tools.clone())).unwrap();
-    let engine = Engine::new(sessions.clone(), Arc::new(agents), settings.engine.clone());
+    let log = open_log(backend);
+    let service = Service::with_log(&settings, log.clone()).await.unwrap();
+    let sessions = service.sessions().clone();
     let spec = SessionSpec {
         agent: AgentSpec {
             name: "default".into(),
@@ -40,12 +58,16 @@ async fn given_with(server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Setti
             ),
             options: Default::default(),
         },
-        tools: vec![json!({"name": "get_weather", "description": "weather", "parameters": {"type": "object"}})],
+        // As logs written before the format was settled stored client tools: `parameters`.
+        tools: vec![serde_json::from_value(
+            json!({"name": "get_weather", "description": "weather", "parameters": {"type": "object"}}),
+        )
+        .unwrap()],
         ..Default::default()
     };
     let caller = Caller { subject: "t".into(), admin: false };
     let session = sessions.create(&caller, spec).await.unwrap();
-    Given { engine, sessions, session }
+    Given { settings, log, _service: service, sessions, session }
 }
 
 fn text(t: &str) -> Input {
@@ -59,36 +81,43 @@ impl Given {
 
     async fn when_with(&self, inputs: Vec<Input>, all_at_once: bool) -> Result<Submitted, SessionError> {
         let submission = Submission { update: Default::default(), inputs, all_at_once };
-        self.engine.submit(&self.session, submission).await
+        self.sessions.submit(&self.session, submission).await
     }
 
     /// The events after the first `skip`, up to the last `session.status_idle`, once there
     /// is one (a later input, such as a second interrupt, may follow it).
     async fn then_events(&self, skip: usize) -> Vec<Event> {
         for _ in 0..3000 {
-            let events = self.log();
+            let events = self.log().await;
             if let Some(end) = events.iter().rposition(|e| e.body_is_idle()).filter(|&end| end >= skip) {
                 return events[skip..=end].to_vec();
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        panic!("the session did not go idle: {:?}", kinds(&self.log()));
+        panic!("the session did not go idle: {:?}", kinds(&self.log().await));
     }
 
     /// Waits until the log holds an event of this type.
     async fn wait_for(&self, kind: &str) {
         for _ in 0..3000 {
-            if kinds_all(&self.log()).iter().any(|k| k == kind) {
+            if kinds_all(&self.log().await).iter().any(|k| k == kind) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        panic!("no {kind} in {:?}", kinds_all(&self.log()));
+        panic!("no {kind} in {:?}", kinds_all(&self.log().await));
     }
 
-    fn log(&self) -> Vec<Event> {
-        let range = turnlog::store::ReadRange { after: None, before: None, limit: 100_000, newest_first: false };
-        self.sessions.events(&self.session, range).unwrap().iter().map(|raw| raw.decode().unwrap()).collect()
+    async fn log(&self) -> Vec<Event> {
+        let query = EventQuery { limit: 100_000, ..EventQuery::default() };
+        let page = self.sessions.events(&self.session, query).await.unwrap();
+        page.events.iter().map(|raw| raw.decode().unwrap()).collect()
+    }
+
+    /// Starts the service again on the same log, as the process would after a crash;
+    /// answers how many turns it closed.
+    async fn restart(&self) -> usize {
+        Service::with_log(&self.settings, self.log.clone()).await.unwrap().recovered()
     }
 }
 
@@ -158,9 +187,8 @@ fn with_reply(before: &[&str], after: &[&str]) -> Vec<String> {
     before.iter().chain(REPLY).chain(after).map(|s| s.to_string()).collect()
 }
 
-#[tokio::test]
-async fn a_message_ends_the_turn_with_a_reply() {
-    let g = given(&[]).await;
+async fn a_message_ends_the_turn_with_a_reply(log: Backend) {
+    let g = given(log, &[]).await;
     let submitted = g.when(vec![text("hello there")]).await.unwrap();
     assert!(submitted.turn.is_some());
     let events = g.then_events(1).await;
@@ -197,9 +225,8 @@ async fn a_message_ends_the_turn_with_a_reply() {
     assert!(usage.input_tokens > 0);
 }
 
-#[tokio::test]
-async fn an_outcome_sent_during_a_turn_belongs_to_no_turn() {
-    let g = given(&[]).await;
+async fn an_outcome_sent_during_a_turn_belongs_to_no_turn(log: Backend) {
+    let g = given(log, &[]).await;
     g.when(vec![text("/delay 20\n/words 20")]).await.unwrap();
     g.wait_for("agent.message.delta").await;
     g.when(vec![Input::Outcome(json!("a tidy summary"))]).await.unwrap();
@@ -209,9 +236,8 @@ async fn an_outcome_sent_during_a_turn_belongs_to_no_turn() {
     assert_eq!(stop(&events).0, StopReason::EndTurn, "and it does not disturb the turn");
 }
 
-#[tokio::test]
-async fn thinking_comes_before_the_reply() {
-    let g = given(&[]).await;
+async fn thinking_comes_before_the_reply(log: Backend) {
+    let g = given(log, &[]).await;
     g.when(vec![text("/think let me see\nhi")]).await.unwrap();
     let events = g.then_events(1).await;
     let thinking: Vec<&str> = events
@@ -226,14 +252,13 @@ async fn thinking_comes_before_the_reply() {
     assert!(k.iter().position(|x| x == "agent.thinking") < k.iter().position(|x| x == "agent.message"));
 }
 
-#[tokio::test]
-async fn model_stops_become_stop_reasons() {
+async fn model_stops_become_stop_reasons(log: Backend) {
     for (input, reason) in [
         ("/max_tokens", StopReason::MaxTokens),
         ("/refuse", StopReason::Refusal),
         ("/error model_overloaded_error", StopReason::Error),
     ] {
-        let g = given(&[]).await;
+        let g = given(log, &[]).await;
         g.when(vec![text(input)]).await.unwrap();
         let events = g.then_events(1).await;
         assert_eq!(stop(&events).0, reason, "{input}");
@@ -247,9 +272,9 @@ async fn model_stops_become_stop_reasons() {
     }
 }
 
-#[tokio::test]
-async fn a_looping_model_stops_at_max_turn_requests() {
-    let g = given_with(&[("calculator", true)], |s| s.agents.get_mut("default").unwrap().max_turn_requests = 3).await;
+async fn a_looping_model_stops_at_max_turn_requests(log: Backend) {
+    let g =
+        given_with(log, &[("calculator", true)], |s| s.agents.get_mut("default").unwrap().max_turn_requests = 3).await;
     g.when(vec![text("/loop")]).await.unwrap();
     let events = g.then_events(1).await;
     assert_eq!(stop(&events).0, StopReason::MaxTurnRequests);
@@ -258,9 +283,8 @@ async fn a_looping_model_stops_at_max_turn_requests() {
     assert_eq!(tool_results(&events), vec![("2".to_string(), false); 3]);
 }
 
-#[tokio::test]
-async fn a_trusted_server_tool_runs_inline_and_the_turn_goes_on() {
-    let g = given(&[("calculator", true)]).await;
+async fn a_trusted_server_tool_runs_inline_and_the_turn_goes_on(log: Backend) {
+    let g = given(log, &[("calculator", true)]).await;
     g.when(vec![text("/tool calculator {\"expression\": \"2*(3+4)\"}")]).await.unwrap();
     let events = g.then_events(1).await;
     assert_eq!(
@@ -284,9 +308,8 @@ async fn a_trusted_server_tool_runs_inline_and_the_turn_goes_on() {
     assert_eq!(stop(&events).0, StopReason::EndTurn);
 }
 
-#[tokio::test]
-async fn an_untrusted_tool_waits_for_permission_and_runs_when_granted() {
-    let g = given(&[("calculator", false)]).await;
+async fn an_untrusted_tool_waits_for_permission_and_runs_when_granted(log: Backend) {
+    let g = given(log, &[("calculator", false)]).await;
     g.when(vec![text("/tool calculator {\"expression\": \"1+2\"}")]).await.unwrap();
     let events = g.then_events(1).await;
     let (reason, waiting) = stop(&events);
@@ -294,7 +317,7 @@ async fn an_untrusted_tool_waits_for_permission_and_runs_when_granted() {
     let ask = events.iter().find(|e| matches!(e.body, EventBody::AgentToolUse { .. })).unwrap();
     assert_eq!(waiting, vec![ask.id.to_string()], "the idle event names the waiting call");
     let call = call_ids(&events)[0].clone();
-    let mark = g.log().len();
+    let mark = g.log().await.len();
     g.when(vec![Input::Permission { call, granted: true, reason: None }]).await.unwrap();
     let events = g.then_events(mark).await;
     assert_eq!(
@@ -307,15 +330,14 @@ async fn an_untrusted_tool_waits_for_permission_and_runs_when_granted() {
     assert_eq!(said(&events), vec!["tool results: calculator=3"]);
 }
 
-#[tokio::test]
-async fn a_denied_tool_tells_the_model_why() {
+async fn a_denied_tool_tells_the_model_why(log: Backend) {
     for (reason, text_seen) in [(Some("not now"), "Tool call denied: not now"), (None, "Tool call denied")] {
-        let g = given(&[("calculator", false)]).await;
+        let g = given(log, &[("calculator", false)]).await;
         g.when(vec![text("/tool calculator {\"expression\": \"1+2\"}")]).await.unwrap();
         let events = g.then_events(1).await;
         // Resolved by event id this time (the native API's way).
         let ask = events.iter().find(|e| matches!(e.body, EventBody::AgentToolUse { .. })).unwrap().id.to_string();
-        let mark = g.log().len();
+        let mark = g.log().await.len();
         g.when(vec![Input::Permission { call: ask, granted: false, reason: reason.map(String::from) }]).await.unwrap();
         let events = g.then_events(mark).await;
         assert_eq!(tool_results(&events), vec![(text_seen.to_string(), true)]);
@@ -323,21 +345,20 @@ async fn a_denied_tool_tells_the_model_why() {
     }
 }
 
-#[tokio::test]
-async fn client_tools_wait_for_results_and_parallel_calls_resolve_together() {
-    let g = given(&[]).await;
+async fn client_tools_wait_for_results_and_parallel_calls_resolve_together(log: Backend) {
+    let g = given(log, &[]).await;
     g.when(vec![text("/tool get_weather {\"city\": \"Oslo\"}\n/tool get_weather {\"city\": \"Rome\"}")]).await.unwrap();
     let events = g.then_events(1).await;
     let (reason, waiting) = stop(&events);
     assert_eq!(reason, StopReason::RequiresAction);
     assert_eq!(waiting.len(), 2);
     let calls = call_ids(&events);
-    let mark = g.log().len();
+    let mark = g.log().await.len();
 
     let only_one = vec![Input::Result { call: calls[0].clone(), content: vec![Block::text("3C")], is_error: false }];
     let error = g.when(only_one.clone()).await.unwrap_err().to_string();
     assert!(error.contains("missing") && error.contains(&calls[1]), "{error}");
-    assert_eq!(g.log().len(), mark, "a refused submission stores nothing");
+    assert_eq!(g.log().await.len(), mark, "a refused submission stores nothing");
 
     let both = vec![
         Input::Result { call: calls[1].clone(), content: vec![Block::text("20C")], is_error: false },
@@ -348,28 +369,26 @@ async fn client_tools_wait_for_results_and_parallel_calls_resolve_together() {
     assert_eq!(said(&events), vec!["tool results: get_weather=3C; get_weather=20C"], "results in call order");
 }
 
-#[tokio::test]
-async fn results_may_come_one_at_a_time_through_the_event_api() {
-    let g = given(&[("calculator", false)]).await;
+async fn results_may_come_one_at_a_time_through_the_event_api(log: Backend) {
+    let g = given(log, &[("calculator", false)]).await;
     g.when(vec![text("/tool get_weather {}\n/tool calculator {\"expression\": \"2+2\"}")]).await.unwrap();
     let events = g.then_events(1).await;
     let calls = call_ids(&events);
-    let mark = g.log().len();
+    let mark = g.log().await.len();
     let first = vec![Input::Result { call: calls[0].clone(), content: vec![Block::text("sunny")], is_error: false }];
     g.when_with(first, false).await.unwrap();
     let events = g.then_events(mark).await;
     let (reason, waiting) = stop(&events);
     assert_eq!(reason, StopReason::RequiresAction, "the rest still waits");
     assert_eq!(waiting.len(), 1);
-    let mark = g.log().len();
+    let mark = g.log().await.len();
     g.when_with(vec![Input::Permission { call: calls[1].clone(), granted: true, reason: None }], false).await.unwrap();
     let events = g.then_events(mark).await;
     assert_eq!(said(&events), vec!["tool results: get_weather=sunny; calculator=4"]);
 }
 
-#[tokio::test]
-async fn input_that_conflicts_with_the_state_is_refused_naming_the_calls() {
-    let g = given(&[("calculator", false)]).await;
+async fn input_that_conflicts_with_the_state_is_refused_naming_the_calls(log: Backend) {
+    let g = given(log, &[("calculator", false)]).await;
     let stray = Input::Result { call: "call_x".into(), content: vec![], is_error: false };
     let error = g.when(vec![stray]).await.unwrap_err().to_string();
     assert!(error.contains("no tool calls are waiting"), "{error}");
@@ -377,7 +396,7 @@ async fn input_that_conflicts_with_the_state_is_refused_naming_the_calls() {
     g.when(vec![text("/tool get_weather {}\n/tool calculator {\"expression\": \"1\"}")]).await.unwrap();
     let events = g.then_events(1).await;
     let calls = call_ids(&events);
-    let mark = g.log().len();
+    let mark = g.log().await.len();
     let cases: Vec<(Vec<Input>, Vec<&str>)> = vec![
         (vec![text("again")], vec!["tool calls wait", &calls[0], &calls[1]]),
         (
@@ -416,12 +435,11 @@ async fn input_that_conflicts_with_the_state_is_refused_naming_the_calls() {
             assert!(error.contains(needle), "{error:?} should name {needle:?}");
         }
     }
-    assert_eq!(g.log().len(), mark, "nothing refused was stored");
+    assert_eq!(g.log().await.len(), mark, "nothing refused was stored");
 }
 
-#[tokio::test]
-async fn cancel_stops_the_model_at_once_and_is_idempotent() {
-    let g = given(&[]).await;
+async fn cancel_stops_the_model_at_once_and_is_idempotent(log: Backend) {
+    let g = given(log, &[]).await;
     g.when(vec![text("/delay 20\n/words 500")]).await.unwrap();
     let error = g.when(vec![text("another")]).await.unwrap_err().to_string();
     assert!(error.contains("a turn is running"), "{error}");
@@ -432,32 +450,30 @@ async fn cancel_stops_the_model_at_once_and_is_idempotent() {
     assert_eq!(stop(&events).0, StopReason::Cancelled);
     // Both interrupts were durable when they were answered; the turn's end comes after the
     // first, before or after the second.
-    let idles = g.log().iter().filter(|e| e.body_is_idle()).count();
+    let idles = g.log().await.iter().filter(|e| e.body_is_idle()).count();
     assert_eq!(idles, 1, "one end, however many cancels");
     let partial = &said(&events)[0];
     assert!(partial.starts_with("w1") && !partial.ends_with("w500"), "what was said is kept: {partial}");
     // The session takes new input after a cancel.
-    let mark = g.log().len();
+    let mark = g.log().await.len();
     g.when(vec![text("hi")]).await.unwrap();
     assert_eq!(stop(&g.then_events(mark).await).0, StopReason::EndTurn);
 }
 
-#[tokio::test]
-async fn a_cancel_right_as_the_turn_starts_is_not_lost() {
-    let g = given(&[]).await;
+async fn a_cancel_right_as_the_turn_starts_is_not_lost(log: Backend) {
+    let g = given(log, &[]).await;
     g.when(vec![text("/delay 50\n/words 5")]).await.unwrap();
     g.when(vec![Input::Interrupt]).await.unwrap();
     let events = g.then_events(1).await;
     assert_eq!(stop(&events).0, StopReason::Cancelled);
 }
 
-#[tokio::test]
-async fn a_cancel_while_calls_wait_closes_them() {
-    let g = given(&[]).await;
+async fn a_cancel_while_calls_wait_closes_them(log: Backend) {
+    let g = given(log, &[]).await;
     g.when(vec![text("/tool get_weather {}")]).await.unwrap();
     let events = g.then_events(1).await;
     assert_eq!(stop(&events).0, StopReason::RequiresAction);
-    let mark = g.log().len();
+    let mark = g.log().await.len();
     g.when(vec![Input::Interrupt]).await.unwrap();
     let events = g.then_events(mark).await;
     assert_eq!(kinds(&events), ["user.interrupt", "agent.tool_result", "session.status_idle"]);
@@ -465,9 +481,8 @@ async fn a_cancel_while_calls_wait_closes_them() {
     assert_eq!(stop(&events).0, StopReason::Cancelled);
 }
 
-#[tokio::test]
-async fn a_call_of_an_unknown_tool_is_answered_with_an_error() {
-    let g = given(&[]).await;
+async fn a_call_of_an_unknown_tool_is_answered_with_an_error(log: Backend) {
+    let g = given(log, &[]).await;
     g.when(vec![text("/tool launch_rockets {}")]).await.unwrap();
     let events = g.then_events(1).await;
     let results = tool_results(&events);
@@ -476,16 +491,16 @@ async fn a_call_of_an_unknown_tool_is_answered_with_an_error() {
     assert_eq!(stop(&events).0, StopReason::EndTurn);
 }
 
-#[tokio::test]
-async fn a_turn_left_running_is_closed_at_start() {
-    let g = given(&[]).await;
+async fn a_turn_left_running_is_closed_at_start(log: Backend) {
+    let g = given(log, &[]).await;
     let turn = turnlog::domain::TurnId::generate();
     let drafts = vec![
         turnlog::domain::Draft::new(Some(turn), &EventBody::TurnStarted {}),
         turnlog::domain::Draft::new(Some(turn), &EventBody::StatusRunning { status: "running".into() }),
     ];
-    g.sessions.store().append(g.session.id, drafts).await.unwrap();
-    assert_eq!(g.engine.recover().await.unwrap(), 1);
+    let at = g.log.position(g.session.id).await.unwrap().seq;
+    g.log.append(g.session.id, at, drafts).await.unwrap().unwrap();
+    assert_eq!(g.restart().await, 1);
     let events = g.then_events(1).await;
     let code = events.iter().find_map(|e| match &e.body {
         EventBody::SessionError { code, .. } => Some(code.clone()),
@@ -494,7 +509,7 @@ async fn a_turn_left_running_is_closed_at_start() {
     assert_eq!(code.as_deref(), Some("interrupted"));
     assert_eq!(stop(&events).0, StopReason::Error);
     assert!(events.iter().all(|e| e.turn_id == Some(turn)));
-    assert_eq!(g.engine.recover().await.unwrap(), 0, "closed once");
+    assert_eq!(g.restart().await, 0, "closed once");
     g.when(vec![text("hi")]).await.unwrap();
 }
 
@@ -516,10 +531,9 @@ fn serve_once(body: &'static str) -> u16 {
     port
 }
 
-#[tokio::test]
-async fn fetch_url_reaches_only_allowed_hosts() {
+async fn fetch_url_reaches_only_allowed_hosts(log: Backend) {
     let port = serve_once("hello from loopback");
-    let g = given_with(&[("fetch_url", true)], |s| {
+    let g = given_with(log, &[("fetch_url", true)], |s| {
         s.tools.fetch_url.allowed_hosts = vec!["127.0.0.1".into()];
         s.agents
             .get_mut("default")
@@ -538,10 +552,42 @@ async fn fetch_url_reaches_only_allowed_hosts() {
     assert!(results[1].1 && results[1].0.contains("\"localhost\" is not on the allow-list"), "{:?}", results[1]);
 }
 
-#[tokio::test]
-async fn an_ask_tool_in_config_asks_even_when_the_client_trusts_it() {
-    let g = given(&[("fetch_url", true)]).await;
+async fn an_ask_tool_in_config_asks_even_when_the_client_trusts_it(log: Backend) {
+    let g = given(log, &[("fetch_url", true)]).await;
     g.when(vec![text("/tool fetch_url {\"url\": \"http://127.0.0.1:1/\"}")]).await.unwrap();
     let events = g.then_events(1).await;
     assert_eq!(stop(&events).0, StopReason::RequiresAction, "config says ask; the client cannot trust it past that");
 }
+
+/// Each test above, once on each log.
+macro_rules! on_both_logs {
+    ($($name:ident),* $(,)?) => {
+        mod sled {
+            $(#[tokio::test] async fn $name() { super::$name(super::Backend::Sled).await })*
+        }
+        mod memory {
+            $(#[tokio::test] async fn $name() { super::$name(super::Backend::Memory).await })*
+        }
+    };
+}
+
+on_both_logs!(
+    a_message_ends_the_turn_with_a_reply,
+    an_outcome_sent_during_a_turn_belongs_to_no_turn,
+    thinking_comes_before_the_reply,
+    model_stops_become_stop_reasons,
+    a_looping_model_stops_at_max_turn_requests,
+    a_trusted_server_tool_runs_inline_and_the_turn_goes_on,
+    an_untrusted_tool_waits_for_permission_and_runs_when_granted,
+    a_denied_tool_tells_the_model_why,
+    client_tools_wait_for_results_and_parallel_calls_resolve_together,
+    results_may_come_one_at_a_time_through_the_event_api,
+    input_that_conflicts_with_the_state_is_refused_naming_the_calls,
+    cancel_stops_the_model_at_once_and_is_idempotent,
+    a_cancel_right_as_the_turn_starts_is_not_lost,
+    a_cancel_while_calls_wait_closes_them,
+    a_call_of_an_unknown_tool_is_answered_with_an_error,
+    a_turn_left_running_is_closed_at_start,
+    fetch_url_reaches_only_allowed_hosts,
+    an_ask_tool_in_config_asks_even_when_the_client_trusts_it,
+);

@@ -1,27 +1,56 @@
-//! The store against a model: random appends (some ending a session), reads after random
-//! cursors in both orders, and restarts (clean and unclean), checked against a `Vec` per
-//! session.
+//! The log against a model: random appends (some ending a session, some at a stale
+//! position), reads after random cursors in both orders, lookups by sequence number, and
+//! restarts (clean and unclean), checked against a `Vec` per session. The same test body
+//! runs on the sled log and on the in-memory log; so does the test of two writers racing
+//! for one position.
+
+use std::sync::Arc;
 
 use proptest::prelude::*;
-use turnlog::domain::{Block, Draft, EventBody, SessionId};
+use turnlog::domain::{Block, Draft, EventBody, EventId, SessionId};
 use turnlog::projection::{SessionIndex, SessionSummary};
-use turnlog::store::{AppendError, ReadRange, Store, StoreConfig};
+use turnlog::store::memory::MemoryLog;
+use turnlog::store::sled::{SledConfig, SledLog};
+use turnlog::store::{AppendError, Conflict, Key, Log, Position, ReadRange};
 
 const SESSIONS: usize = 3;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Append { session: usize, texts: Vec<String>, terminate: bool },
-    Read { session: usize, after: Option<usize>, before: Option<usize>, limit: usize, newest_first: bool },
-    Restart { clean: bool },
+    Append {
+        session: usize,
+        texts: Vec<String>,
+        terminate: bool,
+    },
+    /// An append at a position `back` events before the end: a conflict.
+    Stale {
+        session: usize,
+        back: u64,
+    },
+    Read {
+        session: usize,
+        after: Option<usize>,
+        before: Option<usize>,
+        limit: usize,
+        newest_first: bool,
+    },
+    At {
+        session: usize,
+        seq: u64,
+    },
+    Restart {
+        clean: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0..SESSIONS, prop::collection::vec("[a-z\"\\\\ ]{0,12}", 1..6), prop::bool::weighted(0.05))
             .prop_map(|(session, texts, terminate)| Op::Append { session, texts, terminate }),
+        1 => (0..SESSIONS, 1..4u64).prop_map(|(session, back)| Op::Stale { session, back }),
         4 => (0..SESSIONS, prop::option::of(0..40usize), prop::option::of(0..40usize), 1..20usize, any::<bool>())
             .prop_map(|(session, after, before, limit, newest_first)| Op::Read { session, after, before, limit, newest_first }),
+        1 => (0..SESSIONS, 0..45u64).prop_map(|(session, seq)| Op::At { session, seq }),
         1 => any::<bool>().prop_map(|clean| Op::Restart { clean }),
     ]
 }
@@ -29,28 +58,75 @@ fn op() -> impl Strategy<Value = Op> {
 /// What the model keeps of each stored event.
 #[derive(Debug, Clone, PartialEq)]
 struct Stored {
-    id: turnlog::domain::EventId,
+    id: EventId,
     seq: u64,
     json: bytes::Bytes,
 }
 
-fn open(path: &std::path::Path) -> Store {
-    let config = StoreConfig { path: Some(path.to_path_buf()), ..StoreConfig::default() };
-    Store::open(config, turnlog::projection::all()).expect("store opens")
+/// A log under test, with what a restart of it takes.
+enum Opened {
+    Sled(SledLog),
+    Memory(MemoryLog),
 }
 
-async fn run(ops: Vec<Op>) {
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    Sled,
+    Memory,
+}
+
+impl Opened {
+    fn open(backend: Backend, dir: &std::path::Path) -> Opened {
+        match backend {
+            Backend::Sled => {
+                let config = SledConfig { path: Some(dir.to_path_buf()), ..SledConfig::default() };
+                Opened::Sled(SledLog::open(config, turnlog::projection::all()).expect("the log opens"))
+            }
+            Backend::Memory => Opened::Memory(MemoryLog::new(turnlog::projection::all(), 256, 1_000_000)),
+        }
+    }
+
+    fn log(&self) -> &dyn Log {
+        match self {
+            Opened::Sled(log) => log,
+            Opened::Memory(log) => log,
+        }
+    }
+
+    /// Closes (cleanly, or as a crash would leave it) and opens again.
+    async fn restart(self, dir: &std::path::Path, clean: bool) -> Opened {
+        match self {
+            Opened::Sled(log) => {
+                if clean {
+                    log.close().await.unwrap();
+                } else {
+                    log.close_unclean().unwrap();
+                }
+                drop(log);
+                Opened::open(Backend::Sled, dir)
+            }
+            Opened::Memory(log) => Opened::Memory(log.reopen()),
+        }
+    }
+}
+
+fn stored(events: Vec<turnlog::domain::RawEvent>) -> Vec<Stored> {
+    events.into_iter().map(|e| Stored { id: e.id, seq: e.seq, json: e.json }).collect()
+}
+
+async fn run(backend: Backend, ops: Vec<Op>) {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = open(dir.path());
+    let mut opened = Opened::open(backend, dir.path());
     let sessions: Vec<SessionId> = (0..SESSIONS).map(|_| SessionId::generate()).collect();
     let mut model: Vec<Vec<Stored>> = vec![Vec::new(); SESSIONS];
     let mut closed = [false; SESSIONS];
     for (i, session) in sessions.iter().enumerate() {
         let created = EventBody::SessionCreated { spec: Default::default(), created_by: format!("s{i}") };
-        let events = store.append(*session, vec![Draft::new(None, &created)]).await.unwrap();
-        model[i].extend(events.into_iter().map(|e| Stored { id: e.id, seq: e.seq, json: e.json }));
+        let events = opened.log().append(*session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+        model[i].extend(stored(events));
     }
     for op in ops {
+        let log = opened.log();
         match op {
             Op::Append { session, texts, terminate } => {
                 let mut drafts: Vec<Draft> = texts
@@ -60,12 +136,13 @@ async fn run(ops: Vec<Op>) {
                 if terminate {
                     drafts.push(Draft::new(None, &EventBody::Terminated { reason: "done".into() }));
                 }
-                let result = store.append(sessions[session], drafts).await;
+                let at = model[session].last().unwrap().seq;
+                let result = log.append(sessions[session], at, drafts).await;
                 if closed[session] {
                     assert_eq!(result, Err(AppendError::Closed));
                     continue;
                 }
-                let events = result.unwrap();
+                let events = result.unwrap().unwrap();
                 assert_eq!(events.len(), texts.len() + usize::from(terminate));
                 for event in events {
                     let last = model[session].last().unwrap();
@@ -74,63 +151,146 @@ async fn run(ops: Vec<Op>) {
                     let decoded = event.decode().unwrap();
                     assert_eq!(decoded.sequence_number, event.seq);
                     assert_eq!(decoded.session_id, sessions[session]);
-                    model[session].push(Stored { id: event.id, seq: event.seq, json: event.json });
+                    model[session].extend(stored(vec![event]));
                 }
                 closed[session] |= terminate;
             }
+            Op::Stale { session, back } => {
+                let last = model[session].last().unwrap();
+                let drafts = vec![Draft::new(None, &EventBody::UserInterrupt {})];
+                let result = log.append(sessions[session], last.seq.saturating_sub(back), drafts).await;
+                if closed[session] {
+                    assert_eq!(result, Err(AppendError::Closed), "a terminated log takes nothing, at any position");
+                    continue;
+                }
+                let actual = Position { last: Some(last.id), seq: last.seq };
+                assert_eq!(result, Ok(Err(Conflict { expected: last.seq.saturating_sub(back), actual })));
+            }
             Op::Read { session, after, before, limit, newest_first } => {
-                let log = &model[session];
-                let after = after.filter(|&a| a < log.len());
-                let before = before.filter(|&b| b < log.len());
+                let events = &model[session];
+                let after = after.filter(|&a| a < events.len());
+                let before = before.filter(|&b| b < events.len());
                 let range = ReadRange {
-                    after: after.map(|a| log[a].id),
-                    before: before.map(|b| log[b].id),
+                    after: after.map(|a| events[a].id),
+                    before: before.map(|b| events[b].id),
                     limit,
                     newest_first,
                 };
-                let got: Vec<Stored> = store
-                    .read(sessions[session], range)
-                    .unwrap()
-                    .into_iter()
-                    .map(|e| Stored { id: e.id, seq: e.seq, json: e.json })
-                    .collect();
+                let got = stored(log.read(sessions[session], range).await.unwrap());
                 let from = after.map_or(0, |a| a + 1);
-                let to = before.unwrap_or(log.len());
-                let mut expected: Vec<Stored> = log.get(from..to.max(from)).unwrap_or_default().to_vec();
+                let to = before.unwrap_or(events.len());
+                let mut expected: Vec<Stored> = events.get(from..to.max(from)).unwrap_or_default().to_vec();
                 if newest_first {
                     expected.reverse();
                 }
                 expected.truncate(limit);
                 assert_eq!(got, expected);
             }
+            Op::At { session, seq } => {
+                let got = log.event_at(sessions[session], seq).await.unwrap().map(|e| stored(vec![e]).remove(0));
+                let expected = seq.checked_sub(1).and_then(|i| model[session].get(i as usize)).cloned();
+                assert_eq!(got, expected, "event number {seq}");
+            }
             Op::Restart { clean } => {
-                if clean {
-                    store.close().unwrap();
-                } else {
-                    store.close_unclean().unwrap();
-                }
-                drop(store);
-                store = open(dir.path());
+                opened = opened.restart(dir.path(), clean).await;
+                let log = opened.log();
                 for (i, session) in sessions.iter().enumerate() {
-                    let position = store.position(*session).unwrap();
+                    let position = log.position(*session).await.unwrap();
                     assert_eq!(position.seq, model[i].last().unwrap().seq);
                     assert_eq!(position.last, Some(model[i].last().unwrap().id));
-                    let summary = store.projected(SessionIndex::NAME, *session).unwrap().expect("indexed");
-                    let summary: SessionSummary = serde_json::from_slice(&summary).unwrap();
+                    let summary = log.projected(SessionIndex::NAME, Key::session(*session)).await.unwrap();
+                    let summary: SessionSummary = serde_json::from_slice(&summary.expect("indexed")).unwrap();
                     assert_eq!(summary.created_by, format!("s{i}"));
                     assert_eq!(summary.deleted, closed[i], "the index knows which sessions ended");
                 }
             }
         }
     }
-    store.close().unwrap();
+    opened.log().close().await.unwrap();
+}
+
+fn block_on(future: impl std::future::Future<Output = ()>) {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(future);
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_store_agrees_with_a_vec(ops in prop::collection::vec(op(), 1..50)) {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run(ops));
+    fn the_sled_log_agrees_with_a_vec(ops in prop::collection::vec(op(), 1..50)) {
+        block_on(run(Backend::Sled, ops));
     }
+
+    #[test]
+    fn the_memory_log_agrees_with_a_vec(ops in prop::collection::vec(op(), 1..50)) {
+        block_on(run(Backend::Memory, ops));
+    }
+}
+
+/// Two writers append to one session at the same expected position at the same time,
+/// round after round: exactly one wins each round, the other gets the conflict, and the
+/// log is each round's winner's events in one piece, with no gap.
+async fn two_writers_race_for_one_position(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let opened = Opened::open(backend, dir.path());
+    let log: Arc<dyn Log> = match &opened {
+        Opened::Sled(log) => Arc::new(log.clone()),
+        Opened::Memory(log) => Arc::new(log.clone()),
+    };
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    log.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    let batch = |writer: &str, round: usize| -> Vec<Draft> {
+        let outcome =
+            |k: usize| EventBody::UserDefineOutcome { outcome: serde_json::json!(format!("{writer}-{round}-{k}")) };
+        (0..3).map(|k| Draft::new(None, &outcome(k))).collect()
+    };
+    let mut winners = Vec::new();
+    for round in 0..50 {
+        let at = log.position(session).await.unwrap().seq;
+        let (a, b) = (log.clone(), log.clone());
+        let (first, second) = (batch("a", round), batch("b", round));
+        let racing = (
+            tokio::spawn(async move { a.append(session, at, first).await }),
+            tokio::spawn(async move { b.append(session, at, second).await }),
+        );
+        let (first, second) = (racing.0.await.unwrap().unwrap(), racing.1.await.unwrap().unwrap());
+        let (won, lost) = match (first, second) {
+            (Ok(events), Err(conflict)) => (("a", events), conflict),
+            (Err(conflict), Ok(events)) => (("b", events), conflict),
+            other => panic!("round {round}: not exactly one winner: {other:?}"),
+        };
+        assert_eq!(lost.expected, at);
+        assert_eq!(lost.actual.seq, at + 3, "the loser is told where the log now ends");
+        assert_eq!(won.1.iter().map(|e| e.seq).collect::<Vec<_>>(), [at + 1, at + 2, at + 3]);
+        winners.push(won.0);
+    }
+    let range = ReadRange { after: None, before: None, limit: 10_000, newest_first: false };
+    let all = log.read(session, range).await.unwrap();
+    assert_eq!(all.len(), 1 + 50 * 3);
+    for (i, event) in all.iter().enumerate() {
+        assert_eq!(event.seq, i as u64 + 1, "no gap");
+    }
+    for (round, winner) in winners.iter().enumerate() {
+        let texts: Vec<String> = all[1 + round * 3..1 + round * 3 + 3]
+            .iter()
+            .map(|e| match e.decode().unwrap().body {
+                EventBody::UserDefineOutcome { outcome } => outcome.as_str().unwrap().to_string(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let expected: Vec<String> = (0..3).map(|k| format!("{winner}-{round}-{k}")).collect();
+        assert_eq!(texts, expected, "round {round} is one writer's batch, not interleaved");
+    }
+    log.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_race_on_the_sled_log() {
+    two_writers_race_for_one_position(Backend::Sled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_race_on_the_memory_log() {
+    two_writers_race_for_one_position(Backend::Memory).await;
 }

@@ -134,6 +134,18 @@ pub struct Agent {
     pub model: Arc<dyn Model>,
 }
 
+impl Agent {
+    /// The server tools a client may see and enable: the agent's, less those it denies and
+    /// those configured `exposed = false` (which run, unlisted, whenever the agent has them).
+    pub fn exposed_tools<'a>(&'a self, tools: &'a Tools) -> impl Iterator<Item = &'a str> + 'a {
+        self.config
+            .tools
+            .iter()
+            .filter(|(name, permission)| **permission != Permission::Deny && tools.exposed(name))
+            .map(|(name, _)| name.as_str())
+    }
+}
+
 /// Every configured agent, by name.
 pub struct Agents {
     agents: BTreeMap<String, Arc<Agent>>,

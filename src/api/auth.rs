@@ -4,10 +4,12 @@
 
 use std::collections::HashMap;
 use std::future::{ready, Ready};
+use std::marker::PhantomData;
 
 use actix_web::{dev::Payload, FromRequest, HttpRequest};
 use sha2::{Digest, Sha256};
 
+use super::error::{Error, Render, Standard};
 use super::State;
 use crate::config::ApiKey;
 use crate::error::{ApiError, Code};
@@ -64,13 +66,17 @@ pub fn presented_key(req: &HttpRequest) -> Option<&str> {
     headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)
 }
 
-impl FromRequest for Caller {
-    type Error = ApiError;
-    type Future = Ready<Result<Caller, ApiError>>;
+/// The caller a request's key names; a missing or unknown key is answered (401) in the
+/// shape of the view's renderer `R`.
+pub struct Auth<R: Render = Standard>(pub Caller, pub PhantomData<fn() -> R>);
+
+impl<R: Render> FromRequest for Auth<R> {
+    type Error = Error<R>;
+    type Future = Ready<Result<Auth<R>, Error<R>>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let state = req.app_data::<State>().expect("app state is registered");
-        ready(state.auth.caller(presented_key(req)))
+        ready(state.auth.caller(presented_key(req)).map(|caller| Auth(caller, PhantomData)).map_err(Error::new))
     }
 }
 

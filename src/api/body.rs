@@ -1,13 +1,16 @@
 //! Request bodies and query strings, with errors that name what was wrong: the field path
 //! for a wrong type or a missing or unknown field, line and column for broken JSON, and
-//! 413 for a body over the limit.
+//! 413 for a body over the limit. Each extractor answers in the shape of its view's
+//! renderer `R`.
 
 use std::future::{ready, Ready};
+use std::marker::PhantomData;
 
 use actix_web::{dev::Payload, web, FromRequest, HttpRequest};
 use futures_util::{future::LocalBoxFuture, StreamExt};
 use serde::de::DeserializeOwned;
 
+use super::error::{Error, Render, Standard};
 use super::State;
 use crate::error::{ApiError, Code};
 
@@ -30,18 +33,18 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 /// A JSON body read up to `server.max_body_bytes`.
-pub struct JsonBody<T>(pub T);
+pub struct JsonBody<T, R: Render = Standard>(pub T, pub PhantomData<fn() -> R>);
 
-impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
-    type Error = ApiError;
-    type Future = LocalBoxFuture<'static, Result<Self, ApiError>>;
+impl<T: DeserializeOwned + 'static, R: Render> FromRequest for JsonBody<T, R> {
+    type Error = Error<R>;
+    type Future = LocalBoxFuture<'static, Result<Self, Error<R>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let limit = req.app_data::<State>().map_or(1 << 20, |s| s.settings.server.max_body_bytes);
         let declared =
             req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
         let mut payload = payload.take();
-        Box::pin(async move {
+        let read = async move {
             let too_large =
                 || ApiError::new(Code::PayloadTooLarge, format!("the body is larger than the limit of {limit} bytes"));
             if declared.is_some_and(|n| n > limit) {
@@ -58,20 +61,21 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
             if body.is_empty() {
                 return Err(ApiError::new(Code::InvalidJson, "the body is empty; a JSON object is expected"));
             }
-            parse_json(&body).map(JsonBody)
-        })
+            parse_json(&body)
+        };
+        Box::pin(async move { read.await.map(|body| JsonBody(body, PhantomData)).map_err(Error::new) })
     }
 }
 
 /// A query string, with bracket arrays (`types[]=a&types[]=b`) as some clients send them.
-pub struct Query<T>(pub T);
+pub struct Query<T, R: Render = Standard>(pub T, pub PhantomData<fn() -> R>);
 
-impl<T: DeserializeOwned> FromRequest for Query<T> {
-    type Error = ApiError;
-    type Future = Ready<Result<Self, ApiError>>;
+impl<T: DeserializeOwned, R: Render> FromRequest for Query<T, R> {
+    type Error = Error<R>;
+    type Future = Ready<Result<Self, Error<R>>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(parse_query(req.query_string()).map(Query))
+        ready(parse_query(req.query_string()).map(|query| Query(query, PhantomData)).map_err(Error::new))
     }
 }
 

@@ -1,9 +1,11 @@
-//! The HTTP views. Each view turns requests into session calls and renders log events in
-//! its own wire types; none of them owns state.
+//! The HTTP views. Each view parses its wire shapes, calls the session layer
+//! ([`Sessions`]), and renders log events and errors in its own shapes; none of them owns
+//! state or rules, and none reaches past the session layer.
 
 pub mod aap;
 pub mod auth;
 pub mod body;
+pub mod error;
 pub mod native;
 pub mod ops;
 pub mod sse;
@@ -16,12 +18,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::error::{ApiError, Code};
-use crate::session::{Engine, Sessions};
+use crate::session::Sessions;
+
+pub use error::{no_route, Error};
 
 /// What every handler may use.
 pub struct AppState {
     pub sessions: Sessions,
-    pub engine: Engine,
     pub settings: Arc<Settings>,
     pub auth: auth::Keys,
     pub streams: StreamCounter,
@@ -75,24 +78,4 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .configure(aap::session_routes)
         .configure(native::session_routes)
         .service(web::scope("/api/v1/cloud").configure(aap::session_routes).configure(native::session_routes));
-}
-
-/// The service's one error shape, used by the native and AAP views:
-/// `{"type":"error","error":{"type":…,"code":…,"message":…}}`.
-impl actix_web::ResponseError for ApiError {
-    fn status_code(&self) -> actix_web::http::StatusCode {
-        self.code.status()
-    }
-
-    fn error_response(&self) -> actix_web::HttpResponse {
-        actix_web::HttpResponse::build(self.status_code()).json(serde_json::json!({
-            "type": "error",
-            "error": {"type": self.code.kind(), "code": self.code.code(), "message": self.message},
-        }))
-    }
-}
-
-/// Any request no route matched: a JSON 404 rather than an empty body.
-pub async fn no_route(req: actix_web::HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError::new(Code::NotFound, format!("no route for {} {}", req.method(), req.path())))
 }

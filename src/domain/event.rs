@@ -11,6 +11,12 @@ use serde_json::{Map, Value};
 
 use super::ids::{EventId, SessionId, TurnId};
 
+/// The version of the stored event format (the README's "The event format" says what it
+/// holds). Additive changes (a new optional field, a new event type) keep it; a change that
+/// a reader of this version would misread raises it, and readers keep accepting every
+/// earlier version. Version 1 was settled before the managed-agents, harness and ACP views
+/// were written; the one change made in settling it: a client tool's JSON Schema is
+/// `input_schema`, where logs written before stored the AAP's `parameters` (still read).
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// A content block (`{"type":"text","text":"..."}`, images, documents, ...). Only text is
@@ -85,14 +91,14 @@ pub enum Confirmation {
     Deny,
 }
 
-/// How a session was created: the Agent Application Protocol's session request, kept as
-/// given so that every view can answer with it.
+/// How a session was created, in no view's dialect: every view maps its own request to it
+/// and renders it back in its own shape.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SessionSpec {
     pub agent: AgentSpec,
     /// Tools the client declared (run by the client).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<Value>,
+    pub tools: Vec<ClientTool>,
     /// Seed history.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub messages: Vec<super::Message>,
@@ -110,6 +116,28 @@ pub struct AgentSpec {
     pub tools: Option<Vec<ToolTrust>>,
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub options: Map<String, Value>,
+}
+
+/// A tool the client declares and runs itself. Each view maps its wire shape to this one
+/// (`parameters`, `inputSchema`, `input_schema`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientTool {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of the input object. Logs written before the format was settled stored
+    /// it as `parameters`.
+    #[serde(alias = "parameters", default = "ClientTool::any_object")]
+    pub input_schema: Value,
+}
+
+impl ClientTool {
+    /// The schema of a tool that declares none: any object.
+    pub fn any_object() -> Value {
+        serde_json::json!({"type": "object", "properties": {}})
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -135,7 +163,7 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent: Option<AgentSpec>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        tools: Option<Vec<Value>>,
+        tools: Option<Vec<ClientTool>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         title: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -286,6 +314,22 @@ pub struct RawEvent {
 const KIND_OFFSET: usize = 7 + 4 + 26 + 10;
 
 impl RawEvent {
+    /// A stored event: its id (from its key) and its bytes, exactly as stored.
+    pub fn stored(id: EventId, json: Bytes) -> RawEvent {
+        let seq = header_number(&json, b",\"sequence_number\":").unwrap_or(0);
+        RawEvent { id, seq, json }
+    }
+
+    /// The turn the event belongs to and its number in it, read from the envelope.
+    pub fn turn(&self) -> Option<(TurnId, u32)> {
+        let end = find(&self.json, b",\"sequence_number\":")?;
+        let head = &self.json[..end];
+        let at = find(head, TURN_FIELD)? + TURN_FIELD.len();
+        let id = std::str::from_utf8(head.get(at..at + 5 + 26)?).ok()?.parse().ok()?;
+        let number = header_number(head, b",\"turn_sequence_number\":")?;
+        Some((id, u32::try_from(number).ok()?))
+    }
+
     /// The event type, read from where the writer put it.
     pub fn kind(&self) -> &str {
         let rest = self.json.get(KIND_OFFSET..).unwrap_or_default();
@@ -300,6 +344,21 @@ impl RawEvent {
     pub fn is_delta(&self) -> bool {
         self.kind().ends_with(".delta")
     }
+}
+
+const TURN_FIELD: &[u8] = b",\"turn_id\":\"";
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The unsigned number after the first `field` (which ends with its colon). The envelope
+/// comes first and no string can hold `,"name":` unescaped, so the first match is the
+/// envelope's field.
+fn header_number(json: &[u8], field: &[u8]) -> Option<u64> {
+    let at = find(json, field)? + field.len();
+    let digits = json[at..].iter().take_while(|b| b.is_ascii_digit());
+    digits.fold(None, |n: Option<u64>, b| Some(n.unwrap_or(0).checked_mul(10)?.checked_add(u64::from(b - b'0'))?))
 }
 
 /// Writes the envelope of an event in front of its fields. Field order is fixed: `id`
@@ -352,7 +411,9 @@ mod tests {
         let turn = TurnId(Ulid::new());
         let json =
             Envelope { id, session, turn: Some((turn, 3)), seq: 7, now: "2026-01-01T00:00:00.000000Z" }.write(&draft);
-        let raw = RawEvent { id, seq: 7, json };
+        let raw = RawEvent::stored(id, json);
+        assert_eq!(raw.seq, 7);
+        assert_eq!(raw.turn(), Some((turn, 3)));
         assert_eq!(raw.kind(), "user.message");
         let event = raw.decode().unwrap();
         assert_eq!(event.id, id);
@@ -370,6 +431,28 @@ mod tests {
         let json = Envelope { id, session: SessionId(Ulid::new()), turn: None, seq: 1, now: "t" }.write(&draft);
         let value: Value = serde_json::from_slice(&json).unwrap();
         assert_eq!(value["type"], "session.deleted");
-        assert_eq!(RawEvent { id, seq: 1, json }.kind(), "session.deleted");
+        let raw = RawEvent::stored(id, json);
+        assert_eq!((raw.kind(), raw.seq, raw.turn()), ("session.deleted", 1, None));
+    }
+
+    #[test]
+    fn a_body_field_named_like_the_envelope_is_not_read_as_it() {
+        let body =
+            EventBody::UserDefineOutcome { outcome: serde_json::json!({"turn_id": "turn_x", "n": ",\"turn_id\":\""}) };
+        let id = EventId(Ulid::new());
+        let json = Envelope { id, session: SessionId(Ulid::new()), turn: None, seq: 12, now: "t" }
+            .write(&Draft::new(None, &body));
+        let raw = RawEvent::stored(id, json);
+        assert_eq!((raw.seq, raw.turn()), (12, None));
+    }
+
+    #[test]
+    fn client_tools_stored_with_parameters_still_load() {
+        let v1 = r#"{"name":"get_weather","description":"Weather","parameters":{"type":"object","required":["city"]}}"#;
+        let tool: ClientTool = serde_json::from_str(v1).unwrap();
+        assert_eq!(tool.input_schema["required"][0], "city");
+        let bare: ClientTool = serde_json::from_str(r#"{"name":"t"}"#).unwrap();
+        assert_eq!(bare.input_schema, ClientTool::any_object());
+        assert!(serde_json::to_string(&tool).unwrap().contains("\"input_schema\""));
     }
 }

@@ -1,9 +1,10 @@
 //! History: the conversation folded from the log. User messages, each model response as
 //! one assistant message (thinking, text and tool calls in order), and tool results.
 //! Permission decisions and deltas never appear; a denial appears as the tool result the
-//! engine wrote for it.
+//! engine wrote for it. Tool calls that a seed history ends with are in it once: the events
+//! that make them wait for the client do not repeat them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::domain::{Block, Event, EventBody};
 pub use crate::domain::{Message, Part};
@@ -15,12 +16,17 @@ pub struct History {
     assistant_open: bool,
     /// Tool-call event id → the model's call id, to place results.
     call_ids: HashMap<String, String>,
+    /// Calls the seed history ends with, not yet recorded as waiting.
+    seeded: HashSet<String>,
 }
 
 impl History {
     pub fn apply(&mut self, event: &Event) {
         match &event.body {
-            EventBody::SessionCreated { spec, .. } => self.messages.extend(spec.messages.iter().cloned()),
+            EventBody::SessionCreated { spec, .. } => {
+                self.messages.extend(spec.messages.iter().cloned());
+                self.seeded = crate::domain::message::waiting_calls(&spec.messages).map(|(id, _, _)| id).collect();
+            }
             EventBody::UserMessage { content } => {
                 self.assistant_open = false;
                 self.messages.push(Message::User { content: content.clone() });
@@ -31,6 +37,9 @@ impl History {
             EventBody::AgentToolUse { tool_call_id, name, input, .. }
             | EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
                 self.call_ids.insert(event.id.to_string(), tool_call_id.clone());
+                if self.seeded.remove(tool_call_id) {
+                    return;
+                }
                 self.part(Part::ToolUse {
                     tool_call_id: tool_call_id.clone(),
                     name: name.clone(),

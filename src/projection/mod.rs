@@ -1,11 +1,12 @@
-//! Projections: pure folds over the log. The store runs them as it writes and rebuilds
-//! them from the `events` tree after an unclean stop.
+//! Projections: pure folds over the log. The log runs them as it writes and rebuilds them
+//! from the events after an unclean stop.
 
 pub mod history;
 pub mod sessions;
 pub mod turns;
 
 pub use sessions::{SessionIndex, SessionSummary};
+pub use turns::{TurnIndex, TurnSummary};
 
 use std::sync::Arc;
 
@@ -13,5 +14,5 @@ use crate::store::Projection;
 
 /// Every projection the service keeps.
 pub fn all() -> Vec<Arc<dyn Projection>> {
-    vec![Arc::new(SessionIndex), Arc::new(turns::OpenTurns)]
+    vec![Arc::new(SessionIndex), Arc::new(turns::OpenTurns), Arc::new(TurnIndex)]
 }

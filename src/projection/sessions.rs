@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::event::SessionSpec;
 use crate::domain::{Event, EventBody, SessionId};
-use crate::store::Projection;
+use crate::store::{Key, Projection};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionSummary {
@@ -68,6 +68,10 @@ impl Projection for SessionIndex {
 
     fn wants(&self, kind: &str) -> bool {
         matches!(kind, "session.created" | "session.updated" | "session.deleted" | "terminated")
+    }
+
+    fn key(&self, event: &Event) -> Option<Key> {
+        Some(Key::session(event.session_id))
     }
 
     fn apply(&self, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {

@@ -1,16 +1,16 @@
-//! Turn state, folded from the log: whether a turn runs, which tool calls wait for the
-//! client, and which were granted and wait to run. The engine decides with it; the
-//! `open_turns` projection keeps just enough of it on disk to close turns a crash left
-//! running.
+//! Turns, folded from the log. [`TurnState`]: whether a turn runs, which tool calls wait
+//! for the client, and which were granted and wait to run; the engine decides with it.
+//! [`TurnIndex`]: every turn of a session with how it went, for listing and resuming turns.
+//! [`OpenTurns`]: the turn each session has open, to close turns a crash left running.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::domain::event::{Confirmation, Permission, StopReason};
-use crate::domain::{Event, EventBody, EventId, TurnId};
-use crate::store::Projection;
+use crate::domain::event::{Confirmation, Permission, StopInfo, StopReason};
+use crate::domain::{Block, Event, EventBody, EventId, SessionId, TurnId, Usage};
+use crate::store::{Key, Projection};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CallKind {
@@ -119,11 +119,108 @@ impl Projection for OpenTurns {
         matches!(kind, "turn.started" | "session.status_idle")
     }
 
+    fn key(&self, event: &Event) -> Option<Key> {
+        Some(Key::session(event.session_id))
+    }
+
     fn apply(&self, _current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
         let turn = match event.body {
             EventBody::TurnStarted {} => event.turn_id,
             _ => None,
         };
         Some(serde_json::to_vec(&OpenTurn { turn }).expect("serialises"))
+    }
+}
+
+/// One turn as the turn index keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnSummary {
+    pub id: TurnId,
+    pub session: SessionId,
+    /// The turn's first event (`turn.started`) and its sequence number in the session.
+    pub first_event: EventId,
+    pub first_sequence: u64,
+    pub created_at: String,
+    /// The user message that started the turn; empty for a turn that goes on after the
+    /// client resolved tool calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input: Vec<Block>,
+    /// How the turn stopped; `None` while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<TurnError>,
+    pub usage: Usage,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnError {
+    pub code: String,
+    pub message: String,
+}
+
+impl TurnSummary {
+    /// The fold: the turn after `event`, or `None` when `event` does not change it.
+    pub fn apply(current: Option<TurnSummary>, event: &Event) -> Option<TurnSummary> {
+        let turn = event.turn_id?;
+        match (&event.body, current) {
+            (EventBody::TurnStarted {}, _) => Some(TurnSummary {
+                id: turn,
+                session: event.session_id,
+                first_event: event.id,
+                first_sequence: event.sequence_number,
+                created_at: event.created_at.clone(),
+                input: Vec::new(),
+                stop: None,
+                error: None,
+                usage: Usage::default(),
+                ended_at: None,
+            }),
+            (EventBody::UserMessage { content }, Some(mut summary)) => {
+                summary.input = content.clone();
+                Some(summary)
+            }
+            (EventBody::SessionError { error, code }, Some(mut summary)) => {
+                summary.error = Some(TurnError { code: code.clone(), message: error.clone() });
+                Some(summary)
+            }
+            // A turn that waits for the client may stop again as calls are resolved one at
+            // a time (or cancelled): the last stop holds, and usage adds up.
+            (EventBody::StatusIdle { stop_reason, usage, .. }, Some(mut summary)) => {
+                summary.stop = Some(stop_reason.clone());
+                summary.usage += *usage;
+                summary.ended_at = Some(event.created_at.clone());
+                Some(summary)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// On disk: every turn of every session, keyed by session and turn (so by start).
+pub struct TurnIndex;
+
+impl TurnIndex {
+    pub const NAME: &'static str = "turns";
+}
+
+impl Projection for TurnIndex {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn wants(&self, kind: &str) -> bool {
+        matches!(kind, "turn.started" | "user.message" | "session.error" | "session.status_idle")
+    }
+
+    fn key(&self, event: &Event) -> Option<Key> {
+        Some(Key { session: event.session_id, item: Some(event.turn_id?.ulid()) })
+    }
+
+    fn apply(&self, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
+        let current = current.and_then(|bytes| serde_json::from_slice(bytes).ok());
+        TurnSummary::apply(current, event).map(|t| serde_json::to_vec(&t).expect("turn summaries serialise"))
     }
 }

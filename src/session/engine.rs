@@ -1,23 +1,25 @@
 //! The turn engine: one actor per active session decides what happens to input (start a
-//! turn, resolve tool calls, cancel), one turn at a time. Actors are rebuilt from the log
-//! on demand and dropped when idle, so an idle session costs no memory.
+//! turn, resolve tool calls, cancel, delete), one thing at a time. Actors are rebuilt from
+//! the log on demand and dropped when idle, so an idle session costs no memory.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::actor::Actor;
-use super::{SessionError, Sessions};
+use super::decide::idle;
+use super::log::SessionLog;
+use super::SessionError;
 use crate::agent::Agents;
-use crate::domain::event::{AgentSpec, StopReason};
+use crate::domain::event::{ClientTool, StopReason, ToolTrust};
 use crate::domain::{Block, Draft, EventBody, RawEvent, SessionId, TurnId, Usage};
 use crate::projection::turns::{OpenTurn, OpenTurns};
-use crate::projection::SessionSummary;
+use crate::store::Scan;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,11 +52,18 @@ pub enum Input {
     Outcome(Value),
 }
 
-/// Changes a turn request makes to the session before its input (AAP `agent`, `tools`).
+/// Changes a submission makes to the session before its input: `tools` and the agent's
+/// `tools` replace, its `options` merge by key.
 #[derive(Debug, Clone, Default)]
 pub struct SessionUpdate {
-    pub agent: Option<AgentSpec>,
-    pub tools: Option<Vec<Value>>,
+    pub agent: Option<AgentChanges>,
+    pub tools: Option<Vec<ClientTool>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AgentChanges {
+    pub tools: Option<Vec<ToolTrust>>,
+    pub options: Option<Map<String, Value>>,
 }
 
 impl SessionUpdate {
@@ -67,7 +76,7 @@ impl SessionUpdate {
 pub struct Submission {
     pub update: SessionUpdate,
     pub inputs: Vec<Input>,
-    /// AAP: every waiting call must be resolved in one request.
+    /// Every waiting call must be resolved in one request (AAP).
     pub all_at_once: bool,
 }
 
@@ -81,42 +90,45 @@ pub struct Submitted {
 pub(super) enum Command {
     Submit(Submission, oneshot::Sender<Result<Submitted, SessionError>>),
     TurnEnded(TurnId, super::turn::Outcome),
-    Cancel,
+    /// Cancel what runs, record how it ended, then delete the session.
+    Delete(oneshot::Sender<Result<(), SessionError>>),
+    /// Cancel what runs, record how it ended, and stop (the service is shutting down).
+    Stop(oneshot::Sender<()>),
 }
 
 #[derive(Clone)]
-pub struct Engine {
+pub(crate) struct Engine {
     pub(super) inner: Arc<EngineInner>,
 }
 
 pub(super) struct EngineInner {
-    pub sessions: Sessions,
+    pub log: SessionLog,
     pub agents: Arc<Agents>,
     pub settings: EngineSettings,
     actors: DashMap<SessionId, (u64, mpsc::Sender<Command>)>,
     generation: AtomicU64,
+    stopping: AtomicBool,
 }
 
 impl Engine {
-    pub fn new(sessions: Sessions, agents: Arc<Agents>, settings: EngineSettings) -> Engine {
-        let inner = EngineInner { sessions, agents, settings, actors: DashMap::new(), generation: AtomicU64::new(0) };
+    pub fn new(log: SessionLog, agents: Arc<Agents>, settings: EngineSettings) -> Engine {
+        let inner = EngineInner {
+            log,
+            agents,
+            settings,
+            actors: DashMap::new(),
+            generation: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+        };
         Engine { inner: Arc::new(inner) }
     }
 
-    pub fn agents(&self) -> &Arc<Agents> {
-        &self.inner.agents
-    }
-
-    /// Hands input to the session's actor and waits for its decision. Errors (a turn is
+    /// Hands input to the session's actor and waits for its decision. Refusals (a turn is
     /// running, unknown calls, ...) come back before anything is stored.
-    pub async fn submit(
-        &self,
-        summary: &SessionSummary,
-        mut submission: Submission,
-    ) -> Result<Submitted, SessionError> {
+    pub async fn submit(&self, session: SessionId, mut submission: Submission) -> Result<Submitted, SessionError> {
         loop {
             let (reply, answer) = oneshot::channel();
-            self.send(summary.id, Command::Submit(submission, reply)).await?;
+            self.send(session, Command::Submit(submission, reply)).await?;
             match answer.await.map_err(|_| SessionError::ShuttingDown)? {
                 Err(SessionError::Retry(returned)) => submission = *returned,
                 other => return other,
@@ -124,10 +136,36 @@ impl Engine {
         }
     }
 
-    /// Cancels whatever runs in the session (used before deleting it).
-    pub async fn cancel(&self, session: SessionId) {
-        if let Some(sender) = self.inner.actors.get(&session).map(|entry| entry.1.clone()) {
-            let _ = sender.send(Command::Cancel).await;
+    /// Cancels whatever runs in the session, records its end, then deletes the session.
+    pub async fn delete(&self, session: SessionId) -> Result<(), SessionError> {
+        loop {
+            let (reply, answer) = oneshot::channel();
+            self.send(session, Command::Delete(reply)).await?;
+            // An actor that stopped before it took the command dropped it: ask the next.
+            if let Ok(result) = answer.await {
+                return result;
+            }
+        }
+    }
+
+    /// Stops every actor: running turns are cancelled and their end recorded. Answers how
+    /// many actors stopped within `wait`; later submissions answer `ShuttingDown`.
+    pub async fn shutdown(&self, wait: Duration) -> usize {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        let senders: Vec<mpsc::Sender<Command>> = self.inner.actors.iter().map(|entry| entry.1.clone()).collect();
+        let stops = senders.into_iter().map(|sender| async move {
+            let (reply, answer) = oneshot::channel();
+            sender.send(Command::Stop(reply)).await.is_ok() && answer.await.is_ok()
+        });
+        match tokio::time::timeout(wait, futures_util::future::join_all(stops)).await {
+            Ok(stopped) => stopped.into_iter().filter(|&s| s).count(),
+            Err(_) => {
+                tracing::warn!(
+                    wait_secs = wait.as_secs(),
+                    "some turns did not stop in time; the next start closes them"
+                );
+                0
+            }
         }
     }
 
@@ -147,6 +185,9 @@ impl Engine {
     }
 
     fn actor(&self, session: SessionId) -> Result<(u64, mpsc::Sender<Command>), SessionError> {
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            return Err(SessionError::ShuttingDown);
+        }
         if let Some(entry) = self.inner.actors.get(&session) {
             return Ok(entry.clone());
         }
@@ -170,32 +211,43 @@ impl Engine {
         Duration::from_secs(self.inner.settings.actor_idle_secs.max(1))
     }
 
-    /// Closes turns that a stop left running: `session.error` (code `interrupted`) and an
-    /// idle status, so no turn stays "running" forever.
+    /// Closes turns that a crash left running: `session.error` (code `interrupted`) and an
+    /// idle status, so no turn stays "running" forever. Runs before any actor exists.
     pub async fn recover(&self) -> Result<usize, SessionError> {
-        let store = self.inner.sessions.store();
+        let log = &self.inner.log;
         let mut open = Vec::new();
-        for entry in store.projected_scan(OpenTurns::NAME, None, false) {
-            let (session, bytes) = entry?;
-            if let Ok(OpenTurn { turn: Some(turn) }) = serde_json::from_slice(&bytes) {
-                open.push((session, turn));
-            }
+        let mut after = None;
+        loop {
+            let scan = Scan { session: None, after, newest_first: false, limit: 1024 };
+            let page = log.scan::<OpenTurn>(OpenTurns::NAME, scan).await?;
+            let Some((last, _)) = page.last() else { break };
+            after = Some(*last);
+            open.extend(page.into_iter().filter_map(|(key, open)| Some((key.session, open.turn?))));
         }
         for (session, turn) in &open {
-            let drafts = vec![
-                Draft::new(
-                    Some(*turn),
-                    &EventBody::SessionError {
-                        error: "the server stopped while this turn was running".into(),
-                        code: "interrupted".into(),
-                    },
-                ),
-                Draft::new(Some(*turn), &super::actor::idle(StopReason::Error, vec![], Usage::default())),
-            ];
-            match store.append(*session, drafts).await {
-                Ok(_) => tracing::warn!(session_id = %session, turn_id = %turn, "closed a turn interrupted by a stop"),
-                Err(crate::store::AppendError::Closed) => {}
-                Err(error) => return Err(error.into()),
+            let drafts = || {
+                let error = EventBody::SessionError {
+                    error: "the server stopped while this turn was running".into(),
+                    code: "interrupted".into(),
+                };
+                vec![
+                    Draft::new(Some(*turn), &error),
+                    Draft::new(Some(*turn), &idle(StopReason::Error, vec![], Usage::default())),
+                ]
+            };
+            let at = log.position(*session).await?;
+            match log.append(*session, at.seq, drafts()).await {
+                Ok(Ok(_)) => {
+                    tracing::warn!(session_id = %session, turn_id = %turn, "closed a turn interrupted by a stop")
+                }
+                Ok(Err(conflict)) => {
+                    return Err(SessionError::Conflict(format!(
+                        "another writer appended to session {session} while its interrupted turn was closed (at {})",
+                        conflict.actual.seq
+                    )))
+                }
+                Err(SessionError::NotFound(_)) => {}
+                Err(error) => return Err(error),
             }
         }
         Ok(open.len())

@@ -3,12 +3,14 @@
 //! the store after the last event it returned, so the live path is lossless; one that is
 //! more than `max_backlog` events behind is told to go, and resumes by cursor.
 
+use std::sync::Arc;
+
 use tokio::sync::broadcast::error::RecvError;
 
 use super::FollowConfig;
 use crate::domain::{RawEvent, SessionId};
 use crate::metrics;
-use crate::store::{Position, ReadRange, Store, StoreError, Subscription};
+use crate::store::{Log, Position, ReadRange, StoreError, Subscription};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FollowError {
@@ -19,57 +21,63 @@ pub enum FollowError {
 }
 
 pub struct Follower {
-    store: Store,
+    log: Arc<dyn Log>,
     session: SessionId,
     subscription: Subscription,
     /// The last event returned (or the cursor).
     sent: Position,
-    /// While replaying: read the store up to here before going back to the bus.
-    replay_to: Option<Position>,
+    /// Replaying from the log (at first, and after lagging behind the bus).
+    replaying: bool,
     config: FollowConfig,
     ended: bool,
 }
 
 impl Follower {
-    pub fn new(
-        store: Store,
+    /// A follower of `session` after `after`: it subscribes first, then replays.
+    pub(crate) async fn new(
+        log: Arc<dyn Log>,
         session: SessionId,
         after: Position,
         config: FollowConfig,
     ) -> Result<Follower, StoreError> {
-        let subscription = store.subscribe(session)?;
-        let replay_to = Some(subscription.at);
-        Ok(Follower { store, session, subscription, sent: after, replay_to, config, ended: false })
+        let subscription = log.subscribe(session).await?;
+        Ok(Follower { log, session, subscription, sent: after, replaying: true, config, ended: false })
     }
 
     /// A follower that only sees events appended from now on.
-    pub fn live(store: Store, session: SessionId, config: FollowConfig) -> Result<Follower, StoreError> {
-        let subscription = store.subscribe(session)?;
+    pub(crate) async fn live(
+        log: Arc<dyn Log>,
+        session: SessionId,
+        config: FollowConfig,
+    ) -> Result<Follower, StoreError> {
+        let subscription = log.subscribe(session).await?;
         let sent = subscription.at;
-        Ok(Follower { store, session, subscription, sent, replay_to: None, config, ended: false })
+        Ok(Follower { log, session, subscription, sent, replaying: false, config, ended: false })
     }
 
     /// The next events in log order, waiting for live ones. `None` once `terminated` has
     /// been returned or the log is gone. Cancel-safe: nothing is lost if the future is
-    /// dropped before it completes.
+    /// dropped before it completes (a read in flight is simply made again).
     pub async fn next(&mut self) -> Result<Option<Vec<RawEvent>>, FollowError> {
         loop {
             if self.ended {
                 return Ok(None);
             }
-            if let Some(to) = self.replay_to {
+            if self.replaying {
                 let range = ReadRange {
                     after: self.sent.last,
                     before: None,
                     limit: self.config.replay_chunk,
                     newest_first: false,
                 };
-                let events = self.store.read_upto(self.session, range, to)?;
+                let events = self.log.read(self.session, range).await?;
                 if !events.is_empty() {
                     metrics::EVENTS_REPLAYED.inc_by(events.len() as u64);
                     return Ok(Some(self.mark(events)));
                 }
-                self.replay_to = None;
+                // Caught up: whatever is durable after this arrives on the bus, which was
+                // subscribed to before the first read (a duplicate is dropped by id).
+                self.replaying = false;
             }
             match self.subscription.live.recv().await {
                 Ok(batch) => {
@@ -87,7 +95,7 @@ impl Follower {
                         metrics::SUBSCRIBERS_DROPPED.inc();
                         return Err(FollowError::Backlog { behind, limit: self.config.max_backlog });
                     }
-                    self.replay_to = Some(head);
+                    self.replaying = true;
                 }
                 Err(RecvError::Closed) => return Ok(None),
             }

@@ -11,13 +11,14 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::log::Writer;
+use super::SessionError;
 use crate::agent::{Agent, ModelError, ModelEvent, ModelRequest, ModelStop, ToolDef, Tools};
 use crate::domain::event::{Permission, SessionSpec, StopReason};
 use crate::domain::ids::prefixed;
-use crate::domain::{Block, Draft, EventBody, EventId, Message, Part, RawEvent, SessionId, TurnId, Usage};
+use crate::domain::{Block, Draft, EventBody, EventId, Message, Part, RawEvent, TurnId, Usage};
 use crate::metrics;
 use crate::projection::turns::PendingCall;
-use crate::store::{AppendError, Store};
 
 /// How a call of each tool is handled in this session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,21 +61,20 @@ impl ToolPlan {
             }
         }
         for tool in &spec.tools {
-            let Some(name) = tool["name"].as_str() else { continue };
             plan.defs.push(ToolDef {
-                name: name.to_string(),
-                description: tool["description"].as_str().unwrap_or_default().to_string(),
-                parameters: tool.get("parameters").cloned().unwrap_or(Value::Null),
+                name: tool.name.clone(),
+                description: tool.description.clone(),
+                parameters: tool.input_schema.clone(),
             });
-            plan.modes.insert(name.to_string(), Mode::Client);
+            plan.modes.insert(tool.name.clone(), Mode::Client);
         }
         plan
     }
 }
 
 pub struct TurnContext {
-    pub store: Store,
-    pub session: SessionId,
+    /// The session's one writer, shared with its actor.
+    pub(super) writer: Arc<Writer>,
     pub turn: TurnId,
     pub agent: Arc<Agent>,
     pub tools: Arc<Tools>,
@@ -98,7 +98,7 @@ pub async fn run(mut ctx: TurnContext) -> Outcome {
     let stop = match stop {
         Err(Failure::Model(error)) => Err(error),
         Err(Failure::Cancelled) => Ok((StopReason::Cancelled, vec![])),
-        Err(Failure::Log(error)) => Err(ModelError::new("log_error", error.to_string())),
+        Err(Failure::Log(error)) => Err(ModelError::new("log_error", error)),
         Ok(stop) => Ok(stop),
     };
     Outcome { stop, usage }
@@ -107,12 +107,13 @@ pub async fn run(mut ctx: TurnContext) -> Outcome {
 enum Failure {
     Model(ModelError),
     Cancelled,
-    Log(AppendError),
+    /// The log refused the turn's events: the turn cannot go on.
+    Log(String),
 }
 
-impl From<AppendError> for Failure {
-    fn from(error: AppendError) -> Failure {
-        Failure::Log(error)
+impl From<SessionError> for Failure {
+    fn from(error: SessionError) -> Failure {
+        Failure::Log(error.to_string())
     }
 }
 
@@ -154,9 +155,11 @@ async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, 
     }
 }
 
-async fn append(ctx: &TurnContext, bodies: Vec<EventBody>) -> Result<Vec<RawEvent>, AppendError> {
+async fn append(ctx: &TurnContext, bodies: Vec<EventBody>) -> Result<Vec<RawEvent>, Failure> {
     let drafts = bodies.iter().map(|body| Draft::new(Some(ctx.turn), body)).collect();
-    ctx.store.append(ctx.session, drafts).await
+    ctx.writer.append(drafts).await?.map_err(|conflict| {
+        Failure::Log(format!("another writer appended to the session's log (at {})", conflict.actual.seq))
+    })
 }
 
 struct Call {

@@ -59,6 +59,10 @@ impl Hub {
         Hub { channels: DashMap::new(), bus_capacity: bus_capacity.max(1) }
     }
 
+    pub fn bus_capacity(&self) -> usize {
+        self.bus_capacity
+    }
+
     /// The session's channel, created with `load` (the store's last position) if needed.
     pub fn channel<E>(&self, session: Ulid, load: impl FnOnce() -> Result<Position, E>) -> Result<Arc<Channel>, E> {
         if let Some(channel) = self.channels.get(&session) {

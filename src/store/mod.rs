@@ -1,44 +1,38 @@
-//! The durable event log in sled: one `events` tree keyed session ++ event, a group-commit
-//! writer, per-session watermarks and live buses, and projection trees that are pure folds
-//! over the log and can be rebuilt from it.
+//! The durable event log behind a narrow trait, [`Log`] (raft-engine's `PipeLog` is the
+//! model): append a batch of drafts to one session at an expected position, read after a
+//! cursor, subscribe to live events, and read the projections folded from the log.
 //!
-//! The narrow surface: [`Store::append`], [`Store::read`], [`Store::subscribe`],
-//! [`Store::position`], [`Store::close`]. Nothing here knows about HTTP.
+//! Two implementations: [`sled::SledLog`], the embedded durable one, and
+//! [`memory::MemoryLog`], for tests. The rules that number events live once, in
+//! [`numbering`]; the live channels and durable watermarks in `hub`. Nothing here knows
+//! about HTTP, and no sled type leaves [`sled`].
 
 mod hub;
-pub mod keys;
-mod writer;
+pub mod memory;
+pub mod numbering;
+pub mod sled;
 
-use std::path::PathBuf;
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::broadcast;
+use ulid::Ulid;
 
 use crate::domain::{Draft, Event, EventId, RawEvent, SessionId};
-use hub::Hub;
 pub use hub::{Batch, Channel, Position};
 
-#[derive(Debug, Clone)]
-pub struct StoreConfig {
-    /// `None` for a temporary store that is deleted when dropped (unit tests).
-    pub path: Option<PathBuf>,
-    pub cache_capacity_bytes: u64,
-    pub max_batch_events: usize,
-    pub max_events_per_session: u64,
-    pub bus_capacity: usize,
-}
+/// The answer to an append that was made or refused as the log stood: the stored events,
+/// or the conflict when the log did not end where the caller expected.
+pub type Appended = Result<Vec<RawEvent>, Conflict>;
 
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig {
-            path: None,
-            cache_capacity_bytes: 256 << 20,
-            max_batch_events: 8192,
-            max_events_per_session: 1_000_000,
-            bus_capacity: 256,
-        }
-    }
+/// An append, already ordered: it waits only for the events to be durable.
+pub type AppendFuture = BoxFuture<'static, Result<Appended, AppendError>>;
+
+/// The log did not end at the expected position: someone else appended first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conflict {
+    pub expected: u64,
+    pub actual: Position,
 }
 
 /// Why an append was not made. `Closed` and `TooManyEvents` are answers, not failures.
@@ -65,17 +59,15 @@ impl AppendError {
     }
 }
 
+/// A failure of the storage underneath; its `Debug` carries the cause.
 #[derive(Debug, thiserror::Error)]
 #[error("storage failed: {0}")]
-pub struct StoreError(#[from] sled::Error);
+pub struct StoreError(#[source] Box<dyn std::error::Error + Send + Sync>);
 
-/// A projection: one value per session in a tree of its own, folded from the events it
-/// wants. `apply` is pure; the store does the reading and writing.
-pub trait Projection: Send + Sync + 'static {
-    fn name(&self) -> &'static str;
-    fn wants(&self, kind: &str) -> bool;
-    /// The session's new value after `event`, or `None` to keep the current one.
-    fn apply(&self, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>>;
+impl StoreError {
+    pub fn new(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
+        StoreError(cause.into())
+    }
 }
 
 /// Which events to read: strictly after `after`, strictly before `before`, at most `limit`,
@@ -89,312 +81,126 @@ pub struct ReadRange {
 }
 
 /// A live subscription: the bus receiver, taken before the watermark was read, so
-/// everything after `at` arrives on `live` (or is in the store when the bus lags).
+/// everything after `at` arrives on `live` (or is in the log when the bus lags).
 pub struct Subscription {
     pub channel: Arc<Channel>,
     pub live: broadcast::Receiver<Batch>,
     pub at: Position,
 }
 
-struct Inner {
-    db: sled::Db,
-    events: sled::Tree,
-    meta: sled::Tree,
-    projections: Vec<(Arc<dyn Projection>, sled::Tree)>,
-    hub: Hub,
-    config: StoreConfig,
-    failed: Mutex<Option<AppendError>>,
+/// Where a projection keeps a value: one per session (`item: None`), or one per item of a
+/// session (a turn), in id order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    pub session: SessionId,
+    pub item: Option<Ulid>,
 }
 
-impl Inner {
-    fn channel(&self, session: SessionId) -> Result<Arc<Channel>, StoreError> {
-        self.hub.channel(session.ulid(), || self.last_stored(session))
+impl Key {
+    pub fn session(session: SessionId) -> Key {
+        Key { session, item: None }
     }
+}
 
-    /// The last event in the store for `session`. Only exact as a durable position when
-    /// nothing is in flight for it, which [`Hub::channel`] guarantees when it calls this.
-    fn last_stored(&self, session: SessionId) -> Result<Position, StoreError> {
-        Ok(match self.events.scan_prefix(keys::session_key(session)).next_back().transpose()? {
-            Some((key, value)) => Position { last: keys::event_from_key(&key), seq: sequence_number(&value) },
-            None => Position::default(),
-        })
+/// A page of a projection in key order: within one session or across all, strictly past
+/// `after` in the direction of the scan.
+#[derive(Debug, Clone, Copy)]
+pub struct Scan {
+    pub session: Option<SessionId>,
+    pub after: Option<Key>,
+    pub newest_first: bool,
+    pub limit: usize,
+}
+
+/// A projection: values folded from the events it wants, kept beside the log. `apply` is
+/// pure; the log does the reading and writing, and rebuilds every projection from the
+/// events after an unclean stop or when the set of projections changes.
+pub trait Projection: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// Raised when the stored form changes, so that the log rebuilds it.
+    fn version(&self) -> u32 {
+        1
     }
+    fn wants(&self, kind: &str) -> bool;
+    /// The value `event` changes, if any.
+    fn key(&self, event: &Event) -> Option<Key>;
+    /// The new value after `event`, or `None` to keep the current one.
+    fn apply(&self, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>>;
+}
 
-    fn project(&self, session: SessionId, event: &RawEvent) -> Result<(), sled::Error> {
-        let kind = event.kind();
-        let mut decoded = None;
-        for (projection, tree) in &self.projections {
-            if !projection.wants(kind) {
-                continue;
-            }
-            let event = match &mut decoded {
-                Some(event) => event,
-                None => match event.decode() {
-                    Ok(event) => decoded.insert(event),
-                    Err(error) => {
-                        tracing::error!(%error, id = %event.id, "stored event does not decode");
-                        return Ok(());
-                    }
-                },
-            };
-            let key = keys::session_key(session);
-            let current = tree.get(key)?;
-            if let Some(value) = projection.apply(current.as_deref(), event) {
-                tree.insert(key, value)?;
-            }
+/// The signature of a set of projections: a log whose stored set differs rebuilds them.
+fn signature(projections: &[Arc<dyn Projection>]) -> String {
+    projections.iter().map(|p| format!("{}:{}", p.name(), p.version())).collect::<Vec<_>>().join(",")
+}
+
+/// Where a log keeps its projected values, for [`project`].
+trait Values {
+    fn get(&mut self, projection: &'static str, key: Key) -> Result<Option<Bytes>, StoreError>;
+    fn put(&mut self, projection: &'static str, key: Key, value: Vec<u8>) -> Result<(), StoreError>;
+}
+
+/// Folds one event into every projection that wants it.
+fn project(projections: &[Arc<dyn Projection>], event: &RawEvent, values: &mut impl Values) -> Result<(), StoreError> {
+    let kind = event.kind();
+    let mut decoded = None;
+    for projection in projections {
+        if !projection.wants(kind) {
+            continue;
         }
-        Ok(())
-    }
-
-    fn failed(&self) -> Option<AppendError> {
-        self.failed.lock().clone()
-    }
-
-    /// A failed flush leaves the log in an unknown state: refuse every later append.
-    fn fail(&self, error: sled::Error) -> AppendError {
-        tracing::error!(%error, "the log failed to write; refusing further appends");
-        let error = AppendError::Storage(error.to_string());
-        *self.failed.lock() = Some(error.clone());
-        error
-    }
-}
-
-/// The sequence number of a stored event, found without parsing the whole event.
-fn sequence_number(json: &[u8]) -> u64 {
-    const FIELD: &[u8] = b",\"sequence_number\":";
-    json.windows(FIELD.len())
-        .position(|w| w == FIELD)
-        .map(|at| {
-            json[at + FIELD.len()..]
-                .iter()
-                .take_while(|b| b.is_ascii_digit())
-                .fold(0u64, |n, b| n * 10 + u64::from(b - b'0'))
-        })
-        .unwrap_or(0)
-}
-
-fn raw_event(key: &[u8], value: sled::IVec) -> RawEvent {
-    let id = keys::event_from_key(key).expect("event keys are 32 bytes");
-    let seq = sequence_number(&value);
-    // The stored bytes are sent as they are: no copy between sled's cache and the socket
-    // buffer.
-    RawEvent { id, seq, json: bytes::Bytes::from_owner(value) }
-}
-
-#[derive(Clone)]
-pub struct Store {
-    inner: Arc<Inner>,
-    jobs: Arc<Mutex<Option<mpsc::UnboundedSender<writer::Job>>>>,
-    writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
-}
-
-const META_STATE: &[u8] = b"state";
-const META_PROJECTIONS: &[u8] = b"projections";
-
-impl Store {
-    /// Opens the log, rebuilds the projections if the last run did not close cleanly, and
-    /// starts the writer.
-    pub fn open(config: StoreConfig, projections: Vec<Arc<dyn Projection>>) -> Result<Store, StoreError> {
-        let sled_config = sled::Config::new()
-            .cache_capacity(config.cache_capacity_bytes)
-            .flush_every_ms(None)
-            .mode(sled::Mode::HighThroughput);
-        let db = match &config.path {
-            Some(path) => sled_config.path(path).open()?,
-            None => sled_config.temporary(true).open()?,
+        let event = match &mut decoded {
+            Some(event) => event,
+            None => match event.decode() {
+                Ok(event) => decoded.insert(event),
+                Err(error) => {
+                    tracing::error!(%error, id = %event.id, "stored event does not decode");
+                    return Ok(());
+                }
+            },
         };
-        let events = db.open_tree("events")?;
-        let meta = db.open_tree("meta")?;
-        let projections = projections
-            .into_iter()
-            .map(|p| Ok((p.clone(), db.open_tree(format!("projection:{}", p.name()))?)))
-            .collect::<Result<Vec<_>, sled::Error>>()?;
-        let hub = Hub::new(config.bus_capacity);
-        let inner = Arc::new(Inner { db, events, meta, projections, hub, config, failed: Mutex::new(None) });
-        Store::recover(&inner)?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let worker = writer::Writer::new(inner.clone(), rx);
-        let handle = std::thread::Builder::new()
-            .name("turnlog-writer".into())
-            .spawn(move || worker.run())
-            .expect("spawning the writer thread");
-        Ok(Store { inner, jobs: Arc::new(Mutex::new(Some(tx))), writer: Arc::new(Mutex::new(Some(handle))) })
+        let Some(key) = projection.key(event) else { continue };
+        let current = values.get(projection.name(), key)?;
+        if let Some(value) = projection.apply(current.as_deref(), event) {
+            values.put(projection.name(), key, value)?;
+        }
     }
+    Ok(())
+}
 
-    fn recover(inner: &Inner) -> Result<(), StoreError> {
-        let names: Vec<&str> = inner.projections.iter().map(|(p, _)| p.name()).collect();
-        let names = names.join(",");
-        let clean = inner.meta.get(META_STATE)?.as_deref() == Some(b"clean");
-        let same = inner.meta.get(META_PROJECTIONS)?.as_deref() == Some(names.as_bytes());
-        if !(clean && same) {
-            let started = std::time::Instant::now();
-            let count = Store::rebuild_projections(inner)?;
-            tracing::info!(events = count, elapsed_ms = started.elapsed().as_millis() as u64, "rebuilt projections");
-        }
-        inner.meta.insert(META_PROJECTIONS, names.as_bytes())?;
-        inner.meta.insert(META_STATE, b"open".as_slice())?;
-        inner.db.flush()?;
-        Ok(())
-    }
-
-    fn rebuild_projections(inner: &Inner) -> Result<u64, StoreError> {
-        for (_, tree) in &inner.projections {
-            tree.clear()?;
-        }
-        let mut count = 0;
-        for item in inner.events.iter() {
-            let (key, value) = item?;
-            let event = raw_event(&key, value);
-            let session = keys::session_from_key(&key).expect("event keys are 32 bytes");
-            inner.project(session, &event)?;
-            count += 1;
-        }
-        Ok(count)
-    }
-
-    /// Appends `drafts` to the session's log as one unit and answers once they are durable.
-    pub async fn append(&self, session: SessionId, drafts: Vec<Draft>) -> Result<Vec<RawEvent>, AppendError> {
-        if drafts.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (reply, answer) = oneshot::channel();
-        let job = writer::Job { session, drafts, reply };
-        match self.jobs.lock().as_ref() {
-            Some(jobs) => jobs.send(job).map_err(|_| AppendError::ShuttingDown)?,
-            None => return Err(AppendError::ShuttingDown),
-        }
-        answer.await.map_err(|_| AppendError::ShuttingDown)?
-    }
+/// A session log store. Appends to one session are ordered by the calls to
+/// [`Log::append`]; reads never see an event before it is durable.
+#[async_trait::async_trait]
+pub trait Log: Send + Sync + 'static {
+    /// Appends `drafts` to the session's log as one unit, numbered as the next events, if
+    /// the log ends at sequence number `expected` (0: empty); otherwise answers the
+    /// [`Conflict`]. The append is ordered when this is called (appends to one session made
+    /// in a row, each at the position the one before leaves, all succeed and may share a
+    /// flush); the future resolves once the events are durable and published.
+    fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> AppendFuture;
 
     /// The session's durable position.
-    pub fn position(&self, session: SessionId) -> Result<Position, StoreError> {
-        Ok(self.inner.channel(session)?.durable())
-    }
+    async fn position(&self, session: SessionId) -> Result<Position, StoreError>;
 
-    /// Events of `session` within `range`, never past the durable watermark.
-    pub fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
-        let durable = self.position(session)?;
-        self.read_upto(session, range, durable)
-    }
-
-    /// Like [`Store::read`], up to a position the caller already holds.
-    pub fn read_upto(
-        &self,
-        session: SessionId,
-        range: ReadRange,
-        durable: Position,
-    ) -> Result<Vec<RawEvent>, StoreError> {
-        let Some(last) = durable.last else {
-            return Ok(Vec::new());
-        };
-        let (lower, mut upper) = keys::range(session, range.after, last);
-        if let Some(before) = range.before.filter(|&before| before <= last) {
-            upper = std::ops::Bound::Excluded(keys::event_key(session, before));
-        }
-        let iter = self.inner.events.range::<keys::Key, _>((lower, upper));
-        let take = |item: Result<(sled::IVec, sled::IVec), sled::Error>| item.map(|(k, v)| raw_event(&k, v));
-        let events: Result<Vec<_>, _> = if range.newest_first {
-            iter.rev().take(range.limit).map(take).collect()
-        } else {
-            iter.take(range.limit).map(take).collect()
-        };
-        Ok(events?)
-    }
+    /// Events of `session` within `range`.
+    async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError>;
 
     /// The durable event `id` of `session`, if there is one.
-    pub fn event(&self, session: SessionId, id: EventId) -> Result<Option<RawEvent>, StoreError> {
-        let durable = self.position(session)?;
-        if durable.last.is_none_or(|last| id > last) {
-            return Ok(None);
-        }
-        let key = keys::event_key(session, id);
-        Ok(self.inner.events.get(key)?.map(|value| raw_event(&key, value)))
-    }
+    async fn event(&self, session: SessionId, id: EventId) -> Result<Option<RawEvent>, StoreError>;
 
-    pub fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
-        let channel = self.inner.channel(session)?;
-        let live = channel.subscribe();
-        let at = channel.durable();
-        Ok(Subscription { channel, live, at })
-    }
+    /// The durable event with sequence number `seq` of `session`, if there is one.
+    async fn event_at(&self, session: SessionId, seq: u64) -> Result<Option<RawEvent>, StoreError>;
 
-    /// A projection's value for one session.
-    pub fn projected(&self, name: &str, session: SessionId) -> Result<Option<sled::IVec>, StoreError> {
-        Ok(self.tree(name).get(keys::session_key(session))?)
-    }
+    /// The session's live bus, and the position from which it delivers everything.
+    async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError>;
 
-    /// A projection's values in session order (creation order), newest first if asked,
-    /// starting strictly past `from`.
-    pub fn projected_scan(
-        &self,
-        name: &str,
-        from: Option<SessionId>,
-        newest_first: bool,
-    ) -> Box<dyn Iterator<Item = Result<(SessionId, sled::IVec), StoreError>> + '_> {
-        let tree = self.tree(name);
-        let entry = |item: Result<(sled::IVec, sled::IVec), sled::Error>| {
-            let (key, value) = item?;
-            Ok((keys::session_from_key(&key).expect("16-byte key"), value))
-        };
-        let bound = from.map(|s| keys::session_key(s).to_vec());
-        match (newest_first, bound) {
-            (true, Some(b)) => Box::new(tree.range(..b).rev().map(entry)),
-            (true, None) => Box::new(tree.iter().rev().map(entry)),
-            (false, Some(b)) => {
-                Box::new(tree.range((std::ops::Bound::Excluded(b), std::ops::Bound::Unbounded)).map(entry))
-            }
-            (false, None) => Box::new(tree.iter().map(entry)),
-        }
-    }
+    /// A projection's value.
+    async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError>;
 
-    fn tree(&self, name: &str) -> &sled::Tree {
-        &self
-            .inner
-            .projections
-            .iter()
-            .find(|(p, _)| p.name() == name)
-            .unwrap_or_else(|| panic!("no projection named {name}"))
-            .1
-    }
+    /// A page of a projection's values.
+    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError>;
 
-    /// Drops the channels of sessions nobody is watching or writing.
-    pub fn sweep(&self) {
-        self.inner.hub.sweep();
-    }
+    /// Drops what sessions nobody watches or writes hold (their live channels).
+    fn sweep(&self);
 
-    /// Stops the writer after it has written everything queued, marks the log clean and
-    /// flushes. Appends after this answer `ShuttingDown`.
-    pub fn close(&self) -> Result<(), StoreError> {
-        self.stop(true)
-    }
-
-    /// Closes without marking the log clean, as a crash would leave it: the next open
-    /// rebuilds the projections. For tests of recovery.
-    pub fn close_unclean(&self) -> Result<(), StoreError> {
-        self.stop(false)
-    }
-
-    fn stop(&self, clean: bool) -> Result<(), StoreError> {
-        self.jobs.lock().take();
-        if let Some(handle) = self.writer.lock().take() {
-            let _ = handle.join();
-        }
-        if clean && self.inner.failed().is_none() {
-            self.inner.meta.insert(META_STATE, b"clean".as_slice())?;
-        }
-        self.inner.db.flush()?;
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sequence_numbers_are_found_in_stored_json() {
-        let json = br#"{"id":"evt_x","type":"t","session_id":"s","sequence_number":1234,"created_at":"c"}"#;
-        assert_eq!(sequence_number(json), 1234);
-        assert_eq!(sequence_number(b"{}"), 0);
-    }
+    /// Writes what is queued and closes; later appends answer `ShuttingDown`.
+    async fn close(&self) -> Result<(), StoreError>;
 }

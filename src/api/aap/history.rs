@@ -6,29 +6,27 @@ use actix_web::{web, HttpResponse};
 use serde_json::json;
 
 use super::wire::{HistoryQuery, MessageOut};
+use crate::api::auth::Auth;
 use crate::api::body::Query;
-use crate::api::State;
+use crate::api::{Error, State};
 use crate::error::{ApiError, Code};
-use crate::session::Caller;
 
 pub async fn history(
     state: State,
-    caller: Caller,
+    Auth(caller, _): Auth,
     path: web::Path<String>,
     query: Query<HistoryQuery>,
-) -> Result<HttpResponse, ApiError> {
-    let summary = state.sessions.get(&caller, &path)?;
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
     let kind = match query.0.kind.as_deref() {
         None | Some("compacted") => "compacted",
         Some("full") => "full",
         Some(other) => {
-            return Err(ApiError::new(
-                Code::NotFound,
-                format!("history type {other:?} is not offered; use compacted or full"),
-            ))
+            let message = format!("history type {other:?} is not offered; use compacted or full");
+            return Err(ApiError::new(Code::NotFound, message).into());
         }
     };
-    let messages = state.sessions.history(&summary)?;
+    let messages = state.sessions.history(&summary).await?;
     let out: Vec<MessageOut> = messages.iter().map(MessageOut::from).collect();
     Ok(HttpResponse::Ok().json(json!({"history": {kind: out}})))
 }

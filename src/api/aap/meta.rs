@@ -6,21 +6,17 @@ use serde_json::{json, Value};
 
 use crate::agent::Agent;
 use crate::api::State;
-use crate::domain::event::Permission;
 
 pub async fn meta(state: State) -> HttpResponse {
-    let agents = state.engine.agents();
+    let agents = state.sessions.agents();
     let list: Vec<Value> = agents.all().map(|agent| describe(agent, &agents.tools)).collect();
     HttpResponse::Ok().json(json!({"version": 3, "agents": list}))
 }
 
 fn describe(agent: &Agent, tools: &crate::agent::Tools) -> Value {
     let exposed: Vec<Value> = agent
-        .config
-        .tools
-        .iter()
-        .filter(|(name, permission)| **permission != Permission::Deny && tools.exposed(name))
-        .filter_map(|(name, _)| tools.def(name))
+        .exposed_tools(tools)
+        .filter_map(|name| tools.def(name))
         .map(|def| json!({"name": def.name, "description": def.description, "parameters": def.parameters}))
         .collect();
     let mut out = json!({

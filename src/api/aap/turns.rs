@@ -8,32 +8,30 @@ use actix_web::{web, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 
-use super::sessions::{check_agent_tools, check_client_tools, merge_options};
 use super::wire::{stop_reason, AgentResponse, MessageIn, MessageOut, StreamMode, TurnRequest};
+use crate::api::auth::Auth;
 use crate::api::body::JsonBody;
 use crate::api::sse::{self, Flow, Follow};
-use crate::api::State;
-use crate::domain::event::{AgentSpec, ToolTrust};
+use crate::api::{Error, State};
 use crate::domain::{Block, Event, EventBody, TurnId};
 use crate::error::ApiError;
 use crate::projection::history::History;
-use crate::projection::SessionSummary;
-use crate::session::{Caller, Follower, Input, SessionUpdate, Submission};
+use crate::session::{Caller, Follower, Input, Submission};
 
 pub async fn post(
     state: State,
-    caller: Caller,
+    Auth(caller, _): Auth,
     path: web::Path<String>,
     body: JsonBody<TurnRequest>,
-) -> Result<HttpResponse, ApiError> {
-    let summary = state.sessions.get(&caller, &path)?;
-    let request = body.0;
-    let update = session_update(&state, &summary, &request)?;
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
+    let mut request = body.0;
+    let update = request.update();
     let inputs = inputs(request.messages)?;
     // Follow from the current end before submitting, so every event of the turn is seen.
-    let follower = state.sessions.follow_live(&summary)?;
+    let follower = state.sessions.follow_live(&summary).await?;
     let submission = Submission { update, inputs, all_at_once: true };
-    let submitted = state.engine.submit(&summary, submission).await?;
+    let submitted = state.sessions.submit(&summary, submission).await?;
     let turn = submitted.turn.ok_or_else(|| ApiError::internal("a turn request started no turn"))?;
     tracing::debug!(session_id = %summary.id, turn_id = %turn, "turn started");
     match request.stream {
@@ -71,39 +69,13 @@ fn inputs(messages: Vec<MessageIn>) -> Result<Vec<Input>, ApiError> {
         .collect()
 }
 
-/// `agent.tools` and `tools` replace, `agent.options` merge by key; all persist.
-fn session_update(state: &State, summary: &SessionSummary, request: &TurnRequest) -> Result<SessionUpdate, ApiError> {
-    let agent = state.engine.agents().get(&summary.spec.agent.name);
-    let agent = agent.ok_or_else(|| ApiError::invalid("the session's agent is no longer configured"))?;
-    let tools = &state.engine.agents().tools;
-    let mut update = SessionUpdate::default();
-    if let Some(client_tools) = &request.tools {
-        check_client_tools(&agent, client_tools)?;
-        update.tools = Some(client_tools.iter().map(|t| serde_json::to_value(t).expect("serialises")).collect());
-    }
-    if let Some(changes) = &request.agent {
-        let mut spec: AgentSpec = summary.spec.agent.clone();
-        if let Some(trust) = &changes.tools {
-            check_agent_tools(&agent, tools, trust)?;
-            spec.tools = Some(trust.iter().map(|t| ToolTrust { name: t.name.clone(), trust: t.trust }).collect());
-        }
-        if let Some(options) = &changes.options {
-            spec.options = merge_options(&agent, &spec.options, options)?;
-        }
-        update.agent = Some(spec);
-    } else if request.tools.is_some() {
-        check_client_tools(&agent, request.tools.as_deref().unwrap_or_default())?;
-    }
-    Ok(update)
-}
-
 /// Waits for the turn to end and answers `{stopReason, messages}`: what the agent said
 /// and what its tools answered in this turn.
-async fn answer(mut follower: Follower, turn: TurnId) -> Result<HttpResponse, ApiError> {
+async fn answer(mut follower: Follower, turn: TurnId) -> Result<HttpResponse, Error> {
     let mut history = History::default();
     loop {
         let Some(events) = follower.next().await? else {
-            return Err(ApiError::internal("the session ended during the turn"));
+            return Err(ApiError::internal("the session ended during the turn").into());
         };
         for raw in events {
             let Ok(event) = raw.decode() else { continue };
@@ -125,7 +97,7 @@ fn stream(
     follower: Follower,
     turn: TurnId,
     mode: StreamMode,
-) -> Result<HttpResponse, ApiError> {
+) -> Result<HttpResponse, Error> {
     let settings = &state.settings.streams;
     let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;
     let mut preamble = BytesMut::new();

@@ -3,9 +3,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::domain::event::{AgentSpec, SessionSpec, ToolTrust};
+use crate::domain::event::{AgentSpec, ClientTool, SessionSpec, ToolTrust};
 use crate::domain::{Message, Part};
 use crate::projection::SessionSummary;
+use crate::session::{AgentChanges, SessionUpdate};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -38,6 +39,12 @@ pub struct ToolTrustRequest {
     pub trust: bool,
 }
 
+impl ToolTrustRequest {
+    pub fn into_domain(self) -> ToolTrust {
+        ToolTrust { name: self.name, trust: self.trust }
+    }
+}
+
 /// A tool the client declares and runs itself.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ToolSpec {
@@ -51,7 +58,24 @@ pub struct ToolSpec {
 }
 
 fn empty_schema() -> Value {
-    serde_json::json!({"type": "object", "properties": {}})
+    ClientTool::any_object()
+}
+
+impl From<ToolSpec> for ClientTool {
+    fn from(t: ToolSpec) -> ClientTool {
+        ClientTool { name: t.name, title: t.title, description: t.description, input_schema: t.parameters }
+    }
+}
+
+impl From<&ClientTool> for ToolSpec {
+    fn from(t: &ClientTool) -> ToolSpec {
+        ToolSpec {
+            name: t.name.clone(),
+            title: t.title.clone(),
+            description: t.description.clone(),
+            parameters: t.input_schema.clone(),
+        }
+    }
 }
 
 impl CreateSession {
@@ -59,13 +83,10 @@ impl CreateSession {
         SessionSpec {
             agent: AgentSpec {
                 name: self.agent.name,
-                tools: self
-                    .agent
-                    .tools
-                    .map(|tools| tools.into_iter().map(|t| ToolTrust { name: t.name, trust: t.trust }).collect()),
+                tools: self.agent.tools.map(|tools| tools.into_iter().map(ToolTrustRequest::into_domain).collect()),
                 options: self.agent.options,
             },
-            tools: self.tools.into_iter().map(|t| serde_json::to_value(t).expect("tool specs serialise")).collect(),
+            tools: self.tools.into_iter().map(ClientTool::from).collect(),
             messages: self.messages.into_iter().filter_map(MessageIn::into_domain).collect(),
             title: self.title,
             metadata: self.metadata,
@@ -85,7 +106,7 @@ pub struct SessionInfo {
     pub session_id: String,
     pub agent: AgentInfo,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<Value>,
+    pub tools: Vec<ToolSpec>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     #[serde(skip_serializing_if = "Map::is_empty")]
@@ -112,7 +133,7 @@ impl From<&SessionSummary> for SessionInfo {
                 tools: s.spec.agent.tools.clone(),
                 options: s.spec.agent.options.clone(),
             },
-            tools: s.spec.tools.clone(),
+            tools: s.spec.tools.iter().map(ToolSpec::from).collect(),
             title: s.spec.title.clone(),
             metadata: s.spec.metadata.clone(),
             created_at: s.created_at.clone(),
@@ -314,6 +335,19 @@ pub struct TurnRequest {
     pub messages: Vec<MessageIn>,
     #[serde(default)]
     pub tools: Option<Vec<ToolSpec>>,
+}
+
+impl TurnRequest {
+    /// The session changes the request makes, in the session layer's terms.
+    pub fn update(&mut self) -> SessionUpdate {
+        SessionUpdate {
+            agent: self.agent.take().map(|agent| AgentChanges {
+                tools: agent.tools.map(|tools| tools.into_iter().map(ToolTrustRequest::into_domain).collect()),
+                options: agent.options,
+            }),
+            tools: self.tools.take().map(|tools| tools.into_iter().map(ClientTool::from).collect()),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -5,31 +5,32 @@ use actix_web::{web, HttpResponse};
 use bytes::{BufMut, BytesMut};
 
 use super::wire::{user_event, ListQuery, PostEvents};
+use crate::api::auth::Auth;
 use crate::api::body::{JsonBody, Query};
-use crate::api::State;
+use crate::api::{Error, State};
 use crate::domain::event::Confirmation;
 use crate::domain::{Draft, EventBody, RawEvent};
 use crate::error::{ApiError, Code};
-use crate::session::{Caller, Input, SessionUpdate, Submission};
-use crate::store::ReadRange;
+use crate::session::{Cursor, EventQuery, Input, SessionUpdate, Submission};
 
 pub async fn post(
     state: State,
-    caller: Caller,
+    Auth(caller, _): Auth,
     path: web::Path<String>,
     body: JsonBody<PostEvents>,
-) -> Result<HttpResponse, ApiError> {
-    let summary = state.sessions.get(&caller, &path)?;
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
     let limits = &state.settings.limits;
     let events = body.0.events;
     if events.is_empty() {
-        return Err(ApiError::invalid("invalid field `events`: at least one event is needed"));
+        return Err(ApiError::invalid("invalid field `events`: at least one event is needed").into());
     }
     if events.len() > limits.max_events_per_request {
         return Err(ApiError::invalid(format!(
             "invalid field `events`: at most {} events per request",
             limits.max_events_per_request
-        )));
+        ))
+        .into());
     }
     let mut inputs = Vec::with_capacity(events.len());
     for (i, event) in events.into_iter().enumerate() {
@@ -39,12 +40,13 @@ pub async fn post(
             return Err(ApiError::new(
                 Code::PayloadTooLarge,
                 format!("event {i} is {size} bytes; the limit is {}", limits.max_event_bytes),
-            ));
+            )
+            .into());
         }
         inputs.push(input(body));
     }
     let submission = Submission { update: SessionUpdate::default(), inputs, all_at_once: false };
-    let submitted = state.engine.submit(&summary, submission).await?;
+    let submitted = state.sessions.submit(&summary, submission).await?;
     let stored: Vec<RawEvent> = submitted.events.into_iter().filter(|e| e.kind().starts_with("user.")).collect();
     Ok(json_events(&stored, None))
 }
@@ -66,25 +68,25 @@ fn input(body: EventBody) -> Input {
 
 pub async fn list(
     state: State,
-    caller: Caller,
+    Auth(caller, _): Auth,
     path: web::Path<String>,
     query: Query<ListQuery>,
-) -> Result<HttpResponse, ApiError> {
-    let summary = state.sessions.get(&caller, &path)?;
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     let max = state.settings.limits.max_page_size;
     let limit = query.limit.unwrap_or(100);
     if limit == 0 || limit > max {
-        return Err(ApiError::invalid(format!("invalid query `limit`: must be between 1 and {max}")));
+        return Err(ApiError::invalid(format!("invalid query `limit`: must be between 1 and {max}")).into());
     }
     let newest_first = match query.order.as_deref() {
         None | Some("asc") => false,
         Some("desc") => true,
-        Some(other) => return Err(ApiError::invalid(format!("invalid query `order`: {other:?} is not asc or desc"))),
+        Some(other) => {
+            return Err(ApiError::invalid(format!("invalid query `order`: {other:?} is not asc or desc")).into())
+        }
     };
-    let cursor = |c: Option<String>| c.map(|c| state.sessions.check_cursor(&summary, &c)).transpose();
-    let after = cursor(query.after_id)?.and_then(|p| p.last);
-    let before = cursor(query.before_id)?.and_then(|p| p.last);
+    let cursor = |c: Option<String>| c.map(|c| Cursor::event(&c)).transpose();
     let kinds: Vec<String> = query
         .kind
         .iter()
@@ -94,31 +96,10 @@ pub async fn list(
         .filter(|k| !k.is_empty())
         .map(String::from)
         .collect();
-
-    // Read one more than asked to know whether there is more; with a type filter, read on
-    // in chunks until enough events match.
-    let mut found: Vec<RawEvent> = Vec::new();
-    let (mut after, mut before) = (after, before);
-    loop {
-        let chunk = limit.max(256);
-        let range = ReadRange { after, before, limit: chunk, newest_first };
-        let events = state.sessions.events(&summary, range)?;
-        let exhausted = events.len() < chunk;
-        if let Some(last) = events.last() {
-            if newest_first {
-                before = Some(last.id);
-            } else {
-                after = Some(last.id);
-            }
-        }
-        found.extend(events.into_iter().filter(|e| kinds.is_empty() || kinds.iter().any(|k| k == e.kind())));
-        if found.len() > limit || exhausted {
-            break;
-        }
-    }
-    let has_more = found.len() > limit;
-    found.truncate(limit);
-    Ok(json_events(&found, Some(has_more)))
+    let query =
+        EventQuery { after: cursor(query.after_id)?, before: cursor(query.before_id)?, limit, newest_first, kinds };
+    let page = state.sessions.events(&summary, query).await?;
+    Ok(json_events(&page.events, Some(page.has_more)))
 }
 
 /// `{"data":[...]}` (and the page fields when `has_more` is given), writing the stored

@@ -6,23 +6,23 @@ use std::time::Duration;
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::wire::StreamQuery;
+use crate::api::auth::Auth;
 use crate::api::body::Query;
 use crate::api::sse::{self, Follow};
-use crate::api::State;
-use crate::error::ApiError;
-use crate::session::Caller;
+use crate::api::{Error, State};
+use crate::session::Cursor;
 
 pub async fn stream(
     state: State,
-    caller: Caller,
+    Auth(caller, _): Auth,
     path: web::Path<String>,
     query: Query<StreamQuery>,
     req: HttpRequest,
-) -> Result<HttpResponse, ApiError> {
-    let summary = state.sessions.get(&caller, &path)?;
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
     let header = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()).map(str::trim);
     let cursor = query.0.after_id.as_deref().or(header).filter(|c| !c.is_empty());
-    let follower = state.sessions.follow(&summary, cursor)?;
+    let follower = state.sessions.follow(&summary, cursor.map(Cursor::event).transpose()?).await?;
     let settings = &state.settings.streams;
     let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;
     tracing::debug!(session_id = %summary.id, cursor = cursor.unwrap_or("start"), "stream opened");

@@ -1,0 +1,123 @@
+//! The service without a front end: the log, the agents, the engine and recovery, built
+//! from [`Settings`]. The HTTP server ([`crate::app`]) and `turnlog acp` both build on it.
+//! [`Service::shutdown`] stops in order: running turns are cancelled and their end is
+//! recorded, then the log is flushed and closed, so a clean stop leaves nothing for the
+//! next start to close as `interrupted`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::agent::{tools::Tools, Agents};
+use crate::config::Settings;
+use crate::session::{Engine, FollowConfig, SessionLog, Sessions};
+use crate::store::sled::{SledConfig, SledLog};
+use crate::store::{Log, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("could not open the log in {path}: {source}")]
+    Store { path: String, source: StoreError },
+}
+
+pub struct Service {
+    sessions: Sessions,
+    engine: Engine,
+    log: Arc<dyn Log>,
+    sweeper: tokio::task::JoinHandle<()>,
+    stop_wait: Duration,
+    recovered: usize,
+}
+
+impl Service {
+    /// Opens the durable log in `server.data_dir`, then the rest.
+    pub async fn open(settings: &Settings) -> Result<Service, StartError> {
+        let agents = agents(settings)?;
+        let config = SledConfig {
+            path: Some(settings.server.data_dir.clone()),
+            cache_capacity_bytes: settings.store.cache_capacity_mb << 20,
+            max_batch_events: settings.store.max_batch_events,
+            max_events_per_session: settings.limits.max_events_per_session,
+            bus_capacity: settings.streams.bus_capacity,
+        };
+        let path = settings.server.data_dir.display().to_string();
+        let log =
+            SledLog::open(config, crate::projection::all()).map_err(|source| StartError::Store { path, source })?;
+        Service::start(settings, agents, Arc::new(log)).await
+    }
+
+    /// Builds the service on a log that is already open (the in-memory one, in tests).
+    pub async fn with_log(settings: &Settings, log: Arc<dyn Log>) -> Result<Service, StartError> {
+        Service::start(settings, agents(settings)?, log).await
+    }
+
+    async fn start(settings: &Settings, agents: Agents, log: Arc<dyn Log>) -> Result<Service, StartError> {
+        let follow = FollowConfig {
+            replay_chunk: settings.streams.replay_chunk_events,
+            max_backlog: settings.streams.max_backlog_events,
+        };
+        let session_log = SessionLog::new(log.clone(), follow);
+        let agents = Arc::new(agents);
+        let engine = Engine::new(session_log.clone(), agents.clone(), settings.engine.clone());
+        let recovered = match engine.recover().await {
+            Ok(0) => 0,
+            Ok(closed) => {
+                tracing::warn!(closed, "closed turns that the last stop left running");
+                closed
+            }
+            Err(error) => return Err(StartError::Refused(format!("could not close interrupted turns: {error}"))),
+        };
+        let sessions = Sessions::new(session_log, engine.clone(), agents);
+        let sweeper = tokio::spawn(sweep(log.clone()));
+        let stop_wait = Duration::from_secs(settings.server.shutdown_timeout_secs);
+        Ok(Service { sessions, engine, log, sweeper, stop_wait, recovered })
+    }
+
+    /// How many turns that the last run left running this start closed as `interrupted`.
+    pub fn recovered(&self) -> usize {
+        self.recovered
+    }
+
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
+
+    /// The log itself, for operators' tools and tests. Views and turns go through
+    /// [`Service::sessions`].
+    pub fn log(&self) -> &Arc<dyn Log> {
+        &self.log
+    }
+
+    /// Cancels running turns and records how each ended, waiting up to
+    /// `server.shutdown_timeout_secs`; from then on every submission answers that the
+    /// service is shutting down. Reads and streams go on until [`Service::shutdown`].
+    pub async fn stop_turns(&self) {
+        let started = Instant::now();
+        let stopped = self.engine.shutdown(self.stop_wait).await;
+        tracing::info!(sessions = stopped, elapsed_ms = started.elapsed().as_millis() as u64, "turns stopped");
+    }
+
+    /// Stops the turns (if [`Service::stop_turns`] has not), then flushes and closes the log.
+    pub async fn shutdown(&self) -> Result<(), StoreError> {
+        self.stop_turns().await;
+        self.sweeper.abort();
+        let started = Instant::now();
+        self.log.close().await?;
+        tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "log flushed and closed");
+        Ok(())
+    }
+}
+
+fn agents(settings: &Settings) -> Result<Agents, StartError> {
+    Agents::build(&settings.agents, Tools::new(settings.tools.clone())).map_err(StartError::Refused)
+}
+
+/// Drops the live channels of sessions nobody watches, so idle sessions cost nothing.
+async fn sweep(log: Arc<dyn Log>) {
+    let mut every = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        every.tick().await;
+        log.sweep();
+    }
+}

@@ -1,0 +1,356 @@
+//! The decision step, with no IO: given a session's turn state and a submission, the
+//! events to append (and whether they start a turn or cancel the running one), or the
+//! refusal. The actor folds the log, calls this, and appends what it returns.
+
+use super::engine::{Input, Submission};
+use super::turn::{Mode, ToolPlan};
+use super::SessionError;
+use crate::domain::event::{Confirmation, Permission, StopInfo, StopReason};
+use crate::domain::{Block, Draft, EventBody, EventId, Message, TurnId, Usage};
+use crate::projection::turns::{CallKind, PendingCall, Phase, TurnState};
+
+/// What to append, and what the actor does once it is stored.
+#[derive(Debug, Default)]
+pub struct Decision {
+    pub drafts: Vec<Draft>,
+    /// The turn these events start.
+    pub start: Option<TurnId>,
+    /// Whether the running turn is to be cancelled.
+    pub cancel: bool,
+}
+
+/// A resolution of a waiting call, matched to the call.
+struct Resolved<'a> {
+    call: &'a PendingCall,
+    input: &'a Input,
+}
+
+/// Decides a submission. `update` is the `session.updated` its changes make (checked by the
+/// caller); `new_turn` is the id of the turn it starts, if it starts one.
+pub fn decide(
+    state: &TurnState,
+    submission: &Submission,
+    update: Option<EventBody>,
+    new_turn: TurnId,
+) -> Result<Decision, SessionError> {
+    let inputs = &submission.inputs;
+    let messages = inputs.iter().filter(|i| matches!(i, Input::Message(_))).count();
+    let resolving = inputs.iter().any(|i| matches!(i, Input::Result { .. } | Input::Permission { .. }));
+    if messages > 1 {
+        return Err(SessionError::Invalid("send one user message per request".into()));
+    }
+    if messages == 1 && resolving {
+        return Err(SessionError::Conflict(format!(
+            "a user message cannot be mixed with tool results or permissions; {}",
+            pending_text(state)
+        )));
+    }
+    if messages == 1 {
+        check_idle(state)?;
+    }
+    let resolved = if resolving { match_resolutions(state, inputs, submission.all_at_once)? } else { Vec::new() };
+
+    let mut decision =
+        Decision { drafts: update.iter().map(|body| Draft::new(None, body)).collect(), ..Decision::default() };
+    // Input becomes events in the order it came; the resolutions go where the first of
+    // them stood.
+    let current = current_turn(state);
+    let mut resolutions_written = resolved.is_empty();
+    for input in inputs {
+        match input {
+            // As the Qoder event catalog has it, an outcome belongs to no turn.
+            Input::Outcome(outcome) => {
+                decision.drafts.push(Draft::new(None, &EventBody::UserDefineOutcome { outcome: outcome.clone() }))
+            }
+            Input::Interrupt => {
+                decision.drafts.push(Draft::new(current, &EventBody::UserInterrupt {}));
+                match state.phase {
+                    Phase::Running(_) => decision.cancel = true,
+                    Phase::Waiting(turn) if resolved.is_empty() => decision.drafts.extend(close_waiting(state, turn)),
+                    _ => {}
+                }
+            }
+            Input::Message(content) => {
+                decision.drafts.push(Draft::new(Some(new_turn), &EventBody::TurnStarted {}));
+                decision.drafts.push(Draft::new(Some(new_turn), &EventBody::UserMessage { content: content.clone() }));
+                decision.drafts.push(Draft::new(Some(new_turn), &running()));
+                decision.start = Some(new_turn);
+            }
+            Input::Result { .. } | Input::Permission { .. } if !resolutions_written => {
+                resolutions_written = true;
+                let (drafts, start) = resolve(state, &resolved, new_turn);
+                decision.drafts.extend(drafts);
+                decision.start = start;
+            }
+            Input::Result { .. } | Input::Permission { .. } => {}
+        }
+    }
+    Ok(decision)
+}
+
+/// A new session whose seed history ends with tool calls: a turn that makes them wait for
+/// the client (a result for a client tool, a permission for one of the session's server
+/// tools), like calls the model just made. The caller appends the idle status that names
+/// them, once they have ids.
+pub fn seed_waiting(messages: &[Message], plan: &ToolPlan, turn: TurnId) -> Vec<Draft> {
+    let calls: Vec<Draft> = crate::domain::message::waiting_calls(messages)
+        .map(|(tool_call_id, name, input)| {
+            let body = match plan.modes.get(&name) {
+                Some(Mode::Inline | Mode::Ask) => {
+                    EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: Permission::Ask }
+                }
+                Some(Mode::Client) | None => EventBody::AgentCustomToolUse { tool_call_id, name, input },
+            };
+            Draft::new(Some(turn), &body)
+        })
+        .collect();
+    if calls.is_empty() {
+        return calls;
+    }
+    let mut drafts = vec![Draft::new(Some(turn), &EventBody::TurnStarted {})];
+    drafts.extend(calls);
+    drafts
+}
+
+/// The events that resolve waiting calls; when none is left waiting, they start the turn
+/// that goes on, else the session stays waiting for the rest.
+fn resolve(state: &TurnState, resolved: &[Resolved], new_turn: TurnId) -> (Vec<Draft>, Option<TurnId>) {
+    let Phase::Waiting(waiting) = state.phase else { return (Vec::new(), None) };
+    let remaining: Vec<EventId> =
+        state.pending.keys().filter(|id| !resolved.iter().any(|r| r.call.event_id == **id)).copied().collect();
+    if remaining.is_empty() {
+        let mut drafts = vec![Draft::new(Some(new_turn), &EventBody::TurnStarted {})];
+        drafts.extend(resolved.iter().flat_map(|r| resolution_events(new_turn, r)));
+        drafts.push(Draft::new(Some(new_turn), &running()));
+        (drafts, Some(new_turn))
+    } else {
+        let mut drafts: Vec<Draft> = resolved.iter().flat_map(|r| resolution_events(waiting, r)).collect();
+        drafts.push(Draft::new(Some(waiting), &idle(StopReason::RequiresAction, remaining, Usage::default())));
+        (drafts, None)
+    }
+}
+
+fn current_turn(state: &TurnState) -> Option<TurnId> {
+    match state.phase {
+        Phase::Running(turn) | Phase::Waiting(turn) => Some(turn),
+        Phase::Idle => None,
+    }
+}
+
+fn check_idle(state: &TurnState) -> Result<(), SessionError> {
+    match state.phase {
+        Phase::Idle => Ok(()),
+        Phase::Running(turn) => {
+            Err(SessionError::Conflict(format!("a turn is running ({turn}); wait for it to end or interrupt it")))
+        }
+        Phase::Waiting(_) => Err(SessionError::Conflict(pending_text(state))),
+    }
+}
+
+/// Names the calls that wait for the client, and what each needs.
+fn pending_text(state: &TurnState) -> String {
+    if state.pending.is_empty() {
+        return "no tool calls are waiting".into();
+    }
+    let calls: Vec<String> = state
+        .pending
+        .values()
+        .map(|c| {
+            let need = if c.kind == CallKind::Client { "a result" } else { "a permission" };
+            format!("{} ({}, event {}, needs {need})", c.tool_call_id, c.name, c.event_id)
+        })
+        .collect();
+    format!("tool calls wait for the client: {}", calls.join(", "))
+}
+
+fn match_resolutions<'a>(
+    state: &'a TurnState,
+    inputs: &'a [Input],
+    all_at_once: bool,
+) -> Result<Vec<Resolved<'a>>, SessionError> {
+    if !matches!(state.phase, Phase::Waiting(_)) {
+        let why = match state.phase {
+            Phase::Running(turn) => format!("a turn is running ({turn})"),
+            _ => "the session is idle".into(),
+        };
+        return Err(SessionError::Conflict(format!("no tool calls are waiting for results: {why}")));
+    }
+    let mut resolved: Vec<Resolved> = Vec::new();
+    for input in inputs {
+        let (call, wants_result) = match input {
+            Input::Result { call, .. } => (call, true),
+            Input::Permission { call, .. } => (call, false),
+            _ => continue,
+        };
+        let Some(pending) = state.pending.values().find(|p| p.tool_call_id == *call || p.event_id.to_string() == *call)
+        else {
+            return Err(SessionError::Conflict(format!("{call} is not a waiting tool call; {}", pending_text(state))));
+        };
+        if resolved.iter().any(|r| r.call.event_id == pending.event_id) {
+            return Err(SessionError::Conflict(format!("{call} is answered twice in one request")));
+        }
+        match (pending.kind, wants_result) {
+            (CallKind::Ask, true) => {
+                return Err(SessionError::Conflict(format!(
+                    "{call} ({}) is a server tool that needs a permission decision, not a result",
+                    pending.name
+                )))
+            }
+            (CallKind::Client, false) => {
+                return Err(SessionError::Conflict(format!(
+                    "{call} ({}) is a client tool: send its result, not a permission",
+                    pending.name
+                )))
+            }
+            _ => {}
+        }
+        resolved.push(Resolved { call: pending, input });
+    }
+    if all_at_once && resolved.len() < state.pending.len() {
+        let missing: Vec<&str> = state
+            .pending
+            .values()
+            .filter(|p| !resolved.iter().any(|r| r.call.event_id == p.event_id))
+            .map(|p| p.tool_call_id.as_str())
+            .collect();
+        return Err(SessionError::Conflict(format!(
+            "every waiting call must be answered in one request; missing: {}; {}",
+            missing.join(", "),
+            pending_text(state)
+        )));
+    }
+    Ok(resolved)
+}
+
+/// An interrupt while calls wait for the client: close them and end the turn.
+fn close_waiting(state: &TurnState, turn: TurnId) -> Vec<Draft> {
+    let mut drafts: Vec<Draft> = state
+        .pending
+        .values()
+        .map(|call| Draft::new(Some(turn), &tool_result(call, "Tool call cancelled".into())))
+        .collect();
+    drafts.push(Draft::new(Some(turn), &idle(StopReason::Cancelled, vec![], Usage::default())));
+    drafts
+}
+
+fn tool_result(call: &PendingCall, text: String) -> EventBody {
+    EventBody::AgentToolResult {
+        tool_use_id: call.event_id,
+        tool_call_id: call.tool_call_id.clone(),
+        content: vec![Block::text(text)],
+        is_error: true,
+    }
+}
+
+/// The events that record one resolution. A denial also writes the tool result the
+/// model will read: `Tool call denied`, or `Tool call denied: <reason>`.
+fn resolution_events(turn: TurnId, resolved: &Resolved) -> Vec<Draft> {
+    let call = resolved.call;
+    let tool_use_id = call.event_id.to_string();
+    let bodies = match resolved.input {
+        Input::Result { content, is_error, .. } => vec![EventBody::UserCustomToolResult {
+            custom_tool_use_id: tool_use_id,
+            content: content.clone(),
+            is_error: *is_error,
+        }],
+        Input::Permission { granted: true, .. } => {
+            vec![EventBody::UserToolConfirmation { tool_use_id, result: Confirmation::Allow, deny_message: None }]
+        }
+        Input::Permission { granted: false, reason, .. } => {
+            let text = match reason.as_deref().filter(|r| !r.is_empty()) {
+                Some(reason) => format!("Tool call denied: {reason}"),
+                None => "Tool call denied".to_string(),
+            };
+            vec![
+                EventBody::UserToolConfirmation {
+                    tool_use_id,
+                    result: Confirmation::Deny,
+                    deny_message: reason.clone(),
+                },
+                tool_result(call, text),
+            ]
+        }
+        _ => Vec::new(),
+    };
+    bodies.iter().map(|body| Draft::new(Some(turn), body)).collect()
+}
+
+pub fn running() -> EventBody {
+    EventBody::StatusRunning { status: "running".into() }
+}
+
+pub fn idle(reason: StopReason, event_ids: Vec<EventId>, usage: Usage) -> EventBody {
+    EventBody::StatusIdle { status: "idle".into(), stop_reason: StopInfo { kind: reason, event_ids }, usage }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::event::Envelope;
+    use crate::domain::{RawEvent, SessionId};
+
+    fn kinds(decision: &Decision) -> Vec<&str> {
+        decision.drafts.iter().map(Draft::kind).collect()
+    }
+
+    /// The state after these drafts, numbered as a log would.
+    fn fold(drafts: &[Draft]) -> TurnState {
+        let mut state = TurnState::default();
+        let session = SessionId::generate();
+        for (i, draft) in drafts.iter().enumerate() {
+            let id = EventId(ulid::Ulid::from_parts(1_000, i as u128));
+            let json =
+                Envelope { id, session, turn: draft.turn.map(|t| (t, 1)), seq: i as u64 + 1, now: "t" }.write(draft);
+            state.apply(&RawEvent { id, seq: i as u64 + 1, json }.decode().unwrap());
+        }
+        state
+    }
+
+    fn submission(inputs: Vec<Input>) -> Submission {
+        Submission { update: Default::default(), inputs, all_at_once: true }
+    }
+
+    #[test]
+    fn a_message_starts_a_turn_and_a_second_is_refused_while_it_runs() {
+        let turn = TurnId::generate();
+        let message = submission(vec![Input::Message(vec![Block::text("hi")])]);
+        let decision = decide(&TurnState::default(), &message, None, turn).unwrap();
+        assert_eq!(kinds(&decision), ["turn.started", "user.message", "session.status_running"]);
+        assert_eq!((decision.start, decision.cancel), (Some(turn), false));
+        let running = fold(&decision.drafts);
+        let refused = decide(&running, &message, None, TurnId::generate()).unwrap_err();
+        assert!(matches!(refused, SessionError::Conflict(ref m) if m.contains("a turn is running")), "{refused}");
+        let interrupt = decide(&running, &submission(vec![Input::Interrupt]), None, TurnId::generate()).unwrap();
+        assert_eq!((kinds(&interrupt), interrupt.cancel), (vec!["user.interrupt"], true));
+    }
+
+    #[test]
+    fn a_seed_that_ends_with_calls_waits_for_their_answers() {
+        let plan = ToolPlan { modes: [("calculator".to_string(), Mode::Inline)].into(), ..ToolPlan::default() };
+        let call = |id: &str, name: &str| crate::domain::Part::ToolUse {
+            tool_call_id: id.into(),
+            name: name.into(),
+            input: serde_json::json!({}),
+        };
+        let seed = [Message::Assistant { content: vec![call("a", "get_weather"), call("b", "calculator")] }];
+        let turn = TurnId::generate();
+        let drafts = seed_waiting(&seed, &plan, turn);
+        assert_eq!(
+            drafts.iter().map(Draft::kind).collect::<Vec<_>>(),
+            ["turn.started", "agent.custom_tool_use", "agent.tool_use"]
+        );
+        let mut with_idle = drafts;
+        with_idle.push(Draft::new(Some(turn), &idle(StopReason::RequiresAction, vec![], Usage::default())));
+        let state = fold(&with_idle);
+        let kinds: Vec<CallKind> = state.pending.values().map(|c| c.kind).collect();
+        assert_eq!(kinds, [CallKind::Client, CallKind::Ask]);
+        let answer = submission(vec![
+            Input::Result { call: "a".into(), content: vec![Block::text("cold")], is_error: false },
+            Input::Permission { call: "b".into(), granted: true, reason: None },
+        ]);
+        let next = TurnId::generate();
+        let decision = decide(&state, &answer, None, next).unwrap();
+        assert_eq!(decision.start, Some(next));
+        assert!(seed_waiting(&[Message::User { content: vec![] }], &plan, turn).is_empty());
+    }
+}

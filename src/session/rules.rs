@@ -1,0 +1,141 @@
+//! The rules a session's setup follows whichever view asked: which server tools it may
+//! enable and trust, client tool names, agent options, what a seed history may hold, and
+//! which option values are secret. Error messages name the field in the neutral
+//! [`SessionSpec`]'s terms.
+
+use serde_json::{Map, Value};
+
+use super::engine::SessionUpdate;
+use super::SessionError;
+use crate::agent::{Agent, OptionKind, Tools};
+use crate::domain::event::{ClientTool, SessionSpec, ToolTrust};
+use crate::domain::EventBody;
+
+fn invalid(message: String) -> SessionError {
+    SessionError::Invalid(message)
+}
+
+/// A new session's spec, checked against its agent.
+pub fn check_new(agent: &Agent, tools: &Tools, spec: &mut SessionSpec) -> Result<(), SessionError> {
+    if let Some(trust) = &spec.agent.tools {
+        check_agent_tools(agent, tools, trust)?;
+    }
+    check_client_tools(agent, &spec.tools)?;
+    spec.agent.options = merge_options(agent, &Map::new(), &spec.agent.options)?;
+    if let Some((i, call)) = crate::domain::message::unanswered_call(&spec.messages) {
+        return Err(invalid(format!(
+            "invalid field `messages[{i}]`: tool call {call:?} has no result; only the last message may hold calls \
+             that wait for one"
+        )));
+    }
+    Ok(())
+}
+
+/// The `session.updated` a submission's changes make: `agent.tools` and `tools` replace,
+/// `agent.options` merge by key; `None` when it changes nothing.
+pub fn update(
+    agent: &Agent,
+    tools: &Tools,
+    current: &SessionSpec,
+    update: &SessionUpdate,
+) -> Result<Option<EventBody>, SessionError> {
+    if update.is_empty() {
+        return Ok(None);
+    }
+    if let Some(client) = &update.tools {
+        check_client_tools(agent, client)?;
+    }
+    let agent_spec = match &update.agent {
+        Some(changes) => {
+            let mut spec = current.agent.clone();
+            if let Some(trust) = &changes.tools {
+                check_agent_tools(agent, tools, trust)?;
+                spec.tools = Some(trust.clone());
+            }
+            if let Some(options) = &changes.options {
+                spec.options = merge_options(agent, &spec.options, options)?;
+            }
+            Some(spec)
+        }
+        None => None,
+    };
+    Ok(Some(EventBody::SessionUpdated { agent: agent_spec, tools: update.tools.clone(), title: None, metadata: None }))
+}
+
+/// `agent.tools` may name only the agent's exposed tools, once each.
+fn check_agent_tools(agent: &Agent, tools: &Tools, trust: &[ToolTrust]) -> Result<(), SessionError> {
+    let offered: Vec<&str> = agent.exposed_tools(tools).collect();
+    for (i, tool) in trust.iter().enumerate() {
+        if !offered.contains(&tool.name.as_str()) {
+            return Err(invalid(format!(
+                "invalid field `agent.tools[{i}].name`: agent {:?} has no tool {:?}; it offers: {}",
+                agent.name,
+                tool.name,
+                offered.join(", ")
+            )));
+        }
+        if trust[..i].iter().any(|t| t.name == tool.name) {
+            return Err(invalid(format!("invalid field `agent.tools[{i}].name`: {:?} is listed twice", tool.name)));
+        }
+    }
+    Ok(())
+}
+
+/// Client tool names must be unique, and unique across the agent's tools.
+fn check_client_tools(agent: &Agent, client: &[ClientTool]) -> Result<(), SessionError> {
+    for (i, tool) in client.iter().enumerate() {
+        if tool.name.trim().is_empty() {
+            return Err(invalid(format!("invalid field `tools[{i}].name`: must not be empty")));
+        }
+        if agent.config.tools.contains_key(&tool.name) {
+            return Err(invalid(format!(
+                "invalid field `tools[{i}].name`: {:?} clashes with a tool of agent {:?}; tool names must be unique \
+                 across the client's and the agent's tools",
+                tool.name, agent.name
+            )));
+        }
+        if client[..i].iter().any(|t| t.name == tool.name) {
+            return Err(invalid(format!("invalid field `tools[{i}].name`: {:?} is declared twice", tool.name)));
+        }
+    }
+    Ok(())
+}
+
+/// Options merge by key; each must be one the agent declares, and a select's value one of
+/// its choices.
+fn merge_options(
+    agent: &Agent,
+    current: &Map<String, Value>,
+    changes: &Map<String, Value>,
+) -> Result<Map<String, Value>, SessionError> {
+    let mut merged = current.clone();
+    for (name, value) in changes {
+        let Some(spec) = agent.config.options.iter().find(|o| &o.name == name) else {
+            return Err(invalid(format!(
+                "invalid field `agent.options.{name}`: agent {:?} has no option {name:?}",
+                agent.name
+            )));
+        };
+        let Some(text) = value.as_str() else {
+            return Err(invalid(format!("invalid field `agent.options.{name}`: must be a string")));
+        };
+        if spec.kind == OptionKind::Select && !spec.options.iter().any(|o| o == text) {
+            return Err(invalid(format!(
+                "invalid field `agent.options.{name}`: {text:?} is not one of {}",
+                spec.options.join(", ")
+            )));
+        }
+        merged.insert(name.clone(), value.clone());
+    }
+    Ok(merged)
+}
+
+/// Secret option values as `***`: no view ever shows them.
+pub fn redact(agent: Option<&Agent>, spec: &mut SessionSpec) {
+    let Some(agent) = agent else { return };
+    for option in agent.config.options.iter().filter(|o| o.kind == OptionKind::Secret) {
+        if let Some(value) = spec.agent.options.get_mut(&option.name) {
+            *value = Value::String("***".into());
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! A log in memory, for tests: the same numbering rules, watermarks, live buses and
+//! projections as the durable log, and nothing on disk. [`MemoryLog::reopen`] keeps the
+//! events and rebuilds everything else from them, as a restart would.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use super::hub::Hub;
+use super::numbering::{Clock, Tail};
+use super::{
+    project, signature, AppendError, AppendFuture, Appended, Key, Log, Position, Projection, ReadRange, Scan,
+    StoreError, Subscription, Values,
+};
+use crate::domain::{Draft, EventId, RawEvent, SessionId, TurnId};
+
+#[derive(Clone)]
+pub struct MemoryLog {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    hub: Hub,
+    projections: Vec<Arc<dyn Projection>>,
+    max_events_per_session: u64,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<SessionId, Session>,
+    values: HashMap<&'static str, BTreeMap<Key, Bytes>>,
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Session {
+    events: Vec<RawEvent>,
+    tail: Tail,
+}
+
+impl Values for HashMap<&'static str, BTreeMap<Key, Bytes>> {
+    fn get(&mut self, projection: &'static str, key: Key) -> Result<Option<Bytes>, StoreError> {
+        Ok(HashMap::get(self, projection).and_then(|values| values.get(&key)).cloned())
+    }
+
+    fn put(&mut self, projection: &'static str, key: Key, value: Vec<u8>) -> Result<(), StoreError> {
+        self.entry(projection).or_default().insert(key, Bytes::from(value));
+        Ok(())
+    }
+}
+
+impl MemoryLog {
+    pub fn new(projections: Vec<Arc<dyn Projection>>, bus_capacity: usize, max_events_per_session: u64) -> MemoryLog {
+        let inner = Inner { state: Mutex::default(), hub: Hub::new(bus_capacity), projections, max_events_per_session };
+        MemoryLog { inner: Arc::new(inner) }
+    }
+
+    /// A new log over this one's events, with tails and projections rebuilt from them; this
+    /// one is closed.
+    pub fn reopen(&self) -> MemoryLog {
+        let mut old = self.inner.state.lock();
+        old.closed = true;
+        let inner = &self.inner;
+        let reopened =
+            MemoryLog::new(inner.projections.clone(), inner.hub.bus_capacity(), inner.max_events_per_session);
+        let mut state = reopened.inner.state.lock();
+        for (id, session) in &old.sessions {
+            let tail =
+                Tail::recover(session.events.iter().rev().cloned().map(Ok::<_, Infallible>)).expect("infallible");
+            for event in &session.events {
+                project(&inner.projections, event, &mut state.values).expect("memory never fails");
+            }
+            state.sessions.insert(*id, Session { events: session.events.clone(), tail });
+        }
+        drop(state);
+        reopened
+    }
+
+    /// The projections' signature, as the durable log records it.
+    pub fn signature(&self) -> String {
+        signature(&self.inner.projections)
+    }
+
+    fn append_now(&self, session: SessionId, expected: u64, drafts: &[Draft]) -> Result<Appended, AppendError> {
+        if drafts.is_empty() {
+            return Ok(Ok(Vec::new()));
+        }
+        // Taken before the state's lock: making a channel reads the state.
+        let channel = self.channel(session);
+        let mut state = self.inner.state.lock();
+        if state.closed {
+            return Err(AppendError::ShuttingDown);
+        }
+        let State { sessions, values, .. } = &mut *state;
+        let log = sessions.entry(session).or_default();
+        let mut tail = log.tail;
+        if let Some(turn) = tail.unknown_turn(drafts) {
+            tail.continue_turn(turn, last_in_turn(&log.events, turn));
+        }
+        let staged = tail.stage(session, expected, drafts, &Clock::now(), self.inner.max_events_per_session)?;
+        if let Ok(events) = &staged {
+            log.tail = tail;
+            log.events.extend(events.iter().cloned());
+            for event in events {
+                project(&self.inner.projections, event, values).expect("memory never fails");
+            }
+            // Under the lock, so that batches are published in the order they were made.
+            channel.publish(events.clone().into());
+        }
+        Ok(staged)
+    }
+
+    fn channel(&self, session: SessionId) -> Arc<super::Channel> {
+        let load = || Ok::<_, Infallible>(self.position_now(session));
+        self.inner.hub.channel(session.ulid(), load).expect("infallible")
+    }
+
+    fn position_now(&self, session: SessionId) -> Position {
+        let state = self.inner.state.lock();
+        state.sessions.get(&session).map_or_else(Position::default, |s| s.tail.position)
+    }
+
+    fn events(&self, session: SessionId, mut pick: impl FnMut(&[RawEvent]) -> Vec<RawEvent>) -> Vec<RawEvent> {
+        let state = self.inner.state.lock();
+        state.sessions.get(&session).map_or_else(Vec::new, |s| pick(&s.events))
+    }
+}
+
+fn last_in_turn(events: &[RawEvent], turn: TurnId) -> u32 {
+    events.iter().rev().find_map(|e| e.turn().filter(|(of, _)| *of == turn)).map_or(0, |(_, n)| n)
+}
+
+#[async_trait::async_trait]
+impl Log for MemoryLog {
+    fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> AppendFuture {
+        Box::pin(std::future::ready(self.append_now(session, expected, &drafts)))
+    }
+
+    async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
+        Ok(self.channel(session).durable())
+    }
+
+    async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
+        Ok(self.events(session, |events| {
+            let from = range.after.map_or(0, |after| events.partition_point(|e| e.id <= after));
+            let to = range.before.map_or(events.len(), |before| events.partition_point(|e| e.id < before));
+            let within = events.get(from..to.max(from)).unwrap_or_default();
+            if range.newest_first {
+                within.iter().rev().take(range.limit).cloned().collect()
+            } else {
+                within.iter().take(range.limit).cloned().collect()
+            }
+        }))
+    }
+
+    async fn event(&self, session: SessionId, id: EventId) -> Result<Option<RawEvent>, StoreError> {
+        let found = self.events(session, |events| {
+            events.binary_search_by_key(&id, |e| e.id).map(|at| vec![events[at].clone()]).unwrap_or_default()
+        });
+        Ok(found.into_iter().next())
+    }
+
+    async fn event_at(&self, session: SessionId, seq: u64) -> Result<Option<RawEvent>, StoreError> {
+        let at = usize::try_from(seq).ok().and_then(|seq| seq.checked_sub(1));
+        let found = self.events(session, |events| at.and_then(|at| events.get(at)).cloned().into_iter().collect());
+        Ok(found.into_iter().next())
+    }
+
+    async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
+        let channel = self.channel(session);
+        let live = channel.subscribe();
+        let at = channel.durable();
+        Ok(Subscription { channel, live, at })
+    }
+
+    async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
+        let state = self.inner.state.lock();
+        Ok(state.values.get(projection).and_then(|values| values.get(&key)).cloned())
+    }
+
+    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
+        let state = self.inner.state.lock();
+        let Some(values) = state.values.get(projection) else { return Ok(Vec::new()) };
+        let in_scope = |key: &&Key| scan.session.is_none_or(|s| key.session == s);
+        let entry = |(key, value): (&Key, &Bytes)| (*key, value.clone());
+        Ok(match (scan.newest_first, scan.after) {
+            (false, Some(after)) => values
+                .range(after..)
+                .filter(|(k, _)| **k != after)
+                .filter(|(k, _)| in_scope(k))
+                .take(scan.limit)
+                .map(entry)
+                .collect(),
+            (false, None) => values.iter().filter(|(k, _)| in_scope(k)).take(scan.limit).map(entry).collect(),
+            (true, Some(after)) => {
+                values.range(..after).rev().filter(|(k, _)| in_scope(k)).take(scan.limit).map(entry).collect()
+            }
+            (true, None) => values.iter().rev().filter(|(k, _)| in_scope(k)).take(scan.limit).map(entry).collect(),
+        })
+    }
+
+    fn sweep(&self) {
+        self.inner.hub.sweep();
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        self.inner.state.lock().closed = true;
+        Ok(())
+    }
+}

@@ -1,0 +1,174 @@
+//! The numbering rules, in one place for every log implementation: where an append may go
+//! (at the expected position, never after `terminated`, within the session's limit), and
+//! what it gets (ids strictly increasing per session whatever the clock does, sequence
+//! numbers 1, 2, 3, ... with no gap, turn sequence numbers from 1 at each `turn.started`).
+//! An implementation keeps a [`Tail`] per session it writes to, rebuilds it from the stored
+//! events after a restart, and stores exactly the events [`Tail::stage`] returns.
+
+use super::{AppendError, Appended, Conflict, Position};
+use crate::domain::event::{timestamp_now, Envelope};
+use crate::domain::ids::{next_ulid, now_ms};
+use crate::domain::{Draft, EventId, RawEvent, SessionId, TurnId};
+
+/// What an appender must know of a session's log to append to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tail {
+    pub position: Position,
+    /// The last turn that has events, and its last turn sequence number.
+    pub turn: Option<(TurnId, u32)>,
+    /// The log ends with `terminated`.
+    pub closed: bool,
+}
+
+/// One instant, read once per group commit: every event of a commit has the same time.
+pub struct Clock {
+    now: String,
+    now_ms: u64,
+}
+
+impl Clock {
+    pub fn now() -> Clock {
+        Clock { now: timestamp_now(), now_ms: now_ms() }
+    }
+}
+
+/// How far back [`Tail::recover`] looks for the last turn before giving up: a later event
+/// of an older turn is then numbered by [`Tail::unknown_turn`]'s lookup.
+const RECOVER_DEPTH: usize = 256;
+
+impl Tail {
+    /// Rebuilds a tail from a session's stored events, newest first.
+    pub fn recover<E>(newest_first: impl IntoIterator<Item = Result<RawEvent, E>>) -> Result<Tail, E> {
+        let mut tail = Tail::default();
+        for (i, event) in newest_first.into_iter().take(RECOVER_DEPTH).enumerate() {
+            let event = event?;
+            if i == 0 {
+                tail.position = Position { last: Some(event.id), seq: event.seq };
+                tail.closed = event.kind() == "terminated";
+            }
+            if let Some(turn) = event.turn() {
+                tail.turn = Some(turn);
+                break;
+            }
+        }
+        Ok(tail)
+    }
+
+    /// A turn that `drafts` continue but this tail does not know the number of (its last
+    /// event lies further back than [`Tail::recover`] looked). The caller finds its last
+    /// turn sequence number in the log and sets it with [`Tail::continue_turn`] before
+    /// staging, so numbering stays exact after any restart.
+    pub fn unknown_turn(&self, drafts: &[Draft]) -> Option<TurnId> {
+        let first = drafts.iter().find(|d| d.turn.is_some())?;
+        let turn = first.turn?;
+        let known = self.turn.is_some_and(|(last, _)| last == turn);
+        (!known && first.kind() != "turn.started").then_some(turn)
+    }
+
+    pub fn continue_turn(&mut self, turn: TurnId, number: u32) {
+        self.turn = Some((turn, number));
+    }
+
+    /// Numbers `drafts` as the next events of `session` if its log ends at `expected`: the
+    /// events to store, or the conflict. The tail moves on only when events are returned.
+    pub fn stage(
+        &mut self,
+        session: SessionId,
+        expected: u64,
+        drafts: &[Draft],
+        clock: &Clock,
+        limit: u64,
+    ) -> Result<Appended, AppendError> {
+        // Nothing follows `terminated`: check the whole append before numbering any of it.
+        let terminated_early = drafts.iter().rev().skip(1).any(|d| d.kind() == "terminated");
+        if self.closed || terminated_early {
+            return Err(AppendError::Closed);
+        }
+        if expected != self.position.seq {
+            return Ok(Err(Conflict { expected, actual: self.position }));
+        }
+        if self.position.seq + drafts.len() as u64 > limit {
+            return Err(AppendError::TooManyEvents { limit });
+        }
+        let mut tail = *self;
+        let mut events = Vec::with_capacity(drafts.len());
+        for draft in drafts {
+            let id = EventId(next_ulid(tail.position.last.map(EventId::ulid), clock.now_ms));
+            let seq = tail.position.seq + 1;
+            let turn = draft.turn.map(|turn| match tail.turn {
+                Some((current, n)) if current == turn && draft.kind() != "turn.started" => (turn, n + 1),
+                _ => (turn, 1),
+            });
+            let json = Envelope { id, session, turn, seq, now: &clock.now }.write(draft);
+            tail.position = Position { last: Some(id), seq };
+            tail.turn = turn.or(tail.turn);
+            tail.closed = draft.kind() == "terminated";
+            events.push(RawEvent { id, seq, json });
+        }
+        *self = tail;
+        Ok(Ok(events))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::EventBody;
+
+    fn outcome(turn: Option<TurnId>) -> Draft {
+        Draft::new(turn, &EventBody::UserDefineOutcome { outcome: serde_json::json!(1) })
+    }
+
+    #[test]
+    fn appends_go_only_at_the_expected_position() {
+        let session = SessionId::generate();
+        let mut tail = Tail::default();
+        let clock = Clock::now();
+        let first = tail.stage(session, 0, &[outcome(None), outcome(None)], &clock, 100).unwrap().unwrap();
+        assert_eq!(first.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+        let conflict = tail.stage(session, 1, &[outcome(None)], &clock, 100).unwrap().unwrap_err();
+        assert_eq!(conflict, Conflict { expected: 1, actual: Position { last: Some(first[1].id), seq: 2 } });
+        assert_eq!(tail.position.seq, 2, "a conflict moves nothing");
+        assert_eq!(
+            tail.stage(session, 2, &vec![outcome(None); 99], &clock, 100),
+            Err(AppendError::TooManyEvents { limit: 100 })
+        );
+    }
+
+    #[test]
+    fn turns_number_from_their_start_and_nothing_follows_terminated() {
+        let session = SessionId::generate();
+        let (a, b) = (TurnId::generate(), TurnId::generate());
+        let mut tail = Tail::default();
+        let clock = Clock::now();
+        let started = |turn| Draft::new(Some(turn), &EventBody::TurnStarted {});
+        let drafts = [started(a), outcome(Some(a)), outcome(None), outcome(Some(a)), started(b), outcome(Some(b))];
+        let events = tail.stage(session, 0, &drafts, &clock, 100).unwrap().unwrap();
+        let numbers: Vec<Option<u32>> = events.iter().map(|e| e.turn().map(|(_, n)| n)).collect();
+        assert_eq!(numbers, [Some(1), Some(2), None, Some(3), Some(1), Some(2)]);
+        let end = Draft::new(None, &EventBody::Terminated { reason: "x".into() });
+        assert_eq!(tail.stage(session, 6, &[end.clone(), outcome(None)], &clock, 100), Err(AppendError::Closed));
+        tail.stage(session, 6, &[end], &clock, 100).unwrap().unwrap();
+        assert_eq!(tail.stage(session, 7, &[outcome(None)], &clock, 100), Err(AppendError::Closed));
+    }
+
+    #[test]
+    fn a_recovered_tail_goes_on_where_the_log_ended() {
+        let session = SessionId::generate();
+        let turn = TurnId::generate();
+        let mut tail = Tail::default();
+        let clock = Clock::now();
+        let mut drafts = vec![Draft::new(Some(turn), &EventBody::TurnStarted {}), outcome(Some(turn))];
+        drafts.extend(std::iter::repeat_n(outcome(None), RECOVER_DEPTH + 1));
+        let events = tail.stage(session, 0, &drafts, &clock, 10_000).unwrap().unwrap();
+        let mut recovered = Tail::recover(events.iter().rev().cloned().map(Ok::<_, ()>)).unwrap();
+        assert_eq!(recovered.position, tail.position);
+        assert_eq!(recovered.turn, None, "the turn lies further back than recovery looks");
+        let more = [outcome(Some(turn))];
+        assert_eq!(recovered.unknown_turn(&more), Some(turn));
+        recovered.continue_turn(turn, 2);
+        let next = recovered.stage(session, tail.position.seq, &more, &clock, 10_000).unwrap().unwrap();
+        assert_eq!(next[0].turn(), Some((turn, 3)));
+        assert!(next[0].id > tail.position.last.unwrap());
+    }
+}

@@ -1,0 +1,360 @@
+//! The log in sled: one `events` tree keyed session ++ event, a group-commit writer,
+//! per-session watermarks and live buses, and one tree per projection, rebuilt from the
+//! events when the last run did not close cleanly.
+
+mod keys;
+mod writer;
+
+use std::ops::Bound;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ::sled::IVec;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+
+use super::hub::Hub;
+use super::{
+    project, signature, AppendError, AppendFuture, Key, Log, Position, Projection, ReadRange, Scan, StoreError,
+    Subscription, Values,
+};
+use crate::domain::{Draft, EventId, RawEvent, SessionId};
+
+#[derive(Debug, Clone)]
+pub struct SledConfig {
+    /// `None` for a temporary store that is deleted when dropped (unit tests).
+    pub path: Option<PathBuf>,
+    pub cache_capacity_bytes: u64,
+    pub max_batch_events: usize,
+    pub max_events_per_session: u64,
+    pub bus_capacity: usize,
+}
+
+impl Default for SledConfig {
+    fn default() -> Self {
+        SledConfig {
+            path: None,
+            cache_capacity_bytes: 256 << 20,
+            max_batch_events: 8192,
+            max_events_per_session: 1_000_000,
+            bus_capacity: 256,
+        }
+    }
+}
+
+impl From<::sled::Error> for StoreError {
+    fn from(error: ::sled::Error) -> StoreError {
+        StoreError::new(error)
+    }
+}
+
+struct Inner {
+    db: ::sled::Db,
+    events: ::sled::Tree,
+    meta: ::sled::Tree,
+    projections: Vec<Arc<dyn Projection>>,
+    trees: Vec<::sled::Tree>,
+    hub: Hub,
+    config: SledConfig,
+    failed: Mutex<Option<AppendError>>,
+}
+
+impl Inner {
+    fn channel(&self, session: SessionId) -> Result<Arc<super::Channel>, StoreError> {
+        self.hub.channel(session.ulid(), || self.last_stored(session))
+    }
+
+    /// The last event in the store for `session`. Only exact as a durable position when
+    /// nothing is in flight for it, which [`Hub::channel`] guarantees when it calls this.
+    fn last_stored(&self, session: SessionId) -> Result<Position, StoreError> {
+        Ok(match self.events.scan_prefix(keys::session_key(session)).next_back().transpose()? {
+            Some((key, value)) => {
+                let event = raw_event(&key, value);
+                Position { last: Some(event.id), seq: event.seq }
+            }
+            None => Position::default(),
+        })
+    }
+
+    /// A session's stored events, newest first (for the writer to rebuild its tail).
+    fn newest_first(&self, session: SessionId) -> impl Iterator<Item = Result<RawEvent, ::sled::Error>> + '_ {
+        self.events.scan_prefix(keys::session_key(session)).rev().map(|item| item.map(|(k, v)| raw_event(&k, v)))
+    }
+
+    fn tree(&self, name: &str) -> &::sled::Tree {
+        let at = self.projections.iter().position(|p| p.name() == name);
+        &self.trees[at.unwrap_or_else(|| panic!("no projection named {name}"))]
+    }
+
+    fn project(&self, event: &RawEvent) -> Result<(), StoreError> {
+        project(&self.projections, event, &mut Trees(self))
+    }
+
+    fn failed(&self) -> Option<AppendError> {
+        self.failed.lock().clone()
+    }
+
+    /// A failed flush leaves the log in an unknown state: refuse every later append.
+    fn fail(&self, error: StoreError) -> AppendError {
+        tracing::error!(%error, "the log failed to write; refusing further appends");
+        let error = AppendError::Storage(error.to_string());
+        *self.failed.lock() = Some(error.clone());
+        error
+    }
+}
+
+/// The projection trees, as [`project`] writes them.
+struct Trees<'a>(&'a Inner);
+
+impl Values for Trees<'_> {
+    fn get(&mut self, projection: &'static str, key: Key) -> Result<Option<Bytes>, StoreError> {
+        Ok(self.0.tree(projection).get(keys::projection_key(key))?.map(bytes_of))
+    }
+
+    fn put(&mut self, projection: &'static str, key: Key, value: Vec<u8>) -> Result<(), StoreError> {
+        self.0.tree(projection).insert(keys::projection_key(key), value)?;
+        Ok(())
+    }
+}
+
+/// sled's bytes, handed on without a copy between its cache and the socket buffer.
+fn bytes_of(value: IVec) -> Bytes {
+    Bytes::from_owner(value)
+}
+
+fn raw_event(key: &[u8], value: IVec) -> RawEvent {
+    let id = keys::event_from_key(key).expect("event keys are 32 bytes");
+    RawEvent::stored(id, bytes_of(value))
+}
+
+/// The durable log in sled.
+#[derive(Clone)]
+pub struct SledLog {
+    inner: Arc<Inner>,
+    jobs: Arc<Mutex<Option<mpsc::UnboundedSender<writer::Job>>>>,
+    writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+}
+
+const META_STATE: &[u8] = b"state";
+const META_PROJECTIONS: &[u8] = b"projections";
+
+impl SledLog {
+    /// Opens the log, rebuilds the projections if the last run did not close cleanly (or
+    /// kept another set of them), and starts the writer.
+    pub fn open(config: SledConfig, projections: Vec<Arc<dyn Projection>>) -> Result<SledLog, StoreError> {
+        let sled_config = ::sled::Config::new()
+            .cache_capacity(config.cache_capacity_bytes)
+            .flush_every_ms(None)
+            .mode(::sled::Mode::HighThroughput);
+        let db = match &config.path {
+            Some(path) => sled_config.path(path).open()?,
+            None => sled_config.temporary(true).open()?,
+        };
+        let events = db.open_tree("events")?;
+        let meta = db.open_tree("meta")?;
+        let trees = projections
+            .iter()
+            .map(|p| db.open_tree(format!("projection:{}", p.name())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let hub = Hub::new(config.bus_capacity);
+        let inner = Arc::new(Inner { db, events, meta, projections, trees, hub, config, failed: Mutex::new(None) });
+        SledLog::recover(&inner)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let worker = writer::Writer::new(inner.clone(), rx);
+        let handle = std::thread::Builder::new()
+            .name("turnlog-writer".into())
+            .spawn(move || worker.run())
+            .expect("spawning the writer thread");
+        Ok(SledLog { inner, jobs: Arc::new(Mutex::new(Some(tx))), writer: Arc::new(Mutex::new(Some(handle))) })
+    }
+
+    fn recover(inner: &Inner) -> Result<(), StoreError> {
+        let names = signature(&inner.projections);
+        let clean = inner.meta.get(META_STATE)?.as_deref() == Some(b"clean");
+        let same = inner.meta.get(META_PROJECTIONS)?.as_deref() == Some(names.as_bytes());
+        if !(clean && same) {
+            let started = std::time::Instant::now();
+            let count = SledLog::rebuild_projections(inner)?;
+            tracing::info!(events = count, elapsed_ms = started.elapsed().as_millis() as u64, "rebuilt projections");
+        }
+        inner.meta.insert(META_PROJECTIONS, names.as_bytes())?;
+        inner.meta.insert(META_STATE, b"open".as_slice())?;
+        inner.db.flush()?;
+        Ok(())
+    }
+
+    fn rebuild_projections(inner: &Inner) -> Result<u64, StoreError> {
+        for tree in &inner.trees {
+            tree.clear()?;
+        }
+        let mut count = 0;
+        for item in inner.events.iter() {
+            let (key, value) = item?;
+            inner.project(&raw_event(&key, value))?;
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    fn read_sync(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
+        let durable = self.inner.channel(session)?.durable();
+        let Some(last) = durable.last else {
+            return Ok(Vec::new());
+        };
+        let (lower, mut upper) = keys::range(session, range.after, last);
+        if let Some(before) = range.before.filter(|&before| before <= last) {
+            upper = Bound::Excluded(keys::event_key(session, before));
+        }
+        let iter = self.inner.events.range::<keys::EventKey, _>((lower, upper));
+        let take = |item: Result<(IVec, IVec), ::sled::Error>| item.map(|(k, v)| raw_event(&k, v));
+        let events: Result<Vec<_>, _> = if range.newest_first {
+            iter.rev().take(range.limit).map(take).collect()
+        } else {
+            iter.take(range.limit).map(take).collect()
+        };
+        Ok(events?)
+    }
+
+    /// The event numbered `seq`, found by bisecting the id space: ids grow with sequence
+    /// numbers, so each probe (the first event at or after an id) halves the interval.
+    fn event_at_sync(&self, session: SessionId, seq: u64) -> Result<Option<RawEvent>, StoreError> {
+        let durable = self.inner.channel(session)?.durable();
+        let Some(last) = durable.last.filter(|_| seq >= 1 && seq <= durable.seq) else {
+            return Ok(None);
+        };
+        let upto = keys::event_key(session, last);
+        let (mut low, mut high) = (0u128, u128::from(last.ulid()));
+        while low <= high {
+            let mid = low + (high - low) / 2;
+            let from = keys::event_key(session, EventId(ulid::Ulid::from(mid)));
+            let Some(item) = self.inner.events.range(from..=upto).next() else { return Ok(None) };
+            let (key, value) = item?;
+            let event = raw_event(&key, value);
+            match event.seq.cmp(&seq) {
+                std::cmp::Ordering::Equal => return Ok(Some(event)),
+                std::cmp::Ordering::Less => low = u128::from(event.id.ulid()) + 1,
+                // Nothing lies between `mid` and this event, so the one sought is below `mid`.
+                std::cmp::Ordering::Greater if mid == 0 => return Ok(None),
+                std::cmp::Ordering::Greater => high = mid - 1,
+            }
+        }
+        Ok(None)
+    }
+
+    fn scan_sync(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
+        let tree = self.inner.tree(projection);
+        let (mut lower, mut upper) = match scan.session {
+            Some(session) => {
+                let next = u128::from(session.ulid()).checked_add(1).map(|n| n.to_be_bytes().to_vec());
+                (Bound::Included(keys::session_key(session).to_vec()), next.map_or(Bound::Unbounded, Bound::Excluded))
+            }
+            None => (Bound::Unbounded, Bound::Unbounded),
+        };
+        if let Some(after) = scan.after {
+            let after = Bound::Excluded(keys::projection_key(after));
+            if scan.newest_first {
+                upper = after;
+            } else {
+                lower = after;
+            }
+        }
+        let iter = tree.range::<Vec<u8>, _>((lower, upper));
+        let entry = |item: Result<(IVec, IVec), ::sled::Error>| -> Result<(Key, Bytes), StoreError> {
+            let (key, value) = item?;
+            let key = keys::key_from_bytes(&key).ok_or_else(|| StoreError::new("a projection key is malformed"))?;
+            Ok((key, bytes_of(value)))
+        };
+        if scan.newest_first {
+            iter.rev().take(scan.limit).map(entry).collect()
+        } else {
+            iter.take(scan.limit).map(entry).collect()
+        }
+    }
+
+    /// Closes without marking the log clean, as a crash would leave it: the next open
+    /// rebuilds the projections. For tests of recovery.
+    pub fn close_unclean(&self) -> Result<(), StoreError> {
+        self.stop(false)
+    }
+
+    /// Stops the writer after it has written everything queued, marks the log clean (if
+    /// asked and nothing failed) and flushes.
+    fn stop(&self, clean: bool) -> Result<(), StoreError> {
+        self.jobs.lock().take();
+        if let Some(handle) = self.writer.lock().take() {
+            let _ = handle.join();
+        }
+        if clean && self.inner.failed().is_none() {
+            self.inner.meta.insert(META_STATE, b"clean".as_slice())?;
+        }
+        self.inner.db.flush()?;
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Log for SledLog {
+    fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> AppendFuture {
+        if drafts.is_empty() {
+            return Box::pin(std::future::ready(Ok(Ok(Vec::new()))));
+        }
+        let (reply, answer) = oneshot::channel();
+        let job = writer::Job { session, expected, drafts, reply };
+        let sent = match self.jobs.lock().as_ref() {
+            Some(jobs) => jobs.send(job).is_ok(),
+            None => false,
+        };
+        Box::pin(async move {
+            if !sent {
+                return Err(AppendError::ShuttingDown);
+            }
+            answer.await.map_err(|_| AppendError::ShuttingDown)?
+        })
+    }
+
+    async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
+        Ok(self.inner.channel(session)?.durable())
+    }
+
+    async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
+        self.read_sync(session, range)
+    }
+
+    async fn event(&self, session: SessionId, id: EventId) -> Result<Option<RawEvent>, StoreError> {
+        let durable = self.inner.channel(session)?.durable();
+        if durable.last.is_none_or(|last| id > last) {
+            return Ok(None);
+        }
+        let key = keys::event_key(session, id);
+        Ok(self.inner.events.get(key)?.map(|value| raw_event(&key, value)))
+    }
+
+    async fn event_at(&self, session: SessionId, seq: u64) -> Result<Option<RawEvent>, StoreError> {
+        self.event_at_sync(session, seq)
+    }
+
+    async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
+        let channel = self.inner.channel(session)?;
+        let live = channel.subscribe();
+        let at = channel.durable();
+        Ok(Subscription { channel, live, at })
+    }
+
+    async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
+        Ok(self.inner.tree(projection).get(keys::projection_key(key))?.map(bytes_of))
+    }
+
+    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
+        self.scan_sync(projection, scan)
+    }
+
+    fn sweep(&self) {
+        self.inner.hub.sweep();
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        let log = self.clone();
+        tokio::task::spawn_blocking(move || log.stop(true)).await.map_err(StoreError::new)?
+    }
+}
