@@ -9,7 +9,7 @@ use serde_json::json;
 use turnlog::domain::event::{AgentSpec, SessionSpec, ToolTrust};
 use turnlog::domain::{Block, Event, EventBody, StopReason, Usage};
 use turnlog::projection::SessionSummary;
-use turnlog::session::{Caller, EventQuery, Input, SessionError, Sessions, Submission, Submitted};
+use turnlog::session::{Caller, Cursor, EventQuery, Input, SessionError, Sessions, Submission, Submitted, TurnQuery};
 use turnlog::store::memory::MemoryLog;
 use turnlog::store::sled::{SledConfig, SledLog};
 use turnlog::store::Log;
@@ -559,6 +559,80 @@ async fn an_ask_tool_in_config_asks_even_when_the_client_trusts_it(log: Backend)
     assert_eq!(stop(&events).0, StopReason::RequiresAction, "config says ask; the client cannot trust it past that");
 }
 
+async fn turns_are_indexed_and_their_events_read_back_by_number(log: Backend) {
+    let g = given(log, &[]).await;
+    let first = g.when(vec![text("one two")]).await.unwrap().turn.unwrap();
+    let mark = g.then_events(1).await.len() + 1;
+    g.when(vec![Input::Outcome(json!("between turns"))]).await.unwrap();
+    let second = g.when(vec![text("/tool get_weather {}")]).await.unwrap().turn.unwrap();
+    let waiting = g.then_events(mark + 1).await;
+    let call = call_ids(&waiting)[0].clone();
+    let mark = g.log().await.len();
+    let result = Input::Result { call, content: vec![Block::text("sunny")], is_error: false };
+    let third = g.when(vec![result]).await.unwrap().turn.unwrap();
+    g.then_events(mark).await;
+
+    // Newest first, a page at a time.
+    let page = g.sessions.turns(&g.session, TurnQuery { before: None, limit: 2 }).await.unwrap();
+    assert_eq!(page.items.iter().map(|t| t.id).collect::<Vec<_>>(), [third, second]);
+    assert!(page.has_more);
+    let page = g.sessions.turns(&g.session, TurnQuery { before: Some(second), limit: 2 }).await.unwrap();
+    assert_eq!(page.items.iter().map(|t| t.id).collect::<Vec<_>>(), [first]);
+    assert!(!page.has_more);
+
+    // Each turn with how it went.
+    let one = g.sessions.turn(&g.session, &first.to_string()).await.unwrap();
+    assert_eq!(one.input, vec![Block::text("one two")]);
+    assert_eq!(one.stop.as_ref().map(|s| s.kind), Some(StopReason::EndTurn));
+    assert_eq!(one.usage.output_tokens, 3, "echo:, one, two");
+    let two = g.sessions.turn(&g.session, &second.to_string()).await.unwrap();
+    let stop = two.stop.unwrap();
+    assert_eq!((stop.kind, stop.event_ids.len()), (StopReason::RequiresAction, 1));
+    let three = g.sessions.turn(&g.session, &third.to_string()).await.unwrap();
+    assert!(three.input.is_empty(), "a turn that goes on after results has no message");
+    assert_eq!(three.stop.map(|s| s.kind), Some(StopReason::EndTurn));
+    assert!(matches!(g.sessions.turn(&g.session, "turn_nope").await, Err(SessionError::NotFound(_))));
+
+    // A turn's events by turn sequence number, and nothing of the next turn.
+    let all = g.sessions.turn_events(&g.session, &one, 0, 1000).await.unwrap();
+    let numbers: Vec<u32> = all.iter().map(|e| e.turn().unwrap().1).collect();
+    assert_eq!(numbers, (1..=all.len() as u32).collect::<Vec<_>>());
+    assert!(all.iter().all(|e| e.turn().unwrap().0 == first));
+    assert_eq!(all.last().unwrap().kind(), "session.status_idle");
+    let some = g.sessions.turn_events(&g.session, &one, 2, 2).await.unwrap();
+    assert_eq!(some.iter().map(|e| e.turn().unwrap().1).collect::<Vec<_>>(), [3, 4]);
+}
+
+async fn followers_resume_after_any_kind_of_cursor(log: Backend) {
+    let g = given(log, &[]).await;
+    let turn = g.when(vec![text("a b c")]).await.unwrap().turn.unwrap();
+    let events = g.then_events(1).await;
+    let first = |cursor: Option<Cursor>| {
+        let sessions = g.sessions.clone();
+        let session = g.session.clone();
+        async move {
+            let mut follower = sessions.follow(&session, cursor).await?;
+            Ok::<_, SessionError>(follower.next().await.unwrap().unwrap().remove(0))
+        }
+    };
+    assert_eq!(first(None).await.unwrap().seq, 1, "from the start");
+    assert_eq!(first(Some(Cursor::Sequence(0))).await.unwrap().seq, 1);
+    assert_eq!(first(Some(Cursor::Sequence(3))).await.unwrap().seq, 4);
+    assert_eq!(first(Some(Cursor::Event(events[2].id))).await.unwrap().id, events[3].id);
+    let turn_start = first(Some(Cursor::Turn { turn, sequence: 0 })).await.unwrap();
+    assert_eq!(turn_start.turn(), Some((turn, 1)), "a turn's stream starts at its first event");
+    let resumed = first(Some(Cursor::Turn { turn, sequence: 2 })).await.unwrap();
+    assert_eq!(resumed.turn(), Some((turn, 3)));
+    for unknown in [
+        Cursor::Sequence(10_000),
+        Cursor::Turn { turn, sequence: 10_000 },
+        Cursor::Turn { turn: turnlog::domain::TurnId::generate(), sequence: 0 },
+        Cursor::Event(turnlog::domain::EventId(ulid::Ulid::new())),
+    ] {
+        assert!(matches!(first(Some(unknown)).await, Err(SessionError::UnknownCursor(_))), "{unknown}");
+    }
+}
+
 /// Each test above, once on each log.
 macro_rules! on_both_logs {
     ($($name:ident),* $(,)?) => {
@@ -590,4 +664,6 @@ on_both_logs!(
     a_turn_left_running_is_closed_at_start,
     fetch_url_reaches_only_allowed_hosts,
     an_ask_tool_in_config_asks_even_when_the_client_trusts_it,
+    turns_are_indexed_and_their_events_read_back_by_number,
+    followers_resume_after_any_kind_of_cursor,
 );

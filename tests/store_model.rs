@@ -294,3 +294,68 @@ async fn two_writers_race_on_the_sled_log() {
 async fn two_writers_race_on_the_memory_log() {
     two_writers_race_for_one_position(Backend::Memory).await;
 }
+
+/// Every projection comes back exactly as it was when an unclean stop makes the log
+/// rebuild them from the events (and the turn index holds every turn).
+async fn projections_rebuild_to_what_they_were(backend: Backend) {
+    use turnlog::domain::event::{StopInfo, StopReason};
+    use turnlog::domain::{TurnId, Usage};
+    let dir = tempfile::tempdir().unwrap();
+    let mut opened = Opened::open(backend, dir.path());
+    let sessions: Vec<SessionId> = (0..3).map(|_| SessionId::generate()).collect();
+    for (i, session) in sessions.iter().enumerate() {
+        let log = opened.log();
+        let mut drafts = vec![Draft::new(
+            None,
+            &EventBody::SessionCreated { spec: Default::default(), created_by: format!("s{i}") },
+        )];
+        for stop in [StopReason::EndTurn, StopReason::Error] {
+            let turn = Some(TurnId::generate());
+            drafts.push(Draft::new(turn, &EventBody::TurnStarted {}));
+            drafts.push(Draft::new(turn, &EventBody::UserMessage { content: vec![Block::text(format!("{i}"))] }));
+            if stop == StopReason::Error {
+                drafts.push(Draft::new(turn, &EventBody::SessionError { error: "boom".into(), code: "x".into() }));
+            }
+            let usage = Usage { input_tokens: 3, output_tokens: 4 };
+            let idle = EventBody::StatusIdle {
+                status: "idle".into(),
+                stop_reason: StopInfo { kind: stop, event_ids: vec![] },
+                usage,
+            };
+            drafts.push(Draft::new(turn, &idle));
+        }
+        // The last session has a turn still open, and the first one is deleted.
+        if i == 2 {
+            drafts.push(Draft::new(Some(TurnId::generate()), &EventBody::TurnStarted {}));
+        }
+        if i == 0 {
+            drafts.push(Draft::new(None, &EventBody::SessionDeleted {}));
+        }
+        log.append(*session, 0, drafts).await.unwrap().unwrap();
+    }
+    let before = snapshot(opened.log()).await;
+    assert_eq!(before.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 7], "sessions, open turns, turns");
+    opened = opened.restart(dir.path(), false).await;
+    assert_eq!(snapshot(opened.log()).await, before);
+    opened.log().close().await.unwrap();
+}
+
+/// Every value of every projection, in key order.
+async fn snapshot(log: &dyn Log) -> Vec<Vec<(Key, bytes::Bytes)>> {
+    let mut all = Vec::new();
+    for name in ["sessions", "open_turns", "turns"] {
+        let scan = turnlog::store::Scan { session: None, after: None, newest_first: false, limit: 1000 };
+        all.push(log.scan(name, scan).await.unwrap());
+    }
+    all
+}
+
+#[tokio::test]
+async fn projections_rebuild_on_the_sled_log() {
+    projections_rebuild_to_what_they_were(Backend::Sled).await;
+}
+
+#[tokio::test]
+async fn projections_rebuild_on_the_memory_log() {
+    projections_rebuild_to_what_they_were(Backend::Memory).await;
+}

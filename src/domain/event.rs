@@ -357,8 +357,11 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 /// envelope's field.
 fn header_number(json: &[u8], field: &[u8]) -> Option<u64> {
     let at = find(json, field)? + field.len();
-    let digits = json[at..].iter().take_while(|b| b.is_ascii_digit());
-    digits.fold(None, |n: Option<u64>, b| Some(n.unwrap_or(0).checked_mul(10)?.checked_add(u64::from(b - b'0'))?))
+    let digits = &json[at..][..json[at..].iter().take_while(|b| b.is_ascii_digit()).count()];
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, b| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
 }
 
 /// Writes the envelope of an event in front of its fields. Field order is fixed: `id`

@@ -95,6 +95,10 @@ impl Sessions {
         let mut drafts =
             vec![Draft::new(None, &EventBody::SessionCreated { spec, created_by: caller.subject.clone() })];
         drafts.extend(waiting);
+        // The calls get their ids as they are stored; the status that names them follows.
+        // The session's id is not given out before both are stored; a writer that found it
+        // in between anyway makes the second append conflict, and creation fail, rather
+        // than interleave.
         let created = self.log.append(id, 0, drafts).await?.map_err(|_| conflict(id))?;
         let calls: Vec<EventId> = created
             .iter()
@@ -130,8 +134,11 @@ impl Sessions {
     pub async fn list(&self, caller: &Caller, filter: &ListFilter) -> Result<Page<SessionSummary>, SessionError> {
         let mut items = Vec::new();
         let mut after = filter.after.map(Key::session);
+        // Enough for the page when nothing is filtered out; more per step when much is.
+        let mut chunk = (filter.limit + 1).min(SCAN_CHUNK);
         loop {
-            let scan = Scan { session: None, after, newest_first: true, limit: SCAN_CHUNK };
+            let scan = Scan { session: None, after, newest_first: true, limit: chunk };
+            chunk = SCAN_CHUNK;
             let page = self.log.scan::<SessionSummary>(SessionIndex::NAME, scan).await?;
             let Some((last, _)) = page.last() else { return Ok(Page { items, has_more: false }) };
             after = Some(*last);

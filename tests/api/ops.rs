@@ -38,3 +38,41 @@ async fn a_graceful_stop_flushes_and_the_log_reopens_clean() {
     let all = app.all_events(&session).await;
     assert_eq!(&all[1..], &stored[..]);
 }
+
+#[tokio::test]
+async fn a_sigterm_during_a_slow_turn_records_its_end_before_the_process_exits() {
+    let mut app = spawn_app().await;
+    let session = app.create_session().await;
+    let slow = serde_json::json!({"type": "user.message", "content": "/delay 100\n/words 1000"});
+    assert_eq!(app.post_event(&session, slow).await.status(), 200);
+    // Wait until the turn is streaming: its first delta is in the log.
+    for _ in 0..400 {
+        if app.all_events(&session).await.iter().any(|e| e["type"] == "agent.message.delta") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let status = app.terminate().await;
+    assert!(status.success(), "{status:?}");
+
+    // Whatever the next start writes, it writes after what the stopped process left.
+    app.restart().await;
+    let events = app.all_events(&session).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"agent.message.delta"), "the turn was running: {kinds:?}");
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "session.status_idle", "{kinds:?}");
+    assert_eq!(last["stop_reason"]["type"], "cancelled");
+    assert_eq!(last["turn_id"], events[1]["turn_id"], "it is the slow turn's end");
+    assert!(!kinds.contains(&"session.error"), "the next start closed nothing as interrupted: {kinds:?}");
+    let said: String = events
+        .iter()
+        .filter(|e| e["type"] == "agent.message")
+        .map(|e| e["content"][0]["text"].as_str().unwrap())
+        .collect();
+    assert!(said.starts_with("w1") && !said.contains("w1000"), "what was said before the stop is kept: {said:?}");
+
+    // The session goes on.
+    let next = serde_json::json!({"type": "user.message", "content": "again"});
+    assert_eq!(app.post_event(&session, next).await.status(), 200);
+}

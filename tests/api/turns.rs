@@ -336,3 +336,87 @@ async fn an_unexposed_tool_is_not_listed_but_runs_and_streams() {
     let history = app.get(&format!("/sessions/{session}/history?type=summary")).send().await.unwrap();
     assert_eq!(history.status(), 404);
 }
+
+#[tokio::test]
+async fn a_seed_history_that_ends_with_calls_waits_for_their_answers() {
+    let app = spawn_app().await;
+    let seed = json!({
+        "agent": {"name": "default", "tools": [{"name": "calculator", "trust": true}]},
+        "tools": [{"name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "The weather in Oslo, and 6*7?"},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Let me check."},
+                {"type": "tool_use", "toolCallId": "call_seed_1", "name": "get_weather", "input": {"city": "Oslo"}},
+                {"type": "tool_use", "toolCallId": "call_seed_2", "name": "calculator", "input": {"expression": "6*7"}},
+            ]},
+        ],
+    });
+    let response = app.post("/sessions").json(&seed).send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    let session = response.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string();
+    let history = |app: &TestApp| {
+        let path = format!("/sessions/{session}/history?type=full");
+        let request = app.get(&path);
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap()["history"]["full"].clone() }
+    };
+    assert_eq!(history(&app).await, seed["messages"], "the seed reads back exactly, each call once");
+
+    // The calls wait as if the model had just made them: a message is refused, naming them.
+    let refused = turn(&app, &session, json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!(refused.status(), 409);
+    let text = refused.text().await.unwrap();
+    assert!(text.contains("call_seed_1") && text.contains("call_seed_2"), "{text}");
+
+    // A result for the client tool and a permission for the server tool resolve them.
+    let answer = json!({"messages": [
+        {"role": "tool", "toolCallId": "call_seed_1", "content": "cold"},
+        {"role": "tool_permission", "toolCallId": "call_seed_2", "granted": true},
+    ]});
+    let body: Value = turn(&app, &session, answer).await.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({"stopReason": "end_turn", "messages": [
+            {"role": "tool", "toolCallId": "call_seed_2", "content": "42"},
+            {"role": "assistant", "content": "tool results: get_weather=cold; calculator=42"},
+        ]})
+    );
+    let history = history(&app).await;
+    let history = history.as_array().unwrap();
+    assert_eq!(history.len(), 5, "{history:?}");
+    assert_eq!(&history[..2], seed["messages"].as_array().unwrap().as_slice());
+    assert_eq!(history[2], json!({"role": "tool", "toolCallId": "call_seed_1", "content": "cold"}));
+    assert_eq!(history[3], json!({"role": "tool", "toolCallId": "call_seed_2", "content": "42"}));
+
+    // The log says why the session waited: a turn that stopped for the client's answers.
+    let events = app.all_events(&session).await;
+    let kinds: Vec<&str> = events.iter().take(5).map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["session.created", "turn.started", "agent.custom_tool_use", "agent.tool_use", "session.status_idle"]
+    );
+    assert_eq!(events[3]["evaluated_permission"], "ask");
+    let waiting = &events[4]["stop_reason"];
+    assert_eq!(waiting["type"], "requires_action");
+    assert_eq!(waiting["event_ids"], json!([events[2]["id"], events[3]["id"]]));
+}
+
+#[tokio::test]
+async fn a_seed_history_with_an_unanswered_call_before_its_end_is_refused() {
+    let app = spawn_app().await;
+    let before: Value = app.get("/sessions").send().await.unwrap().json().await.unwrap();
+    let seed = json!({
+        "agent": {"name": "default"},
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "toolCallId": "call_lost", "name": "x", "input": {}}]},
+            {"role": "user", "content": "and then?"},
+        ],
+    });
+    let response = app.post("/sessions").json(&seed).send().await.unwrap();
+    assert_eq!(response.status(), 400);
+    let text = response.text().await.unwrap();
+    assert!(text.contains("messages[1]") && text.contains("call_lost"), "{text}");
+    let after: Value = app.get("/sessions").send().await.unwrap().json().await.unwrap();
+    assert_eq!(before, after, "no session was created");
+}
