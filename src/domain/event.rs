@@ -316,18 +316,13 @@ const KIND_OFFSET: usize = 7 + 4 + 26 + 10;
 impl RawEvent {
     /// A stored event: its id (from its key) and its bytes, exactly as stored.
     pub fn stored(id: EventId, json: Bytes) -> RawEvent {
-        let seq = header_number(&json, b",\"sequence_number\":").unwrap_or(0);
+        let seq = Head::read(&json).map_or(0, |head| head.seq);
         RawEvent { id, seq, json }
     }
 
     /// The turn the event belongs to and its number in it, read from the envelope.
     pub fn turn(&self) -> Option<(TurnId, u32)> {
-        let end = find(&self.json, b",\"sequence_number\":")?;
-        let head = &self.json[..end];
-        let at = find(head, TURN_FIELD)? + TURN_FIELD.len();
-        let id = std::str::from_utf8(head.get(at..at + 5 + 26)?).ok()?.parse().ok()?;
-        let number = header_number(head, b",\"turn_sequence_number\":")?;
-        Some((id, u32::try_from(number).ok()?))
+        Head::read(&self.json)?.turn
     }
 
     /// The event type, read from where the writer put it.
@@ -346,22 +341,43 @@ impl RawEvent {
     }
 }
 
-const TURN_FIELD: &[u8] = b",\"turn_id\":\"";
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+/// The numbers of an envelope, read where [`Envelope::write`] puts them: after the type,
+/// `,"session_id":"sess_…"`, then inside a turn `,"turn_id":"turn_…","turn_sequence_number":N`,
+/// then `,"sequence_number":N`. Fixed offsets, no scanning: every read of the log does this.
+struct Head {
+    turn: Option<(TurnId, u32)>,
+    seq: u64,
 }
 
-/// The unsigned number after the first `field` (which ends with its colon). The envelope
-/// comes first and no string can hold `,"name":` unescaped, so the first match is the
-/// envelope's field.
-fn header_number(json: &[u8], field: &[u8]) -> Option<u64> {
-    let at = find(json, field)? + field.len();
-    let digits = &json[at..][..json[at..].iter().take_while(|b| b.is_ascii_digit()).count()];
-    if digits.is_empty() {
-        return None;
+impl Head {
+    const SESSION: &'static [u8] = b"\",\"session_id\":\"sess_";
+    const TURN: &'static [u8] = b"\",\"turn_id\":\"turn_";
+    const TURN_NUMBER: &'static [u8] = b"\",\"turn_sequence_number\":";
+    const SEQ: &'static [u8] = b",\"sequence_number\":";
+    const ULID: usize = 26;
+
+    fn read(json: &[u8]) -> Option<Head> {
+        let kind_end = KIND_OFFSET + json.get(KIND_OFFSET..)?.iter().position(|&b| b == b'"')?;
+        let rest = json.get(kind_end..)?.strip_prefix(Head::SESSION)?.get(Head::ULID..)?;
+        let (turn, rest) = match rest.strip_prefix(Head::TURN) {
+            Some(turn) => {
+                let id = std::str::from_utf8(turn.get(..Head::ULID)?).ok()?;
+                let id = TurnId(ulid::Ulid::from_string(id).ok()?);
+                let (number, rest) = number(turn.get(Head::ULID..)?.strip_prefix(Head::TURN_NUMBER)?)?;
+                (Some((id, u32::try_from(number).ok()?)), rest)
+            }
+            None => (None, rest.strip_prefix(b"\"")?),
+        };
+        let (seq, _) = number(rest.strip_prefix(Head::SEQ)?)?;
+        Some(Head { turn, seq })
     }
-    digits.iter().try_fold(0u64, |n, b| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+}
+
+/// The unsigned number at the start of `bytes`, and what follows it.
+fn number(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let len = bytes.iter().take_while(|b| b.is_ascii_digit()).count();
+    let value = bytes[..len].iter().try_fold(0u64, |n, b| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))?;
+    (len > 0).then_some((value, &bytes[len..]))
 }
 
 /// Writes the envelope of an event in front of its fields. Field order is fixed: `id`
@@ -447,6 +463,22 @@ mod tests {
             .write(&Draft::new(None, &body));
         let raw = RawEvent::stored(id, json);
         assert_eq!((raw.seq, raw.turn()), (12, None));
+    }
+
+    #[test]
+    fn a_cut_or_foreign_envelope_reads_as_nothing_rather_than_wrong() {
+        let turn = TurnId(Ulid::new());
+        let id = EventId(Ulid::new());
+        let draft = Draft::new(Some(turn), &EventBody::UserInterrupt {});
+        let json =
+            Envelope { id, session: SessionId(Ulid::new()), turn: Some((turn, 9)), seq: 41, now: "t" }.write(&draft);
+        for end in 0..json.len() {
+            let cut = RawEvent::stored(id, json.slice(..end));
+            // Cut inside a number, the envelope may read as a shorter number; never anything else.
+            assert!(cut.turn().is_none_or(|(of, n)| of == turn && "9".starts_with(&n.to_string())));
+        }
+        let foreign = RawEvent::stored(id, Bytes::from_static(br#"{"sequence_number":3,"turn_id":"x"}"#));
+        assert_eq!((foreign.seq, foreign.turn()), (0, None));
     }
 
     #[test]

@@ -176,20 +176,19 @@ impl Actor {
         Ok(())
     }
 
-    /// Decides on the log as it stands and appends the decision; if another writer got
-    /// there first, catches up and decides again.
+    /// Decides on the state as folded so far (callers whose decision depends on it catch
+    /// up first) and appends the decision; if another writer got there first, catches up
+    /// and decides again.
     async fn apply(
         &mut self,
         mut decide: impl FnMut(&Actor) -> Result<Decision, SessionError>,
     ) -> Result<(Decision, Vec<RawEvent>), SessionError> {
         for _ in 0..ATTEMPTS {
-            self.catch_up().await?;
             let mut decision = decide(self)?;
-            match self.writer.append(std::mem::take(&mut decision.drafts)).await? {
-                Ok(events) => {
-                    self.catch_up().await?;
-                    return Ok((decision, events));
-                }
+            let appended = self.writer.append(std::mem::take(&mut decision.drafts)).await?;
+            self.catch_up().await?;
+            match appended {
+                Ok(events) => return Ok((decision, events)),
                 Err(conflict) => {
                     tracing::warn!(session_id = %self.session, expected = conflict.expected, found = conflict.actual.seq,
                         "another writer appended to this session; deciding again");
@@ -210,17 +209,15 @@ impl Actor {
 
     async fn submit(&mut self, submission: Submission) -> Result<Submitted, SessionError> {
         self.catch_up().await?;
-        if self.summary.deleted {
-            return Err(SessionError::NotFound(self.session.to_string()));
-        }
-        let agent = self.agent()?;
         let tools = self.engine.inner.agents.tools.clone();
+        let mut agent = None;
         let (decision, events) = self
             .apply(|actor| {
                 if actor.summary.deleted {
                     return Err(SessionError::NotFound(actor.session.to_string()));
                 }
-                let update = rules::update(&agent, &tools, &actor.summary.spec, &submission.update)?;
+                let of_session = agent.insert(actor.agent()?);
+                let update = rules::update(of_session, &tools, &actor.summary.spec, &submission.update)?;
                 decide(&actor.state, &submission, update, TurnId::generate())
             })
             .await?;
@@ -229,7 +226,7 @@ impl Actor {
                 cancel.cancel();
             }
         }
-        if let Some(turn) = decision.start {
+        if let (Some(turn), Some(agent)) = (decision.start, agent) {
             self.start_turn(turn, agent);
         }
         Ok(Submitted { events, turn: decision.start })
@@ -237,6 +234,10 @@ impl Actor {
 
     /// Appends `session.deleted` and `terminated`; every open stream ends after the latter.
     async fn delete(&mut self) -> Result<(), SessionError> {
+        if let Err(error) = self.catch_up().await {
+            self.done = true;
+            return Err(error);
+        }
         let deleted = self.apply(|actor| {
             if actor.summary.deleted {
                 return Err(SessionError::NotFound(actor.session.to_string()));
