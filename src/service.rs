@@ -28,6 +28,7 @@ pub struct Service {
     sweeper: tokio::task::JoinHandle<()>,
     stop_wait: Duration,
     recovered: usize,
+    turns_stopped: tokio::sync::OnceCell<()>,
 }
 
 impl Service {
@@ -71,7 +72,7 @@ impl Service {
         let sessions = Sessions::new(session_log, engine.clone(), agents);
         let sweeper = tokio::spawn(sweep(log.clone()));
         let stop_wait = Duration::from_secs(settings.server.shutdown_timeout_secs);
-        Ok(Service { sessions, engine, log, sweeper, stop_wait, recovered })
+        Ok(Service { sessions, engine, log, sweeper, stop_wait, recovered, turns_stopped: Default::default() })
     }
 
     /// How many turns that the last run left running this start closed as `interrupted`.
@@ -83,19 +84,18 @@ impl Service {
         &self.sessions
     }
 
-    /// The log itself, for operators' tools and tests. Views and turns go through
-    /// [`Service::sessions`].
-    pub fn log(&self) -> &Arc<dyn Log> {
-        &self.log
-    }
-
     /// Cancels running turns and records how each ended, waiting up to
     /// `server.shutdown_timeout_secs`; from then on every submission answers that the
     /// service is shutting down. Reads and streams go on until [`Service::shutdown`].
     pub async fn stop_turns(&self) {
-        let started = Instant::now();
-        let stopped = self.engine.shutdown(self.stop_wait).await;
-        tracing::info!(sessions = stopped, elapsed_ms = started.elapsed().as_millis() as u64, "turns stopped");
+        let stop = async {
+            let started = Instant::now();
+            let (stopped, actors) = self.engine.shutdown(self.stop_wait).await;
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            tracing::info!(stopped, actors, elapsed_ms, "session actors stopped");
+        };
+        // Once: a second caller waits for the first stop rather than as long again.
+        self.turns_stopped.get_or_init(|| stop).await;
     }
 
     /// Stops the turns (if [`Service::stop_turns`] has not), then flushes and closes the log.

@@ -58,7 +58,6 @@ async fn given_with(backend: Backend, server_tools: &[(&str, bool)], tweak: impl
             ),
             options: Default::default(),
         },
-        // As logs written before the format was settled stored client tools: `parameters`.
         tools: vec![serde_json::from_value(
             json!({"name": "get_weather", "description": "weather", "parameters": {"type": "object"}}),
         )
@@ -591,7 +590,7 @@ async fn turns_are_indexed_and_their_events_read_back_by_number(log: Backend) {
     let three = g.sessions.turn(&g.session, &third.to_string()).await.unwrap();
     assert!(three.input.is_empty(), "a turn that goes on after results has no message");
     assert_eq!(three.stop.map(|s| s.kind), Some(StopReason::EndTurn));
-    assert!(matches!(g.sessions.turn(&g.session, "turn_nope").await, Err(SessionError::NotFound(_))));
+    assert!(matches!(g.sessions.turn(&g.session, "turn_nope").await, Err(SessionError::TurnNotFound { .. })));
 
     // A turn's events by turn sequence number, and nothing of the next turn.
     let all = g.sessions.turn_events(&g.session, &one, 0, 1000).await.unwrap();
@@ -633,6 +632,43 @@ async fn followers_resume_after_any_kind_of_cursor(log: Backend) {
     }
 }
 
+async fn another_writer_makes_the_actor_decide_again(log: Backend) {
+    let g = given(log, &[]).await;
+    g.when(vec![Input::Outcome(json!("loads the actor"))]).await.unwrap();
+    let at = g.log.position(g.session.id).await.unwrap().seq;
+    let foreign = turnlog::domain::Draft::new(None, &EventBody::UserDefineOutcome { outcome: json!("foreign") });
+    g.log.append(g.session.id, at, vec![foreign]).await.unwrap().unwrap();
+    let submitted = g.when(vec![text("hi")]).await.unwrap();
+    let events = g.then_events(0).await;
+    let numbers: Vec<u64> = events.iter().map(|e| e.sequence_number).collect();
+    assert_eq!(numbers, (1..=events.len() as u64).collect::<Vec<_>>(), "no gap");
+    let started = events.iter().position(|e| matches!(e.body, EventBody::TurnStarted {})).unwrap();
+    assert_eq!(events[started].sequence_number, at + 2, "the turn starts after the foreign event");
+    assert_eq!(events[started].turn_id, submitted.turn);
+    assert_eq!(said(&events), vec!["echo: hi"]);
+}
+
+async fn another_writer_during_a_turn_ends_it_with_a_log_error(log: Backend) {
+    let g = given(log, &[]).await;
+    g.when(vec![text("/delay 20\n/words 200")]).await.unwrap();
+    g.wait_for("agent.message.delta").await;
+    let at = g.log.position(g.session.id).await.unwrap().seq;
+    let foreign = turnlog::domain::Draft::new(None, &EventBody::UserDefineOutcome { outcome: json!("foreign") });
+    g.log.append(g.session.id, at, vec![foreign]).await.unwrap().unwrap();
+    let events = g.then_events(1).await;
+    let error = events.iter().find_map(|e| match &e.body {
+        EventBody::SessionError { code, error } => Some((code.clone(), error.clone())),
+        _ => None,
+    });
+    let (code, message) = error.expect("the turn recorded why it stopped");
+    assert_eq!(code, "log_error");
+    assert!(message.contains("another writer"), "{message}");
+    assert_eq!(stop(&events).0, StopReason::Error);
+    let mark = g.log().await.len();
+    g.when(vec![text("again")]).await.unwrap();
+    assert_eq!(said(&g.then_events(mark).await), vec!["echo: again"], "the session goes on");
+}
+
 /// Each test above, once on each log.
 macro_rules! on_both_logs {
     ($($name:ident),* $(,)?) => {
@@ -666,4 +702,6 @@ on_both_logs!(
     an_ask_tool_in_config_asks_even_when_the_client_trusts_it,
     turns_are_indexed_and_their_events_read_back_by_number,
     followers_resume_after_any_kind_of_cursor,
+    another_writer_makes_the_actor_decide_again,
+    another_writer_during_a_turn_ends_it_with_a_log_error,
 );

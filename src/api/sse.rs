@@ -1,11 +1,12 @@
 //! Server-sent events: framing, and the driver that turns a [`Follower`] into a response
-//! body with heartbeats, delta merging, and a clean end at `terminated` or shutdown.
+//! body with heartbeats, delta merging, and a clean end at `terminated` or shutdown (after
+//! sending what is already published).
 
 use std::convert::Infallible;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use futures_util::Stream;
+use futures_util::{FutureExt, Stream};
 use tokio_util::sync::CancellationToken;
 
 use super::StreamGuard;
@@ -13,6 +14,9 @@ use crate::domain::RawEvent;
 use crate::session::{Coalescer, Follower};
 
 pub const PING: &[u8] = b": ping\n\n";
+
+/// At shutdown a stream sends at most this many batches that are ready at once, then ends.
+const SHUTDOWN_DRAIN_BATCHES: usize = 16;
 
 /// Writes one frame. `data` must be one line (compact JSON always is).
 pub fn frame(out: &mut BytesMut, id: Option<&str>, event: &str, data: &[u8]) {
@@ -71,7 +75,18 @@ where
             let deadline = coalescer.deadline();
             let more = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => false,
+                _ = shutdown.cancelled() => {
+                    // What is already published goes out first: a turn the shutdown stopped
+                    // has recorded its end by now, and the stream's client should see it.
+                    for _ in 0..SHUTDOWN_DRAIN_BATCHES {
+                        let Some(Ok(Some(events))) = follower.next().now_or_never() else { break };
+                        let ready = coalescer.push(events, tokio::time::Instant::now());
+                        if !ready.iter().all(|event| render(&mut out, event) == Flow::Continue) {
+                            break;
+                        }
+                    }
+                    false
+                }
                 next = follower.next() => match next {
                     Ok(Some(events)) => coalescer
                         .push(events, tokio::time::Instant::now())

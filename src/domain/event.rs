@@ -14,9 +14,7 @@ use super::ids::{EventId, SessionId, TurnId};
 /// The version of the stored event format (the README's "The event format" says what it
 /// holds). Additive changes (a new optional field, a new event type) keep it; a change that
 /// a reader of this version would misread raises it, and readers keep accepting every
-/// earlier version. Version 1 was settled before the managed-agents, harness and ACP views
-/// were written; the one change made in settling it: a client tool's JSON Schema is
-/// `input_schema`, where logs written before stored the AAP's `parameters` (still read).
+/// earlier version.
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// A content block (`{"type":"text","text":"..."}`, images, documents, ...). Only text is
@@ -127,9 +125,10 @@ pub struct ClientTool {
     pub title: Option<String>,
     #[serde(default)]
     pub description: String,
-    /// JSON Schema of the input object. Logs written before the format was settled stored
-    /// it as `parameters`.
-    #[serde(alias = "parameters", default = "ClientTool::any_object")]
+    /// JSON Schema of the input object. Stored as `parameters`, the name the log has used
+    /// from its first version: the stored format (and the native stream, which shows it)
+    /// does not change with the type's name.
+    #[serde(rename = "parameters", default = "ClientTool::any_object")]
     pub input_schema: Value,
 }
 
@@ -482,12 +481,14 @@ mod tests {
     }
 
     #[test]
-    fn client_tools_stored_with_parameters_still_load() {
-        let v1 = r#"{"name":"get_weather","description":"Weather","parameters":{"type":"object","required":["city"]}}"#;
-        let tool: ClientTool = serde_json::from_str(v1).unwrap();
+    fn client_tools_keep_their_stored_form() {
+        let stored =
+            r#"{"name":"get_weather","description":"Weather","parameters":{"type":"object","required":["city"]}}"#;
+        let tool: ClientTool = serde_json::from_str(stored).unwrap();
         assert_eq!(tool.input_schema["required"][0], "city");
+        let written: Value = serde_json::to_value(&tool).unwrap();
+        assert_eq!(written, serde_json::from_str::<Value>(stored).unwrap(), "written back exactly as stored");
         let bare: ClientTool = serde_json::from_str(r#"{"name":"t"}"#).unwrap();
         assert_eq!(bare.input_schema, ClientTool::any_object());
-        assert!(serde_json::to_string(&tool).unwrap().contains("\"input_schema\""));
     }
 }

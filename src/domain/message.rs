@@ -63,25 +63,3 @@ pub fn waiting_calls(messages: &[Message]) -> impl Iterator<Item = (String, Stri
         _ => None,
     })
 }
-
-/// The first tool call that no tool message answers and that is not in the last message:
-/// `(message index, tool_call_id)`. A history with one cannot go on (a model would refuse it).
-pub fn unanswered_call(messages: &[Message]) -> Option<(usize, &str)> {
-    let answered: std::collections::HashSet<&str> = messages
-        .iter()
-        .filter_map(|m| match m {
-            Message::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
-            _ => None,
-        })
-        .collect();
-    let before_last = messages.len().saturating_sub(1);
-    messages[..before_last].iter().enumerate().find_map(|(i, m)| match m {
-        Message::Assistant { content } => content.iter().find_map(|p| match p {
-            Part::ToolUse { tool_call_id, .. } if !answered.contains(tool_call_id.as_str()) => {
-                Some((i, tool_call_id.as_str()))
-            }
-            _ => None,
-        }),
-        _ => None,
-    })
-}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::decide::{decide, idle, Decision};
+use super::decide::{self, decide, idle, Decision};
 use super::engine::{Command, Engine, Submission, Submitted};
 use super::log::Writer;
 use super::turn::{self, Outcome, ToolPlan, TurnContext};
@@ -55,24 +55,57 @@ impl Actor {
         me: mpsc::WeakSender<Command>,
         mut commands: mpsc::Receiver<Command>,
     ) {
-        let failure = match Actor::load(engine.clone(), session, me).await {
+        let failure = match Actor::load(engine.clone(), session, me.clone()).await {
             Ok(actor) => return actor.run(generation, commands).await,
+            // No such session: if the first command creates it, this actor is its one writer
+            // from its first event.
+            Err(SessionError::NotFound(_)) => match Actor::create(&engine, session, &mut commands).await {
+                Ok(()) => match Actor::load(engine.clone(), session, me).await {
+                    Ok(actor) => return actor.run(generation, commands).await,
+                    Err(error) => error,
+                },
+                Err(error) => error,
+            },
             Err(error) => error,
         };
         engine.retire(session, generation);
         commands.close();
-        let answer = || match &failure {
-            SessionError::NotFound(id) => SessionError::NotFound(id.clone()),
-            other => SessionError::Invalid(other.to_string()),
-        };
         while let Ok(command) = commands.try_recv() {
-            match command {
-                Command::Submit(_, reply) => drop(reply.send(Err(answer()))),
-                Command::Delete(reply) => drop(reply.send(Err(answer()))),
-                Command::Stop(reply) => drop(reply.send(())),
-                Command::TurnEnded(..) => {}
-            }
+            refuse(command, &failure);
         }
+    }
+
+    /// Makes a new session if the first command asks for it: its first events, then what
+    /// settles the calls a seed history left waiting (which names them by the ids the
+    /// first append gave them). Any other first command is for a session that does not exist.
+    async fn create(
+        engine: &Engine,
+        session: SessionId,
+        commands: &mut mpsc::Receiver<Command>,
+    ) -> Result<(), SessionError> {
+        let not_found = SessionError::NotFound(session.to_string());
+        let (drafts, reply) = match commands.recv().await {
+            Some(Command::Create(drafts, reply)) => (drafts, reply),
+            Some(other) => {
+                refuse(other, &not_found);
+                return Err(not_found);
+            }
+            None => return Err(not_found),
+        };
+        let log = &engine.inner.log;
+        let created = async {
+            let conflict = || SessionError::Conflict(format!("session {session} was written to as it was created"));
+            let first = log.append(session, 0, drafts).await?.map_err(|_| conflict())?;
+            let settled = decide::seed_settled(&first);
+            if !settled.is_empty() {
+                log.append(session, first.len() as u64, settled).await?.map_err(|_| conflict())?;
+            }
+            Ok::<_, SessionError>(())
+        };
+        let result = created.await;
+        let answer = result.as_ref().map(drop).map_err(|error| SessionError::Invalid(error.to_string()));
+        let _ = reply.send(result);
+        answer
     }
 
     async fn load(engine: Engine, session: SessionId, me: mpsc::WeakSender<Command>) -> Result<Actor, SessionError> {
@@ -121,6 +154,7 @@ impl Actor {
                 Command::Submit(submission, reply) => drop(reply.send(Err(SessionError::Retry(Box::new(submission))))),
                 // Dropping the reply sends these on to the next actor.
                 Command::Delete(_) | Command::TurnEnded(..) => {}
+                Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
                 Command::Stop(reply) => drop(reply.send(())),
             }
         }
@@ -133,6 +167,7 @@ impl Actor {
                 let _ = reply.send(result);
             }
             Command::TurnEnded(turn, outcome) => self.end_turn(turn, outcome).await,
+            Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
             Command::Delete(reply) => match &self.running {
                 Some((_, cancel)) => {
                     cancel.cancel();
@@ -208,6 +243,11 @@ impl Actor {
     }
 
     async fn submit(&mut self, submission: Submission) -> Result<Submitted, SessionError> {
+        // An actor that started after the engine sent its stops would run a turn that no
+        // one stops.
+        if self.engine.stopping() {
+            return Err(SessionError::ShuttingDown);
+        }
         self.catch_up().await?;
         let tools = self.engine.inner.agents.tools.clone();
         let mut agent = None;
@@ -221,13 +261,14 @@ impl Actor {
                 decide(&actor.state, &submission, update, TurnId::generate())
             })
             .await?;
+        if let (Some(turn), Some(agent)) = (decision.start, agent) {
+            self.start_turn(turn, agent);
+        }
+        // After starting: an interrupt that came with the input that started a turn cancels it.
         if decision.cancel {
             if let Some((_, cancel)) = &self.running {
                 cancel.cancel();
             }
-        }
-        if let (Some(turn), Some(agent)) = (decision.start, agent) {
-            self.start_turn(turn, agent);
         }
         Ok(Submitted { events, turn: decision.start })
     }
@@ -311,6 +352,25 @@ impl Actor {
                 }
             }
         }
+    }
+}
+
+fn exists(session: SessionId) -> SessionError {
+    SessionError::Conflict(format!("session {session} already exists"))
+}
+
+/// Answers a command that no actor will handle, with `failure`.
+fn refuse(command: Command, failure: &SessionError) {
+    let answer = || match failure {
+        SessionError::NotFound(id) => SessionError::NotFound(id.clone()),
+        other => SessionError::Invalid(other.to_string()),
+    };
+    match command {
+        Command::Submit(_, reply) => drop(reply.send(Err(answer()))),
+        Command::Create(_, reply) => drop(reply.send(Err(answer()))),
+        Command::Delete(reply) => drop(reply.send(Err(answer()))),
+        Command::Stop(reply) => drop(reply.send(())),
+        Command::TurnEnded(..) => {}
     }
 }
 

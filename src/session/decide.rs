@@ -6,7 +6,7 @@ use super::engine::{Input, Submission};
 use super::turn::{Mode, ToolPlan};
 use super::SessionError;
 use crate::domain::event::{Confirmation, Permission, StopInfo, StopReason};
-use crate::domain::{Block, Draft, EventBody, EventId, Message, TurnId, Usage};
+use crate::domain::{Block, Draft, Event, EventBody, EventId, Message, RawEvent, TurnId, Usage};
 use crate::projection::turns::{CallKind, PendingCall, Phase, TurnState};
 
 /// What to append, and what the actor does once it is stored.
@@ -53,8 +53,9 @@ pub fn decide(
     let mut decision =
         Decision { drafts: update.iter().map(|body| Draft::new(None, body)).collect(), ..Decision::default() };
     // Input becomes events in the order it came; the resolutions go where the first of
-    // them stood.
-    let current = current_turn(state);
+    // them stood. An interrupt belongs to the turn current when it comes: one that follows
+    // input starting a turn cancels that turn as it starts.
+    let mut current = current_turn(state);
     let mut resolutions_written = resolved.is_empty();
     for input in inputs {
         match input {
@@ -65,6 +66,7 @@ pub fn decide(
             Input::Interrupt => {
                 decision.drafts.push(Draft::new(current, &EventBody::UserInterrupt {}));
                 match state.phase {
+                    _ if decision.start.is_some() => decision.cancel = true,
                     Phase::Running(_) => decision.cancel = true,
                     Phase::Waiting(turn) if resolved.is_empty() => decision.drafts.extend(close_waiting(state, turn)),
                     _ => {}
@@ -75,12 +77,14 @@ pub fn decide(
                 decision.drafts.push(Draft::new(Some(new_turn), &EventBody::UserMessage { content: content.clone() }));
                 decision.drafts.push(Draft::new(Some(new_turn), &running()));
                 decision.start = Some(new_turn);
+                current = decision.start;
             }
             Input::Result { .. } | Input::Permission { .. } if !resolutions_written => {
                 resolutions_written = true;
                 let (drafts, start) = resolve(state, &resolved, new_turn);
                 decision.drafts.extend(drafts);
                 decision.start = start;
+                current = start.or(current);
             }
             Input::Result { .. } | Input::Permission { .. } => {}
         }
@@ -88,19 +92,23 @@ pub fn decide(
     Ok(decision)
 }
 
-/// A new session whose seed history ends with tool calls: a turn that makes them wait for
-/// the client (a result for a client tool, a permission for one of the session's server
-/// tools), like calls the model just made. The caller appends the idle status that names
-/// them, once they have ids.
+/// A new session whose seed history ends with tool calls: a turn that records them as if
+/// the model had just made them. A call of a client tool waits for its result; a call of
+/// one of the session's server tools waits for a permission, even a trusted one (the call
+/// came from the client's history, not from the model); a call of a tool the session does
+/// not have is denied, as in a turn. [`seed_settled`] then answers the denied calls and
+/// says which wait, once the calls have ids.
 pub fn seed_waiting(messages: &[Message], plan: &ToolPlan, turn: TurnId) -> Vec<Draft> {
     let calls: Vec<Draft> = crate::domain::message::waiting_calls(messages)
         .map(|(tool_call_id, name, input)| {
-            let body = match plan.modes.get(&name) {
-                Some(Mode::Inline | Mode::Ask) => {
-                    EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: Permission::Ask }
+            let permission = match plan.modes.get(&name) {
+                Some(Mode::Client) => {
+                    return Draft::new(Some(turn), &EventBody::AgentCustomToolUse { tool_call_id, name, input })
                 }
-                Some(Mode::Client) | None => EventBody::AgentCustomToolUse { tool_call_id, name, input },
+                Some(Mode::Inline | Mode::Ask) => Permission::Ask,
+                None => Permission::Deny,
             };
+            let body = EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: permission };
             Draft::new(Some(turn), &body)
         })
         .collect();
@@ -109,6 +117,36 @@ pub fn seed_waiting(messages: &[Message], plan: &ToolPlan, turn: TurnId) -> Vec<
     }
     let mut drafts = vec![Draft::new(Some(turn), &EventBody::TurnStarted {})];
     drafts.extend(calls);
+    drafts
+}
+
+/// What follows [`seed_waiting`]'s events once stored: the denied calls' results, and the
+/// status that names the calls waiting for the client (or ends the turn if none waits).
+pub fn seed_settled(stored: &[RawEvent]) -> Vec<Draft> {
+    let events: Vec<Event> = stored.iter().filter_map(|raw| raw.decode().ok()).collect();
+    let started = events.iter().find(|e| matches!(e.body, EventBody::TurnStarted {}));
+    let Some(turn) = started.and_then(|e| e.turn_id) else {
+        return Vec::new();
+    };
+    let mut drafts = Vec::new();
+    let mut waiting = Vec::new();
+    for event in &events {
+        match &event.body {
+            EventBody::AgentToolUse { evaluated_permission: Permission::Deny, tool_call_id, name, .. } => {
+                let result = EventBody::AgentToolResult {
+                    tool_use_id: event.id,
+                    tool_call_id: tool_call_id.clone(),
+                    content: vec![Block::text(format!("Tool call denied: no tool named {name:?} is available"))],
+                    is_error: true,
+                };
+                drafts.push(Draft::new(Some(turn), &result));
+            }
+            EventBody::AgentToolUse { .. } | EventBody::AgentCustomToolUse { .. } => waiting.push(event.id),
+            _ => {}
+        }
+    }
+    let stop = if waiting.is_empty() { StopReason::EndTurn } else { StopReason::RequiresAction };
+    drafts.push(Draft::new(Some(turn), &idle(stop, waiting, Usage::default())));
     drafts
 }
 
@@ -293,15 +331,22 @@ mod tests {
         decision.drafts.iter().map(Draft::kind).collect()
     }
 
-    /// The state after these drafts, numbered as a log would.
+    /// Drafts as a log stores them (ids and numbers in order).
+    fn stored(drafts: &[Draft]) -> Vec<RawEvent> {
+        let session = SessionId::generate();
+        let event = |(i, draft): (usize, &Draft)| {
+            let (id, seq) = (EventId(ulid::Ulid::from_parts(1_000, i as u128)), i as u64 + 1);
+            let turn = draft.turn.map(|t| (t, seq as u32));
+            RawEvent { id, seq, json: Envelope { id, session, turn, seq, now: "t" }.write(draft) }
+        };
+        drafts.iter().enumerate().map(event).collect()
+    }
+
+    /// The state after these drafts.
     fn fold(drafts: &[Draft]) -> TurnState {
         let mut state = TurnState::default();
-        let session = SessionId::generate();
-        for (i, draft) in drafts.iter().enumerate() {
-            let id = EventId(ulid::Ulid::from_parts(1_000, i as u128));
-            let json =
-                Envelope { id, session, turn: draft.turn.map(|t| (t, 1)), seq: i as u64 + 1, now: "t" }.write(draft);
-            state.apply(&RawEvent { id, seq: i as u64 + 1, json }.decode().unwrap());
+        for raw in stored(drafts) {
+            state.apply(&raw.decode().unwrap());
         }
         state
     }
@@ -325,25 +370,40 @@ mod tests {
     }
 
     #[test]
+    fn an_interrupt_after_input_that_starts_a_turn_cancels_that_turn() {
+        let turn = TurnId::generate();
+        let both = submission(vec![Input::Message(vec![Block::text("hi")]), Input::Interrupt]);
+        let decision = decide(&TurnState::default(), &both, None, turn).unwrap();
+        assert_eq!(kinds(&decision), ["turn.started", "user.message", "session.status_running", "user.interrupt"]);
+        assert!(decision.drafts.iter().all(|d| d.turn == Some(turn)), "the interrupt is the new turn's");
+        assert_eq!((decision.start, decision.cancel), (Some(turn), true));
+    }
+
+    #[test]
     fn a_seed_that_ends_with_calls_waits_for_their_answers() {
-        let plan = ToolPlan { modes: [("calculator".to_string(), Mode::Inline)].into(), ..ToolPlan::default() };
+        let plan = ToolPlan {
+            modes: [("calculator".to_string(), Mode::Inline), ("get_weather".to_string(), Mode::Client)].into(),
+            ..ToolPlan::default()
+        };
         let call = |id: &str, name: &str| crate::domain::Part::ToolUse {
             tool_call_id: id.into(),
             name: name.into(),
             input: serde_json::json!({}),
         };
-        let seed = [Message::Assistant { content: vec![call("a", "get_weather"), call("b", "calculator")] }];
+        let seed = [Message::Assistant {
+            content: vec![call("a", "get_weather"), call("b", "calculator"), call("c", "launch_rockets")],
+        }];
         let turn = TurnId::generate();
-        let drafts = seed_waiting(&seed, &plan, turn);
-        assert_eq!(
-            drafts.iter().map(Draft::kind).collect::<Vec<_>>(),
-            ["turn.started", "agent.custom_tool_use", "agent.tool_use"]
-        );
-        let mut with_idle = drafts;
-        with_idle.push(Draft::new(Some(turn), &idle(StopReason::RequiresAction, vec![], Usage::default())));
-        let state = fold(&with_idle);
+        let mut drafts = seed_waiting(&seed, &plan, turn);
+        let kinds: Vec<&str> = drafts.iter().map(Draft::kind).collect();
+        assert_eq!(kinds, ["turn.started", "agent.custom_tool_use", "agent.tool_use", "agent.tool_use"]);
+        let settled = seed_settled(&stored(&drafts));
+        let kinds: Vec<&str> = settled.iter().map(Draft::kind).collect();
+        assert_eq!(kinds, ["agent.tool_result", "session.status_idle"]);
+        drafts.extend(settled);
+        let state = fold(&drafts);
         let kinds: Vec<CallKind> = state.pending.values().map(|c| c.kind).collect();
-        assert_eq!(kinds, [CallKind::Client, CallKind::Ask]);
+        assert_eq!(kinds, [CallKind::Client, CallKind::Ask], "the unknown tool's call was denied, not left waiting");
         let answer = submission(vec![
             Input::Result { call: "a".into(), content: vec![Block::text("cold")], is_error: false },
             Input::Permission { call: "b".into(), granted: true, reason: None },
@@ -352,5 +412,6 @@ mod tests {
         let decision = decide(&state, &answer, None, next).unwrap();
         assert_eq!(decision.start, Some(next));
         assert!(seed_waiting(&[Message::User { content: vec![] }], &plan, turn).is_empty());
+        assert!(seed_settled(&[]).is_empty());
     }
 }

@@ -2,7 +2,7 @@
 //! turn, resolve tool calls, cancel, delete), one thing at a time. Actors are rebuilt from
 //! the log on demand and dropped when idle, so an idle session costs no memory.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -88,6 +88,8 @@ pub struct Submitted {
 }
 
 pub(super) enum Command {
+    /// The first events of a new session (the first command its actor takes).
+    Create(Vec<Draft>, oneshot::Sender<Result<(), SessionError>>),
     Submit(Submission, oneshot::Sender<Result<Submitted, SessionError>>),
     TurnEnded(TurnId, super::turn::Outcome),
     /// Cancel what runs, record how it ended, then delete the session.
@@ -95,6 +97,10 @@ pub(super) enum Command {
     /// Cancel what runs, record how it ended, and stop (the service is shutting down).
     Stop(oneshot::Sender<()>),
 }
+
+/// How many actors a command is offered to before the engine gives up (each one it finds
+/// stopped as it sends is replaced by a new one).
+const SEND_ATTEMPTS: usize = 8;
 
 #[derive(Clone)]
 pub(crate) struct Engine {
@@ -136,9 +142,17 @@ impl Engine {
         }
     }
 
+    /// Starts a new session's log with `drafts` through the session's actor, so that no
+    /// other writer comes between its first appends.
+    pub async fn create(&self, session: SessionId, drafts: Vec<Draft>) -> Result<(), SessionError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(session, Command::Create(drafts, reply)).await?;
+        answer.await.map_err(|_| SessionError::ShuttingDown)?
+    }
+
     /// Cancels whatever runs in the session, records its end, then deletes the session.
     pub async fn delete(&self, session: SessionId) -> Result<(), SessionError> {
-        loop {
+        for _ in 0..SEND_ATTEMPTS {
             let (reply, answer) = oneshot::channel();
             self.send(session, Command::Delete(reply)).await?;
             // An actor that stopped before it took the command dropped it: ask the next.
@@ -146,31 +160,36 @@ impl Engine {
                 return result;
             }
         }
+        Err(SessionError::ShuttingDown)
     }
 
-    /// Stops every actor: running turns are cancelled and their end recorded. Answers how
-    /// many actors stopped within `wait`; later submissions answer `ShuttingDown`.
-    pub async fn shutdown(&self, wait: Duration) -> usize {
+    /// Stops every actor: running turns are cancelled and their end recorded, waiting up
+    /// to `wait`. From the start of this no submission is taken (`ShuttingDown`), so an
+    /// actor that starts after the stops were sent runs nothing. Answers how many actors
+    /// stopped, and how many there were.
+    pub async fn shutdown(&self, wait: Duration) -> (usize, usize) {
         self.inner.stopping.store(true, Ordering::SeqCst);
         let senders: Vec<mpsc::Sender<Command>> = self.inner.actors.iter().map(|entry| entry.1.clone()).collect();
-        let stops = senders.into_iter().map(|sender| async move {
+        let stopped = AtomicUsize::new(0);
+        let stops = senders.iter().map(|sender| async {
             let (reply, answer) = oneshot::channel();
-            sender.send(Command::Stop(reply)).await.is_ok() && answer.await.is_ok()
-        });
-        match tokio::time::timeout(wait, futures_util::future::join_all(stops)).await {
-            Ok(stopped) => stopped.into_iter().filter(|&s| s).count(),
-            Err(_) => {
-                tracing::warn!(
-                    wait_secs = wait.as_secs(),
-                    "some turns did not stop in time; the next start closes them"
-                );
-                0
+            if sender.send(Command::Stop(reply)).await.is_ok() && answer.await.is_ok() {
+                stopped.fetch_add(1, Ordering::Relaxed);
             }
+        });
+        if tokio::time::timeout(wait, futures_util::future::join_all(stops)).await.is_err() {
+            let wait_secs = wait.as_secs();
+            tracing::warn!(wait_secs, "some turns did not stop in time; the next start closes them");
         }
+        (stopped.load(Ordering::Relaxed), senders.len())
+    }
+
+    pub(super) fn stopping(&self) -> bool {
+        self.inner.stopping.load(Ordering::SeqCst)
     }
 
     async fn send(&self, session: SessionId, mut command: Command) -> Result<(), SessionError> {
-        for _ in 0..8 {
+        for _ in 0..SEND_ATTEMPTS {
             let (generation, sender) = self.actor(session)?;
             match sender.send(command).await {
                 Ok(()) => return Ok(()),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::FollowConfig;
-use crate::domain::{RawEvent, SessionId};
+use crate::domain::{EventId, RawEvent, SessionId};
 use crate::metrics;
 use crate::store::{Log, Position, ReadRange, StoreError, Subscription};
 
@@ -26,8 +26,9 @@ pub struct Follower {
     subscription: Subscription,
     /// The last event returned (or the cursor).
     sent: Position,
-    /// Replaying from the log (at first, and after lagging behind the bus).
-    replaying: bool,
+    /// While replaying: read the log up to here (the position the bus delivers everything
+    /// after), then go back to the bus.
+    replay_to: Option<Position>,
     config: FollowConfig,
     ended: bool,
 }
@@ -41,7 +42,8 @@ impl Follower {
         config: FollowConfig,
     ) -> Result<Follower, StoreError> {
         let subscription = log.subscribe(session).await?;
-        Ok(Follower { log, session, subscription, sent: after, replaying: true, config, ended: false })
+        let replay_to = Some(subscription.at);
+        Ok(Follower { log, session, subscription, sent: after, replay_to, config, ended: false })
     }
 
     /// A follower that only sees events appended from now on.
@@ -52,7 +54,7 @@ impl Follower {
     ) -> Result<Follower, StoreError> {
         let subscription = log.subscribe(session).await?;
         let sent = subscription.at;
-        Ok(Follower { log, session, subscription, sent, replaying: false, config, ended: false })
+        Ok(Follower { log, session, subscription, sent, replay_to: None, config, ended: false })
     }
 
     /// The next events in log order, waiting for live ones. `None` once `terminated` has
@@ -63,10 +65,10 @@ impl Follower {
             if self.ended {
                 return Ok(None);
             }
-            if self.replaying {
+            if let Some(to) = self.replay_to.filter(|to| to.seq > self.sent.seq) {
                 let range = ReadRange {
                     after: self.sent.last,
-                    before: None,
+                    before: to.last.and_then(just_after),
                     limit: self.config.replay_chunk,
                     newest_first: false,
                 };
@@ -75,10 +77,8 @@ impl Follower {
                     metrics::EVENTS_REPLAYED.inc_by(events.len() as u64);
                     return Ok(Some(self.mark(events)));
                 }
-                // Caught up: whatever is durable after this arrives on the bus, which was
-                // subscribed to before the first read (a duplicate is dropped by id).
-                self.replaying = false;
             }
+            self.replay_to = None;
             match self.subscription.live.recv().await {
                 Ok(batch) => {
                     let fresh: Vec<RawEvent> = batch.iter().filter(|e| Some(e.id) > self.sent.last).cloned().collect();
@@ -95,7 +95,7 @@ impl Follower {
                         metrics::SUBSCRIBERS_DROPPED.inc();
                         return Err(FollowError::Backlog { behind, limit: self.config.max_backlog });
                     }
-                    self.replaying = true;
+                    self.replay_to = Some(head);
                 }
                 Err(RecvError::Closed) => return Ok(None),
             }
@@ -113,4 +113,9 @@ impl Follower {
         }
         events
     }
+}
+
+/// The id just after `id`: reading strictly before it reads up to `id` itself.
+fn just_after(id: EventId) -> Option<EventId> {
+    u128::from(id.ulid()).checked_add(1).map(|n| EventId(ulid::Ulid::from(n)))
 }

@@ -38,6 +38,7 @@ impl SessionLog {
             AppendError::Closed => SessionError::NotFound(session.to_string()),
             AppendError::TooManyEvents { .. } => SessionError::Limit(error.to_string()),
             AppendError::ShuttingDown => SessionError::ShuttingDown,
+            AppendError::OutOfTurn { .. } => SessionError::Storage(StoreError::new(error)),
             AppendError::Storage(message) => SessionError::Storage(StoreError::new(message)),
         })
     }

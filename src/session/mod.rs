@@ -77,6 +77,8 @@ impl std::fmt::Display for Cursor {
 pub enum SessionError {
     #[error("session {0} not found")]
     NotFound(String),
+    #[error("turn {turn} not found in session {session}")]
+    TurnNotFound { turn: String, session: String },
     #[error("{0} is not an event of this session")]
     UnknownCursor(String),
     #[error("{0}")]

@@ -1,6 +1,6 @@
 //! The rules a session's setup follows whichever view asked: which server tools it may
-//! enable and trust, client tool names, agent options, what a seed history may hold, and
-//! which option values are secret. Error messages name the field in the neutral
+//! enable and trust, client tool names, agent options, the calls a seed history may leave
+//! waiting, and which option values are secret. Error messages name the field in the neutral
 //! [`SessionSpec`]'s terms.
 
 use serde_json::{Map, Value};
@@ -22,10 +22,13 @@ pub fn check_new(agent: &Agent, tools: &Tools, spec: &mut SessionSpec) -> Result
     }
     check_client_tools(agent, &spec.tools)?;
     spec.agent.options = merge_options(agent, &Map::new(), &spec.agent.options)?;
-    if let Some((i, call)) = crate::domain::message::unanswered_call(&spec.messages) {
+    // The calls a seed history ends with wait for answers by id: two with one id could
+    // never both be answered.
+    let waiting: Vec<String> = crate::domain::message::waiting_calls(&spec.messages).map(|(id, _, _)| id).collect();
+    if let Some((i, id)) = waiting.iter().enumerate().find(|(i, id)| waiting[..*i].contains(id)) {
+        let last = spec.messages.len() - 1;
         return Err(invalid(format!(
-            "invalid field `messages[{i}]`: tool call {call:?} has no result; only the last message may hold calls \
-             that wait for one"
+            "invalid field `messages[{last}].content`: tool call {i} repeats the id {id:?} of an earlier call"
         )));
     }
     Ok(())

@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use ulid::Ulid;
 
-use super::decide::{idle, seed_waiting};
+use super::decide::seed_waiting;
 use super::log::SessionLog;
 use super::turn::ToolPlan;
 use super::{rules, Caller, Cursor, Engine, Follower, SessionError, Submission, Submitted};
 use crate::agent::Agents;
-use crate::domain::event::{SessionSpec, StopReason};
-use crate::domain::{Draft, EventBody, EventId, Message, RawEvent, SessionId, TurnId, Usage};
+use crate::domain::event::SessionSpec;
+use crate::domain::{Draft, EventBody, EventId, Message, RawEvent, SessionId, TurnId};
 use crate::projection::history::History;
 use crate::projection::{SessionIndex, SessionSummary, TurnIndex, TurnSummary};
 use crate::store::{Key, Position, ReadRange, Scan};
@@ -90,24 +90,21 @@ impl Sessions {
         };
         rules::check_new(&agent, &self.agents.tools, &mut spec)?;
         let id = SessionId::generate();
-        let turn = TurnId::generate();
-        let waiting = seed_waiting(&spec.messages, &ToolPlan::new(&agent, &self.agents.tools, &spec), turn);
+        let waiting =
+            seed_waiting(&spec.messages, &ToolPlan::new(&agent, &self.agents.tools, &spec), TurnId::generate());
         let mut drafts =
             vec![Draft::new(None, &EventBody::SessionCreated { spec, created_by: caller.subject.clone() })];
-        drafts.extend(waiting);
-        // The calls get their ids as they are stored; the status that names them follows.
-        // The session's id is not given out before both are stored; a writer that found it
-        // in between anyway makes the second append conflict, and creation fail, rather
-        // than interleave.
-        let created = self.log.append(id, 0, drafts).await?.map_err(|_| conflict(id))?;
-        let calls: Vec<EventId> = created
-            .iter()
-            .filter(|e| matches!(e.kind(), "agent.tool_use" | "agent.custom_tool_use"))
-            .map(|e| e.id)
-            .collect();
-        if !calls.is_empty() {
-            let waits = Draft::new(Some(turn), &idle(StopReason::RequiresAction, calls, Usage::default()));
-            self.log.append(id, created.len() as u64, vec![waits]).await?.map_err(|_| conflict(id))?;
+        if waiting.is_empty() {
+            // One append, at the start of a log no one else knows: nothing can come between.
+            self.log
+                .append(id, 0, drafts)
+                .await?
+                .map_err(|_| SessionError::Conflict(format!("session {id} exists")))?;
+        } else {
+            // Two appends (the second names the calls by the ids the first gives them): made
+            // by the session's actor, its one writer from the start.
+            drafts.extend(waiting);
+            self.engine.create(id, drafts).await?;
         }
         let summary = self.log.summary(id).await?.ok_or_else(|| SessionError::NotFound(id.to_string()))?;
         Ok(self.redacted(summary))
@@ -186,10 +183,14 @@ impl Sessions {
     /// A page of the session's events.
     pub async fn events(&self, session: &SessionSummary, query: EventQuery) -> Result<EventPage, SessionError> {
         let mut after = self.after(session, query.after).await?.last;
-        let mut before = match query.before {
-            Some(cursor) => self.position(session, cursor).await?.last,
-            None => None,
-        };
+        let mut before = None;
+        if let Some(cursor) = query.before {
+            match self.position(session, cursor).await?.last {
+                Some(id) => before = Some(id),
+                // Before the start of the log: nothing.
+                None => return Ok(EventPage { events: Vec::new(), has_more: false }),
+            }
+        }
         // Read one more than asked to know whether there is more; with a type filter, read
         // on in chunks until enough events match.
         let wanted = |e: &RawEvent| query.kinds.is_empty() || query.kinds.iter().any(|k| k == e.kind());
@@ -240,7 +241,7 @@ impl Sessions {
 
     /// One turn of the session, by its id as a client sent it.
     pub async fn turn(&self, session: &SessionSummary, id: &str) -> Result<TurnSummary, SessionError> {
-        let not_found = || SessionError::NotFound(format!("turn {id} of session {}", session.id));
+        let not_found = || SessionError::TurnNotFound { turn: id.to_string(), session: session.id.to_string() };
         let turn: TurnId = id.parse().map_err(|_| not_found())?;
         self.turn_by_id(session, turn).await?.ok_or_else(not_found)
     }
@@ -311,10 +312,6 @@ impl Sessions {
 /// strictly increasing, so every earlier event is at or before it.)
 fn just_before(event: EventId) -> EventId {
     EventId(Ulid::from(u128::from(event.ulid()) - 1))
-}
-
-fn conflict(session: SessionId) -> SessionError {
-    SessionError::Conflict(format!("session {session} was written by someone else as it was created"))
 }
 
 fn matches(filter: &ListFilter, summary: &SessionSummary) -> bool {

@@ -12,10 +12,10 @@ use parking_lot::Mutex;
 use super::hub::Hub;
 use super::numbering::{Clock, Tail};
 use super::{
-    project, signature, AppendError, AppendFuture, Appended, Key, Log, Position, Projection, ReadRange, Scan,
-    StoreError, Subscription, Values,
+    project, AppendError, AppendFuture, Appended, Key, Log, Position, Projection, ReadRange, Scan, StoreError,
+    Subscription, Values,
 };
-use crate::domain::{Draft, EventId, RawEvent, SessionId, TurnId};
+use crate::domain::{Draft, EventId, RawEvent, SessionId};
 
 #[derive(Clone)]
 pub struct MemoryLog {
@@ -80,11 +80,6 @@ impl MemoryLog {
         reopened
     }
 
-    /// The projections' signature, as the durable log records it.
-    pub fn signature(&self) -> String {
-        signature(&self.inner.projections)
-    }
-
     fn append_now(&self, session: SessionId, expected: u64, drafts: &[Draft]) -> Result<Appended, AppendError> {
         if drafts.is_empty() {
             return Ok(Ok(Vec::new()));
@@ -99,7 +94,8 @@ impl MemoryLog {
         let log = sessions.entry(session).or_default();
         let mut tail = log.tail;
         if let Some(turn) = tail.unknown_turn(drafts) {
-            tail.continue_turn(turn, last_in_turn(&log.events, turn));
+            let newest_first = log.events.iter().rev().cloned().map(Ok::<_, Infallible>);
+            tail.continue_turn(turn, Tail::last_in_turn(newest_first, turn).expect("infallible"));
         }
         let staged = tail.stage(session, expected, drafts, &Clock::now(), self.inner.max_events_per_session)?;
         if let Ok(events) = &staged {
@@ -124,14 +120,23 @@ impl MemoryLog {
         state.sessions.get(&session).map_or_else(Position::default, |s| s.tail.position)
     }
 
-    fn events(&self, session: SessionId, mut pick: impl FnMut(&[RawEvent]) -> Vec<RawEvent>) -> Vec<RawEvent> {
+    /// `read` of the session's events (none for a session it has never seen).
+    fn with_events<T>(&self, session: SessionId, read: impl FnOnce(&[RawEvent]) -> T) -> T {
         let state = self.inner.state.lock();
-        state.sessions.get(&session).map_or_else(Vec::new, |s| pick(&s.events))
+        read(state.sessions.get(&session).map_or(&[][..], |s| &s.events))
     }
-}
 
-fn last_in_turn(events: &[RawEvent], turn: TurnId) -> u32 {
-    events.iter().rev().find_map(|e| e.turn().filter(|(of, _)| *of == turn)).map_or(0, |(_, n)| n)
+    /// `read` of a projection's values, if the log keeps that projection.
+    fn with_values<T>(
+        &self,
+        projection: &str,
+        read: impl FnOnce(Option<&BTreeMap<Key, Bytes>>) -> T,
+    ) -> Result<T, StoreError> {
+        if !self.inner.projections.iter().any(|p| p.name() == projection) {
+            return Err(super::unknown_projection(projection));
+        }
+        Ok(read(self.inner.state.lock().values.get(projection)))
+    }
 }
 
 #[async_trait::async_trait]
@@ -145,7 +150,7 @@ impl Log for MemoryLog {
     }
 
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
-        Ok(self.events(session, |events| {
+        Ok(self.with_events(session, |events| {
             let from = range.after.map_or(0, |after| events.partition_point(|e| e.id <= after));
             let to = range.before.map_or(events.len(), |before| events.partition_point(|e| e.id < before));
             let within = events.get(from..to.max(from)).unwrap_or_default();
@@ -158,16 +163,14 @@ impl Log for MemoryLog {
     }
 
     async fn event(&self, session: SessionId, id: EventId) -> Result<Option<RawEvent>, StoreError> {
-        let found = self.events(session, |events| {
-            events.binary_search_by_key(&id, |e| e.id).map(|at| vec![events[at].clone()]).unwrap_or_default()
-        });
-        Ok(found.into_iter().next())
+        Ok(self.with_events(session, |events| {
+            events.binary_search_by_key(&id, |e| e.id).ok().map(|at| events[at].clone())
+        }))
     }
 
     async fn event_at(&self, session: SessionId, seq: u64) -> Result<Option<RawEvent>, StoreError> {
         let at = usize::try_from(seq).ok().and_then(|seq| seq.checked_sub(1));
-        let found = self.events(session, |events| at.and_then(|at| events.get(at)).cloned().into_iter().collect());
-        Ok(found.into_iter().next())
+        Ok(self.with_events(session, |events| at.and_then(|at| events.get(at)).cloned()))
     }
 
     async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
@@ -178,29 +181,21 @@ impl Log for MemoryLog {
     }
 
     async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
-        let state = self.inner.state.lock();
-        Ok(state.values.get(projection).and_then(|values| values.get(&key)).cloned())
+        self.with_values(projection, |values| values.and_then(|values| values.get(&key)).cloned())
     }
 
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
-        let state = self.inner.state.lock();
-        let Some(values) = state.values.get(projection) else { return Ok(Vec::new()) };
-        let in_scope = |key: &&Key| scan.session.is_none_or(|s| key.session == s);
-        let entry = |(key, value): (&Key, &Bytes)| (*key, value.clone());
-        Ok(match (scan.newest_first, scan.after) {
-            (false, Some(after)) => values
-                .range(after..)
-                .filter(|(k, _)| **k != after)
-                .filter(|(k, _)| in_scope(k))
-                .take(scan.limit)
-                .map(entry)
-                .collect(),
-            (false, None) => values.iter().filter(|(k, _)| in_scope(k)).take(scan.limit).map(entry).collect(),
-            (true, Some(after)) => {
-                values.range(..after).rev().filter(|(k, _)| in_scope(k)).take(scan.limit).map(entry).collect()
-            }
-            (true, None) => values.iter().rev().filter(|(k, _)| in_scope(k)).take(scan.limit).map(entry).collect(),
-        })
+        let in_scope = |key: &Key| scan.session.is_none_or(|s| key.session == s);
+        let page = |values: &BTreeMap<Key, Bytes>| -> Vec<(Key, Bytes)> {
+            let entries: Box<dyn Iterator<Item = (&Key, &Bytes)>> = match (scan.newest_first, scan.after) {
+                (false, Some(after)) => Box::new(values.range(after..).filter(move |(k, _)| **k != after)),
+                (false, None) => Box::new(values.iter()),
+                (true, Some(after)) => Box::new(values.range(..after).rev()),
+                (true, None) => Box::new(values.iter().rev()),
+            };
+            entries.filter(|(k, _)| in_scope(k)).take(scan.limit).map(|(k, v)| (*k, v.clone())).collect()
+        };
+        self.with_values(projection, |values| values.map(page).unwrap_or_default())
     }
 
     fn sweep(&self) {

@@ -42,6 +42,10 @@ pub enum AppendError {
     Closed,
     #[error("the session has reached its limit of {limit} events")]
     TooManyEvents { limit: u64 },
+    /// A turn's events go between its `turn.started` and the next turn's: a caller that
+    /// appends to an earlier turn has a bug.
+    #[error("turn {turn} has ended: a later turn has started")]
+    OutOfTurn { turn: String },
     #[error("the log is shutting down")]
     ShuttingDown,
     #[error("storage failed: {0}")]
@@ -53,6 +57,7 @@ impl AppendError {
         match self {
             AppendError::Closed => "closed",
             AppendError::TooManyEvents { .. } => "too_many_events",
+            AppendError::OutOfTurn { .. } => "out_of_turn",
             AppendError::ShuttingDown => "shutting_down",
             AppendError::Storage(_) => "storage",
         }
@@ -126,6 +131,10 @@ pub trait Projection: Send + Sync + 'static {
     fn key(&self, event: &Event) -> Option<Key>;
     /// The new value after `event`, or `None` to keep the current one.
     fn apply(&self, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>>;
+}
+
+fn unknown_projection(name: &str) -> StoreError {
+    StoreError::new(format!("the log keeps no projection named {name:?}"))
 }
 
 /// The signature of a set of projections: a log whose stored set differs rebuilds them.

@@ -1,7 +1,8 @@
 //! The numbering rules, in one place for every log implementation: where an append may go
-//! (at the expected position, never after `terminated`, within the session's limit), and
-//! what it gets (ids strictly increasing per session whatever the clock does, sequence
-//! numbers 1, 2, 3, ... with no gap, turn sequence numbers from 1 at each `turn.started`).
+//! (at the expected position, never after `terminated`, within the session's limit, a
+//! turn's events after its `turn.started` and before the next turn's), and what it gets
+//! (ids strictly increasing per session whatever the clock does, sequence numbers 1, 2, 3,
+//! ... with no gap, turn sequence numbers from 1 at each `turn.started`).
 //! An implementation keeps a [`Tail`] per session it writes to, rebuilds it from the stored
 //! events after a restart, and stores exactly the events [`Tail::stage`] returns.
 
@@ -65,8 +66,25 @@ impl Tail {
         (!known && first.kind() != "turn.started").then_some(turn)
     }
 
+    /// `turn` goes on from `number`, its last event's (0: it has none, so nothing can
+    /// continue it and [`Tail::stage`] refuses what tries).
     pub fn continue_turn(&mut self, turn: TurnId, number: u32) {
-        self.turn = Some((turn, number));
+        if number > 0 {
+            self.turn = Some((turn, number));
+        }
+    }
+
+    /// The last turn sequence number of `turn`, from a session's events, newest first.
+    pub fn last_in_turn<E>(
+        newest_first: impl IntoIterator<Item = Result<RawEvent, E>>,
+        turn: TurnId,
+    ) -> Result<u32, E> {
+        for event in newest_first {
+            if let Some((_, number)) = event?.turn().filter(|(of, _)| *of == turn) {
+                return Ok(number);
+            }
+        }
+        Ok(0)
     }
 
     /// Numbers `drafts` as the next events of `session` if its log ends at `expected`: the
@@ -95,10 +113,12 @@ impl Tail {
         for draft in drafts {
             let id = EventId(next_ulid(tail.position.last.map(EventId::ulid), clock.now_ms));
             let seq = tail.position.seq + 1;
-            let turn = draft.turn.map(|turn| match tail.turn {
-                Some((current, n)) if current == turn && draft.kind() != "turn.started" => (turn, n + 1),
-                _ => (turn, 1),
-            });
+            let turn = match (draft.turn, tail.turn) {
+                (Some(turn), _) if draft.kind() == "turn.started" => Some((turn, 1)),
+                (Some(turn), Some((current, n))) if current == turn => Some((turn, n + 1)),
+                (Some(turn), _) => return Err(AppendError::OutOfTurn { turn: turn.to_string() }),
+                (None, _) => None,
+            };
             let json = Envelope { id, session, turn, seq, now: &clock.now }.write(draft);
             tail.position = Position { last: Some(id), seq };
             tail.turn = turn.or(tail.turn);
@@ -146,6 +166,12 @@ mod tests {
         let events = tail.stage(session, 0, &drafts, &clock, 100).unwrap().unwrap();
         let numbers: Vec<Option<u32>> = events.iter().map(|e| e.turn().map(|(_, n)| n)).collect();
         assert_eq!(numbers, [Some(1), Some(2), None, Some(3), Some(1), Some(2)]);
+        let late = [outcome(Some(a))];
+        assert_eq!(
+            tail.stage(session, 6, &late, &clock, 100),
+            Err(AppendError::OutOfTurn { turn: a.to_string() }),
+            "a turn takes no events once the next has started"
+        );
         let end = Draft::new(None, &EventBody::Terminated { reason: "x".into() });
         assert_eq!(tail.stage(session, 6, &[end.clone(), outcome(None)], &clock, 100), Err(AppendError::Closed));
         tail.stage(session, 6, &[end], &clock, 100).unwrap().unwrap();

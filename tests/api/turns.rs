@@ -402,21 +402,41 @@ async fn a_seed_history_that_ends_with_calls_waits_for_their_answers() {
 }
 
 #[tokio::test]
-async fn a_seed_history_with_an_unanswered_call_before_its_end_is_refused() {
+async fn a_seed_history_that_ends_with_unknown_or_repeated_calls() {
     let app = spawn_app().await;
-    let before: Value = app.get("/sessions").send().await.unwrap().json().await.unwrap();
-    let seed = json!({
-        "agent": {"name": "default"},
-        "messages": [
-            {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": [{"type": "tool_use", "toolCallId": "call_lost", "name": "x", "input": {}}]},
-            {"role": "user", "content": "and then?"},
-        ],
-    });
-    let response = app.post("/sessions").json(&seed).send().await.unwrap();
+    let seed = |calls: Value| {
+        json!({
+            "agent": {"name": "default"},
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "tool_use", "toolCallId": "call_early", "name": "x", "input": {}}]},
+                {"role": "user", "content": "and then?"},
+                {"role": "assistant", "content": calls},
+            ],
+        })
+    };
+    let call = |id: &str, name: &str| json!({"type": "tool_use", "toolCallId": id, "name": name, "input": {}});
+
+    // Two waiting calls with one id could never both be answered.
+    let twice = seed(json!([call("call_1", "a"), call("call_1", "b")]));
+    let response = app.post("/sessions").json(&twice).send().await.unwrap();
     assert_eq!(response.status(), 400);
     let text = response.text().await.unwrap();
-    assert!(text.contains("messages[1]") && text.contains("call_lost"), "{text}");
-    let after: Value = app.get("/sessions").send().await.unwrap().json().await.unwrap();
-    assert_eq!(before, after, "no session was created");
+    assert!(text.contains("messages[3]") && text.contains("call_1"), "{text}");
+
+    // A call of a tool the session does not have is denied at once, as in a turn: nothing
+    // waits. (The unanswered call earlier in the history is the client's to keep.)
+    let unknown = seed(json!([call("call_2", "launch_rockets")]));
+    let response = app.post("/sessions").json(&unknown).send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    let session = response.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string();
+    let history: Value =
+        app.get(&format!("/sessions/{session}/history?type=full")).send().await.unwrap().json().await.unwrap();
+    let last = history["history"]["full"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["role"], "tool");
+    assert_eq!(last["toolCallId"], "call_2");
+    assert!(last["content"].as_str().unwrap().contains("no tool named \"launch_rockets\""), "{last}");
+    let body: Value =
+        turn(&app, &session, json!({"messages": [{"role": "user", "content": "go on"}]})).await.json().await.unwrap();
+    assert_eq!(body["stopReason"], "end_turn");
 }

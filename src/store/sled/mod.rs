@@ -82,9 +82,9 @@ impl Inner {
         self.events.scan_prefix(keys::session_key(session)).rev().map(|item| item.map(|(k, v)| raw_event(&k, v)))
     }
 
-    fn tree(&self, name: &str) -> &::sled::Tree {
+    fn tree(&self, name: &str) -> Result<&::sled::Tree, StoreError> {
         let at = self.projections.iter().position(|p| p.name() == name);
-        &self.trees[at.unwrap_or_else(|| panic!("no projection named {name}"))]
+        at.map(|at| &self.trees[at]).ok_or_else(|| super::unknown_projection(name))
     }
 
     fn project(&self, event: &RawEvent) -> Result<(), StoreError> {
@@ -109,11 +109,11 @@ struct Trees<'a>(&'a Inner);
 
 impl Values for Trees<'_> {
     fn get(&mut self, projection: &'static str, key: Key) -> Result<Option<Bytes>, StoreError> {
-        Ok(self.0.tree(projection).get(keys::projection_key(key))?.map(bytes_of))
+        Ok(self.0.tree(projection)?.get(keys::projection_key(key))?.map(bytes_of))
     }
 
     fn put(&mut self, projection: &'static str, key: Key, value: Vec<u8>) -> Result<(), StoreError> {
-        self.0.tree(projection).insert(keys::projection_key(key), value)?;
+        self.0.tree(projection)?.insert(keys::projection_key(key), value)?;
         Ok(())
     }
 }
@@ -243,7 +243,7 @@ impl SledLog {
     }
 
     fn scan_sync(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
-        let tree = self.inner.tree(projection);
+        let tree = self.inner.tree(projection)?;
         let (mut lower, mut upper) = match scan.session {
             Some(session) => {
                 let next = u128::from(session.ulid()).checked_add(1).map(|n| n.to_be_bytes().to_vec());
@@ -342,7 +342,7 @@ impl Log for SledLog {
     }
 
     async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
-        Ok(self.inner.tree(projection).get(keys::projection_key(key))?.map(bytes_of))
+        Ok(self.inner.tree(projection)?.get(keys::projection_key(key))?.map(bytes_of))
     }
 
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {

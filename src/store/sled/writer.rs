@@ -11,7 +11,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{keys, Inner};
-use crate::domain::{Draft, RawEvent, SessionId, TurnId};
+use crate::domain::{Draft, RawEvent, SessionId};
 use crate::metrics;
 use crate::store::numbering::{Clock, Tail};
 use crate::store::{AppendError, Appended, Channel, StoreError};
@@ -64,6 +64,11 @@ impl Writer {
                 let _ = job.reply.send(Err(error.clone()));
             }
             return;
+        }
+        // Forget cached tails between commits, never within one: a tail re-read from the
+        // store mid-commit would miss what this commit has staged for its session.
+        if self.tails.len() >= MAX_CACHED_TAILS {
+            self.tails.clear();
         }
         let clock = Clock::now();
         let mut batch = ::sled::Batch::default();
@@ -127,16 +132,14 @@ impl Writer {
         let storage = |e: StoreError| AppendError::Storage(e.to_string());
         let mut tail = self.tail(job.session).map_err(storage)?;
         if let Some(turn) = tail.unknown_turn(&job.drafts) {
-            tail.continue_turn(turn, self.last_in_turn(job.session, turn).map_err(storage)?);
+            let last = Tail::last_in_turn(self.store.newest_first(job.session), turn).map_err(StoreError::from);
+            tail.continue_turn(turn, last.map_err(storage)?);
         }
         let limit = self.store.config.max_events_per_session;
         let staged = tail.stage(job.session, job.expected, &job.drafts, clock, limit)?;
         if let Ok(events) = &staged {
             for event in events {
                 batch.insert(&keys::event_key(job.session, event.id)[..], event.json.as_ref());
-            }
-            if self.tails.len() >= MAX_CACHED_TAILS {
-                self.tails.clear();
             }
             self.tails.insert(job.session, tail);
         }
@@ -161,15 +164,5 @@ impl Writer {
             return Ok(*tail);
         }
         Ok(Tail::recover(self.store.newest_first(session))?)
-    }
-
-    /// The last turn sequence number of `turn`, from the newest of its stored events.
-    fn last_in_turn(&self, session: SessionId, turn: TurnId) -> Result<u32, StoreError> {
-        for event in self.store.newest_first(session) {
-            if let Some((_, number)) = event?.turn().filter(|(of, _)| *of == turn) {
-                return Ok(number);
-            }
-        }
-        Ok(0)
     }
 }
