@@ -21,6 +21,9 @@ pub struct Settings {
     pub engine: crate::session::EngineSettings,
     pub tools: crate::agent::tools::ToolSettings,
     pub agents: std::collections::BTreeMap<String, crate::agent::AgentConfig>,
+    /// Models that agents made through an API may name by id (`scripted` always exists).
+    #[serde(default)]
+    pub models: std::collections::BTreeMap<String, crate::agent::ModelConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

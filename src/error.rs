@@ -72,7 +72,9 @@ impl From<SessionError> for ApiError {
         let message = error.to_string();
         match error {
             SessionError::NotFound(_) => ApiError::new(Code::SessionNotFound, message),
-            SessionError::TurnNotFound { .. } => ApiError::new(Code::NotFound, message),
+            SessionError::TurnNotFound { .. } | SessionError::CatalogNotFound(_) => {
+                ApiError::new(Code::NotFound, message)
+            }
             SessionError::UnknownCursor(_) => ApiError::new(Code::UnknownCursor, message),
             SessionError::Conflict(_) => ApiError::new(Code::Conflict, message),
             SessionError::Invalid(_) => ApiError::new(Code::InvalidRequest, message),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::agent::{tools::Tools, Agents};
 use crate::config::Settings;
-use crate::session::{Engine, FollowConfig, SessionLog, Sessions};
+use crate::session::{Catalog, Engine, FollowConfig, SessionLog, Sessions};
 use crate::store::sled::{SledConfig, SledLog};
 use crate::store::{Log, StoreError};
 
@@ -69,7 +69,10 @@ impl Service {
             }
             Err(error) => return Err(StartError::Refused(format!("could not close interrupted turns: {error}"))),
         };
-        let sessions = Sessions::new(session_log, engine.clone(), agents);
+        let catalog = Catalog::open(session_log.clone(), agents.clone())
+            .await
+            .map_err(|error| StartError::Refused(format!("could not read the catalog: {error}")))?;
+        let sessions = Sessions::new(session_log, engine.clone(), agents, Arc::new(catalog));
         let sweeper = tokio::spawn(sweep(log.clone()));
         let stop_wait = Duration::from_secs(settings.server.shutdown_timeout_secs);
         Ok(Service { sessions, engine, log, sweeper, stop_wait, recovered, turns_stopped: Default::default() })
@@ -110,7 +113,7 @@ impl Service {
 }
 
 fn agents(settings: &Settings) -> Result<Agents, StartError> {
-    Agents::build(&settings.agents, Tools::new(settings.tools.clone())).map_err(StartError::Refused)
+    Agents::build(&settings.agents, &settings.models, Tools::new(settings.tools.clone())).map_err(StartError::Refused)
 }
 
 /// Drops the live channels of sessions nobody watches, so idle sessions cost nothing.

@@ -9,7 +9,9 @@ use serde_json::json;
 use turnlog::domain::event::{AgentSpec, SessionSpec, ToolTrust};
 use turnlog::domain::{Block, Event, EventBody, StopReason, Usage};
 use turnlog::projection::SessionSummary;
-use turnlog::session::{Caller, Cursor, EventQuery, Input, SessionError, Sessions, Submission, Submitted, TurnQuery};
+use turnlog::session::{
+    Caller, Cursor, EventQuery, Input, SessionError, Sessions, Submission, Submitted, TurnQuery, WhenBusy,
+};
 use turnlog::store::memory::MemoryLog;
 use turnlog::store::sled::{SledConfig, SledLog};
 use turnlog::store::Log;
@@ -56,7 +58,7 @@ async fn given_with(backend: Backend, server_tools: &[(&str, bool)], tweak: impl
             tools: Some(
                 server_tools.iter().map(|(name, trust)| ToolTrust { name: (*name).into(), trust: *trust }).collect(),
             ),
-            options: Default::default(),
+            ..Default::default()
         },
         tools: vec![serde_json::from_value(
             json!({"name": "get_weather", "description": "weather", "parameters": {"type": "object"}}),
@@ -79,7 +81,7 @@ impl Given {
     }
 
     async fn when_with(&self, inputs: Vec<Input>, all_at_once: bool) -> Result<Submitted, SessionError> {
-        let submission = Submission { update: Default::default(), inputs, all_at_once };
+        let submission = Submission { inputs, all_at_once, ..Submission::default() };
         self.sessions.submit(&self.session, submission).await
     }
 
@@ -669,6 +671,77 @@ async fn another_writer_during_a_turn_ends_it_with_a_log_error(log: Backend) {
     assert_eq!(said(&g.then_events(mark).await), vec!["echo: again"], "the session goes on");
 }
 
+async fn a_message_sent_while_a_turn_runs_waits_for_the_next_turn(log: Backend) {
+    let g = given(log, &[]).await;
+    g.when(vec![text("/delay 20\n/words 10")]).await.unwrap();
+    g.wait_for("agent.message.delta").await;
+    let queue = |inputs| Submission { inputs, when_busy: WhenBusy::Queue, ..Submission::default() };
+    let refused = g.when(vec![text("second")]).await.unwrap_err();
+    assert!(matches!(refused, SessionError::Conflict(_)), "refused unless asked to queue: {refused}");
+    let queued = g.sessions.submit(&g.session, queue(vec![text("second")])).await.unwrap();
+    assert_eq!(queued.turn, None, "a queued message starts no turn");
+    assert!(queued.events[0].is_queued(), "it is stored unprocessed");
+    let queued_id = queued.events[0].id;
+
+    // The running turn ends; the next answers the queued message.
+    for _ in 0..3000 {
+        if g.log().await.iter().filter(|e| e.body_is_idle()).count() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let events = g.log().await;
+    assert_eq!(said(&events), vec!["w1 w2 w3 w4 w5 w6 w7 w8 w9 w10", "echo: second"]);
+    let input = events.iter().find_map(|e| match &e.body {
+        EventBody::TurnInput { event_ids } => Some((e.turn_id, event_ids.clone())),
+        _ => None,
+    });
+    let (turn, ids) = input.expect("the second turn names the message it answers");
+    assert_eq!(ids, vec![queued_id]);
+    let stored = events.iter().find(|e| e.id == queued_id).unwrap();
+    assert_eq!(
+        stored.processed_at,
+        Some(events.iter().find(|e| e.turn_id == turn).unwrap().created_at.clone()),
+        "reads as processed when the turn took it"
+    );
+    let history = g.sessions.history(&g.session).await.unwrap();
+    let roles: Vec<String> =
+        history.iter().map(|m| serde_json::to_value(m).unwrap()["role"].as_str().unwrap().to_string()).collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "user", "assistant"],
+        "the queued message joins after the reply it waited for"
+    );
+}
+
+async fn an_archived_session_keeps_its_log_and_takes_no_input(log: Backend) {
+    let g = given(log, &[]).await;
+    g.when(vec![text("hi")]).await.unwrap();
+    g.then_events(1).await;
+    let mark = g.log().await.len();
+    let archived = g.sessions.archive(&g.session).await.unwrap();
+    assert!(archived.archived_at.is_some());
+    assert_eq!(g.sessions.archive(&g.session).await.unwrap().archived_at, archived.archived_at, "once");
+    assert_eq!(g.log().await.len(), mark + 1, "one session.archived");
+    let refused = g.when(vec![text("again")]).await.unwrap_err();
+    assert!(matches!(refused, SessionError::Conflict(ref m) if m.contains("archived")), "{refused}");
+    assert_eq!(g.log().await.len(), mark + 1, "nothing stored");
+}
+
+async fn metadata_is_a_patch_and_title_replaces(log: Backend) {
+    let g = given(log, &[]).await;
+    let patch = |pairs: serde_json::Value| turnlog::session::SessionUpdate {
+        metadata: Some(pairs.as_object().unwrap().clone()),
+        ..Default::default()
+    };
+    let first = g.sessions.update(&g.session, patch(json!({"a": "1", "b": "2"}))).await.unwrap();
+    assert_eq!(first.spec.metadata, *json!({"a": "1", "b": "2"}).as_object().unwrap());
+    let titled = turnlog::session::SessionUpdate { title: Some("t".into()), ..patch(json!({"a": null, "c": "3"})) };
+    let second = g.sessions.update(&g.session, titled).await.unwrap();
+    assert_eq!(second.spec.metadata, *json!({"b": "2", "c": "3"}).as_object().unwrap());
+    assert_eq!(second.spec.title.as_deref(), Some("t"));
+}
+
 /// Each test above, once on each log.
 macro_rules! on_both_logs {
     ($($name:ident),* $(,)?) => {
@@ -704,4 +777,7 @@ on_both_logs!(
     followers_resume_after_any_kind_of_cursor,
     another_writer_makes_the_actor_decide_again,
     another_writer_during_a_turn_ends_it_with_a_log_error,
+    a_message_sent_while_a_turn_runs_waits_for_the_next_turn,
+    an_archived_session_keeps_its_log_and_takes_no_input,
+    metadata_is_a_patch_and_title_replaces,
 );

@@ -13,8 +13,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::event::Permission;
+use crate::domain::catalog::AgentDefinition;
+use crate::domain::event::{ClientTool, Permission};
 pub use model::{Model, ModelError, ModelEvent, ModelRequest, ModelStop, ModelStream, ToolDef};
+use parking_lot::RwLock;
 pub use tools::Tools;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -36,6 +38,9 @@ pub struct AgentConfig {
     pub tools: BTreeMap<String, Permission>,
     #[serde(default)]
     pub options: Vec<OptionSpec>,
+    /// Tools the client runs, for dialects whose clients cannot declare their own.
+    #[serde(default)]
+    pub client_tools: Vec<ClientTool>,
 }
 
 fn default_version() -> String {
@@ -79,6 +84,24 @@ pub struct ModelConfig {
     pub top_p: Option<f32>,
     #[serde(default = "default_retries")]
     pub max_retries: u32,
+}
+
+impl ModelConfig {
+    /// The embedded scripted model, recorded under `name`.
+    pub fn scripted(name: &str) -> ModelConfig {
+        ModelConfig {
+            provider: Provider::Scripted,
+            name: name.into(),
+            base_url: None,
+            api_key_env: None,
+            timeout_secs: default_timeout(),
+            stall_timeout_secs: default_stall(),
+            max_tokens: None,
+            temperature: None,
+            top_p: None,
+            max_retries: default_retries(),
+        }
+    }
 }
 
 fn default_timeout() -> u64 {
@@ -129,9 +152,12 @@ pub fn build_model(config: &ModelConfig) -> Result<Arc<dyn Model>, String> {
 
 /// An agent ready to run: its config, its model and its tools.
 pub struct Agent {
+    /// A configured agent's name, or a catalog agent's id.
     pub name: String,
     pub config: AgentConfig,
     pub model: Arc<dyn Model>,
+    /// The catalog definition this version was built from (none for configured agents).
+    pub definition: Option<AgentDefinition>,
 }
 
 impl Agent {
@@ -146,15 +172,25 @@ impl Agent {
     }
 }
 
-/// Every configured agent, by name.
+/// Every agent: those configured, by name, and those defined in the catalog through an
+/// API, by id and version (each with a model picked by id from `[models]`).
 pub struct Agents {
-    agents: BTreeMap<String, Arc<Agent>>,
+    configured: BTreeMap<String, Arc<Agent>>,
+    defined: RwLock<BTreeMap<String, BTreeMap<u32, Arc<Agent>>>>,
+    models: BTreeMap<String, ModelConfig>,
     pub tools: Arc<Tools>,
 }
 
+/// The model id that always exists: the embedded scripted model.
+pub const SCRIPTED: &str = "scripted";
+
 impl Agents {
-    pub fn build(configs: &BTreeMap<String, AgentConfig>, tools: Tools) -> Result<Agents, String> {
-        let mut agents = BTreeMap::new();
+    pub fn build(
+        configs: &BTreeMap<String, AgentConfig>,
+        models: &BTreeMap<String, ModelConfig>,
+        tools: Tools,
+    ) -> Result<Agents, String> {
+        let mut configured = BTreeMap::new();
         for (name, config) in configs {
             for tool in config.tools.keys() {
                 if !tools.has(tool) {
@@ -162,16 +198,69 @@ impl Agents {
                 }
             }
             let model = build_model(&config.model).map_err(|e| format!("agents.{name}.model: {e}"))?;
-            agents.insert(name.clone(), Arc::new(Agent { name: name.clone(), config: config.clone(), model }));
+            let agent = Agent { name: name.clone(), config: config.clone(), model, definition: None };
+            configured.insert(name.clone(), Arc::new(agent));
         }
-        Ok(Agents { agents, tools: Arc::new(tools) })
+        let mut models = models.clone();
+        models.entry(SCRIPTED.into()).or_insert_with(|| ModelConfig::scripted(SCRIPTED));
+        for (id, config) in &models {
+            build_model(config).map_err(|e| format!("models.{id}: {e}"))?;
+        }
+        Ok(Agents { configured, defined: RwLock::default(), models, tools: Arc::new(tools) })
     }
 
+    /// A configured agent by name, or the latest version of a catalog agent by id.
     pub fn get(&self, name: &str) -> Option<Arc<Agent>> {
-        self.agents.get(name).cloned()
+        self.get_version(name, None)
     }
 
-    pub fn all(&self) -> impl Iterator<Item = &Arc<Agent>> {
-        self.agents.values()
+    /// A catalog agent's given version (any version of a configured agent is itself).
+    pub fn get_version(&self, name: &str, version: Option<u32>) -> Option<Arc<Agent>> {
+        if let Some(agent) = self.configured.get(name) {
+            return Some(agent.clone());
+        }
+        let defined = self.defined.read();
+        let versions = defined.get(name)?;
+        match version {
+            Some(version) => versions.get(&version).cloned(),
+            None => versions.values().next_back().cloned(),
+        }
+    }
+
+    /// Every agent, configured first, then the catalog's latest versions (archived ones left out).
+    pub fn all(&self) -> Vec<Arc<Agent>> {
+        let defined = self.defined.read();
+        let latest = defined.values().filter_map(|versions| versions.values().next_back());
+        let live = latest.filter(|a| a.definition.as_ref().is_some_and(|d| d.archived_at.is_none()));
+        self.configured.values().cloned().chain(live.cloned()).collect()
+    }
+
+    /// The model ids a catalog agent may name.
+    pub fn model_ids(&self) -> impl Iterator<Item = &str> {
+        self.models.keys().map(String::as_str)
+    }
+
+    /// Makes a catalog agent's version runnable. Its model id must be one of `[models]`.
+    pub fn define(&self, definition: &AgentDefinition) -> Result<Arc<Agent>, String> {
+        let Some(model) = self.models.get(&definition.model) else {
+            let known: Vec<&str> = self.model_ids().collect();
+            return Err(format!("no model {:?}; this server has: {}", definition.model, known.join(", ")));
+        };
+        let config = AgentConfig {
+            title: Some(definition.name.clone()),
+            version: definition.version.to_string(),
+            description: definition.description.clone().unwrap_or_default(),
+            system: definition.system.clone().unwrap_or_default(),
+            max_turn_requests: default_max_turn_requests(),
+            model: model.clone(),
+            tools: BTreeMap::new(),
+            options: Vec::new(),
+            client_tools: definition.tools.clone(),
+        };
+        let model = build_model(&config.model)?;
+        let agent =
+            Arc::new(Agent { name: definition.id.clone(), config, model, definition: Some(definition.clone()) });
+        self.defined.write().entry(definition.id.clone()).or_default().insert(definition.version, agent.clone());
+        Ok(agent)
     }
 }

@@ -6,6 +6,7 @@ pub mod aap;
 pub mod auth;
 pub mod body;
 pub mod error;
+pub mod managed;
 pub mod native;
 pub mod ops;
 pub mod sse;
@@ -74,7 +75,8 @@ impl Drop for StreamGuard {
 /// Every route of every view.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     ops::routes(cfg);
-    cfg.configure(aap::routes)
+    cfg.configure(managed::routes)
+        .configure(aap::routes)
         .configure(aap::session_routes)
         .configure(native::session_routes)
         .service(web::scope("/api/v1/cloud").configure(aap::session_routes).configure(native::session_routes));

@@ -104,11 +104,18 @@ pub struct SessionSpec {
     pub title: Option<String>,
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
+    /// Where the agent runs (a catalog environment), when the client named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentSpec {
+    /// A configured agent's name, or a catalog agent's id.
     pub name: String,
+    /// The catalog agent's version the session runs (config agents have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
     /// Server tools enabled for this session, with the trust the client gave them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<ToolTrust>>,
@@ -128,7 +135,7 @@ pub struct ClientTool {
     /// JSON Schema of the input object. Stored as `parameters`, the name the log has used
     /// from its first version: the stored format (and the native stream, which shows it)
     /// does not change with the type's name.
-    #[serde(rename = "parameters", default = "ClientTool::any_object")]
+    #[serde(rename = "parameters", alias = "input_schema", default = "ClientTool::any_object")]
     pub input_schema: Value,
 }
 
@@ -170,8 +177,19 @@ pub enum EventBody {
     },
     #[serde(rename = "session.deleted")]
     SessionDeleted {},
+    /// Kept and readable, but it takes no more input and lists only when asked for.
+    #[serde(rename = "session.archived")]
+    SessionArchived {},
+    /// An agent definition made or changed through an API (a new version), in the catalog.
+    #[serde(rename = "catalog.agent")]
+    CatalogAgent { agent: super::catalog::AgentDefinition },
+    #[serde(rename = "catalog.environment")]
+    CatalogEnvironment { environment: super::catalog::Environment },
     #[serde(rename = "turn.started")]
     TurnStarted {},
+    /// The queued user messages this turn answers (right after its `turn.started`).
+    #[serde(rename = "turn.input")]
+    TurnInput { event_ids: Vec<EventId> },
     #[serde(rename = "user.message")]
     UserMessage { content: Vec<Block> },
     #[serde(rename = "user.interrupt")]
@@ -224,6 +242,9 @@ pub enum EventBody {
         usage: Usage,
         #[serde(default)]
         is_error: bool,
+        /// The id of the `span.model_request_start` this ends.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model_request_start_id: Option<EventId>,
     },
     #[serde(rename = "session.status_idle")]
     StatusIdle { status: String, stop_reason: StopInfo, usage: Usage },
@@ -258,7 +279,8 @@ pub struct Event {
     pub turn_sequence_number: Option<u32>,
     pub sequence_number: u64,
     pub created_at: String,
-    pub processed_at: String,
+    /// `None` for queued input no turn has taken yet.
+    pub processed_at: Option<String>,
     pub schema_version: u32,
     #[serde(flatten)]
     pub body: EventBody,
@@ -271,6 +293,9 @@ pub struct Draft {
     pub turn: Option<TurnId>,
     body: Bytes,
     kind_end: usize,
+    /// Input stored while a turn runs, answered by a later one: `processed_at` is null
+    /// until a `turn.input` names it.
+    queued: bool,
 }
 
 const TYPE_PREFIX: &[u8] = b"{\"type\":\"";
@@ -280,7 +305,16 @@ impl Draft {
         let body = Bytes::from(serde_json::to_vec(body).expect("event bodies always serialise"));
         let kind_end =
             TYPE_PREFIX.len() + body[TYPE_PREFIX.len()..].iter().position(|&b| b == b'"').expect("a type tag");
-        Draft { turn, body, kind_end }
+        Draft { turn, body, kind_end, queued: false }
+    }
+
+    /// Input that waits for the running turn to end (`processed_at` null).
+    pub fn queued(body: &EventBody) -> Draft {
+        Draft { queued: true, ..Draft::new(None, body) }
+    }
+
+    pub fn is_queued(&self) -> bool {
+        self.queued
     }
 
     pub fn kind(&self) -> &str {
@@ -398,16 +432,47 @@ impl Envelope<'_> {
         if let Some((turn, turn_seq)) = self.turn {
             write!(out, ",\"turn_id\":\"{turn}\",\"turn_sequence_number\":{turn_seq}").expect("vec");
         }
-        write!(
-            out,
-            ",\"sequence_number\":{},\"created_at\":\"{}\",\"processed_at\":\"{}\",\"schema_version\":{}",
-            self.seq, self.now, self.now, SCHEMA_VERSION
-        )
-        .expect("vec");
+        write!(out, ",\"sequence_number\":{},\"created_at\":\"{}\"", self.seq, self.now).expect("vec");
+        if draft.is_queued() {
+            out.extend_from_slice(QUEUED);
+        } else {
+            write!(out, ",\"processed_at\":\"{}\"", self.now).expect("vec");
+        }
+        write!(out, ",\"schema_version\":{SCHEMA_VERSION}").expect("vec");
         out.extend_from_slice(draft.fields());
         Bytes::from(out)
     }
 }
+
+const QUEUED: &[u8] = b",\"processed_at\":null";
+
+impl RawEvent {
+    /// Queued input as it reads once a turn has taken it: `processed_at` set to `at`.
+    pub fn processed(&self, at: &str) -> RawEvent {
+        let Some(position) = self.json.windows(QUEUED.len()).position(|w| w == QUEUED) else { return self.clone() };
+        let mut json = Vec::with_capacity(self.json.len() + at.len() + 2);
+        json.extend_from_slice(&self.json[..position]);
+        json.extend_from_slice(format!(",\"processed_at\":\"{at}\"").as_bytes());
+        json.extend_from_slice(&self.json[position + QUEUED.len()..]);
+        RawEvent { json: Bytes::from(json), ..self.clone() }
+    }
+
+    /// When the event was stored (`created_at`), read from the envelope.
+    pub fn created_at(&self) -> Option<&str> {
+        const FIELD: &[u8] = b",\"created_at\":\"";
+        let at = self.json.windows(FIELD.len()).position(|w| w == FIELD)? + FIELD.len();
+        let end = at + self.json[at..].iter().position(|&b| b == b'"')?;
+        std::str::from_utf8(&self.json[at..end]).ok()
+    }
+
+    /// Whether this is input still waiting for a turn (as stored).
+    pub fn is_queued(&self) -> bool {
+        let end = self.json.windows(SEQ_FIELD.len()).position(|w| w == SEQ_FIELD).unwrap_or(0);
+        self.json[end..].windows(QUEUED.len()).take(64).any(|w| w == QUEUED)
+    }
+}
+
+const SEQ_FIELD: &[u8] = b",\"sequence_number\":";
 
 /// RFC 3339 with microseconds, in UTC.
 pub fn timestamp_now() -> String {

@@ -1,5 +1,6 @@
 //! The vocabulary every other layer speaks: ids and events.
 
+pub mod catalog;
 pub mod event;
 pub mod ids;
 pub mod message;

@@ -18,6 +18,9 @@ pub struct History {
     call_ids: HashMap<String, String>,
     /// Calls the seed history ends with, not yet recorded as waiting.
     seeded: HashSet<String>,
+    /// User messages stored while a turn ran: they join the conversation when a turn
+    /// takes them (`turn.input`), after what that turn answered.
+    queued: Vec<(crate::domain::EventId, Vec<Block>)>,
 }
 
 impl History {
@@ -27,9 +30,20 @@ impl History {
                 self.messages.extend(spec.messages.iter().cloned());
                 self.seeded = crate::domain::message::waiting_calls(&spec.messages).map(|(id, _, _)| id).collect();
             }
+            EventBody::UserMessage { content } if event.processed_at.is_none() => {
+                self.queued.push((event.id, content.clone()));
+            }
             EventBody::UserMessage { content } => {
                 self.assistant_open = false;
                 self.messages.push(Message::User { content: content.clone() });
+            }
+            EventBody::TurnInput { event_ids } => {
+                self.assistant_open = false;
+                let (taken, waiting) =
+                    std::mem::take(&mut self.queued).into_iter().partition(|(id, _)| event_ids.contains(id));
+                self.queued = waiting;
+                let taken: Vec<(crate::domain::EventId, Vec<Block>)> = taken;
+                self.messages.extend(taken.into_iter().map(|(_, content)| Message::User { content }));
             }
             EventBody::ModelRequestStart { .. } => self.assistant_open = false,
             EventBody::AgentThinking { thinking, .. } => self.part(Part::Thinking { thinking: thinking.clone() }),

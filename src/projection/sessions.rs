@@ -15,6 +15,9 @@ pub struct SessionSummary {
     pub created_at: String,
     pub updated_at: String,
     pub deleted: bool,
+    /// When it was archived: it keeps its log and takes no more input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archived_at: Option<String>,
 }
 
 impl SessionSummary {
@@ -28,6 +31,7 @@ impl SessionSummary {
                 created_at: event.created_at.clone(),
                 updated_at: event.created_at.clone(),
                 deleted: false,
+                archived_at: None,
             }),
             (EventBody::SessionUpdated { agent, tools, title, metadata }, Some(mut summary)) => {
                 if let Some(agent) = agent {
@@ -42,6 +46,11 @@ impl SessionSummary {
                 if let Some(metadata) = metadata {
                     summary.spec.metadata = metadata.clone();
                 }
+                summary.updated_at = event.created_at.clone();
+                Some(summary)
+            }
+            (EventBody::SessionArchived {}, Some(mut summary)) => {
+                summary.archived_at = Some(event.created_at.clone());
                 summary.updated_at = event.created_at.clone();
                 Some(summary)
             }
@@ -67,14 +76,14 @@ impl Projection for SessionIndex {
     }
 
     fn wants(&self, kind: &str) -> bool {
-        matches!(kind, "session.created" | "session.updated" | "session.deleted" | "terminated")
+        matches!(kind, "session.created" | "session.updated" | "session.archived" | "session.deleted" | "terminated")
     }
 
-    fn key(&self, event: &Event) -> Option<Key> {
-        Some(Key::session(event.session_id))
+    fn keys(&self, event: &Event) -> Vec<Key> {
+        vec![Key::session(event.session_id)]
     }
 
-    fn apply(&self, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
+    fn apply(&self, _key: Key, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
         let current = current.and_then(|bytes| serde_json::from_slice(bytes).ok());
         SessionSummary::apply(current, event).map(|s| serde_json::to_vec(&s).expect("summaries serialise"))
     }

@@ -46,15 +46,21 @@ pub struct TurnState {
     /// Calls granted permission that have not run yet.
     pub granted: Vec<PendingCall>,
     pub last_turn: Option<TurnId>,
+    /// User messages stored while a turn ran, that no turn has answered yet, in order.
+    pub queued: Vec<EventId>,
 }
 
 impl TurnState {
     pub fn apply(&mut self, event: &Event) {
         match &event.body {
             EventBody::TurnStarted {} => {
-                self.phase = Phase::Running(event.turn_id.expect("turn.started has a turn"));
-                self.last_turn = event.turn_id;
+                if let Some(turn) = event.turn_id {
+                    self.phase = Phase::Running(turn);
+                    self.last_turn = Some(turn);
+                }
             }
+            EventBody::UserMessage { .. } if event.processed_at.is_none() => self.queued.push(event.id),
+            EventBody::TurnInput { event_ids } => self.queued.retain(|id| !event_ids.contains(id)),
             EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: Permission::Ask } => {
                 self.pending.insert(event.id, call(event.id, tool_call_id, name, input, CallKind::Ask));
             }
@@ -98,12 +104,15 @@ fn call(event_id: EventId, tool_call_id: &str, name: &str, input: &Value, kind: 
     PendingCall { event_id, tool_call_id: tool_call_id.into(), name: name.into(), input: input.clone(), kind }
 }
 
-/// On disk: the turn each session has open (started, not yet idle), if any.
+/// On disk, per session: the turn it has open (started, not yet stopped), if any, and the
+/// usage of all its turns.
 pub struct OpenTurns;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct OpenTurn {
     pub turn: Option<TurnId>,
+    #[serde(default)]
+    pub usage: Usage,
 }
 
 impl OpenTurns {
@@ -115,20 +124,30 @@ impl Projection for OpenTurns {
         Self::NAME
     }
 
+    /// 2: usage added.
+    fn version(&self) -> u32 {
+        2
+    }
+
     fn wants(&self, kind: &str) -> bool {
         matches!(kind, "turn.started" | "session.status_idle")
     }
 
-    fn key(&self, event: &Event) -> Option<Key> {
-        Some(Key::session(event.session_id))
+    fn keys(&self, event: &Event) -> Vec<Key> {
+        vec![Key::session(event.session_id)]
     }
 
-    fn apply(&self, _current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
-        let turn = match event.body {
-            EventBody::TurnStarted {} => event.turn_id,
-            _ => None,
-        };
-        Some(serde_json::to_vec(&OpenTurn { turn }).expect("serialises"))
+    fn apply(&self, _key: Key, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
+        let mut open: OpenTurn = current.and_then(|bytes| serde_json::from_slice(bytes).ok()).unwrap_or_default();
+        match &event.body {
+            EventBody::TurnStarted {} => open.turn = event.turn_id,
+            EventBody::StatusIdle { usage, .. } => {
+                open.turn = None;
+                open.usage += *usage;
+            }
+            _ => return None,
+        }
+        Some(serde_json::to_vec(&open).expect("serialises"))
     }
 }
 
@@ -215,12 +234,50 @@ impl Projection for TurnIndex {
         matches!(kind, "turn.started" | "user.message" | "session.error" | "session.status_idle")
     }
 
-    fn key(&self, event: &Event) -> Option<Key> {
-        Some(Key { session: event.session_id, item: Some(event.turn_id?.ulid()) })
+    fn keys(&self, event: &Event) -> Vec<Key> {
+        event.turn_id.map(|turn| Key { session: event.session_id, item: Some(turn.ulid()) }).into_iter().collect()
     }
 
-    fn apply(&self, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
+    fn apply(&self, _key: Key, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
         let current = current.and_then(|bytes| serde_json::from_slice(bytes).ok());
         TurnSummary::apply(current, event).map(|t| serde_json::to_vec(&t).expect("turn summaries serialise"))
+    }
+}
+
+/// On disk: when each queued user message was taken by a turn (`turn.input`), so that
+/// reads can show it as processed.
+pub struct ProcessedInput;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Processed {
+    pub at: String,
+    pub turn: Option<TurnId>,
+}
+
+impl ProcessedInput {
+    pub const NAME: &'static str = "processed";
+}
+
+impl Projection for ProcessedInput {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn wants(&self, kind: &str) -> bool {
+        kind == "turn.input"
+    }
+
+    fn keys(&self, event: &Event) -> Vec<Key> {
+        match &event.body {
+            EventBody::TurnInput { event_ids } => {
+                event_ids.iter().map(|id| Key { session: event.session_id, item: Some(id.ulid()) }).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn apply(&self, _key: Key, _current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
+        let processed = Processed { at: event.created_at.clone(), turn: event.turn_id };
+        Some(serde_json::to_vec(&processed).expect("serialises"))
     }
 }

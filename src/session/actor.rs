@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::decide::{self, decide, idle, Decision};
-use super::engine::{Command, Engine, Submission, Submitted};
+use super::engine::{Closing, Command, Engine, Submission, Submitted};
 use super::log::Writer;
 use super::turn::{self, Outcome, ToolPlan, TurnContext};
 use super::{rules, SessionError};
@@ -17,7 +17,7 @@ use crate::domain::event::StopReason;
 use crate::domain::{Draft, EventBody, RawEvent, SessionId, TurnId};
 use crate::metrics;
 use crate::projection::history::History;
-use crate::projection::turns::TurnState;
+use crate::projection::turns::{Phase, TurnState};
 use crate::projection::SessionSummary;
 use crate::store::Position;
 
@@ -38,7 +38,7 @@ pub(super) struct Actor {
 }
 
 enum AfterTurn {
-    Delete(oneshot::Sender<Result<(), SessionError>>),
+    Close(Closing, oneshot::Sender<Result<(), SessionError>>),
     Stop(oneshot::Sender<()>),
 }
 
@@ -130,6 +130,9 @@ impl Actor {
     }
 
     async fn run(mut self, generation: u64, mut commands: mpsc::Receiver<Command>) {
+        // Messages a crash or a stop left queued are answered as soon as the session is
+        // touched again.
+        self.answer_queued().await;
         let idle = self.engine.idle_after();
         while !self.done {
             let next = if self.running.is_some() {
@@ -153,7 +156,7 @@ impl Actor {
             match command {
                 Command::Submit(submission, reply) => drop(reply.send(Err(SessionError::Retry(Box::new(submission))))),
                 // Dropping the reply sends these on to the next actor.
-                Command::Delete(_) | Command::TurnEnded(..) => {}
+                Command::Close(..) | Command::TurnEnded(..) => {}
                 Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
                 Command::Stop(reply) => drop(reply.send(())),
             }
@@ -168,13 +171,13 @@ impl Actor {
             }
             Command::TurnEnded(turn, outcome) => self.end_turn(turn, outcome).await,
             Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
-            Command::Delete(reply) => match &self.running {
+            Command::Close(closing, reply) => match &self.running {
                 Some((_, cancel)) => {
                     cancel.cancel();
-                    self.after_turn.push(AfterTurn::Delete(reply));
+                    self.after_turn.push(AfterTurn::Close(closing, reply));
                 }
                 None => {
-                    let _ = reply.send(self.delete().await);
+                    let _ = reply.send(self.close(closing).await);
                 }
             },
             Command::Stop(reply) => match &self.running {
@@ -234,12 +237,9 @@ impl Actor {
     }
 
     fn agent(&self) -> Result<Arc<Agent>, SessionError> {
-        let name = &self.summary.spec.agent.name;
-        self.engine
-            .inner
-            .agents
-            .get(name)
-            .ok_or_else(|| SessionError::Invalid(format!("the session's agent {name:?} is not configured")))
+        let spec = &self.summary.spec.agent;
+        let agent = self.engine.inner.agents.get_version(&spec.name, spec.version);
+        agent.ok_or_else(|| SessionError::Invalid(format!("the session's agent {:?} is not configured", spec.name)))
     }
 
     async fn submit(&mut self, submission: Submission) -> Result<Submitted, SessionError> {
@@ -255,6 +255,12 @@ impl Actor {
             .apply(|actor| {
                 if actor.summary.deleted {
                     return Err(SessionError::NotFound(actor.session.to_string()));
+                }
+                if actor.summary.archived_at.is_some() {
+                    return Err(SessionError::Conflict(format!(
+                        "session {} is archived: it takes no input",
+                        actor.session
+                    )));
                 }
                 let of_session = agent.insert(actor.agent()?);
                 let update = rules::update(of_session, &tools, &actor.summary.spec, &submission.update)?;
@@ -273,25 +279,31 @@ impl Actor {
         Ok(Submitted { events, turn: decision.start })
     }
 
-    /// Appends `session.deleted` and `terminated`; every open stream ends after the latter.
-    async fn delete(&mut self) -> Result<(), SessionError> {
-        if let Err(error) = self.catch_up().await {
-            self.done = true;
-            return Err(error);
-        }
-        let deleted = self.apply(|actor| {
-            if actor.summary.deleted {
-                return Err(SessionError::NotFound(actor.session.to_string()));
+    /// Deletes (`session.deleted`, then `terminated`, after which every open stream ends)
+    /// or archives (`session.archived`, once) the session.
+    async fn close(&mut self, closing: Closing) -> Result<(), SessionError> {
+        let closed = match self.catch_up().await {
+            Ok(()) => {
+                let closed = self.apply(|actor| {
+                    if actor.summary.deleted {
+                        return Err(SessionError::NotFound(actor.session.to_string()));
+                    }
+                    let drafts = match closing {
+                        Closing::Delete => vec![
+                            Draft::new(None, &EventBody::SessionDeleted {}),
+                            Draft::new(None, &EventBody::Terminated { reason: "session deleted".into() }),
+                        ],
+                        Closing::Archive if actor.summary.archived_at.is_some() => Vec::new(),
+                        Closing::Archive => vec![Draft::new(None, &EventBody::SessionArchived {})],
+                    };
+                    Ok(Decision { drafts, ..Decision::default() })
+                });
+                closed.await.map(drop)
             }
-            let drafts = vec![
-                Draft::new(None, &EventBody::SessionDeleted {}),
-                Draft::new(None, &EventBody::Terminated { reason: "session deleted".into() }),
-            ];
-            Ok(Decision { drafts, ..Decision::default() })
-        });
-        let result = deleted.await.map(drop);
-        self.done = true;
-        result
+            Err(error) => Err(error),
+        };
+        self.done |= closing == Closing::Delete;
+        closed
     }
 
     fn start_turn(&mut self, turn: TurnId, agent: Arc<Agent>) {
@@ -320,8 +332,25 @@ impl Actor {
         self.running = Some((turn, cancel));
     }
 
-    /// Writes how the turn ended; the session is idle (or waiting) from here on. Then does
-    /// what waited for the end: a delete, or a stop.
+    /// Starts the turn that answers the messages queued while the last one ran, if the
+    /// session is idle and some wait.
+    async fn answer_queued(&mut self) {
+        let waiting = self.state.phase == Phase::Idle && !self.state.queued.is_empty();
+        if !waiting || self.engine.stopping() || self.summary.deleted || self.summary.archived_at.is_some() {
+            return;
+        }
+        let Ok(agent) = self.agent() else { return };
+        let answered =
+            self.apply(|actor| Ok(decide::answer_queued(&actor.state, TurnId::generate()).unwrap_or_default()));
+        match answered.await {
+            Ok((Decision { start: Some(turn), .. }, _)) => self.start_turn(turn, agent),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, session_id = %self.session, "could not answer queued messages"),
+        }
+    }
+
+    /// Writes how the turn ended; the session is idle (or waiting) from here on. Then
+    /// answers queued messages, or does what waited for the end: a delete, or a stop.
     async fn end_turn(&mut self, turn: TurnId, outcome: Outcome) {
         self.running = None;
         let (reason, pending) = match &outcome.stop {
@@ -341,10 +370,13 @@ impl Actor {
         if let Err(error) = ended.await {
             tracing::warn!(%error, session_id = %self.session, turn_id = %turn, "could not record the end of a turn");
         }
+        if self.after_turn.is_empty() {
+            self.answer_queued().await;
+        }
         for waiting in std::mem::take(&mut self.after_turn) {
             match waiting {
-                AfterTurn::Delete(reply) => {
-                    let _ = reply.send(self.delete().await);
+                AfterTurn::Close(closing, reply) => {
+                    let _ = reply.send(self.close(closing).await);
                 }
                 AfterTurn::Stop(reply) => {
                     self.done = true;
@@ -368,7 +400,7 @@ fn refuse(command: Command, failure: &SessionError) {
     match command {
         Command::Submit(_, reply) => drop(reply.send(Err(answer()))),
         Command::Create(_, reply) => drop(reply.send(Err(answer()))),
-        Command::Delete(reply) => drop(reply.send(Err(answer()))),
+        Command::Close(_, reply) => drop(reply.send(Err(answer()))),
         Command::Stop(reply) => drop(reply.send(())),
         Command::TurnEnded(..) => {}
     }

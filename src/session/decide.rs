@@ -2,7 +2,7 @@
 //! events to append (and whether they start a turn or cancel the running one), or the
 //! refusal. The actor folds the log, calls this, and appends what it returns.
 
-use super::engine::{Input, Submission};
+use super::engine::{Input, Submission, WhenBusy};
 use super::turn::{Mode, ToolPlan};
 use super::SessionError;
 use crate::domain::event::{Confirmation, Permission, StopInfo, StopReason};
@@ -34,19 +34,22 @@ pub fn decide(
     new_turn: TurnId,
 ) -> Result<Decision, SessionError> {
     let inputs = &submission.inputs;
+    let queue = submission.when_busy == WhenBusy::Queue;
     let messages = inputs.iter().filter(|i| matches!(i, Input::Message(_))).count();
     let resolving = inputs.iter().any(|i| matches!(i, Input::Result { .. } | Input::Permission { .. }));
-    if messages > 1 {
+    if messages > 1 && !queue {
         return Err(SessionError::Invalid("send one user message per request".into()));
     }
-    if messages == 1 && resolving {
+    if messages > 0 && resolving {
         return Err(SessionError::Conflict(format!(
             "a user message cannot be mixed with tool results or permissions; {}",
             pending_text(state)
         )));
     }
-    if messages == 1 {
-        check_idle(state)?;
+    match state.phase {
+        Phase::Running(_) if queue => {}
+        _ if messages > 0 => check_idle(state)?,
+        _ => {}
     }
     let resolved = if resolving { match_resolutions(state, inputs, submission.all_at_once)? } else { Vec::new() };
 
@@ -72,8 +75,17 @@ pub fn decide(
                     _ => {}
                 }
             }
+            // While a turn runs (or once this request has started one), a message waits
+            // for the next turn.
+            Input::Message(content) if queue && (decision.start.is_some() || state.phase != Phase::Idle) => {
+                decision.drafts.push(Draft::queued(&EventBody::UserMessage { content: content.clone() }));
+            }
             Input::Message(content) => {
                 decision.drafts.push(Draft::new(Some(new_turn), &EventBody::TurnStarted {}));
+                // Messages queued before this one come first.
+                if !state.queued.is_empty() {
+                    decision.drafts.push(Draft::new(Some(new_turn), &turn_input(state)));
+                }
                 decision.drafts.push(Draft::new(Some(new_turn), &EventBody::UserMessage { content: content.clone() }));
                 decision.drafts.push(Draft::new(Some(new_turn), &running()));
                 decision.start = Some(new_turn);
@@ -90,6 +102,24 @@ pub fn decide(
         }
     }
     Ok(decision)
+}
+
+/// The turn that answers the messages queued while the last one ran, once the session is
+/// idle; `None` when nothing waits (or the session is not idle).
+pub fn answer_queued(state: &TurnState, new_turn: TurnId) -> Option<Decision> {
+    if state.phase != Phase::Idle || state.queued.is_empty() {
+        return None;
+    }
+    let drafts = vec![
+        Draft::new(Some(new_turn), &EventBody::TurnStarted {}),
+        Draft::new(Some(new_turn), &turn_input(state)),
+        Draft::new(Some(new_turn), &running()),
+    ];
+    Some(Decision { drafts, start: Some(new_turn), cancel: false })
+}
+
+fn turn_input(state: &TurnState) -> EventBody {
+    EventBody::TurnInput { event_ids: state.queued.clone() }
 }
 
 /// A new session whose seed history ends with tool calls: a turn that records them as if
@@ -352,7 +382,7 @@ mod tests {
     }
 
     fn submission(inputs: Vec<Input>) -> Submission {
-        Submission { update: Default::default(), inputs, all_at_once: true }
+        Submission { inputs, all_at_once: true, ..Submission::default() }
     }
 
     #[test]

@@ -52,12 +52,23 @@ pub enum Input {
     Outcome(Value),
 }
 
+/// How a session ends: deleted (its log ends with `terminated`, and every view answers 404
+/// for it), or archived (kept and readable, but it takes no more input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closing {
+    Delete,
+    Archive,
+}
+
 /// Changes a submission makes to the session before its input: `tools` and the agent's
-/// `tools` replace, its `options` merge by key.
+/// `tools` replace, its `options` merge by key, `title` replaces, and `metadata` is a
+/// patch (a `null` value deletes its key).
 #[derive(Debug, Clone, Default)]
 pub struct SessionUpdate {
     pub agent: Option<AgentChanges>,
     pub tools: Option<Vec<ClientTool>>,
+    pub title: Option<String>,
+    pub metadata: Option<Map<String, Value>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -68,16 +79,28 @@ pub struct AgentChanges {
 
 impl SessionUpdate {
     pub fn is_empty(&self) -> bool {
-        self.agent.is_none() && self.tools.is_none()
+        self.agent.is_none() && self.tools.is_none() && self.title.is_none() && self.metadata.is_none()
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Submission {
     pub update: SessionUpdate,
     pub inputs: Vec<Input>,
     /// Every waiting call must be resolved in one request (AAP).
     pub all_at_once: bool,
+    /// What a user message does while a turn runs.
+    pub when_busy: WhenBusy,
+}
+
+/// What a user message does while a turn runs: refused (AAP, native), or stored and
+/// answered by the next turn once the running one ends (managed agents, as Anthropic's
+/// API does).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WhenBusy {
+    #[default]
+    Refuse,
+    Queue,
 }
 
 /// What a submission did: the events it stored and the turn it started, if any.
@@ -92,8 +115,8 @@ pub(super) enum Command {
     Create(Vec<Draft>, oneshot::Sender<Result<(), SessionError>>),
     Submit(Submission, oneshot::Sender<Result<Submitted, SessionError>>),
     TurnEnded(TurnId, super::turn::Outcome),
-    /// Cancel what runs, record how it ended, then delete the session.
-    Delete(oneshot::Sender<Result<(), SessionError>>),
+    /// Cancel what runs, record how it ended, then delete or archive the session.
+    Close(Closing, oneshot::Sender<Result<(), SessionError>>),
     /// Cancel what runs, record how it ended, and stop (the service is shutting down).
     Stop(oneshot::Sender<()>),
 }
@@ -150,11 +173,11 @@ impl Engine {
         answer.await.map_err(|_| SessionError::ShuttingDown)?
     }
 
-    /// Cancels whatever runs in the session, records its end, then deletes the session.
-    pub async fn delete(&self, session: SessionId) -> Result<(), SessionError> {
+    /// Cancels whatever runs in the session, records its end, then deletes or archives it.
+    pub async fn close(&self, session: SessionId, closing: Closing) -> Result<(), SessionError> {
         for _ in 0..SEND_ATTEMPTS {
             let (reply, answer) = oneshot::channel();
-            self.send(session, Command::Delete(reply)).await?;
+            self.send(session, Command::Close(closing, reply)).await?;
             // An actor that stopped before it took the command dropped it: ask the next.
             if let Ok(result) = answer.await {
                 return result;

@@ -7,6 +7,7 @@
 //! hold), the engine and its actors, the turn loop, and `log` (the one way into the log).
 
 mod actor;
+pub mod catalog;
 mod coalesce;
 pub mod decide;
 mod engine;
@@ -16,10 +17,11 @@ pub mod rules;
 mod sessions;
 pub mod turn;
 
+pub use catalog::Catalog;
 pub use coalesce::Coalescer;
-pub use engine::{AgentChanges, EngineSettings, Input, SessionUpdate, Submission, Submitted};
+pub use engine::{AgentChanges, EngineSettings, Input, SessionUpdate, Submission, Submitted, WhenBusy};
 pub use follow::{FollowError, Follower};
-pub use sessions::{EventPage, EventQuery, ListFilter, Page, Sessions, TurnQuery};
+pub use sessions::{Activity, EventPage, EventQuery, ListFilter, Page, Sessions, TimeBounds, TurnQuery};
 
 pub(crate) use engine::Engine;
 pub(crate) use log::SessionLog;
@@ -79,6 +81,9 @@ pub enum SessionError {
     NotFound(String),
     #[error("turn {turn} not found in session {session}")]
     TurnNotFound { turn: String, session: String },
+    /// An agent or environment of the catalog.
+    #[error("{0} not found")]
+    CatalogNotFound(String),
     #[error("{0} is not an event of this session")]
     UnknownCursor(String),
     #[error("{0}")]

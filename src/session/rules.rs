@@ -34,8 +34,9 @@ pub fn check_new(agent: &Agent, tools: &Tools, spec: &mut SessionSpec) -> Result
     Ok(())
 }
 
-/// The `session.updated` a submission's changes make: `agent.tools` and `tools` replace,
-/// `agent.options` merge by key; `None` when it changes nothing.
+/// The `session.updated` a submission's changes make: `agent.tools`, `tools` and `title`
+/// replace, `agent.options` merge by key, `metadata` is a patch (`null` deletes a key);
+/// `None` when it changes nothing.
 pub fn update(
     agent: &Agent,
     tools: &Tools,
@@ -62,7 +63,17 @@ pub fn update(
         }
         None => None,
     };
-    Ok(Some(EventBody::SessionUpdated { agent: agent_spec, tools: update.tools.clone(), title: None, metadata: None }))
+    let metadata = update.metadata.as_ref().map(|patch| {
+        let mut metadata = current.metadata.clone();
+        super::catalog::apply_patch(&mut metadata, patch.clone());
+        metadata
+    });
+    Ok(Some(EventBody::SessionUpdated {
+        agent: agent_spec,
+        tools: update.tools.clone(),
+        title: update.title.clone(),
+        metadata,
+    }))
 }
 
 /// `agent.tools` may name only the agent's exposed tools, once each.
@@ -90,7 +101,8 @@ fn check_client_tools(agent: &Agent, client: &[ClientTool]) -> Result<(), Sessio
         if tool.name.trim().is_empty() {
             return Err(invalid(format!("invalid field `tools[{i}].name`: must not be empty")));
         }
-        if agent.config.tools.contains_key(&tool.name) {
+        if agent.config.tools.contains_key(&tool.name) || agent.config.client_tools.iter().any(|t| t.name == tool.name)
+        {
             return Err(invalid(format!(
                 "invalid field `tools[{i}].name`: {:?} clashes with a tool of agent {:?}; tool names must be unique \
                  across the client's and the agent's tools",

@@ -6,26 +6,67 @@ use std::sync::Arc;
 use ulid::Ulid;
 
 use super::decide::seed_waiting;
+use super::engine::Closing;
 use super::log::SessionLog;
 use super::turn::ToolPlan;
-use super::{rules, Caller, Cursor, Engine, Follower, SessionError, Submission, Submitted};
+use super::{rules, Caller, Catalog, Cursor, Engine, Follower, SessionError, SessionUpdate, Submission, Submitted};
 use crate::agent::Agents;
 use crate::domain::event::SessionSpec;
-use crate::domain::{Draft, EventBody, EventId, Message, RawEvent, SessionId, TurnId};
+use crate::domain::{Draft, EventBody, EventId, Message, RawEvent, SessionId, TurnId, Usage};
 use crate::projection::history::History;
+use crate::projection::turns::{OpenTurn, OpenTurns, Processed, ProcessedInput};
 use crate::projection::{SessionIndex, SessionSummary, TurnIndex, TurnSummary};
 use crate::store::{Key, Position, ReadRange, Scan};
 
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     pub agent: Option<String>,
+    /// With `agent`: only sessions of this version of it.
+    pub agent_version: Option<u32>,
     pub created_by: Option<String>,
-    /// RFC 3339 in UTC with microseconds, as stored.
-    pub created_after: Option<String>,
-    pub created_before: Option<String>,
-    /// Continue after this session (newest first).
+    pub created: TimeBounds,
+    /// Leave archived sessions out.
+    pub exclude_archived: bool,
+    /// Only sessions with a turn running (`Some(true)`) or without one (`Some(false)`).
+    pub running: Option<bool>,
+    pub oldest_first: bool,
+    /// Continue after this session (in the listing's order).
     pub after: Option<SessionId>,
     pub limit: usize,
+}
+
+/// Bounds on a time, each RFC 3339 in UTC with microseconds as stored (so they compare as
+/// text): strictly after `gt`, at or after `gte`, strictly before `lt`, at or before `lte`.
+#[derive(Debug, Clone, Default)]
+pub struct TimeBounds {
+    pub gt: Option<String>,
+    pub gte: Option<String>,
+    pub lt: Option<String>,
+    pub lte: Option<String>,
+}
+
+impl TimeBounds {
+    pub fn is_empty(&self) -> bool {
+        self.gt.is_none() && self.gte.is_none() && self.lt.is_none() && self.lte.is_none()
+    }
+
+    pub fn contains(&self, time: &str) -> bool {
+        self.gt.as_deref().is_none_or(|b| time > b)
+            && self.gte.as_deref().is_none_or(|b| time >= b)
+            && self.lt.as_deref().is_none_or(|b| time < b)
+            && self.lte.as_deref().is_none_or(|b| time <= b)
+    }
+
+    /// Whether everything older than `time` is out of bounds too (so a newest-first
+    /// listing can stop).
+    fn older_all_out(&self, time: &str) -> bool {
+        self.gt.as_deref().is_some_and(|b| time <= b) || self.gte.as_deref().is_some_and(|b| time < b)
+    }
+
+    /// Whether everything newer than `time` is out of bounds too.
+    fn newer_all_out(&self, time: &str) -> bool {
+        self.lt.as_deref().is_some_and(|b| time >= b) || self.lte.as_deref().is_some_and(|b| time > b)
+    }
 }
 
 pub struct Page<T> {
@@ -42,11 +83,22 @@ pub struct EventQuery {
     pub limit: usize,
     pub newest_first: bool,
     pub kinds: Vec<String>,
+    /// Bounds on the events' times.
+    pub created: TimeBounds,
 }
 
 pub struct EventPage {
     pub events: Vec<RawEvent>,
     pub has_more: bool,
+}
+
+/// What a session is doing, from the log.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Activity {
+    /// A turn runs (started, not yet stopped).
+    pub running: bool,
+    /// The usage of all its turns.
+    pub usage: Usage,
 }
 
 /// A page of a session's turns, newest first, strictly before `before`.
@@ -64,30 +116,50 @@ pub struct Sessions {
     log: SessionLog,
     engine: Engine,
     agents: Arc<Agents>,
+    catalog: Arc<Catalog>,
 }
 
 impl Sessions {
-    pub(crate) fn new(log: SessionLog, engine: Engine, agents: Arc<Agents>) -> Sessions {
-        Sessions { log, engine, agents }
+    pub(crate) fn new(log: SessionLog, engine: Engine, agents: Arc<Agents>, catalog: Arc<Catalog>) -> Sessions {
+        Sessions { log, engine, agents, catalog }
     }
 
-    /// The configured agents and server tools.
+    /// Every agent (configured and made through an API) and the server tools.
     pub fn agents(&self) -> &Agents {
         &self.agents
+    }
+
+    /// Agents and environments made through an API.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
     }
 
     /// Checks `spec` against its agent and starts the session's log. A seed history that
     /// ends with tool calls leaves them waiting for the client, as if the model had just
     /// made them.
     pub async fn create(&self, caller: &Caller, mut spec: SessionSpec) -> Result<SessionSummary, SessionError> {
-        let Some(agent) = self.agents.get(&spec.agent.name) else {
-            let known: Vec<&str> = self.agents.all().map(|a| a.name.as_str()).collect();
+        let Some(agent) = self.agents.get_version(&spec.agent.name, spec.agent.version) else {
+            let known: Vec<String> = self.agents.all().iter().map(|a| a.name.clone()).collect();
             return Err(SessionError::Invalid(format!(
                 "invalid field `agent.name`: no agent named {:?}; this server has: {}",
                 spec.agent.name,
                 known.join(", ")
             )));
         };
+        // A catalog agent's session runs the version it was created with.
+        spec.agent.version = agent.definition.as_ref().map(|d| d.version);
+        if agent.definition.as_ref().is_some_and(|d| d.archived_at.is_some()) {
+            return Err(SessionError::Invalid(format!("invalid field `agent`: agent {} is archived", agent.name)));
+        }
+        if let Some(environment) = &spec.environment_id {
+            let environment = self.catalog.environment(environment).await.map_err(|_| {
+                SessionError::Invalid(format!("invalid field `environment_id`: no environment {environment:?}"))
+            })?;
+            if environment.archived_at.is_some() {
+                let id = environment.id;
+                return Err(SessionError::Invalid(format!("invalid field `environment_id`: {id} is archived")));
+            }
+        }
         rules::check_new(&agent, &self.agents.tools, &mut spec)?;
         let id = SessionId::generate();
         let waiting =
@@ -123,7 +195,8 @@ impl Sessions {
     }
 
     fn redacted(&self, mut summary: SessionSummary) -> SessionSummary {
-        rules::redact(self.agents.get(&summary.spec.agent.name).as_deref(), &mut summary.spec);
+        let agent = self.agents.get_version(&summary.spec.agent.name, summary.spec.agent.version);
+        rules::redact(agent.as_deref(), &mut summary.spec);
         summary
     }
 
@@ -134,18 +207,23 @@ impl Sessions {
         // Enough for the page when nothing is filtered out; more per step when much is.
         let mut chunk = (filter.limit + 1).min(SCAN_CHUNK);
         loop {
-            let scan = Scan { session: None, after, newest_first: true, limit: chunk };
+            let scan = Scan { session: None, after, newest_first: !filter.oldest_first, limit: chunk };
             chunk = SCAN_CHUNK;
             let page = self.log.scan::<SessionSummary>(SessionIndex::NAME, scan).await?;
             let Some((last, _)) = page.last() else { return Ok(Page { items, has_more: false }) };
             after = Some(*last);
             for (_, summary) in page {
-                if summary.deleted || !caller.may_see(&summary) || !matches(filter, &summary) {
-                    continue;
-                }
-                if filter.created_after.as_deref().is_some_and(|after| summary.created_at.as_str() <= after) {
-                    // Newest first: everything further is older still.
+                let created = summary.created_at.as_str();
+                // In creation order, everything further is out of bounds too.
+                let past_bound = match filter.oldest_first {
+                    false => filter.created.older_all_out(created),
+                    true => filter.created.newer_all_out(created),
+                };
+                if past_bound {
                     return Ok(Page { items, has_more: false });
+                }
+                if !self.listed(caller, filter, &summary).await? {
+                    continue;
                 }
                 if items.len() == filter.limit {
                     return Ok(Page { items, has_more: true });
@@ -155,11 +233,56 @@ impl Sessions {
         }
     }
 
+    async fn listed(
+        &self,
+        caller: &Caller,
+        filter: &ListFilter,
+        summary: &SessionSummary,
+    ) -> Result<bool, SessionError> {
+        let shown = !summary.deleted
+            && caller.may_see(summary)
+            && !(filter.exclude_archived && summary.archived_at.is_some())
+            && filter.agent.as_ref().is_none_or(|agent| &summary.spec.agent.name == agent)
+            && filter.agent_version.is_none_or(|v| summary.spec.agent.version == Some(v))
+            && filter.created_by.as_ref().is_none_or(|by| &summary.created_by == by)
+            && filter.created.contains(&summary.created_at);
+        match filter.running {
+            Some(running) if shown => Ok(self.activity(summary).await?.running == running),
+            _ => Ok(shown),
+        }
+    }
+
     /// Cancels what runs in the session and records its end, then appends
     /// `session.deleted` and `terminated`; every open stream ends after the latter.
     pub async fn delete(&self, caller: &Caller, id: &str) -> Result<(), SessionError> {
         let summary = self.get(caller, id).await?;
-        self.engine.delete(summary.id).await
+        self.engine.close(summary.id, Closing::Delete).await
+    }
+
+    /// Cancels what runs and records its end, then archives the session: it keeps its log,
+    /// lists only when asked for, and takes no more input. Archiving twice is archiving once.
+    pub async fn archive(&self, session: &SessionSummary) -> Result<SessionSummary, SessionError> {
+        self.engine.close(session.id, Closing::Archive).await?;
+        self.reread(session).await
+    }
+
+    /// Changes the session's setup (title, metadata patch, tools, agent options), through
+    /// its actor like any input.
+    pub async fn update(
+        &self,
+        session: &SessionSummary,
+        update: SessionUpdate,
+    ) -> Result<SessionSummary, SessionError> {
+        if !update.is_empty() {
+            self.engine.submit(session.id, Submission { update, ..Submission::default() }).await?;
+        }
+        self.reread(session).await
+    }
+
+    /// The session as it is now, redacted.
+    async fn reread(&self, session: &SessionSummary) -> Result<SessionSummary, SessionError> {
+        let summary = self.log.summary(session.id).await?.filter(|s| !s.deleted);
+        Ok(self.redacted(summary.ok_or_else(|| SessionError::NotFound(session.id.to_string()))?))
     }
 
     /// Hands input to the session's engine. Refusals come back before anything is stored.
@@ -193,7 +316,10 @@ impl Sessions {
         }
         // Read one more than asked to know whether there is more; with a type filter, read
         // on in chunks until enough events match.
-        let wanted = |e: &RawEvent| query.kinds.is_empty() || query.kinds.iter().any(|k| k == e.kind());
+        let wanted = |e: &RawEvent| {
+            (query.kinds.is_empty() || query.kinds.iter().any(|k| k == e.kind()))
+                && (query.created.is_empty() || e.created_at().is_some_and(|t| query.created.contains(t)))
+        };
         let mut found: Vec<RawEvent> = Vec::new();
         loop {
             let chunk = query.limit.max(256);
@@ -214,7 +340,25 @@ impl Sessions {
         }
         let has_more = found.len() > query.limit;
         found.truncate(query.limit);
+        for event in found.iter_mut().filter(|e| e.is_queued()) {
+            *event = self.as_processed(session, event).await?;
+        }
         Ok(EventPage { events: found, has_more })
+    }
+
+    /// A queued message as it reads once a turn has taken it (`processed_at` set), or as
+    /// it is while it still waits.
+    async fn as_processed(&self, session: &SessionSummary, event: &RawEvent) -> Result<RawEvent, SessionError> {
+        let key = Key { session: session.id, item: Some(event.id.ulid()) };
+        let processed: Option<Processed> = self.log.projected(ProcessedInput::NAME, key).await?;
+        Ok(processed.map_or_else(|| event.clone(), |p| event.processed(&p.at)))
+    }
+
+    /// What the session is doing: whether a turn runs, and the usage of all its turns.
+    pub async fn activity(&self, session: &SessionSummary) -> Result<Activity, SessionError> {
+        let open: Option<OpenTurn> = self.log.projected(OpenTurns::NAME, Key::session(session.id)).await?;
+        let open = open.unwrap_or_default();
+        Ok(Activity { running: open.turn.is_some(), usage: open.usage })
     }
 
     /// A follower of the session's log after `after` (from the start when `None`).
@@ -312,10 +456,4 @@ impl Sessions {
 /// strictly increasing, so every earlier event is at or before it.)
 fn just_before(event: EventId) -> EventId {
     EventId(Ulid::from(u128::from(event.ulid()) - 1))
-}
-
-fn matches(filter: &ListFilter, summary: &SessionSummary) -> bool {
-    filter.agent.as_ref().is_none_or(|agent| &summary.spec.agent.name == agent)
-        && filter.created_by.as_ref().is_none_or(|by| &summary.created_by == by)
-        && filter.created_before.as_deref().is_none_or(|before| summary.created_at.as_str() < before)
 }

@@ -39,7 +39,7 @@ impl ToolPlan {
     /// Server tools the agent has (minus `deny`), enabled as the session says: exposed
     /// tools only when the client listed them (trusted or not), unexposed ones always.
     /// A tool runs inline only if the config allows it and the client trusts it. Then the
-    /// client's own tools.
+    /// client tools: the agent's own, and the session's.
     pub fn new(agent: &Agent, tools: &Tools, spec: &SessionSpec) -> ToolPlan {
         let mut plan = ToolPlan::default();
         for (name, permission) in &agent.config.tools {
@@ -60,7 +60,7 @@ impl ToolPlan {
                 plan.modes.insert(name.clone(), mode);
             }
         }
-        for tool in &spec.tools {
+        for tool in agent.config.client_tools.iter().chain(&spec.tools) {
             plan.defs.push(ToolDef {
                 name: tool.name.clone(),
                 description: tool.description.clone(),
@@ -186,17 +186,31 @@ struct Said {
 }
 
 impl Said {
-    fn deltas(&mut self, message_id: &str) -> Vec<EventBody> {
+    fn deltas(&mut self, ids: &MessageIds) -> Vec<EventBody> {
         let mut out = Vec::new();
         if !self.unsent_thinking.is_empty() {
             let delta = std::mem::take(&mut self.unsent_thinking);
-            out.push(EventBody::AgentThinkingDelta { message_id: message_id.into(), delta });
+            out.push(EventBody::AgentThinkingDelta { message_id: ids.thinking.clone(), delta });
         }
         if !self.unsent_text.is_empty() {
             let delta = std::mem::take(&mut self.unsent_text);
-            out.push(EventBody::AgentMessageDelta { message_id: message_id.into(), delta });
+            out.push(EventBody::AgentMessageDelta { message_id: ids.text.clone(), delta });
         }
         out
+    }
+}
+
+/// The ids of one response's thinking and text, each carried by its deltas and its final
+/// event: made up front, so a view can announce a message before it is whole (the
+/// managed-agents previews name the final event by it).
+struct MessageIds {
+    thinking: String,
+    text: String,
+}
+
+impl MessageIds {
+    fn new() -> MessageIds {
+        MessageIds { thinking: prefixed("msg_"), text: prefixed("msg_") }
     }
 }
 
@@ -204,8 +218,9 @@ impl Said {
 async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Response, Failure> {
     let model = ctx.agent.model.clone();
     let span_id = prefixed("span_");
-    let message_id = prefixed("msg_");
-    append(ctx, vec![EventBody::ModelRequestStart { model: model.name().into(), span_id: span_id.clone() }]).await?;
+    let ids = MessageIds::new();
+    let start = EventBody::ModelRequestStart { model: model.name().into(), span_id: span_id.clone() };
+    let start_id = append(ctx, vec![start]).await?.first().map(|event| event.id);
     let request = ModelRequest {
         system: ctx.agent.config.system.clone(),
         messages: ctx.history.clone(),
@@ -225,7 +240,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
             _ = ctx.cancel.cancelled() => break Some(Failure::Cancelled),
             _ = sleep_until(flush_at), if flush_at.is_some() => {
                 flush_at = None;
-                append(ctx, said.deltas(&message_id)).await?;
+                append(ctx, said.deltas(&ids)).await?;
                 continue;
             }
             next = stream.next() => next,
@@ -268,14 +283,14 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
 
     // What was said is recorded even when the request failed or was cancelled, so the
     // history holds it; calls are recorded only from a complete response.
-    let mut bodies = said.deltas(&message_id);
+    let mut bodies = said.deltas(&ids);
     let mut parts = Vec::new();
     if !said.thinking.is_empty() {
-        bodies.push(EventBody::AgentThinking { message_id: message_id.clone(), thinking: said.thinking.clone() });
+        bodies.push(EventBody::AgentThinking { message_id: ids.thinking.clone(), thinking: said.thinking.clone() });
         parts.push(Part::Thinking { thinking: said.thinking });
     }
     if !said.text.is_empty() {
-        bodies.push(EventBody::AgentMessage { message_id: message_id.clone(), content: vec![Block::text(&said.text)] });
+        bodies.push(EventBody::AgentMessage { message_id: ids.text.clone(), content: vec![Block::text(&said.text)] });
         parts.push(Part::Text { text: said.text });
     }
     let mut planned = Vec::new();
@@ -298,7 +313,13 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
         }
     }
     let is_error = failure.is_some();
-    bodies.push(EventBody::ModelRequestEnd { span_id, model: model.name().into(), usage: request_usage, is_error });
+    bodies.push(EventBody::ModelRequestEnd {
+        span_id,
+        model: model.name().into(),
+        usage: request_usage,
+        is_error,
+        model_request_start_id: start_id,
+    });
     let events = append(ctx, bodies).await?;
     if !parts.is_empty() {
         ctx.history.push(Message::Assistant { content: parts });

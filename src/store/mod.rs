@@ -127,10 +127,10 @@ pub trait Projection: Send + Sync + 'static {
         1
     }
     fn wants(&self, kind: &str) -> bool;
-    /// The value `event` changes, if any.
-    fn key(&self, event: &Event) -> Option<Key>;
-    /// The new value after `event`, or `None` to keep the current one.
-    fn apply(&self, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>>;
+    /// The values `event` changes (most change one, or none).
+    fn keys(&self, event: &Event) -> Vec<Key>;
+    /// The new value under `key` after `event`, or `None` to keep the current one.
+    fn apply(&self, key: Key, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>>;
 }
 
 fn unknown_projection(name: &str) -> StoreError {
@@ -166,10 +166,11 @@ fn project(projections: &[Arc<dyn Projection>], event: &RawEvent, values: &mut i
                 }
             },
         };
-        let Some(key) = projection.key(event) else { continue };
-        let current = values.get(projection.name(), key)?;
-        if let Some(value) = projection.apply(current.as_deref(), event) {
-            values.put(projection.name(), key, value)?;
+        for key in projection.keys(event) {
+            let current = values.get(projection.name(), key)?;
+            if let Some(value) = projection.apply(key, current.as_deref(), event) {
+                values.put(projection.name(), key, value)?;
+            }
         }
     }
     Ok(())

@@ -2,6 +2,7 @@ mod auth;
 mod crash;
 mod events;
 mod helpers;
+mod managed;
 mod ops;
 mod sessions;
 mod stream;

@@ -9,7 +9,7 @@ use crate::api::State;
 
 pub async fn meta(state: State) -> HttpResponse {
     let agents = state.sessions.agents();
-    let list: Vec<Value> = agents.all().map(|agent| describe(agent, &agents.tools)).collect();
+    let list: Vec<Value> = agents.all().iter().map(|agent| describe(agent, &agents.tools)).collect();
     HttpResponse::Ok().json(json!({"version": 3, "agents": list}))
 }
 

@@ -7,7 +7,7 @@ use crate::api::auth::Auth;
 use crate::api::body::{JsonBody, Query};
 use crate::api::{Error, State};
 use crate::error::ApiError;
-use crate::session::ListFilter;
+use crate::session::{ListFilter, TimeBounds};
 
 pub async fn create(state: State, Auth(caller, _): Auth, body: JsonBody<CreateSession>) -> Result<HttpResponse, Error> {
     let summary = state.sessions.create(&caller, body.0.into_spec()).await?;
@@ -29,10 +29,14 @@ pub async fn list(state: State, Auth(caller, _): Auth, query: Query<ListQuery>) 
     let filter = ListFilter {
         agent: query.agent,
         created_by: query.created_by,
-        created_after: query.created_after.as_deref().map(|t| utc_time("created_after", t)).transpose()?,
-        created_before: query.created_before.as_deref().map(|t| utc_time("created_before", t)).transpose()?,
+        created: TimeBounds {
+            gt: query.created_after.as_deref().map(|t| utc_time("created_after", t)).transpose()?,
+            lt: query.created_before.as_deref().map(|t| utc_time("created_before", t)).transpose()?,
+            ..TimeBounds::default()
+        },
         after,
         limit,
+        ..ListFilter::default()
     };
     let page = state.sessions.list(&caller, &filter).await?;
     let next = if page.has_more { page.items.last().map(|s| s.id.to_string()) } else { None };

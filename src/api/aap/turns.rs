@@ -30,7 +30,7 @@ pub async fn post(
     let inputs = inputs(request.messages)?;
     // Follow from the current end before submitting, so every event of the turn is seen.
     let follower = state.sessions.follow_live(&summary).await?;
-    let submission = Submission { update, inputs, all_at_once: true };
+    let submission = Submission { update, inputs, all_at_once: true, ..Submission::default() };
     let submitted = state.sessions.submit(&summary, submission).await?;
     let turn = submitted.turn.ok_or_else(|| ApiError::internal("a turn request started no turn"))?;
     tracing::debug!(session_id = %summary.id, turn_id = %turn, "turn started");

@@ -83,6 +83,7 @@ impl CreateSession {
         SessionSpec {
             agent: AgentSpec {
                 name: self.agent.name,
+                version: None,
                 tools: self.agent.tools.map(|tools| tools.into_iter().map(ToolTrustRequest::into_domain).collect()),
                 options: self.agent.options,
             },
@@ -90,6 +91,7 @@ impl CreateSession {
             messages: self.messages.into_iter().filter_map(MessageIn::into_domain).collect(),
             title: self.title,
             metadata: self.metadata,
+            environment_id: None,
         }
     }
 }
@@ -346,6 +348,7 @@ impl TurnRequest {
                 options: agent.options,
             }),
             tools: self.tools.take().map(|tools| tools.into_iter().map(ClientTool::from).collect()),
+            ..SessionUpdate::default()
         }
     }
 }

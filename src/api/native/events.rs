@@ -11,7 +11,7 @@ use crate::api::{Error, State};
 use crate::domain::event::Confirmation;
 use crate::domain::{Draft, EventBody, RawEvent};
 use crate::error::{ApiError, Code};
-use crate::session::{Cursor, EventQuery, Input, SessionUpdate, Submission};
+use crate::session::{Cursor, EventQuery, Input, Submission};
 
 pub async fn post(
     state: State,
@@ -45,7 +45,7 @@ pub async fn post(
         }
         inputs.push(input(body));
     }
-    let submission = Submission { update: SessionUpdate::default(), inputs, all_at_once: false };
+    let submission = Submission { inputs, ..Submission::default() };
     let submitted = state.sessions.submit(&summary, submission).await?;
     let stored: Vec<RawEvent> = submitted.events.into_iter().filter(|e| e.kind().starts_with("user.")).collect();
     Ok(json_events(&stored, None))
@@ -96,8 +96,14 @@ pub async fn list(
         .filter(|k| !k.is_empty())
         .map(String::from)
         .collect();
-    let query =
-        EventQuery { after: cursor(query.after_id)?, before: cursor(query.before_id)?, limit, newest_first, kinds };
+    let query = EventQuery {
+        after: cursor(query.after_id)?,
+        before: cursor(query.before_id)?,
+        limit,
+        newest_first,
+        kinds,
+        ..EventQuery::default()
+    };
     let page = state.sessions.events(&summary, query).await?;
     Ok(json_events(&page.events, Some(page.has_more)))
 }

@@ -1,0 +1,344 @@
+//! `/v1/agents` and `/v1/environments`: made, versioned and archived through the catalog,
+//! stored in turnlog's log like everything else. An agent made here is a real turnlog
+//! agent: the AAP `/meta` lists it, and its `model` picks a model from the server's config.
+
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::sessions::{custom_tools, metadata};
+use super::wire::{self, TimeQuery};
+use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
+use crate::api::State;
+use crate::domain::catalog::AgentDefinition;
+use crate::error::ApiError;
+use crate::session::catalog::{AgentChange, CatalogPage, NewAgent, NewEnvironment};
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(web::resource("/agents").route(web::post().to(create_agent)).route(web::get().to(list_agents)))
+        .service(
+            web::resource("/agents/{agent_id}")
+                .route(web::get().to(retrieve_agent))
+                .route(web::post().to(update_agent)),
+        )
+        .route("/agents/{agent_id}/archive", web::post().to(archive_agent))
+        .route("/agents/{agent_id}/versions", web::get().to(agent_versions))
+        .service(
+            web::resource("/environments")
+                .route(web::post().to(create_environment))
+                .route(web::get().to(list_environments)),
+        )
+        .service(
+            web::resource("/environments/{environment_id}")
+                .route(web::get().to(retrieve_environment))
+                .route(web::post().to(update_environment))
+                .route(web::delete().to(delete_environment)),
+        )
+        .route("/environments/{environment_id}/archive", web::post().to(archive_environment));
+}
+
+/// What an agent may be given here. Fields this server has nothing to do with are refused
+/// by name rather than kept and ignored.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentBody {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    model: Option<Value>,
+    #[serde(default)]
+    description: Option<Option<String>>,
+    #[serde(default)]
+    system: Option<Option<String>>,
+    #[serde(default)]
+    tools: Option<Option<Vec<Value>>>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+    #[serde(default)]
+    mcp_servers: Option<Option<Vec<Value>>>,
+    #[serde(default)]
+    skills: Option<Option<Vec<Value>>>,
+    #[serde(default)]
+    execution_identity: Option<Value>,
+    #[serde(default)]
+    multiagent: Option<Value>,
+    #[serde(default)]
+    version: Option<u32>,
+}
+
+impl AgentBody {
+    fn unsupported(&self) -> Result<(), ApiError> {
+        let identity_default = |v: &Value| v.is_null() || v == &json!({"type": "service_account"});
+        for (field, given) in [
+            ("mcp_servers", self.mcp_servers.clone().flatten().is_some_and(|m| !m.is_empty())),
+            ("skills", self.skills.clone().flatten().is_some_and(|s| !s.is_empty())),
+            ("execution_identity", self.execution_identity.as_ref().is_some_and(|v| !identity_default(v))),
+            ("multiagent", self.multiagent.as_ref().is_some_and(|v| !v.is_null())),
+        ] {
+            if given {
+                return Err(ApiError::invalid(format!(
+                    "invalid field `{field}`: this server does not support {field}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A model as a string or `{"id": …}`.
+fn model(model: Value) -> Result<String, ApiError> {
+    match model {
+        Value::String(id) => Ok(id),
+        Value::Object(fields) => match fields.get("id") {
+            Some(Value::String(id)) => Ok(id.clone()),
+            _ => Err(ApiError::invalid("invalid field `model.id`: a string is required")),
+        },
+        _ => Err(ApiError::invalid("invalid field `model`: a model id or {\"id\": …} is required")),
+    }
+}
+
+async fn create_agent(state: State, _: Auth<Managed>, body: Json<AgentBody>) -> Result<HttpResponse, Error> {
+    let body = body.0;
+    body.unsupported()?;
+    if body.version.is_some() {
+        return Err(ApiError::invalid("invalid field `version`: a new agent starts at version 1").into());
+    }
+    let new = NewAgent {
+        name: body.name.ok_or_else(|| ApiError::invalid("invalid field `name`: required"))?,
+        model: model(body.model.ok_or_else(|| ApiError::invalid("invalid field `model`: required"))?)?,
+        description: body.description.flatten(),
+        system: body.system.flatten(),
+        tools: custom_tools("tools", body.tools.flatten().unwrap_or_default())?,
+        metadata: metadata(body.metadata)?,
+    };
+    let agent = state.sessions.catalog().create_agent(new).await?;
+    Ok(HttpResponse::Ok().json(wire::agent(&agent)))
+}
+
+async fn update_agent(
+    state: State,
+    _: Auth<Managed>,
+    path: web::Path<String>,
+    body: Json<AgentBody>,
+) -> Result<HttpResponse, Error> {
+    let body = body.0;
+    body.unsupported()?;
+    let patch = body.metadata.unwrap_or_default();
+    if let Some((key, _)) = patch.iter().find(|(_, v)| !(v.is_string() || v.is_null())) {
+        return Err(ApiError::invalid(format!("invalid field `metadata.{key}`: must be a string or null")).into());
+    }
+    let change = AgentChange {
+        version: body.version,
+        name: body.name,
+        description: body.description.map(|d| d.filter(|d| !d.is_empty())),
+        model: body.model.map(model).transpose()?,
+        system: body.system.map(|s| s.filter(|s| !s.is_empty())),
+        tools: body.tools.map(|tools| custom_tools("tools", tools.unwrap_or_default())).transpose()?,
+        metadata: Some(patch).filter(|p| !p.is_empty()),
+    };
+    let agent = state.sessions.catalog().update_agent(&path, change).await?;
+    Ok(HttpResponse::Ok().json(wire::agent(&agent)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct VersionQuery {
+    version: Option<u32>,
+}
+
+async fn retrieve_agent(
+    state: State,
+    _: Auth<Managed>,
+    path: web::Path<String>,
+    query: Query<VersionQuery>,
+) -> Result<HttpResponse, Error> {
+    let catalog = state.sessions.catalog();
+    let agent = catalog.agent(&path, query.0.version);
+    let agent = agent.ok_or_else(|| crate::session::SessionError::CatalogNotFound(format!("agent {path}")))?;
+    Ok(HttpResponse::Ok().json(wire::agent(&agent)))
+}
+
+async fn archive_agent(state: State, _: Auth<Managed>, path: web::Path<String>) -> Result<HttpResponse, Error> {
+    let agent = state.sessions.catalog().archive_agent(&path).await?;
+    Ok(HttpResponse::Ok().json(wire::agent(&agent)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct CatalogQuery {
+    limit: Option<usize>,
+    page: Option<String>,
+    include_archived: Option<bool>,
+    created_at: Option<TimeQuery>,
+}
+
+async fn list_agents(state: State, _: Auth<Managed>, query: Query<CatalogQuery>) -> Result<HttpResponse, Error> {
+    let query = query.0;
+    let bounds = time_bounds("created_at", query.created_at.unwrap_or_default())?;
+    let include_archived = query.include_archived.unwrap_or(false);
+    let keep = |a: &AgentDefinition| (include_archived || a.archived_at.is_none()) && bounds.contains(&a.created_at);
+    let (items, next) = filtered(
+        &state,
+        query.limit,
+        query.page,
+        |page| async { state.sessions.catalog().agents(page).await },
+        |a| a.id.clone(),
+        keep,
+    )
+    .await?;
+    Ok(page(items.iter().map(wire::agent).collect(), next))
+}
+
+async fn agent_versions(
+    state: State,
+    _: Auth<Managed>,
+    path: web::Path<String>,
+    query: Query<CatalogQuery>,
+) -> Result<HttpResponse, Error> {
+    let query = query.0;
+    let all = state.sessions.catalog().agent_versions(&path).await?;
+    let limit = limit(query.limit, 20, state.settings.limits.max_page_size)?;
+    let from = match query.page.as_deref() {
+        Some(page) => page.parse::<u32>().map_err(|_| ApiError::invalid("invalid query `page`: not a page cursor"))?,
+        None => 0,
+    };
+    let rest: Vec<&AgentDefinition> = all.iter().filter(|v| v.version > from).collect();
+    let next = (rest.len() > limit).then(|| rest[limit - 1].version.to_string());
+    Ok(page(rest.into_iter().take(limit).map(wire::agent).collect(), next))
+}
+
+/// A page of the catalog that keeps only what `keep` says, reading on until the page is
+/// full: its items, and the cursor of the next page if there is more.
+async fn filtered<T, F, Fut>(
+    state: &State,
+    asked: Option<usize>,
+    mut after: Option<String>,
+    read: F,
+    id: impl Fn(&T) -> String,
+    keep: impl Fn(&T) -> bool,
+) -> Result<(Vec<T>, Option<String>), Error>
+where
+    F: Fn(CatalogPage) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<T>, bool), crate::session::SessionError>>,
+{
+    let limit = limit(asked, 20, state.settings.limits.max_page_size)?;
+    let mut items = Vec::new();
+    loop {
+        let (found, more) = read(CatalogPage { after: after.clone(), limit: 256, newest_first: true }).await?;
+        for item in found {
+            after = Some(id(&item));
+            if !keep(&item) {
+                continue;
+            }
+            if items.len() == limit {
+                let next = items.last().map(&id);
+                return Ok((items, next));
+            }
+            items.push(item);
+        }
+        if !more {
+            return Ok((items, None));
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentBody {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    config: Option<Value>,
+    #[serde(default)]
+    description: Option<Option<String>>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+    #[serde(default)]
+    scope: Option<String>,
+}
+
+fn config(config: Option<Value>) -> Result<Value, ApiError> {
+    wire::environment_config(config).map_err(|why| ApiError::invalid(format!("invalid field `config`: {why}")))
+}
+
+fn scope(scope: &Option<String>) -> Result<(), ApiError> {
+    match scope.as_deref() {
+        None | Some("organization") => Ok(()),
+        Some(other) => {
+            Err(ApiError::invalid(format!("invalid field `scope`: {other:?}: this server has only organization scope")))
+        }
+    }
+}
+
+async fn create_environment(
+    state: State,
+    _: Auth<Managed>,
+    body: Json<EnvironmentBody>,
+) -> Result<HttpResponse, Error> {
+    let body = body.0;
+    scope(&body.scope)?;
+    let new = NewEnvironment {
+        name: body
+            .name
+            .filter(|n| !n.trim().is_empty())
+            .ok_or_else(|| ApiError::invalid("invalid field `name`: required"))?,
+        description: body.description.flatten(),
+        config: config(body.config)?,
+        metadata: metadata(body.metadata)?,
+    };
+    let environment = state.sessions.catalog().create_environment(new).await?;
+    Ok(HttpResponse::Ok().json(wire::environment(&environment)))
+}
+
+async fn update_environment(
+    state: State,
+    _: Auth<Managed>,
+    path: web::Path<String>,
+    body: Json<EnvironmentBody>,
+) -> Result<HttpResponse, Error> {
+    let body = body.0;
+    scope(&body.scope)?;
+    // An empty value deletes its key, as `null` does.
+    let patch: Map<String, Value> = body
+        .metadata
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, if v.as_str() == Some("") { Value::Null } else { v }))
+        .collect();
+    if let Some((key, _)) = patch.iter().find(|(_, v)| !(v.is_string() || v.is_null())) {
+        return Err(ApiError::invalid(format!("invalid field `metadata.{key}`: must be a string or null")).into());
+    }
+    let config = body.config.map(|c| config(Some(c))).transpose()?;
+    let catalog = state.sessions.catalog();
+    let patch = Some(patch).filter(|p| !p.is_empty());
+    let environment = catalog.update_environment(&path, body.name, body.description, config, patch).await?;
+    Ok(HttpResponse::Ok().json(wire::environment(&environment)))
+}
+
+async fn retrieve_environment(state: State, _: Auth<Managed>, path: web::Path<String>) -> Result<HttpResponse, Error> {
+    let environment = state.sessions.catalog().environment(&path).await?;
+    Ok(HttpResponse::Ok().json(wire::environment(&environment)))
+}
+
+async fn archive_environment(state: State, _: Auth<Managed>, path: web::Path<String>) -> Result<HttpResponse, Error> {
+    let environment = state.sessions.catalog().archive_environment(&path).await?;
+    Ok(HttpResponse::Ok().json(wire::environment(&environment)))
+}
+
+async fn delete_environment(state: State, _: Auth<Managed>, path: web::Path<String>) -> Result<HttpResponse, Error> {
+    state.sessions.catalog().delete_environment(&path).await?;
+    Ok(HttpResponse::Ok().json(json!({"type": "environment_deleted", "id": path.as_str()})))
+}
+
+async fn list_environments(state: State, _: Auth<Managed>, query: Query<CatalogQuery>) -> Result<HttpResponse, Error> {
+    let query = query.0;
+    let include_archived = query.include_archived.unwrap_or(false);
+    let (items, next) = filtered(
+        &state,
+        query.limit,
+        query.page,
+        |page| async { state.sessions.catalog().environments(page).await },
+        |e: &crate::domain::catalog::Environment| e.id.clone(),
+        |e| include_archived || e.archived_at.is_none(),
+    )
+    .await?;
+    Ok(page(items.iter().map(wire::environment).collect(), next))
+}

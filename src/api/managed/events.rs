@@ -1,0 +1,313 @@
+//! `/v1/sessions/{id}/events`: send user events (a message sent while a turn runs waits
+//! for the next turn, as Anthropic's API does), list them, and stream them: live from the
+//! moment of connect, or after a cursor (`after_id`, `Last-Event-ID`) from the durable log,
+//! with `event_start`/`event_delta` previews when asked.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::BytesMut;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::wire::{self, TimeQuery};
+use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
+use crate::api::sse::{self, Flow, Follow};
+use crate::api::State;
+use crate::domain::event::Confirmation;
+use crate::domain::ids::prefixed;
+use crate::domain::{Block, EventBody, RawEvent};
+use crate::error::{ApiError, Code};
+use crate::session::{Cursor, EventQuery, Input, Submission, WhenBusy};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendEvents {
+    events: Vec<Value>,
+}
+
+pub async fn send(
+    state: State,
+    Auth(caller, _): Auth<Managed>,
+    path: web::Path<String>,
+    body: Json<SendEvents>,
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
+    let limits = &state.settings.limits;
+    let events = body.0.events;
+    if events.is_empty() || events.len() > limits.max_events_per_request {
+        let message = format!("invalid field `events`: send 1 to {} events", limits.max_events_per_request);
+        return Err(ApiError::invalid(message).into());
+    }
+    if let Some((i, size)) =
+        events.iter().map(|e| e.to_string().len()).enumerate().find(|(_, n)| *n > limits.max_event_bytes)
+    {
+        let message = format!("event {i} is {size} bytes; the limit is {}", limits.max_event_bytes);
+        return Err(ApiError::new(Code::PayloadTooLarge, message).into());
+    }
+    let allowed =
+        ["user.message", "user.interrupt", "user.tool_confirmation", "user.custom_tool_result", "user.define_outcome"];
+    let inputs = inputs("events", events, &allowed)?;
+    let submission = Submission { inputs, when_busy: WhenBusy::Queue, ..Submission::default() };
+    let submitted = state.sessions.submit(&summary, submission).await?;
+    let echoed: Vec<Value> =
+        submitted.events.iter().filter(|e| e.kind().starts_with("user.")).filter_map(render).collect();
+    Ok(HttpResponse::Ok().json(json!({"data": echoed})))
+}
+
+fn render(raw: &RawEvent) -> Option<Value> {
+    wire::event(&raw.decode().ok()?)
+}
+
+/// The SDK's user events as input for the session, each checked strictly (`field[i]`
+/// names the one that is wrong).
+pub(super) fn inputs(field: &str, events: Vec<Value>, allowed: &[&str]) -> Result<Vec<Input>, ApiError> {
+    events.into_iter().enumerate().map(|(i, event)| input(&format!("{field}[{i}]"), event, allowed)).collect()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Message {
+    #[serde(rename = "type")]
+    _kind: String,
+    #[serde(deserialize_with = "crate::api::native::wire::content")]
+    content: Vec<Block>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Interrupt {
+    #[serde(rename = "type")]
+    _kind: String,
+    #[serde(default)]
+    session_thread_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolConfirmation {
+    #[serde(rename = "type")]
+    _kind: String,
+    tool_use_id: String,
+    result: Confirmation,
+    #[serde(default)]
+    deny_message: Option<String>,
+    #[serde(default)]
+    session_thread_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CustomToolResult {
+    #[serde(rename = "type")]
+    _kind: String,
+    custom_tool_use_id: String,
+    #[serde(default, deserialize_with = "crate::api::native::wire::content")]
+    content: Vec<Block>,
+    #[serde(default)]
+    is_error: Option<bool>,
+    #[serde(default)]
+    session_thread_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DefineOutcome {
+    #[serde(rename = "type")]
+    _kind: String,
+    description: String,
+    rubric: Value,
+    #[serde(default)]
+    max_iterations: Option<u32>,
+}
+
+fn input(at: &str, event: Value, allowed: &[&str]) -> Result<Input, ApiError> {
+    let kind = event.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
+    let invalid = |e: serde_json::Error| ApiError::invalid(format!("invalid field `{at}`: {e}"));
+    let thread = |thread: &Option<String>| match thread {
+        Some(thread) => Err(ApiError::invalid(format!(
+            "invalid field `{at}.session_thread_id`: {thread:?} is not a thread of this session (it has one)"
+        ))),
+        None => Ok(()),
+    };
+    if !allowed.contains(&kind.as_str()) {
+        let why = match kind.as_str() {
+            "user.tool_result" => {
+                "this server runs its built-in tools itself; answer custom tools with user.custom_tool_result"
+            }
+            "system.message" => "this server takes no system messages in a session",
+            _ => "not a user event type this takes",
+        };
+        return Err(ApiError::invalid(format!(
+            "invalid field `{at}.type`: {kind:?}: {why}; it takes {}",
+            allowed.join(", ")
+        )));
+    }
+    Ok(match kind.as_str() {
+        "user.message" => Input::Message(serde_json::from_value::<Message>(event).map_err(invalid)?.content),
+        "user.interrupt" => {
+            thread(&serde_json::from_value::<Interrupt>(event).map_err(invalid)?.session_thread_id)?;
+            Input::Interrupt
+        }
+        "user.tool_confirmation" => {
+            let c: ToolConfirmation = serde_json::from_value(event).map_err(invalid)?;
+            thread(&c.session_thread_id)?;
+            if c.result == Confirmation::Allow && c.deny_message.is_some() {
+                return Err(ApiError::invalid(format!("invalid field `{at}.deny_message`: only a deny has a message")));
+            }
+            Input::Permission { call: c.tool_use_id, granted: c.result == Confirmation::Allow, reason: c.deny_message }
+        }
+        "user.custom_tool_result" => {
+            let r: CustomToolResult = serde_json::from_value(event).map_err(invalid)?;
+            thread(&r.session_thread_id)?;
+            Input::Result { call: r.custom_tool_use_id, content: r.content, is_error: r.is_error.unwrap_or(false) }
+        }
+        _ => {
+            let o: DefineOutcome = serde_json::from_value(event).map_err(invalid)?;
+            if !matches!(o.rubric.get("type").and_then(Value::as_str), Some("text" | "file")) {
+                return Err(ApiError::invalid(format!("invalid field `{at}.rubric.type`: must be text or file")));
+            }
+            let mut outcome = Map::new();
+            outcome.insert("outcome_id".into(), json!(prefixed("outc_")));
+            outcome.insert("description".into(), json!(o.description));
+            outcome.insert("rubric".into(), o.rubric);
+            if let Some(max) = o.max_iterations {
+                outcome.insert("max_iterations".into(), json!(max));
+            }
+            Input::Outcome(Value::Object(outcome))
+        }
+    })
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ListQuery {
+    limit: Option<usize>,
+    order: Option<String>,
+    page: Option<String>,
+    #[serde(default)]
+    types: Vec<String>,
+    created_at: Option<TimeQuery>,
+}
+
+pub async fn list(
+    state: State,
+    Auth(caller, _): Auth<Managed>,
+    path: web::Path<String>,
+    query: Query<ListQuery>,
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
+    let query = query.0;
+    let limit = limit(query.limit, 1000, state.settings.limits.max_page_size)?;
+    let newest_first = match query.order.as_deref() {
+        None | Some("asc") => false,
+        Some("desc") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(format!("invalid query `order`: {other:?} is not asc or desc")).into())
+        }
+    };
+    let shown = |t: &str| query.types.is_empty() || query.types.iter().any(|asked| asked == t);
+    let kinds: Vec<String> = wire::TYPES.iter().filter(|t| shown(t)).map(|t| wire::log_kind(t).to_string()).collect();
+    if kinds.is_empty() {
+        return Ok(page(Vec::new(), None));
+    }
+    let cursor = query.page.as_deref().map(Cursor::event).transpose()?;
+    let (after, before) = if newest_first { (None, cursor) } else { (cursor, None) };
+    let created = time_bounds("created_at", query.created_at.unwrap_or_default())?;
+    let events = EventQuery { after, before, limit, newest_first, kinds, created };
+    let found = state.sessions.events(&summary, events).await?;
+    let next = found.has_more.then(|| found.events.last().map(|e| e.id.to_string())).flatten();
+    Ok(page(found.events.iter().filter_map(render).collect(), next))
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamQuery {
+    #[serde(default)]
+    event_deltas: Vec<String>,
+    after_id: Option<String>,
+}
+
+pub async fn stream(
+    state: State,
+    Auth(caller, _): Auth<Managed>,
+    path: web::Path<String>,
+    query: Query<StreamQuery>,
+    req: HttpRequest,
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
+    let query = query.0;
+    if let Some(other) = query.event_deltas.iter().find(|d| !matches!(d.as_str(), "agent.message" | "agent.thinking")) {
+        let message = format!("invalid query `event_deltas`: {other:?} is not agent.message or agent.thinking");
+        return Err(ApiError::invalid(message).into());
+    }
+    let header = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()).map(str::trim);
+    let cursor = query.after_id.as_deref().or(header).filter(|c| !c.is_empty());
+    // Live from now, as the SDK's users expect; from the log after a cursor, when given.
+    let follower = match cursor {
+        Some(cursor) => state.sessions.follow(&summary, Some(Cursor::event(cursor)?)).await?,
+        None => state.sessions.follow_live(&summary).await?,
+    };
+    let settings = &state.settings.streams;
+    let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;
+    let mut previews = Previews::new(&query.event_deltas);
+    let body = sse::follow(
+        Follow {
+            preamble: Some(bytes::Bytes::from_static(b": connected\n\n")),
+            follower,
+            heartbeat: Duration::from_millis(settings.heartbeat_ms),
+            merge_window: None,
+            shutdown: state.shutdown.clone(),
+            guard,
+        },
+        move |out, raw| previews.frame(out, raw),
+    );
+    Ok(crate::api::native::sse_response().streaming(body))
+}
+
+/// The stream's frames: each event with `event:` (the SDK drops frames without one) and
+/// its log id as `id:` (a cursor to resume after), deltas as previews when asked.
+struct Previews {
+    text: bool,
+    thinking: bool,
+    /// Messages announced with `event_start` on this stream.
+    started: HashSet<String>,
+}
+
+impl Previews {
+    fn new(asked: &[String]) -> Previews {
+        let asks = |kind: &str| asked.iter().any(|a| a == kind);
+        Previews { text: asks("agent.message"), thinking: asks("agent.thinking"), started: HashSet::new() }
+    }
+
+    fn frame(&mut self, out: &mut BytesMut, raw: &RawEvent) -> Flow {
+        let Ok(event) = raw.decode() else { return Flow::Continue };
+        let id = raw.id.to_string();
+        let mut write = |value: Value| {
+            let kind = value["type"].as_str().unwrap_or_default().to_string();
+            sse::frame(out, Some(&id), &kind, &serde_json::to_vec(&value).expect("serialises"));
+        };
+        match &event.body {
+            EventBody::AgentMessageDelta { message_id, delta } if self.text => {
+                if self.started.insert(message_id.clone()) {
+                    write(wire::event_start("agent.message", message_id));
+                }
+                write(wire::event_delta(message_id, delta));
+            }
+            // Thinking previews are announcements only, as Anthropic's are.
+            EventBody::AgentThinkingDelta { message_id, .. } if self.thinking => {
+                if self.started.insert(message_id.clone()) {
+                    write(wire::event_start("agent.thinking", message_id));
+                }
+            }
+            _ => {
+                if let Some(value) = wire::event(&event) {
+                    write(value);
+                }
+            }
+        }
+        if raw.kind() == "terminated" {
+            return Flow::End;
+        }
+        Flow::Continue
+    }
+}

@@ -1,0 +1,97 @@
+//! The managed-agents view (seed 002 in its canonical form, Anthropic's Claude Managed
+//! Agents events API): `/v1/sessions`, their events and streams, `/v1/agents` and
+//! `/v1/environments`, so that the official `anthropic` SDK runs against turnlog
+//! unchanged. A view of the one log: it parses the SDK's shapes, calls the session layer,
+//! and renders events and errors as the SDK's strict models want them.
+
+mod catalog;
+mod events;
+mod sessions;
+pub mod wire;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpResponse};
+use serde_json::{json, Value};
+
+use super::error::{status, Render};
+use crate::error::ApiError;
+
+/// Anthropic's error shape: `{"type":"error","error":{"type","message"}}`. The SDK retries a
+/// 409 unless told not to, and a conflict here is an answer, not a hiccup.
+pub struct Managed;
+
+impl Render for Managed {
+    fn render(error: &ApiError) -> HttpResponse {
+        let mut response = HttpResponse::build(status(error));
+        if status(error) == StatusCode::CONFLICT {
+            response.insert_header(("x-should-retry", "false"));
+        }
+        response.json(json!({"type": "error", "error": {"type": error.code.kind(), "message": error.message}}))
+    }
+}
+
+type Error = super::Error<Managed>;
+use super::auth::Auth;
+type Json<T> = super::body::JsonBody<T, Managed>;
+type Query<T> = super::body::Query<T, Managed>;
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::scope("/v1")
+            .service(
+                web::resource("/sessions").route(web::post().to(sessions::create)).route(web::get().to(sessions::list)),
+            )
+            .service(
+                web::resource("/sessions/{session_id}")
+                    .route(web::get().to(sessions::retrieve))
+                    .route(web::post().to(sessions::update))
+                    .route(web::delete().to(sessions::delete)),
+            )
+            .route("/sessions/{session_id}/archive", web::post().to(sessions::archive))
+            .service(
+                web::resource("/sessions/{session_id}/events")
+                    .route(web::post().to(events::send))
+                    .route(web::get().to(events::list)),
+            )
+            .route("/sessions/{session_id}/events/stream", web::get().to(events::stream))
+            .configure(catalog::routes)
+            .default_service(web::to(no_route)),
+    );
+}
+
+async fn no_route(req: actix_web::HttpRequest) -> Result<HttpResponse, Error> {
+    let message = format!("no route for {} {}", req.method(), req.path());
+    Err(ApiError::new(crate::error::Code::NotFound, message).into())
+}
+
+/// A page as the SDK's cursor pages want it: `next_page` null at the end, or it loops.
+fn page(data: Vec<Value>, next: Option<String>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({"data": data, "next_page": next, "prev_page": null}))
+}
+
+/// `limit` as asked, within the server's page size (larger asks are cut, not refused: the
+/// SDK's tool runner lists with 1000).
+fn limit(asked: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    match asked {
+        Some(0) => Err(ApiError::invalid("invalid query `limit`: must be at least 1")),
+        Some(n) => Ok(n.min(max)),
+        None => Ok(default.min(max)),
+    }
+}
+
+/// An RFC 3339 time as stored (UTC, microseconds), so that times compare as text.
+fn utc_time(name: &str, time: &str) -> Result<String, ApiError> {
+    chrono::DateTime::parse_from_rfc3339(time)
+        .map(|t| t.with_timezone(&chrono::Utc).to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+        .map_err(|e| ApiError::invalid(format!("invalid query `{name}`: not an RFC 3339 time: {e}")))
+}
+
+fn time_bounds(field: &str, query: wire::TimeQuery) -> Result<crate::session::TimeBounds, ApiError> {
+    let bound = |op: &str, value: Option<String>| value.map(|t| utc_time(&format!("{field}[{op}]"), &t)).transpose();
+    Ok(crate::session::TimeBounds {
+        gt: bound("gt", query.gt)?,
+        gte: bound("gte", query.gte)?,
+        lt: bound("lt", query.lt)?,
+        lte: bound("lte", query.lte)?,
+    })
+}
