@@ -196,3 +196,33 @@ async fn the_managed_stream_is_live_unless_given_a_cursor_and_resumes_exactly() 
     assert_eq!(unknown.status(), 409, "a cursor not in this log is refused, never skipped");
     assert_eq!(unknown.json::<Value>().await.unwrap()["error"]["type"], "invalid_request_error");
 }
+
+#[tokio::test]
+async fn an_agents_model_id_picks_a_model_from_config() {
+    let config = format!("{}\n[models.echo-large]\nprovider = \"scripted\"\nname = \"echo-large\"\n", config());
+    let mut app = spawn_with(&config).await;
+    app.use_key("alice-key");
+    let (status, unknown) = post(&app, "/v1/agents", json!({"name": "x", "model": "gpt-nine"})).await;
+    assert_eq!(status, 400);
+    let message = unknown["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("gpt-nine") && message.contains("echo-large") && message.contains("scripted"),
+        "{message}"
+    );
+
+    let (_, env) = post(&app, "/v1/environments", json!({"name": "e"})).await;
+    let (_, agent) = post(&app, "/v1/agents", json!({"name": "big", "model": {"id": "echo-large"}})).await;
+    assert_eq!(agent["model"], json!({"id": "echo-large"}));
+    let (_, session) = post(&app, "/v1/sessions", json!({"agent": agent["id"], "environment_id": env["id"]})).await;
+    let session = session["id"].as_str().unwrap();
+    let mut native = sse(app.stream(session, None, None).await);
+    let message = json!({"type": "user.message", "content": [{"type": "text", "text": "hi"}]});
+    assert_eq!(post(&app, &format!("/v1/sessions/{session}/events"), json!({"events": [message]})).await.0, 200);
+    loop {
+        let frame = take(&mut native, 1, 10).await.remove(0);
+        if frame.event == "span.model_request_start" {
+            assert_eq!(frame.data["model"], "echo-large", "the turn ran the configured model");
+            break;
+        }
+    }
+}
