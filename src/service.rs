@@ -60,6 +60,10 @@ impl Service {
         };
         let session_log = SessionLog::new(log.clone(), follow);
         let agents = Arc::new(agents);
+        // The catalog first: a session that recovery wakes may run one of its agents.
+        let catalog = Catalog::open(session_log.clone(), agents.clone())
+            .await
+            .map_err(|error| StartError::Refused(format!("could not read the catalog: {error}")))?;
         let engine = Engine::new(session_log.clone(), agents.clone(), settings.engine.clone());
         let recovered = match engine.recover().await {
             Ok(0) => 0,
@@ -69,9 +73,6 @@ impl Service {
             }
             Err(error) => return Err(StartError::Refused(format!("could not close interrupted turns: {error}"))),
         };
-        let catalog = Catalog::open(session_log.clone(), agents.clone())
-            .await
-            .map_err(|error| StartError::Refused(format!("could not read the catalog: {error}")))?;
         let sessions = Sessions::new(session_log, engine.clone(), agents, Arc::new(catalog));
         let sweeper = tokio::spawn(sweep(log.clone()));
         let stop_wait = Duration::from_secs(settings.server.shutdown_timeout_secs);

@@ -115,6 +115,18 @@ impl Given {
         page.events.iter().map(|raw| raw.decode().unwrap()).collect()
     }
 
+    /// The log once `n` turns have stopped (idle events that end a turn or wait).
+    async fn idle_times(&self, n: usize) -> Vec<Event> {
+        for _ in 0..3000 {
+            let events = self.log().await;
+            if events.iter().filter(|e| e.body_is_idle()).count() >= n {
+                return events;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("fewer than {n} turns stopped: {:?}", kinds(&self.log().await));
+    }
+
     /// Starts the service again on the same log, as the process would after a crash;
     /// answers how many turns it closed.
     async fn restart(&self) -> usize {
@@ -673,6 +685,9 @@ async fn another_writer_during_a_turn_ends_it_with_a_log_error(log: Backend) {
 
 async fn a_message_sent_while_a_turn_runs_waits_for_the_next_turn(log: Backend) {
     let g = given(log, &[]).await;
+    // A turn first, so that the queued message's sequence number has two digits.
+    g.when(vec![text("first")]).await.unwrap();
+    g.then_events(1).await;
     g.when(vec![text("/delay 20\n/words 10")]).await.unwrap();
     g.wait_for("agent.message.delta").await;
     let queue = |inputs| Submission { inputs, when_busy: WhenBusy::Queue, ..Submission::default() };
@@ -681,22 +696,17 @@ async fn a_message_sent_while_a_turn_runs_waits_for_the_next_turn(log: Backend) 
     let queued = g.sessions.submit(&g.session, queue(vec![text("second")])).await.unwrap();
     assert_eq!(queued.turn, None, "a queued message starts no turn");
     assert!(queued.events[0].is_queued(), "it is stored unprocessed");
+    assert!(queued.events[0].seq >= 10);
     let queued_id = queued.events[0].id;
 
     // The running turn ends; the next answers the queued message.
-    for _ in 0..3000 {
-        if g.log().await.iter().filter(|e| e.body_is_idle()).count() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let events = g.log().await;
-    assert_eq!(said(&events), vec!["w1 w2 w3 w4 w5 w6 w7 w8 w9 w10", "echo: second"]);
+    let events = g.idle_times(3).await;
+    assert_eq!(said(&events), vec!["echo: first", "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10", "echo: second"]);
     let input = events.iter().find_map(|e| match &e.body {
         EventBody::TurnInput { event_ids } => Some((e.turn_id, event_ids.clone())),
         _ => None,
     });
-    let (turn, ids) = input.expect("the second turn names the message it answers");
+    let (turn, ids) = input.expect("the third turn names the message it answers");
     assert_eq!(ids, vec![queued_id]);
     let stored = events.iter().find(|e| e.id == queued_id).unwrap();
     assert_eq!(
@@ -709,9 +719,35 @@ async fn a_message_sent_while_a_turn_runs_waits_for_the_next_turn(log: Backend) 
         history.iter().map(|m| serde_json::to_value(m).unwrap()["role"].as_str().unwrap().to_string()).collect();
     assert_eq!(
         roles,
-        ["user", "assistant", "user", "assistant"],
+        ["user", "assistant", "user", "assistant", "user", "assistant"],
         "the queued message joins after the reply it waited for"
     );
+}
+
+async fn a_queued_message_left_by_a_crash_is_answered_at_the_next_start(log: Backend) {
+    let g = given(log, &[]).await;
+    g.when(vec![text("first")]).await.unwrap();
+    g.then_events(1).await;
+    // As a crash would leave it: stored while a turn ran, and no turn took it.
+    let at = g.log.position(g.session.id).await.unwrap().seq;
+    let queued = turnlog::domain::Draft::queued(&EventBody::UserMessage { content: vec![Block::text("left over")] });
+    g.log.append(g.session.id, at, vec![queued]).await.unwrap().unwrap();
+    g.restart().await;
+    let events = g.idle_times(2).await;
+    assert_eq!(said(&events), vec!["echo: first", "echo: left over"], "answered without anyone touching the session");
+}
+
+async fn an_interrupt_of_waiting_calls_lets_queued_messages_through(log: Backend) {
+    let g = given(log, &[]).await;
+    g.when(vec![text("/delay 30\nlet me check that\n/tool get_weather {}")]).await.unwrap();
+    g.wait_for("agent.message.delta").await;
+    let queue = Submission { inputs: vec![text("queued")], when_busy: WhenBusy::Queue, ..Submission::default() };
+    g.sessions.submit(&g.session, queue).await.unwrap();
+    g.then_events(1).await;
+    assert_eq!(stop(&g.log().await).0, StopReason::RequiresAction, "the turn waits for the client");
+    g.when(vec![Input::Interrupt]).await.unwrap();
+    let events = g.idle_times(3).await;
+    assert_eq!(said(&events).last().map(String::as_str), Some("echo: queued"), "the queued message got its turn");
 }
 
 async fn an_archived_session_keeps_its_log_and_takes_no_input(log: Backend) {
@@ -780,4 +816,6 @@ on_both_logs!(
     a_message_sent_while_a_turn_runs_waits_for_the_next_turn,
     an_archived_session_keeps_its_log_and_takes_no_input,
     metadata_is_a_patch_and_title_replaces,
+    a_queued_message_left_by_a_crash_is_answered_at_the_next_start,
+    an_interrupt_of_waiting_calls_lets_queued_messages_through,
 );

@@ -35,6 +35,9 @@ pub struct AgentDefinition {
     pub updated_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archived_at: Option<String>,
+    /// The subject that made it: only it (and admins) may see, use and change it.
+    #[serde(default)]
+    pub created_by: String,
 }
 
 /// Where an agent's sessions run. turnlog runs every agent in its own process, so an
@@ -56,4 +59,7 @@ pub struct Environment {
     /// Deleted: no longer found (sessions made in it go on).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleted: bool,
+    /// The subject that made it: only it (and admins) may see, use and change it.
+    #[serde(default)]
+    pub created_by: String,
 }

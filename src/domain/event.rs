@@ -11,11 +11,15 @@ use serde_json::{Map, Value};
 
 use super::ids::{EventId, SessionId, TurnId};
 
-/// The version of the stored event format (the README's "The event format" says what it
-/// holds). Additive changes (a new optional field, a new event type) keep it; a change that
-/// a reader of this version would misread raises it, and readers keep accepting every
-/// earlier version.
+/// The version of the stored event format that each event follows (the README's "The
+/// event format" says what each holds). Additive changes (a new optional field, a new event
+/// type) keep it; a change that a reader of the last version would misread raises it, for
+/// the events it concerns, and readers keep accepting every earlier version.
+/// - 1: the format.
+/// - 2: `processed_at` may be null: input stored while a turn ran, that no turn has taken
+///   yet. Only such events carry 2.
 pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION_QUEUED: u32 = 2;
 
 /// A content block (`{"type":"text","text":"..."}`, images, documents, ...). Only text is
 /// interpreted; every other block is kept as it came.
@@ -433,12 +437,14 @@ impl Envelope<'_> {
             write!(out, ",\"turn_id\":\"{turn}\",\"turn_sequence_number\":{turn_seq}").expect("vec");
         }
         write!(out, ",\"sequence_number\":{},\"created_at\":\"{}\"", self.seq, self.now).expect("vec");
-        if draft.is_queued() {
+        let version = if draft.is_queued() {
             out.extend_from_slice(QUEUED);
+            SCHEMA_VERSION_QUEUED
         } else {
             write!(out, ",\"processed_at\":\"{}\"", self.now).expect("vec");
-        }
-        write!(out, ",\"schema_version\":{SCHEMA_VERSION}").expect("vec");
+            SCHEMA_VERSION
+        };
+        write!(out, ",\"schema_version\":{version}").expect("vec");
         out.extend_from_slice(draft.fields());
         Bytes::from(out)
     }
@@ -465,14 +471,15 @@ impl RawEvent {
         std::str::from_utf8(&self.json[at..end]).ok()
     }
 
-    /// Whether this is input still waiting for a turn (as stored).
+    /// Whether this is input still waiting for a turn (as stored): the envelope's
+    /// `processed_at`, the field just before its `schema_version`, is null. (The first
+    /// `,"schema_version":` is the envelope's: a body's strings escape their quotes.)
     pub fn is_queued(&self) -> bool {
-        let end = self.json.windows(SEQ_FIELD.len()).position(|w| w == SEQ_FIELD).unwrap_or(0);
-        self.json[end..].windows(QUEUED.len()).take(64).any(|w| w == QUEUED)
+        const VERSION: &[u8] = b",\"schema_version\":";
+        let head = self.json.windows(VERSION.len()).position(|w| w == VERSION).map(|end| &self.json[..end]);
+        head.is_some_and(|head| head.ends_with(QUEUED))
     }
 }
-
-const SEQ_FIELD: &[u8] = b",\"sequence_number\":";
 
 /// RFC 3339 with microseconds, in UTC.
 pub fn timestamp_now() -> String {
@@ -543,6 +550,29 @@ mod tests {
         }
         let foreign = RawEvent::stored(id, Bytes::from_static(br#"{"sequence_number":3,"turn_id":"x"}"#));
         assert_eq!((foreign.seq, foreign.turn()), (0, None));
+    }
+
+    #[test]
+    fn queued_input_is_known_at_any_sequence_number_and_reads_processed_later() {
+        let body = EventBody::UserMessage { content: vec![Block::text(",\"processed_at\":null")] };
+        for seq in [1, 9, 10, 12_345_678_901] {
+            let id = EventId(Ulid::new());
+            let json = Envelope { id, session: SessionId(Ulid::new()), turn: None, seq, now: "t" }
+                .write(&Draft::queued(&body));
+            let raw = RawEvent::stored(id, json);
+            assert!(raw.is_queued(), "at {seq}");
+            let event = raw.decode().unwrap();
+            assert_eq!((event.processed_at, event.schema_version), (None, SCHEMA_VERSION_QUEUED));
+            let processed = raw.processed("2026-01-01T00:00:00.000000Z");
+            assert!(!processed.is_queued());
+            assert_eq!(processed.decode().unwrap().processed_at.as_deref(), Some("2026-01-01T00:00:00.000000Z"));
+            let plain = RawEvent::stored(
+                id,
+                Envelope { id, session: SessionId(Ulid::new()), turn: None, seq, now: "t" }
+                    .write(&Draft::new(None, &body)),
+            );
+            assert!(!plain.is_queued(), "a body that holds the words is not queued");
+        }
     }
 
     #[test]

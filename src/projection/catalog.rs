@@ -7,10 +7,9 @@ use crate::domain::catalog::{AgentDefinition, Environment};
 use crate::domain::{Event, EventBody};
 use crate::store::{Key, Projection};
 
-/// The ULID inside a prefixed catalog id (`agent_…`, `env_…`).
-pub fn catalog_key(id: &str) -> Option<Key> {
-    let (_, ulid) = id.split_once('_')?;
-    let item = ulid::Ulid::from_string(ulid).ok()?;
+/// Where the catalog keeps `id`: the ULID after its prefix (`agent_`, `env_`), if it is one.
+pub fn catalog_key(prefix: &str, id: &str) -> Option<Key> {
+    let item = ulid::Ulid::from_string(id.strip_prefix(prefix)?).ok()?;
     Some(Key { session: crate::domain::catalog::CATALOG, item: Some(item) })
 }
 
@@ -37,7 +36,7 @@ impl Projection for CatalogAgents {
 
     fn keys(&self, event: &Event) -> Vec<Key> {
         match &event.body {
-            EventBody::CatalogAgent { agent } => catalog_key(&agent.id).into_iter().collect(),
+            EventBody::CatalogAgent { agent } => catalog_key("agent_", &agent.id).into_iter().collect(),
             _ => Vec::new(),
         }
     }
@@ -70,7 +69,7 @@ impl Projection for CatalogEnvironments {
 
     fn keys(&self, event: &Event) -> Vec<Key> {
         match &event.body {
-            EventBody::CatalogEnvironment { environment } => catalog_key(&environment.id).into_iter().collect(),
+            EventBody::CatalogEnvironment { environment } => catalog_key("env_", &environment.id).into_iter().collect(),
             _ => Vec::new(),
         }
     }

@@ -20,6 +20,7 @@ pub fn all() -> Vec<Arc<dyn Projection>> {
         Arc::new(turns::OpenTurns),
         Arc::new(TurnIndex),
         Arc::new(turns::ProcessedInput),
+        Arc::new(turns::MessageIndex),
         Arc::new(catalog::CatalogAgents),
         Arc::new(catalog::CatalogEnvironments),
     ]

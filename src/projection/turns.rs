@@ -104,8 +104,8 @@ fn call(event_id: EventId, tool_call_id: &str, name: &str, input: &Value, kind: 
     PendingCall { event_id, tool_call_id: tool_call_id.into(), name: name.into(), input: input.clone(), kind }
 }
 
-/// On disk, per session: the turn it has open (started, not yet stopped), if any, and the
-/// usage of all its turns.
+/// On disk, per session: the turn it has open (started, not yet stopped), if any, the
+/// usage of all its turns, and the messages that wait for a turn.
 pub struct OpenTurns;
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -113,6 +113,9 @@ pub struct OpenTurn {
     pub turn: Option<TurnId>,
     #[serde(default)]
     pub usage: Usage,
+    /// User messages stored while a turn ran that no turn has taken yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued: Vec<EventId>,
 }
 
 impl OpenTurns {
@@ -124,13 +127,13 @@ impl Projection for OpenTurns {
         Self::NAME
     }
 
-    /// 2: usage added.
+    /// 2: usage added; 3: queued messages.
     fn version(&self) -> u32 {
-        2
+        3
     }
 
     fn wants(&self, kind: &str) -> bool {
-        matches!(kind, "turn.started" | "session.status_idle")
+        matches!(kind, "turn.started" | "session.status_idle" | "user.message" | "turn.input")
     }
 
     fn keys(&self, event: &Event) -> Vec<Key> {
@@ -145,6 +148,8 @@ impl Projection for OpenTurns {
                 open.turn = None;
                 open.usage += *usage;
             }
+            EventBody::UserMessage { .. } if event.processed_at.is_none() => open.queued.push(event.id),
+            EventBody::TurnInput { event_ids } => open.queued.retain(|id| !event_ids.contains(id)),
             _ => return None,
         }
         Some(serde_json::to_vec(&open).expect("serialises"))
@@ -279,5 +284,43 @@ impl Projection for ProcessedInput {
     fn apply(&self, _key: Key, _current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
         let processed = Processed { at: event.created_at.clone(), turn: event.turn_id };
         Some(serde_json::to_vec(&processed).expect("serialises"))
+    }
+}
+
+/// On disk: each agent message's (and thinking's) final event, by its message id, so that
+/// a message id works as a cursor (views that show messages by it, as the managed-agents
+/// view does, hand it to their clients).
+pub struct MessageIndex;
+
+impl MessageIndex {
+    pub const NAME: &'static str = "messages";
+}
+
+/// The item key of a message id (`msg_` + ULID).
+pub fn message_key(session: crate::domain::SessionId, message_id: &str) -> Option<Key> {
+    let item = ulid::Ulid::from_string(message_id.strip_prefix("msg_")?).ok()?;
+    Some(Key { session, item: Some(item) })
+}
+
+impl Projection for MessageIndex {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn wants(&self, kind: &str) -> bool {
+        matches!(kind, "agent.message" | "agent.thinking")
+    }
+
+    fn keys(&self, event: &Event) -> Vec<Key> {
+        match &event.body {
+            EventBody::AgentMessage { message_id, .. } | EventBody::AgentThinking { message_id, .. } => {
+                message_key(event.session_id, message_id).into_iter().collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn apply(&self, _key: Key, _current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
+        Some(serde_json::to_vec(&event.id).expect("serialises"))
     }
 }

@@ -130,9 +130,6 @@ impl Actor {
     }
 
     async fn run(mut self, generation: u64, mut commands: mpsc::Receiver<Command>) {
-        // Messages a crash or a stop left queued are answered as soon as the session is
-        // touched again.
-        self.answer_queued().await;
         let idle = self.engine.idle_after();
         while !self.done {
             let next = if self.running.is_some() {
@@ -144,7 +141,14 @@ impl Actor {
                 }
             };
             match next {
-                Some(command) => self.handle(command).await,
+                Some(command) => {
+                    self.handle(command).await;
+                    // Whatever left the session idle (a turn's end, an interrupt while calls
+                    // waited, a wake after a restart), messages that wait get their turn.
+                    if self.running.is_none() {
+                        self.answer_queued().await;
+                    }
+                }
                 None => return,
             }
         }
@@ -156,7 +160,7 @@ impl Actor {
             match command {
                 Command::Submit(submission, reply) => drop(reply.send(Err(SessionError::Retry(Box::new(submission))))),
                 // Dropping the reply sends these on to the next actor.
-                Command::Close(..) | Command::TurnEnded(..) => {}
+                Command::Close(..) | Command::TurnEnded(..) | Command::Wake => {}
                 Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
                 Command::Stop(reply) => drop(reply.send(())),
             }
@@ -171,6 +175,7 @@ impl Actor {
             }
             Command::TurnEnded(turn, outcome) => self.end_turn(turn, outcome).await,
             Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
+            Command::Wake => {}
             Command::Close(closing, reply) => match &self.running {
                 Some((_, cancel)) => {
                     cancel.cancel();
@@ -370,9 +375,6 @@ impl Actor {
         if let Err(error) = ended.await {
             tracing::warn!(%error, session_id = %self.session, turn_id = %turn, "could not record the end of a turn");
         }
-        if self.after_turn.is_empty() {
-            self.answer_queued().await;
-        }
         for waiting in std::mem::take(&mut self.after_turn) {
             match waiting {
                 AfterTurn::Close(closing, reply) => {
@@ -402,7 +404,7 @@ fn refuse(command: Command, failure: &SessionError) {
         Command::Create(_, reply) => drop(reply.send(Err(answer()))),
         Command::Close(_, reply) => drop(reply.send(Err(answer()))),
         Command::Stop(reply) => drop(reply.send(())),
-        Command::TurnEnded(..) => {}
+        Command::TurnEnded(..) | Command::Wake => {}
     }
 }
 

@@ -1,14 +1,18 @@
 //! The catalog: agents and environments made through an API, kept durably in the
-//! catalog's own log (appended here, one writer at a time) and folded into projections.
-//! A change to an agent appends its next version; the agent registry learns each version
-//! as it is stored, and at start-up from the projection.
+//! catalog's own log and folded into projections. Each change is read, checked, made and
+//! appended under one lock, from the stored state (so two changes of one version cannot
+//! both land, and another node's write makes the next one decide again). A change to an
+//! agent appends its next version; the agent registry learns each version as it is stored,
+//! and at start-up from the projection. What a subject makes, only it (and admins) sees.
 
+use std::future::Future;
 use std::sync::Arc;
 
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::log::SessionLog;
-use super::SessionError;
+use super::{Caller, Page, SessionError, TimeBounds};
 use crate::agent::{Agent, Agents};
 use crate::domain::catalog::{AgentDefinition, Environment, CATALOG};
 use crate::domain::event::{timestamp_now, ClientTool};
@@ -50,23 +54,37 @@ pub struct NewEnvironment {
     pub metadata: Map<String, Value>,
 }
 
-/// A page of the catalog in id order (so creation order), strictly past `after`.
+/// Changes to an environment, as [`AgentChange`] has them.
 #[derive(Debug, Clone, Default)]
-pub struct CatalogPage {
+pub struct EnvironmentChange {
+    pub name: Option<String>,
+    pub description: Option<Option<String>>,
+    pub config: Option<Value>,
+    pub metadata: Option<Map<String, Value>>,
+}
+
+/// Which entries to list, newest first: archived ones too when asked, made within
+/// `created`, strictly past the entry `after` (the last one of the previous page).
+#[derive(Debug, Clone, Default)]
+pub struct CatalogFilter {
+    pub include_archived: bool,
+    pub created: TimeBounds,
     pub after: Option<String>,
     pub limit: usize,
-    pub newest_first: bool,
 }
 
 pub struct Catalog {
     log: SessionLog,
     agents: Arc<Agents>,
-    /// The catalog's appends, one at a time: each goes at the position the last one left.
+    /// The catalog's changes, one at a time.
     writing: tokio::sync::Mutex<()>,
 }
 
-/// How many times an append is tried again when another node appended first.
+/// How many times a change is made again when another node appended first.
 const ATTEMPTS: usize = 3;
+
+/// Projected values read per step of a filtered listing.
+const SCAN_CHUNK: usize = 256;
 
 impl Catalog {
     /// Opens the catalog and teaches the registry every stored agent version.
@@ -74,7 +92,7 @@ impl Catalog {
         let catalog = Catalog { log, agents, writing: tokio::sync::Mutex::new(()) };
         let mut after = None;
         loop {
-            let scan = Scan { session: Some(CATALOG), after, newest_first: false, limit: 256 };
+            let scan = Scan { session: Some(CATALOG), after, newest_first: false, limit: SCAN_CHUNK };
             let page = catalog.log.scan::<AgentVersions>(CatalogAgents::NAME, scan).await?;
             let Some((last, _)) = page.last() else { return Ok(catalog) };
             after = Some(*last);
@@ -86,19 +104,29 @@ impl Catalog {
         }
     }
 
-    async fn append(&self, body: EventBody) -> Result<(), SessionError> {
+    /// Makes one change under the lock: `change` reads the stored state and says what to
+    /// append; if another node appended first, it is asked again.
+    async fn change<T, F, Fut>(&self, change: F) -> Result<T, SessionError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<(EventBody, T), SessionError>>,
+    {
         let _one_at_a_time = self.writing.lock().await;
         for _ in 0..ATTEMPTS {
             let at = self.log.position(CATALOG).await?;
+            let (body, made) = change().await?;
             if self.log.append(CATALOG, at.seq, vec![Draft::new(None, &body)]).await?.is_ok() {
-                return Ok(());
+                if let EventBody::CatalogAgent { agent } = &body {
+                    self.agents.define(agent).map_err(SessionError::Invalid)?;
+                }
+                return Ok(made);
             }
         }
         Err(SessionError::Conflict("the catalog kept changing under this request; send it again".into()))
     }
 
     /// Stores a new agent (version 1) and makes it runnable.
-    pub async fn create_agent(&self, new: NewAgent) -> Result<AgentDefinition, SessionError> {
+    pub async fn create_agent(&self, caller: &Caller, new: NewAgent) -> Result<AgentDefinition, SessionError> {
         let now = timestamp_now();
         let definition = AgentDefinition {
             id: prefixed("agent_"),
@@ -112,76 +140,129 @@ impl Catalog {
             created_at: now.clone(),
             updated_at: now,
             archived_at: None,
+            created_by: caller.subject.clone(),
         };
-        self.store(definition).await
+        check_agent(&self.agents, &definition)?;
+        self.change(|| async { Ok((EventBody::CatalogAgent { agent: definition.clone() }, definition.clone())) }).await
     }
 
     /// Stores the agent's next version with `change` made.
-    pub async fn update_agent(&self, id: &str, change: AgentChange) -> Result<AgentDefinition, SessionError> {
-        let current = self.latest(id)?;
-        if let Some(expected) = change.version.filter(|&v| v != current.version) {
-            return Err(SessionError::Conflict(format!(
-                "agent {id} is at version {}, not {expected}; retrieve it and apply the change again",
-                current.version
-            )));
+    pub async fn update_agent(
+        &self,
+        caller: &Caller,
+        id: &str,
+        change: AgentChange,
+    ) -> Result<AgentDefinition, SessionError> {
+        self.change(|| async {
+            let current = self.stored_agent(caller, id).await?;
+            if current.archived_at.is_some() {
+                return Err(SessionError::Conflict(format!("agent {id} is archived: it takes no changes")));
+            }
+            if let Some(expected) = change.version.filter(|&v| v != current.version) {
+                return Err(SessionError::Conflict(format!(
+                    "agent {id} is at version {}, not {expected}; retrieve it and apply the change again",
+                    current.version
+                )));
+            }
+            let mut next = current.clone();
+            next.version += 1;
+            next.updated_at = timestamp_now();
+            next.name = change.name.clone().unwrap_or(next.name);
+            next.description = change.description.clone().unwrap_or(next.description);
+            next.model = change.model.clone().unwrap_or(next.model);
+            next.system = change.system.clone().unwrap_or(next.system);
+            next.tools = change.tools.clone().unwrap_or(next.tools);
+            if let Some(patch) = &change.metadata {
+                apply_patch(&mut next.metadata, patch.clone());
+            }
+            check_agent(&self.agents, &next)?;
+            Ok((EventBody::CatalogAgent { agent: next.clone() }, next))
+        })
+        .await
+    }
+
+    /// Archives the agent (its latest version records when): it stays readable and its
+    /// sessions go on, but it is listed no more, takes no new sessions and no changes.
+    pub async fn archive_agent(&self, caller: &Caller, id: &str) -> Result<AgentDefinition, SessionError> {
+        let current = self.stored_agent(caller, id).await?;
+        if current.archived_at.is_some() {
+            return Ok(current);
         }
-        let mut next = current.clone();
-        next.version += 1;
-        next.updated_at = timestamp_now();
-        next.name = change.name.unwrap_or(next.name);
-        next.description = change.description.unwrap_or(next.description);
-        next.model = change.model.unwrap_or(next.model);
-        next.system = change.system.unwrap_or(next.system);
-        next.tools = change.tools.unwrap_or(next.tools);
-        if let Some(patch) = change.metadata {
-            apply_patch(&mut next.metadata, patch);
+        self.change(|| async {
+            let mut current = self.stored_agent(caller, id).await?;
+            current.archived_at.get_or_insert_with(timestamp_now);
+            Ok((EventBody::CatalogAgent { agent: current.clone() }, current))
+        })
+        .await
+    }
+
+    async fn stored_versions(&self, caller: &Caller, id: &str) -> Result<Vec<AgentDefinition>, SessionError> {
+        let key = catalog_key("agent_", id).ok_or_else(|| not_found("agent", id))?;
+        let all: Option<AgentVersions> = self.log.projected(CatalogAgents::NAME, key).await?;
+        let all = all.map(|all| all.versions).unwrap_or_default();
+        match all.last() {
+            Some(latest) if caller.may_use(&latest.created_by) => Ok(all),
+            _ => Err(not_found("agent", id)),
         }
-        self.store(next).await
     }
 
-    /// Archives the agent: it stays readable and its sessions go on, but it is listed no
-    /// more and takes no new sessions.
-    pub async fn archive_agent(&self, id: &str) -> Result<AgentDefinition, SessionError> {
-        let mut current = self.latest(id)?;
-        if current.archived_at.is_none() {
-            current.archived_at = Some(timestamp_now());
-            current = self.store(current).await?;
+    async fn stored_agent(&self, caller: &Caller, id: &str) -> Result<AgentDefinition, SessionError> {
+        let mut all = self.stored_versions(caller, id).await?;
+        all.pop().ok_or_else(|| not_found("agent", id))
+    }
+
+    /// An agent as the caller may see it: a catalog agent's version (the latest when
+    /// `None`), or a configured agent by name (which has one version).
+    pub fn agent(&self, caller: &Caller, id: &str, version: Option<u32>) -> Option<AgentDefinition> {
+        let agent = self.agents.get_version(id, version)?;
+        match &agent.definition {
+            Some(definition) => {
+                let latest = self.agents.get(id).and_then(|a| a.definition.clone())?;
+                caller.may_use(&latest.created_by).then(|| definition.clone())
+            }
+            None => version.is_none_or(|v| v == 1).then(|| describe(&agent)),
         }
-        Ok(current)
     }
 
-    async fn store(&self, definition: AgentDefinition) -> Result<AgentDefinition, SessionError> {
-        check_agent(&self.agents, &definition)?;
-        self.append(EventBody::CatalogAgent { agent: definition.clone() }).await?;
-        self.agents.define(&definition).map_err(SessionError::Invalid)?;
-        Ok(definition)
+    /// Whether the caller may start a session of this agent: a configured one, or a
+    /// catalog agent of its own that is not archived.
+    pub fn usable(&self, caller: &Caller, agent: &Agent) -> Result<(), SessionError> {
+        let Some(definition) = &agent.definition else { return Ok(()) };
+        let latest = self.agents.get(&definition.id).and_then(|a| a.definition.clone());
+        match latest {
+            Some(latest) if !caller.may_use(&latest.created_by) => {
+                Err(SessionError::Invalid(format!("invalid field `agent`: no agent named {:?}", definition.id)))
+            }
+            Some(latest) if latest.archived_at.is_some() => {
+                Err(SessionError::Invalid(format!("invalid field `agent`: agent {} is archived", definition.id)))
+            }
+            _ => Ok(()),
+        }
     }
 
-    fn latest(&self, id: &str) -> Result<AgentDefinition, SessionError> {
-        self.agent(id, None).ok_or_else(|| not_found("agent", id))
-    }
-
-    /// An agent as a session's snapshot shows it: a catalog agent's version (the latest
-    /// when `None`), or a configured agent by name.
-    pub fn agent(&self, id: &str, version: Option<u32>) -> Option<AgentDefinition> {
+    /// The agent a session was made with, whoever asks (the session's owner may see it).
+    pub fn snapshot(&self, id: &str, version: Option<u32>) -> Option<AgentDefinition> {
         self.agents.get_version(id, version).map(|agent| describe(&agent))
     }
 
-    /// The catalog's agents (latest versions, archived ones too).
-    pub async fn agents(&self, page: CatalogPage) -> Result<(Vec<AgentDefinition>, bool), SessionError> {
-        let found = self.page::<AgentVersions>(CatalogAgents::NAME, page).await?;
-        let (items, more) = found;
-        Ok((items.into_iter().filter_map(|all| all.versions.last().cloned()).collect(), more))
+    /// The caller's catalog agents (their latest versions), newest first.
+    pub async fn agents(&self, caller: &Caller, filter: &CatalogFilter) -> Result<Page<AgentDefinition>, SessionError> {
+        self.list(CatalogAgents::NAME, "agent_", filter, |all: AgentVersions| {
+            let latest = all.versions.last()?.clone();
+            let shown = caller.may_use(&latest.created_by)
+                && (filter.include_archived || latest.archived_at.is_none())
+                && filter.created.contains(&latest.created_at);
+            shown.then_some(latest)
+        })
+        .await
     }
 
-    /// Every version of an agent, oldest first.
-    pub async fn agent_versions(&self, id: &str) -> Result<Vec<AgentDefinition>, SessionError> {
-        let key = catalog_key(id).ok_or_else(|| not_found("agent", id))?;
-        let all: Option<AgentVersions> = self.log.projected(CatalogAgents::NAME, key).await?;
-        all.map(|all| all.versions).ok_or_else(|| not_found("agent", id))
+    /// Every version of a catalog agent, oldest first.
+    pub async fn agent_versions(&self, caller: &Caller, id: &str) -> Result<Vec<AgentDefinition>, SessionError> {
+        self.stored_versions(caller, id).await
     }
 
-    pub async fn create_environment(&self, new: NewEnvironment) -> Result<Environment, SessionError> {
+    pub async fn create_environment(&self, caller: &Caller, new: NewEnvironment) -> Result<Environment, SessionError> {
         let now = timestamp_now();
         let environment = Environment {
             id: prefixed("env_"),
@@ -193,83 +274,119 @@ impl Catalog {
             updated_at: now,
             archived_at: None,
             deleted: false,
+            created_by: caller.subject.clone(),
         };
-        self.store_environment(environment).await
-    }
-
-    /// Deletes an environment: it is found no more; sessions made in it go on.
-    pub async fn delete_environment(&self, id: &str) -> Result<(), SessionError> {
-        let mut environment = self.environment(id).await?;
-        environment.deleted = true;
-        environment.updated_at = timestamp_now();
-        self.store_environment(environment).await.map(drop)
+        self.change(|| async {
+            Ok((EventBody::CatalogEnvironment { environment: environment.clone() }, environment.clone()))
+        })
+        .await
     }
 
     /// Changes an environment: name, description and config replace, metadata is a patch.
     pub async fn update_environment(
         &self,
+        caller: &Caller,
         id: &str,
-        name: Option<String>,
-        description: Option<Option<String>>,
-        config: Option<Value>,
-        metadata: Option<Map<String, Value>>,
+        change: EnvironmentChange,
     ) -> Result<Environment, SessionError> {
-        let mut environment = self.environment(id).await?;
-        environment.name = name.unwrap_or(environment.name);
-        environment.description = description.unwrap_or(environment.description);
-        environment.config = config.unwrap_or(environment.config);
-        if let Some(patch) = metadata {
-            apply_patch(&mut environment.metadata, patch);
+        self.change_environment(caller, id, |environment| {
+            environment.name = change.name.clone().unwrap_or(environment.name.clone());
+            environment.description = change.description.clone().unwrap_or(environment.description.take());
+            environment.config = change.config.clone().unwrap_or(environment.config.take());
+            if let Some(patch) = &change.metadata {
+                apply_patch(&mut environment.metadata, patch.clone());
+            }
+        })
+        .await
+    }
+
+    pub async fn archive_environment(&self, caller: &Caller, id: &str) -> Result<Environment, SessionError> {
+        let current = self.environment(caller, id).await?;
+        if current.archived_at.is_some() {
+            return Ok(current);
         }
-        environment.updated_at = timestamp_now();
-        self.store_environment(environment).await
+        self.change_environment(caller, id, |environment| {
+            environment.archived_at.get_or_insert_with(timestamp_now);
+        })
+        .await
     }
 
-    pub async fn archive_environment(&self, id: &str) -> Result<Environment, SessionError> {
-        let mut environment = self.environment(id).await?;
-        if environment.archived_at.is_none() {
-            environment.archived_at = Some(timestamp_now());
-            environment = self.store_environment(environment).await?;
-        }
-        Ok(environment)
+    /// Deletes an environment: it is found no more; sessions made in it go on.
+    pub async fn delete_environment(&self, caller: &Caller, id: &str) -> Result<(), SessionError> {
+        self.change_environment(caller, id, |environment| environment.deleted = true).await.map(drop)
     }
 
-    async fn store_environment(&self, environment: Environment) -> Result<Environment, SessionError> {
-        self.append(EventBody::CatalogEnvironment { environment: environment.clone() }).await?;
-        Ok(environment)
+    async fn change_environment(
+        &self,
+        caller: &Caller,
+        id: &str,
+        change: impl Fn(&mut Environment),
+    ) -> Result<Environment, SessionError> {
+        self.change(|| async {
+            let mut environment = self.environment(caller, id).await?;
+            change(&mut environment);
+            environment.updated_at = timestamp_now();
+            Ok((EventBody::CatalogEnvironment { environment: environment.clone() }, environment))
+        })
+        .await
     }
 
-    pub async fn environment(&self, id: &str) -> Result<Environment, SessionError> {
-        let key = catalog_key(id).filter(|_| id.starts_with("env_")).ok_or_else(|| not_found("environment", id))?;
+    /// An environment the caller may see (not deleted).
+    pub async fn environment(&self, caller: &Caller, id: &str) -> Result<Environment, SessionError> {
+        let key = catalog_key("env_", id).ok_or_else(|| not_found("environment", id))?;
         let found: Option<Environment> = self.log.projected(CatalogEnvironments::NAME, key).await?;
-        found.filter(|e| !e.deleted).ok_or_else(|| not_found("environment", id))
+        let found = found.filter(|e| !e.deleted && caller.may_use(&e.created_by));
+        found.ok_or_else(|| not_found("environment", id))
     }
 
-    /// Environments not deleted (a page may hold fewer than asked when some were).
-    pub async fn environments(&self, page: CatalogPage) -> Result<(Vec<Environment>, bool), SessionError> {
-        let (found, more) = self.page::<Environment>(CatalogEnvironments::NAME, page).await?;
-        Ok((found.into_iter().filter(|e| !e.deleted).collect(), more))
+    /// The caller's environments, newest first.
+    pub async fn environments(
+        &self,
+        caller: &Caller,
+        filter: &CatalogFilter,
+    ) -> Result<Page<Environment>, SessionError> {
+        self.list(CatalogEnvironments::NAME, "env_", filter, |e: Environment| {
+            let shown = !e.deleted
+                && caller.may_use(&e.created_by)
+                && (filter.include_archived || e.archived_at.is_none())
+                && filter.created.contains(&e.created_at);
+            shown.then_some(e)
+        })
+        .await
     }
 
-    async fn page<T: serde::de::DeserializeOwned>(
+    /// A page of a catalog projection, newest first, of what `keep` keeps: read on past
+    /// what it drops, so a page fills (or the catalog ends) whatever was dropped.
+    async fn list<S: DeserializeOwned, T>(
         &self,
         projection: &str,
-        page: CatalogPage,
-    ) -> Result<(Vec<T>, bool), SessionError> {
-        let after = match &page.after {
-            Some(id) => Some(catalog_key(id).ok_or_else(|| SessionError::UnknownCursor(id.clone()))?),
+        prefix: &str,
+        filter: &CatalogFilter,
+        keep: impl Fn(S) -> Option<T>,
+    ) -> Result<Page<T>, SessionError> {
+        let mut after = match &filter.after {
+            Some(id) => Some(catalog_key(prefix, id).ok_or_else(|| SessionError::UnknownCursor(id.clone()))?),
             None => None,
         };
-        let scan = Scan { session: Some(CATALOG), after, newest_first: page.newest_first, limit: page.limit + 1 };
-        let mut items: Vec<T> = self.log.scan(projection, scan).await?.into_iter().map(|(_, v): (Key, T)| v).collect();
-        let more = items.len() > page.limit;
-        items.truncate(page.limit);
-        Ok((items, more))
+        let mut items = Vec::new();
+        loop {
+            let scan = Scan { session: Some(CATALOG), after, newest_first: true, limit: SCAN_CHUNK };
+            let page: Vec<(Key, S)> = self.log.scan(projection, scan).await?;
+            let Some((last, _)) = page.last() else { return Ok(Page { items, has_more: false }) };
+            after = Some(*last);
+            for (_, value) in page {
+                let Some(item) = keep(value) else { continue };
+                if items.len() == filter.limit {
+                    return Ok(Page { items, has_more: true });
+                }
+                items.push(item);
+            }
+        }
     }
 }
 
 /// A runnable agent as a definition: a catalog agent's own, or a configured agent's
-/// (named by itself, version 1, there since the epoch).
+/// (named by itself, version 1, there since the epoch, the server's).
 pub fn describe(agent: &Agent) -> AgentDefinition {
     if let Some(definition) = &agent.definition {
         return definition.clone();
@@ -288,6 +405,7 @@ pub fn describe(agent: &Agent) -> AgentDefinition {
         created_at: since.clone(),
         updated_at: since,
         archived_at: None,
+        created_by: String::new(),
     }
 }
 

@@ -119,6 +119,8 @@ pub(super) enum Command {
     Close(Closing, oneshot::Sender<Result<(), SessionError>>),
     /// Cancel what runs, record how it ended, and stop (the service is shutting down).
     Stop(oneshot::Sender<()>),
+    /// Nothing to do but load: the actor then answers the messages that wait.
+    Wake,
 }
 
 /// How many actors a command is offered to before the engine gives up (each one it finds
@@ -254,17 +256,26 @@ impl Engine {
     }
 
     /// Closes turns that a crash left running: `session.error` (code `interrupted`) and an
-    /// idle status, so no turn stays "running" forever. Runs before any actor exists.
+    /// idle status, so no turn stays "running" forever. Runs before any actor exists; then
+    /// wakes the sessions whose messages wait for a turn, which their actors answer.
     pub async fn recover(&self) -> Result<usize, SessionError> {
         let log = &self.inner.log;
         let mut open = Vec::new();
+        let mut waiting = Vec::new();
         let mut after = None;
         loop {
             let scan = Scan { session: None, after, newest_first: false, limit: 1024 };
             let page = log.scan::<OpenTurn>(OpenTurns::NAME, scan).await?;
             let Some((last, _)) = page.last() else { break };
             after = Some(*last);
-            open.extend(page.into_iter().filter_map(|(key, open)| Some((key.session, open.turn?))));
+            for (key, state) in page {
+                if !state.queued.is_empty() {
+                    waiting.push(key.session);
+                }
+                if let Some(turn) = state.turn {
+                    open.push((key.session, turn));
+                }
+            }
         }
         for (session, turn) in &open {
             let drafts = || {
@@ -291,6 +302,9 @@ impl Engine {
                 Err(SessionError::NotFound(_)) => {}
                 Err(error) => return Err(error),
             }
+        }
+        for session in waiting {
+            self.send(session, Command::Wake).await?;
         }
         Ok(open.len())
     }

@@ -39,7 +39,12 @@ pub struct Caller {
 
 impl Caller {
     pub fn may_see(&self, summary: &SessionSummary) -> bool {
-        self.admin || summary.created_by == self.subject
+        self.may_use(&summary.created_by)
+    }
+
+    /// Whether the caller may see and use what `owner` made.
+    pub fn may_use(&self, owner: &str) -> bool {
+        self.admin || owner == self.subject
     }
 }
 
@@ -56,12 +61,19 @@ pub enum Cursor {
         turn: TurnId,
         sequence: u32,
     },
+    /// An agent message's id (`msg_…`): its final event.
+    Message(ulid::Ulid),
 }
 
 impl Cursor {
-    /// An event id as a client sent it; text that is not one is an unknown cursor.
+    /// An event id (or an agent message's id) as a client sent it; text that is neither
+    /// is an unknown cursor.
     pub fn event(text: &str) -> Result<Cursor, SessionError> {
-        text.parse().map(Cursor::Event).map_err(|_| SessionError::UnknownCursor(text.to_string()))
+        let unknown = || SessionError::UnknownCursor(text.to_string());
+        match text.strip_prefix("msg_") {
+            Some(message) => ulid::Ulid::from_string(message).map(Cursor::Message).map_err(|_| unknown()),
+            None => text.parse().map(Cursor::Event).map_err(|_| unknown()),
+        }
     }
 }
 
@@ -71,6 +83,7 @@ impl std::fmt::Display for Cursor {
             Cursor::Event(id) => write!(f, "{id}"),
             Cursor::Sequence(n) => write!(f, "sequence number {n}"),
             Cursor::Turn { turn, sequence } => write!(f, "sequence number {sequence} of turn {turn}"),
+            Cursor::Message(message) => write!(f, "msg_{message}"),
         }
     }
 }

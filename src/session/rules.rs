@@ -154,3 +154,13 @@ pub fn redact(agent: Option<&Agent>, spec: &mut SessionSpec) {
         }
     }
 }
+
+/// The session's choice of server tools when its dialect has none to make (the managed
+/// agents API): every tool the agent offers, trusted as far as its config allows. `None`
+/// for an agent made through an API, which has no server tools.
+pub fn configured_tools(agent: &Agent, tools: &Tools) -> Option<Vec<ToolTrust>> {
+    agent
+        .definition
+        .is_none()
+        .then(|| agent.exposed_tools(tools).map(|name| ToolTrust { name: name.to_string(), trust: true }).collect())
+}

@@ -14,7 +14,7 @@ use crate::agent::Agents;
 use crate::domain::event::SessionSpec;
 use crate::domain::{Draft, EventBody, EventId, Message, RawEvent, SessionId, TurnId, Usage};
 use crate::projection::history::History;
-use crate::projection::turns::{OpenTurn, OpenTurns, Processed, ProcessedInput};
+use crate::projection::turns::{MessageIndex, OpenTurn, OpenTurns, Processed, ProcessedInput};
 use crate::projection::{SessionIndex, SessionSummary, TurnIndex, TurnSummary};
 use crate::store::{Key, Position, ReadRange, Scan};
 
@@ -148,11 +148,9 @@ impl Sessions {
         };
         // A catalog agent's session runs the version it was created with.
         spec.agent.version = agent.definition.as_ref().map(|d| d.version);
-        if agent.definition.as_ref().is_some_and(|d| d.archived_at.is_some()) {
-            return Err(SessionError::Invalid(format!("invalid field `agent`: agent {} is archived", agent.name)));
-        }
+        self.catalog.usable(caller, &agent)?;
         if let Some(environment) = &spec.environment_id {
-            let environment = self.catalog.environment(environment).await.map_err(|_| {
+            let environment = self.catalog.environment(caller, environment).await.map_err(|_| {
                 SessionError::Invalid(format!("invalid field `environment_id`: no environment {environment:?}"))
             })?;
             if environment.archived_at.is_some() {
@@ -435,6 +433,15 @@ impl Sessions {
         let at = |event: RawEvent| Position { last: Some(event.id), seq: event.seq };
         match cursor {
             Cursor::Event(id) => self.log.event(session.id, id).await?.map(at).ok_or_else(unknown),
+            Cursor::Message(message) => {
+                let key = Key { session: session.id, item: Some(message) };
+                let id: Option<EventId> = self.log.projected(MessageIndex::NAME, key).await?;
+                let event = match id {
+                    Some(id) => self.log.event(session.id, id).await?,
+                    None => None,
+                };
+                event.map(at).ok_or_else(unknown)
+            }
             Cursor::Sequence(0) => Ok(Position::default()),
             Cursor::Sequence(n) => self.log.event_at(session.id, n).await?.map(at).ok_or_else(unknown),
             Cursor::Turn { turn, sequence } => {

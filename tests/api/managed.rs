@@ -226,3 +226,87 @@ async fn an_agents_model_id_picks_a_model_from_config() {
         }
     }
 }
+
+#[tokio::test]
+async fn two_changes_of_one_agent_version_cannot_both_land() {
+    let app = app().await;
+    let (_, agent) = session(&app).await;
+    for round in 1..=5u32 {
+        let path = format!("/v1/agents/{agent}");
+        let change = |name: &str| json!({"version": round, "name": name});
+        let (a, b) = tokio::join!(post(&app, &path, change("a")), post(&app, &path, change("b")));
+        let mut statuses = [a.0, b.0];
+        statuses.sort();
+        assert_eq!(statuses, [200, 409], "round {round}: exactly one change lands");
+        let winner = if a.0 == 200 { a.1 } else { b.1 };
+        let (_, latest) = get(&app, &path).await;
+        assert_eq!((latest["version"].clone(), latest["name"].clone()), (json!(round + 1), winner["name"].clone()));
+    }
+    let (_, versions) = get(&app, &format!("/v1/agents/{agent}/versions?limit=100")).await;
+    assert_eq!(versions["data"].as_array().unwrap().len(), 6, "one version per landed change");
+}
+
+#[tokio::test]
+async fn a_stream_resumes_after_a_message_id() {
+    let app = app().await;
+    let (session, _) = session(&app).await;
+    let events = format!("/v1/sessions/{session}/events");
+    let message = json!({"events": [{"type": "user.message", "content": [{"type": "text", "text": "hi"}]}]});
+    let mut live = sse(app.get(&format!("{events}/stream")).send().await.unwrap());
+    assert_eq!(post(&app, &events, message).await.0, 200);
+    let seen = take(&mut live, 6, 10).await;
+    let reply = seen.iter().position(|f| f.event == "agent.message").unwrap();
+    let message_id = seen[reply].data["id"].as_str().unwrap().to_string();
+    assert!(message_id.starts_with("msg_"), "a message shows by its message id: {message_id}");
+    let resumed = app.get(&format!("{events}/stream?after_id={message_id}")).send().await.unwrap();
+    let next = take(&mut sse(resumed), 2, 10).await;
+    let ids = |frames: &[crate::helpers::Sse]| frames.iter().map(|f| f.id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&next), ids(&seen[reply + 1..reply + 3]), "resumed right after that message");
+}
+
+#[tokio::test]
+async fn agents_and_environments_belong_to_who_made_them() {
+    let mut app = app().await;
+    let (_, agent) = session(&app).await;
+    let (_, env) = post(&app, "/v1/environments", json!({"name": "mine"})).await;
+    let env = env["id"].as_str().unwrap().to_string();
+    let meta = |key: Option<&str>| {
+        let mut request = app.client.get(format!("{}/meta", app.url));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        async move {
+            let meta: Value = request.send().await.unwrap().json().await.unwrap();
+            meta["agents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a["name"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert!(meta(Some("alice-key")).await.contains(&agent));
+    assert!(!meta(Some("bob-key")).await.contains(&agent), "another subject does not see it");
+    assert!(!meta(None).await.contains(&agent), "nor does a caller without a key");
+
+    app.use_key("bob-key");
+    for path in
+        [format!("/v1/agents/{agent}"), format!("/v1/agents/{agent}/versions"), format!("/v1/environments/{env}")]
+    {
+        assert_eq!(get(&app, &path).await.0, 404, "{path}");
+    }
+    assert_eq!(post(&app, &format!("/v1/agents/{agent}"), json!({"name": "taken"})).await.0, 404);
+    assert_eq!(post(&app, &format!("/v1/environments/{env}/archive"), json!({})).await.0, 404);
+    let (_, listed) = get(&app, "/v1/agents").await;
+    assert!(listed["data"].as_array().unwrap().iter().all(|a| a["id"] != agent.as_str()));
+    let (_, own_env) = post(&app, "/v1/environments", json!({"name": "bob's"})).await;
+    let (status, _) = post(&app, "/v1/sessions", json!({"agent": agent, "environment_id": own_env["id"]})).await;
+    assert_eq!(status, 400, "nor may it start a session of another's agent");
+    let (status, _) = post(&app, "/v1/sessions", json!({"agent": "default", "environment_id": env})).await;
+    assert_eq!(status, 400, "or in another's environment");
+    assert_eq!(
+        post(&app, "/v1/agents/default", json!({"name": "mine now"})).await.0,
+        404,
+        "configured agents are not the catalog's"
+    );
+}

@@ -7,7 +7,6 @@ import os
 import pathlib
 import subprocess
 import tempfile
-import time
 
 import anthropic
 import pytest
@@ -37,24 +36,53 @@ tools = {{ calculator = "ask", current_time = "allow" }}
 """
 
 
-@pytest.fixture(scope="session")
-def server():
-    with tempfile.TemporaryDirectory() as root:
-        config = pathlib.Path(root) / "config.toml"
-        config.write_text(CONFIG)
-        log = open(pathlib.Path(root) / "server.log", "w")
-        process = subprocess.Popen(
-            [BINARY, "serve", "--addr", "127.0.0.1:0", "--data-dir", f"{root}/data", "--config", str(config)],
+class Server:
+    """The real binary on `port` (0: any free one) over `root`'s data dir; `restart` keeps both."""
+
+    def __init__(self, root: str, port: int = 0):
+        self.root = pathlib.Path(root)
+        (self.root / "config.toml").write_text(CONFIG)
+        self.port = port
+        self.start()
+
+    def start(self):
+        log = open(self.root / "server.log", "a")
+        self.process = subprocess.Popen(
+            [BINARY, "serve", "--addr", f"127.0.0.1:{self.port}", "--data-dir", str(self.root / "data"),
+             "--config", str(self.root / "config.toml")],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
         )
-        line = process.stdout.readline()
+        line = self.process.stdout.readline()
         assert line.startswith("listening on "), f"turnlog did not start: {line!r}"
-        yield line.removeprefix("listening on ").strip()
-        process.terminate()
-        assert process.wait(timeout=30) == 0, "turnlog stops cleanly"
-        log.close()
+        self.url = line.removeprefix("listening on ").strip()
+        self.port = int(self.url.rsplit(":", 1)[1])
+
+    def stop(self):
+        self.process.terminate()
+        assert self.process.wait(timeout=30) == 0, "turnlog stops cleanly"
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+
+@pytest.fixture(scope="session")
+def server():
+    with tempfile.TemporaryDirectory() as root:
+        running = Server(root)
+        yield running.url
+        running.stop()
+
+
+@pytest.fixture
+def own_server():
+    """A server of the test's own, which it may restart (on the same port)."""
+    with tempfile.TemporaryDirectory() as root:
+        running = Server(root)
+        yield running
+        running.stop()
 
 
 def sdk(server: str, key: str = ALICE, cls=anthropic.Anthropic):

@@ -63,3 +63,28 @@ def test_initial_events_run_and_outcomes_are_kept(client, agent, environment):
     assert defined.outcome_id
     replies = ["".join(b.text for b in e.content) for e in events if e.type == "agent.message"]
     assert replies == ["echo: from the start"]
+
+
+def test_deleted_environments_leave_the_list_and_it_ends(client):
+    made = [client.beta.environments.create(name=f"e{i}") for i in range(5)]
+    for environment in made[2:]:
+        client.beta.environments.delete(environment.id)
+    listed = [e.id for e in client.beta.environments.list(limit=1)]
+    mine = [e.id for e in made]
+    assert [i for i in listed if i in mine] == [made[1].id, made[0].id], "newest first, the deleted ones left out"
+
+
+def test_another_subject_cannot_see_or_use_what_alice_made(client, other, agent, environment):
+    for call in (
+        lambda: other.beta.agents.retrieve(agent.id),
+        lambda: other.beta.agents.update(agent.id, name="taken"),
+        lambda: other.beta.agents.archive(agent.id),
+        lambda: other.beta.environments.retrieve(environment.id),
+        lambda: other.beta.environments.delete(environment.id),
+    ):
+        with pytest.raises(anthropic.NotFoundError):
+            call()
+    assert agent.id not in [a.id for a in other.beta.agents.list()]
+    assert environment.id not in [e.id for e in other.beta.environments.list()]
+    with pytest.raises(anthropic.BadRequestError):
+        other.beta.sessions.create(agent=agent.id, environment_id=other.beta.environments.create(name="b").id)

@@ -26,3 +26,20 @@ def test_events_list_in_both_orders_with_filters_and_pages(client, session):
 
     first = client.beta.sessions.events.list(session.id, limit=1000)
     assert first.next_page is None and len(first.data) == 18, "the tool runner's limit is taken"
+
+
+def test_content_another_view_stored_reads_strictly(server, client, session):
+    """The native view takes blocks the SDK has no type for; this view leaves them out."""
+    import httpx2
+
+    native = {"type": "user.message", "content": [{"type": "text", "text": "mixed"}, {"type": "sticker", "id": 7}]}
+    response = httpx2.post(
+        f"{server}/sessions/{session.id}/events", json={"events": [native]}, headers={"authorization": "Bearer alice-key"}
+    )
+    assert response.status_code == 200, response.text
+    for _ in range(500):
+        listed = list(client.beta.sessions.events.list(session.id))
+        if any(e.type == "session.status_idle" for e in listed):
+            break
+    sent = next(e for e in listed if e.type == "user.message")
+    assert [(b.type, b.text) for b in sent.content] == [("text", "mixed")]

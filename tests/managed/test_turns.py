@@ -93,6 +93,7 @@ def test_an_interrupt_stops_the_turn_at_once(client, session):
 
 
 def test_a_message_sent_while_a_turn_runs_waits_for_the_next(client, session):
+    turn(client, session.id, [message("a turn first")])
     stream = client.beta.sessions.events.stream(session.id)
     try:
         client.beta.sessions.events.send(session.id, events=[message("/delay 20\n/words 10")])
@@ -107,8 +108,8 @@ def test_a_message_sent_while_a_turn_runs_waits_for_the_next(client, session):
         stream.close()
     assert said(events) == ["w1 w2 w3 w4 w5 w6 w7 w8 w9 w10", "echo: second"]
     listed = list(client.beta.sessions.events.list(session.id, types=["user.message"]))
-    assert listed[1].id == queued.data[0].id
-    assert listed[1].processed_at is not None, "it lists as processed once a turn took it"
+    assert listed[2].id == queued.data[0].id
+    assert listed[2].processed_at is not None, "it lists as processed once a turn took it"
 
 
 def test_previews_join_to_the_final_message_and_never_list(client, session):

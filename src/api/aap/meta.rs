@@ -1,5 +1,6 @@
 //! `GET /meta`: the protocol version and the agents, with their exposed tools, options
-//! and capabilities. No key needed, as the protocol allows.
+//! and capabilities. No key needed, as the protocol allows; agents made through an API are
+//! listed to the subject that made them.
 
 use actix_web::HttpResponse;
 use serde_json::{json, Value};
@@ -7,9 +8,16 @@ use serde_json::{json, Value};
 use crate::agent::Agent;
 use crate::api::State;
 
-pub async fn meta(state: State) -> HttpResponse {
+pub async fn meta(state: State, req: actix_web::HttpRequest) -> HttpResponse {
     let agents = state.sessions.agents();
-    let list: Vec<Value> = agents.all().iter().map(|agent| describe(agent, &agents.tools)).collect();
+    // No key is needed here; agents made through an API show only to who may use them.
+    let caller = state.auth.caller(crate::api::auth::presented_key(&req)).ok();
+    let shown = |agent: &Agent| match &agent.definition {
+        None => true,
+        Some(definition) => caller.as_ref().is_some_and(|c| c.may_use(&definition.created_by)),
+    };
+    let list: Vec<Value> =
+        agents.all().iter().filter(|agent| shown(agent)).map(|agent| describe(agent, &agents.tools)).collect();
     HttpResponse::Ok().json(json!({"version": 3, "agents": list}))
 }
 

@@ -10,9 +10,9 @@ use super::sessions::{custom_tools, metadata};
 use super::wire::{self, TimeQuery};
 use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
 use crate::api::State;
-use crate::domain::catalog::AgentDefinition;
 use crate::error::ApiError;
-use crate::session::catalog::{AgentChange, CatalogPage, NewAgent, NewEnvironment};
+use crate::session::catalog::{AgentChange, CatalogFilter, EnvironmentChange, NewAgent, NewEnvironment};
+use crate::session::{Page, SessionError};
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(web::resource("/agents").route(web::post().to(create_agent)).route(web::get().to(list_agents)))
@@ -46,11 +46,11 @@ pub struct AgentBody {
     name: Option<String>,
     #[serde(default)]
     model: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     description: Option<Option<String>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     system: Option<Option<String>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     tools: Option<Option<Vec<Value>>>,
     #[serde(default)]
     metadata: Option<Map<String, Value>>,
@@ -85,6 +85,11 @@ impl AgentBody {
     }
 }
 
+/// A field that may be absent (keep), `null` (clear) or a value (replace).
+fn nullable<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(de: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(de).map(Some)
+}
+
 /// A model as a string or `{"id": …}`.
 fn model(model: Value) -> Result<String, ApiError> {
     match model {
@@ -97,7 +102,11 @@ fn model(model: Value) -> Result<String, ApiError> {
     }
 }
 
-async fn create_agent(state: State, _: Auth<Managed>, body: Json<AgentBody>) -> Result<HttpResponse, Error> {
+async fn create_agent(
+    state: State,
+    Auth(caller, _): Auth<Managed>,
+    body: Json<AgentBody>,
+) -> Result<HttpResponse, Error> {
     let body = body.0;
     body.unsupported()?;
     if body.version.is_some() {
@@ -111,13 +120,13 @@ async fn create_agent(state: State, _: Auth<Managed>, body: Json<AgentBody>) -> 
         tools: custom_tools("tools", body.tools.flatten().unwrap_or_default())?,
         metadata: metadata(body.metadata)?,
     };
-    let agent = state.sessions.catalog().create_agent(new).await?;
+    let agent = state.sessions.catalog().create_agent(&caller, new).await?;
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
 
 async fn update_agent(
     state: State,
-    _: Auth<Managed>,
+    Auth(caller, _): Auth<Managed>,
     path: web::Path<String>,
     body: Json<AgentBody>,
 ) -> Result<HttpResponse, Error> {
@@ -136,7 +145,7 @@ async fn update_agent(
         tools: body.tools.map(|tools| custom_tools("tools", tools.unwrap_or_default())).transpose()?,
         metadata: Some(patch).filter(|p| !p.is_empty()),
     };
-    let agent = state.sessions.catalog().update_agent(&path, change).await?;
+    let agent = state.sessions.catalog().update_agent(&caller, &path, change).await?;
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
 
@@ -147,18 +156,21 @@ pub struct VersionQuery {
 
 async fn retrieve_agent(
     state: State,
-    _: Auth<Managed>,
+    Auth(caller, _): Auth<Managed>,
     path: web::Path<String>,
     query: Query<VersionQuery>,
 ) -> Result<HttpResponse, Error> {
-    let catalog = state.sessions.catalog();
-    let agent = catalog.agent(&path, query.0.version);
-    let agent = agent.ok_or_else(|| crate::session::SessionError::CatalogNotFound(format!("agent {path}")))?;
+    let agent = state.sessions.catalog().agent(&caller, &path, query.0.version);
+    let agent = agent.ok_or_else(|| SessionError::CatalogNotFound(format!("agent {path}")))?;
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
 
-async fn archive_agent(state: State, _: Auth<Managed>, path: web::Path<String>) -> Result<HttpResponse, Error> {
-    let agent = state.sessions.catalog().archive_agent(&path).await?;
+async fn archive_agent(
+    state: State,
+    Auth(caller, _): Auth<Managed>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, Error> {
+    let agent = state.sessions.catalog().archive_agent(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
 
@@ -170,74 +182,49 @@ pub struct CatalogQuery {
     created_at: Option<TimeQuery>,
 }
 
-async fn list_agents(state: State, _: Auth<Managed>, query: Query<CatalogQuery>) -> Result<HttpResponse, Error> {
-    let query = query.0;
-    let bounds = time_bounds("created_at", query.created_at.unwrap_or_default())?;
-    let include_archived = query.include_archived.unwrap_or(false);
-    let keep = |a: &AgentDefinition| (include_archived || a.archived_at.is_none()) && bounds.contains(&a.created_at);
-    let (items, next) = filtered(
-        &state,
-        query.limit,
-        query.page,
-        |page| async { state.sessions.catalog().agents(page).await },
-        |a| a.id.clone(),
-        keep,
-    )
-    .await?;
-    Ok(page(items.iter().map(wire::agent).collect(), next))
+impl CatalogQuery {
+    fn filter(self, state: &State) -> Result<CatalogFilter, ApiError> {
+        Ok(CatalogFilter {
+            include_archived: self.include_archived.unwrap_or(false),
+            created: time_bounds("created_at", self.created_at.unwrap_or_default())?,
+            after: self.page,
+            limit: limit(self.limit, 20, state.settings.limits.max_page_size)?,
+        })
+    }
+}
+
+/// A catalog page: the next page starts after its last item.
+fn catalog_page<T>(found: Page<T>, render: impl Fn(&T) -> Value, id: impl Fn(&T) -> String) -> HttpResponse {
+    let next = found.has_more.then(|| found.items.last().map(&id)).flatten();
+    page(found.items.iter().map(render).collect(), next)
+}
+
+async fn list_agents(
+    state: State,
+    Auth(caller, _): Auth<Managed>,
+    query: Query<CatalogQuery>,
+) -> Result<HttpResponse, Error> {
+    let filter = query.0.filter(&state)?;
+    let found = state.sessions.catalog().agents(&caller, &filter).await?;
+    Ok(catalog_page(found, wire::agent, |a| a.id.clone()))
 }
 
 async fn agent_versions(
     state: State,
-    _: Auth<Managed>,
+    Auth(caller, _): Auth<Managed>,
     path: web::Path<String>,
     query: Query<CatalogQuery>,
 ) -> Result<HttpResponse, Error> {
     let query = query.0;
-    let all = state.sessions.catalog().agent_versions(&path).await?;
+    let all = state.sessions.catalog().agent_versions(&caller, &path).await?;
     let limit = limit(query.limit, 20, state.settings.limits.max_page_size)?;
     let from = match query.page.as_deref() {
         Some(page) => page.parse::<u32>().map_err(|_| ApiError::invalid("invalid query `page`: not a page cursor"))?,
         None => 0,
     };
-    let rest: Vec<&AgentDefinition> = all.iter().filter(|v| v.version > from).collect();
+    let rest: Vec<_> = all.iter().filter(|v| v.version > from).collect();
     let next = (rest.len() > limit).then(|| rest[limit - 1].version.to_string());
     Ok(page(rest.into_iter().take(limit).map(wire::agent).collect(), next))
-}
-
-/// A page of the catalog that keeps only what `keep` says, reading on until the page is
-/// full: its items, and the cursor of the next page if there is more.
-async fn filtered<T, F, Fut>(
-    state: &State,
-    asked: Option<usize>,
-    mut after: Option<String>,
-    read: F,
-    id: impl Fn(&T) -> String,
-    keep: impl Fn(&T) -> bool,
-) -> Result<(Vec<T>, Option<String>), Error>
-where
-    F: Fn(CatalogPage) -> Fut,
-    Fut: std::future::Future<Output = Result<(Vec<T>, bool), crate::session::SessionError>>,
-{
-    let limit = limit(asked, 20, state.settings.limits.max_page_size)?;
-    let mut items = Vec::new();
-    loop {
-        let (found, more) = read(CatalogPage { after: after.clone(), limit: 256, newest_first: true }).await?;
-        for item in found {
-            after = Some(id(&item));
-            if !keep(&item) {
-                continue;
-            }
-            if items.len() == limit {
-                let next = items.last().map(&id);
-                return Ok((items, next));
-            }
-            items.push(item);
-        }
-        if !more {
-            return Ok((items, None));
-        }
-    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -247,7 +234,7 @@ pub struct EnvironmentBody {
     name: Option<String>,
     #[serde(default)]
     config: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     description: Option<Option<String>>,
     #[serde(default)]
     metadata: Option<Map<String, Value>>,
@@ -270,7 +257,7 @@ fn scope(scope: &Option<String>) -> Result<(), ApiError> {
 
 async fn create_environment(
     state: State,
-    _: Auth<Managed>,
+    Auth(caller, _): Auth<Managed>,
     body: Json<EnvironmentBody>,
 ) -> Result<HttpResponse, Error> {
     let body = body.0;
@@ -284,13 +271,13 @@ async fn create_environment(
         config: config(body.config)?,
         metadata: metadata(body.metadata)?,
     };
-    let environment = state.sessions.catalog().create_environment(new).await?;
+    let environment = state.sessions.catalog().create_environment(&caller, new).await?;
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
 async fn update_environment(
     state: State,
-    _: Auth<Managed>,
+    Auth(caller, _): Auth<Managed>,
     path: web::Path<String>,
     body: Json<EnvironmentBody>,
 ) -> Result<HttpResponse, Error> {
@@ -306,39 +293,49 @@ async fn update_environment(
     if let Some((key, _)) = patch.iter().find(|(_, v)| !(v.is_string() || v.is_null())) {
         return Err(ApiError::invalid(format!("invalid field `metadata.{key}`: must be a string or null")).into());
     }
-    let config = body.config.map(|c| config(Some(c))).transpose()?;
-    let catalog = state.sessions.catalog();
-    let patch = Some(patch).filter(|p| !p.is_empty());
-    let environment = catalog.update_environment(&path, body.name, body.description, config, patch).await?;
+    let change = EnvironmentChange {
+        name: body.name,
+        description: body.description,
+        config: body.config.map(|c| config(Some(c))).transpose()?,
+        metadata: Some(patch).filter(|p| !p.is_empty()),
+    };
+    let environment = state.sessions.catalog().update_environment(&caller, &path, change).await?;
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
-async fn retrieve_environment(state: State, _: Auth<Managed>, path: web::Path<String>) -> Result<HttpResponse, Error> {
-    let environment = state.sessions.catalog().environment(&path).await?;
+async fn retrieve_environment(
+    state: State,
+    Auth(caller, _): Auth<Managed>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, Error> {
+    let environment = state.sessions.catalog().environment(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
-async fn archive_environment(state: State, _: Auth<Managed>, path: web::Path<String>) -> Result<HttpResponse, Error> {
-    let environment = state.sessions.catalog().archive_environment(&path).await?;
+async fn archive_environment(
+    state: State,
+    Auth(caller, _): Auth<Managed>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, Error> {
+    let environment = state.sessions.catalog().archive_environment(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
-async fn delete_environment(state: State, _: Auth<Managed>, path: web::Path<String>) -> Result<HttpResponse, Error> {
-    state.sessions.catalog().delete_environment(&path).await?;
+async fn delete_environment(
+    state: State,
+    Auth(caller, _): Auth<Managed>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, Error> {
+    state.sessions.catalog().delete_environment(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(json!({"type": "environment_deleted", "id": path.as_str()})))
 }
 
-async fn list_environments(state: State, _: Auth<Managed>, query: Query<CatalogQuery>) -> Result<HttpResponse, Error> {
-    let query = query.0;
-    let include_archived = query.include_archived.unwrap_or(false);
-    let (items, next) = filtered(
-        &state,
-        query.limit,
-        query.page,
-        |page| async { state.sessions.catalog().environments(page).await },
-        |e: &crate::domain::catalog::Environment| e.id.clone(),
-        |e| include_archived || e.archived_at.is_none(),
-    )
-    .await?;
-    Ok(page(items.iter().map(wire::environment).collect(), next))
+async fn list_environments(
+    state: State,
+    Auth(caller, _): Auth<Managed>,
+    query: Query<CatalogQuery>,
+) -> Result<HttpResponse, Error> {
+    let filter = query.0.filter(&state)?;
+    let found = state.sessions.catalog().environments(&caller, &filter).await?;
+    Ok(catalog_page(found, wire::environment, |e| e.id.clone()))
 }

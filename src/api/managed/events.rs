@@ -144,8 +144,19 @@ fn input(at: &str, event: Value, allowed: &[&str]) -> Result<Input, ApiError> {
             allowed.join(", ")
         )));
     }
+    let blocks = |content: &[Block], search_results: bool| {
+        let problem = content.iter().enumerate().find_map(|(j, b)| Some((j, wire::block_problem(b, search_results)?)));
+        match problem {
+            Some((j, why)) => Err(ApiError::invalid(format!("invalid field `{at}.content[{j}]`: {why}"))),
+            None => Ok(()),
+        }
+    };
     Ok(match kind.as_str() {
-        "user.message" => Input::Message(serde_json::from_value::<Message>(event).map_err(invalid)?.content),
+        "user.message" => {
+            let content = serde_json::from_value::<Message>(event).map_err(invalid)?.content;
+            blocks(&content, false)?;
+            Input::Message(content)
+        }
         "user.interrupt" => {
             thread(&serde_json::from_value::<Interrupt>(event).map_err(invalid)?.session_thread_id)?;
             Input::Interrupt
@@ -161,12 +172,13 @@ fn input(at: &str, event: Value, allowed: &[&str]) -> Result<Input, ApiError> {
         "user.custom_tool_result" => {
             let r: CustomToolResult = serde_json::from_value(event).map_err(invalid)?;
             thread(&r.session_thread_id)?;
+            blocks(&r.content, true)?;
             Input::Result { call: r.custom_tool_use_id, content: r.content, is_error: r.is_error.unwrap_or(false) }
         }
         _ => {
             let o: DefineOutcome = serde_json::from_value(event).map_err(invalid)?;
-            if !matches!(o.rubric.get("type").and_then(Value::as_str), Some("text" | "file")) {
-                return Err(ApiError::invalid(format!("invalid field `{at}.rubric.type`: must be text or file")));
+            if let Some(why) = wire::rubric_problem(&o.rubric) {
+                return Err(ApiError::invalid(format!("invalid field `{at}.rubric`: {why}")));
             }
             let mut outcome = Map::new();
             outcome.insert("outcome_id".into(), json!(prefixed("outc_")));

@@ -10,9 +10,10 @@ use super::events::inputs;
 use super::wire::{self, TimeQuery};
 use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
 use crate::api::State;
-use crate::domain::event::{AgentSpec, ClientTool, SessionSpec, ToolTrust};
+use crate::domain::event::{AgentSpec, ClientTool, SessionSpec};
 use crate::error::ApiError;
 use crate::projection::SessionSummary;
+use crate::session::rules::configured_tools;
 use crate::session::{ListFilter, SessionUpdate, Submission, WhenBusy};
 
 #[derive(Debug, Deserialize)]
@@ -67,9 +68,8 @@ pub async fn create(
     let (mut agent, tools) = agent_ref(request.agent)?;
     // The SDK has no per-session opt-in to an agent's server tools (the AAP's `agent.tools`):
     // a session runs its agent as configured, trusting what the config allows.
-    if let Some(configured) = state.sessions.agents().get(&agent.name).filter(|a| a.definition.is_none()) {
-        let tools = configured.exposed_tools(&state.sessions.agents().tools);
-        agent.tools = Some(tools.map(|name| ToolTrust { name: name.to_string(), trust: true }).collect());
+    if let Some(configured) = state.sessions.agents().get(&agent.name) {
+        agent.tools = configured_tools(&configured, &state.sessions.agents().tools);
     }
     let initial = match &request.initial_events {
         Some(events) if events.len() > 50 => {
@@ -161,6 +161,9 @@ pub(super) fn custom_tools(field: &str, tools: Vec<Value>) -> Result<Vec<ClientT
             }
             let tool: Custom =
                 serde_json::from_value(tool).map_err(|e| ApiError::invalid(format!("invalid field `{field}[{i}]`: {e}")))?;
+            if let Some(why) = wire::schema_problem(&tool.input_schema) {
+                return Err(ApiError::invalid(format!("invalid field `{field}[{i}].input_schema`: {why}")));
+            }
             Ok(ClientTool { name: tool.name, title: None, description: tool.description, input_schema: tool.input_schema })
         })
         .collect()
@@ -177,7 +180,7 @@ pub(super) fn metadata(metadata: Option<Map<String, Value>>) -> Result<Map<Strin
 
 /// The session as the SDK wants it, with its agent's full snapshot.
 pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<Value, Error> {
-    let agent = state.sessions.catalog().agent(&summary.spec.agent.name, summary.spec.agent.version);
+    let agent = state.sessions.catalog().snapshot(&summary.spec.agent.name, summary.spec.agent.version);
     let activity = state.sessions.activity(summary).await?;
     Ok(wire::session(summary, agent.as_ref(), activity))
 }

@@ -109,10 +109,11 @@ pub fn agent(agent: &AgentDefinition) -> Value {
 }
 
 fn custom_tool(tool: &ClientTool) -> Value {
-    let mut schema = tool.input_schema.clone();
-    if !schema.is_object() || schema.get("type").and_then(Value::as_str) != Some("object") {
-        schema = ClientTool::any_object();
-    }
+    // A tool another view declared with a schema the SDK cannot read shows as taking any object.
+    let schema = match schema_problem(&tool.input_schema) {
+        None => tool.input_schema.clone(),
+        Some(_) => ClientTool::any_object(),
+    };
     json!({"type": "custom", "name": tool.name, "description": tool.description, "input_schema": schema})
 }
 
@@ -138,6 +139,58 @@ fn string_map(map: &Map<String, Value>) -> Value {
     Value::Object(strings.collect())
 }
 
+/// Why a content block is not one the SDK's unions hold, if it is not: text with its
+/// `text`, or an image or document with a known `source`, (with `search_result`) a search
+/// result.
+pub fn block_problem(block: &Block, search_results: bool) -> Option<String> {
+    let source = |kinds: &[(&str, &str)]| {
+        let source = block.rest.get("source")?.as_object()?;
+        let kind = source.get("type")?.as_str()?;
+        let (_, field) = kinds.iter().find(|(k, _)| *k == kind)?;
+        source.get(*field)?.as_str().map(drop)
+    };
+    let strings = |fields: &[&str]| fields.iter().all(|f| block.rest.get(*f).is_some_and(Value::is_string));
+    let ok = match block.kind.as_str() {
+        "text" => block.text.is_some(),
+        "image" => source(&[("base64", "data"), ("url", "url"), ("file", "file_id")]).is_some(),
+        "document" => source(&[("base64", "data"), ("text", "data"), ("url", "url"), ("file", "file_id")]).is_some(),
+        "search_result" if search_results => {
+            strings(&["source", "title"])
+                && block
+                    .rest
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .is_some_and(|c| c.iter().all(|b| b["type"] == "text" && b["text"].is_string()))
+        }
+        _ => return Some(format!("{:?} is not a block this API takes", block.kind)),
+    };
+    (!ok).then(|| {
+        format!("a {} block is missing its {}", block.kind, if block.kind == "text" { "text" } else { "source" })
+    })
+}
+
+/// Content as the SDK's unions hold it: blocks that other views stored and the SDK could
+/// not read are left out rather than breaking the client's whole list or stream.
+fn content(blocks: &[Block], search_results: bool) -> Vec<&Block> {
+    blocks.iter().filter(|b| block_problem(b, search_results).is_none()).collect()
+}
+
+/// Why a custom tool's `input_schema` is not one the SDK reads back, if it is not.
+pub fn schema_problem(schema: &Value) -> Option<&'static str> {
+    let Some(fields) = schema.as_object() else { return Some("must be an object") };
+    if fields.get("type").and_then(Value::as_str) != Some("object") {
+        return Some("`type` must be \"object\"");
+    }
+    if fields.get("properties").is_some_and(|p| !(p.is_object() || p.is_null())) {
+        return Some("`properties` must be an object");
+    }
+    let strings = |r: &Value| r.as_array().is_some_and(|r| r.iter().all(Value::is_string));
+    if fields.get("required").is_some_and(|r| !(strings(r) || r.is_null())) {
+        return Some("`required` must be a list of names");
+    }
+    None
+}
+
 /// A log event as the SDK's event union has it, or `None` for what this view never shows
 /// (`session.created`, turns, deltas, archiving). Agent messages and thinking carry their
 /// message id, which previews announce before the final event exists.
@@ -146,7 +199,7 @@ pub fn event(e: &Event) -> Option<Value> {
     let at = &e.processed_at;
     let out = match &e.body {
         EventBody::UserMessage { content } => {
-            json!({"type": "user.message", "id": id, "content": content, "processed_at": at})
+            json!({"type": "user.message", "id": id, "content": self::content(content, false), "processed_at": at})
         }
         EventBody::UserInterrupt {} => json!({"type": "user.interrupt", "id": id, "processed_at": at}),
         EventBody::UserToolConfirmation { tool_use_id, result, deny_message } => json!({
@@ -155,7 +208,7 @@ pub fn event(e: &Event) -> Option<Value> {
         }),
         EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error } => json!({
             "type": "user.custom_tool_result", "id": id, "custom_tool_use_id": custom_tool_use_id,
-            "content": content, "is_error": is_error, "processed_at": at,
+            "content": self::content(content, true), "is_error": is_error, "processed_at": at,
         }),
         EventBody::UserDefineOutcome { outcome } => outcome_event(&id, outcome, at.as_deref().unwrap_or(&e.created_at)),
         EventBody::AgentMessage { message_id, content } => {
@@ -173,8 +226,8 @@ pub fn event(e: &Event) -> Option<Value> {
             "type": "agent.custom_tool_use", "id": id, "name": name, "input": object(input), "processed_at": at,
         }),
         EventBody::AgentToolResult { tool_use_id, content, is_error, .. } => json!({
-            "type": "agent.tool_result", "id": id, "tool_use_id": tool_use_id.to_string(), "content": content,
-            "is_error": is_error, "processed_at": at,
+            "type": "agent.tool_result", "id": id, "tool_use_id": tool_use_id.to_string(),
+            "content": self::content(content, true), "is_error": is_error, "processed_at": at,
         }),
         EventBody::StatusRunning { .. } => json!({"type": "session.status_running", "id": id, "processed_at": at}),
         EventBody::StatusIdle { stop_reason, .. } => {
@@ -228,7 +281,7 @@ pub fn event(e: &Event) -> Option<Value> {
 fn outcome_event(id: &str, outcome: &Value, at: &str) -> Value {
     let description =
         outcome.get("description").and_then(Value::as_str).map_or_else(|| outcome.to_string(), String::from);
-    let rubric = outcome.get("rubric").filter(|r| r.get("type").is_some()).cloned();
+    let rubric = outcome.get("rubric").filter(|r| rubric_problem(r).is_none()).cloned();
     json!({
         "type": "user.define_outcome", "id": id, "processed_at": at,
         "outcome_id": outcome.get("outcome_id").and_then(Value::as_str).unwrap_or(id),
@@ -236,6 +289,18 @@ fn outcome_event(id: &str, outcome: &Value, at: &str) -> Value {
         "rubric": rubric.unwrap_or_else(|| json!({"type": "text", "content": ""})),
         "max_iterations": outcome.get("max_iterations"),
     })
+}
+
+/// Why an outcome's rubric is not one the SDK reads back, if it is not.
+pub fn rubric_problem(rubric: &Value) -> Option<&'static str> {
+    let text = |field: &str| rubric.get(field).is_some_and(Value::is_string);
+    match rubric.get("type").and_then(Value::as_str) {
+        Some("text") if text("content") => None,
+        Some("file") if text("file_id") => None,
+        Some("text") => Some("a text rubric needs its `content`"),
+        Some("file") => Some("a file rubric needs its `file_id`"),
+        _ => Some("`type` must be text or file"),
+    }
 }
 
 fn object(input: &Value) -> Value {
@@ -296,11 +361,21 @@ pub fn environment_config(config: Option<Value>) -> Result<Value, String> {
             if networking.is_null() {
                 *networking = json!({"type": "unrestricted"});
             }
-            if networking.get("type").and_then(Value::as_str) == Some("limited") {
-                let limited = networking.as_object_mut().expect("an object");
-                limited.entry("allowed_hosts").or_insert(json!([]));
-                limited.entry("allow_mcp_servers").or_insert(json!(false));
-                limited.entry("allow_package_managers").or_insert(json!(false));
+            let networking = networking.as_object_mut().ok_or("`networking` must be an object")?;
+            match networking.get("type").and_then(Value::as_str) {
+                Some("unrestricted") => {}
+                Some("limited") => {
+                    let hosts = networking.entry("allowed_hosts").or_insert(json!([]));
+                    if !hosts.as_array().is_some_and(|h| h.iter().all(Value::is_string)) {
+                        return Err("`networking.allowed_hosts` must be a list of hosts".into());
+                    }
+                    for flag in ["allow_mcp_servers", "allow_package_managers"] {
+                        if !networking.entry(flag).or_insert(json!(false)).is_boolean() {
+                            return Err(format!("`networking.{flag}` must be true or false"));
+                        }
+                    }
+                }
+                _ => return Err("`networking.type` must be unrestricted or limited".into()),
             }
             let packages = fields.entry("packages").or_insert(Value::Null);
             if packages.is_null() {
@@ -309,7 +384,10 @@ pub fn environment_config(config: Option<Value>) -> Result<Value, String> {
             let packages = packages.as_object_mut().ok_or("`packages` must be an object")?;
             packages.insert("type".into(), json!("packages"));
             for manager in ["apt", "cargo", "gem", "go", "npm", "pip"] {
-                packages.entry(manager).or_insert(json!([]));
+                let list = packages.entry(manager).or_insert(json!([]));
+                if !list.as_array().is_some_and(|l| l.iter().all(Value::is_string)) {
+                    return Err(format!("`packages.{manager}` must be a list of package names"));
+                }
             }
         }
         _ => return Err("`type` must be cloud or self_hosted".into()),
