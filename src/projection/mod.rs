@@ -20,7 +20,6 @@ pub fn all() -> Vec<Arc<dyn Projection>> {
         Arc::new(turns::OpenTurns),
         Arc::new(TurnIndex),
         Arc::new(turns::ProcessedInput),
-        Arc::new(turns::MessageIndex),
         Arc::new(catalog::CatalogAgents),
         Arc::new(catalog::CatalogEnvironments),
     ]

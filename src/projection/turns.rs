@@ -137,7 +137,11 @@ impl Projection for OpenTurns {
     }
 
     fn keys(&self, event: &Event) -> Vec<Key> {
-        vec![Key::session(event.session_id)]
+        match &event.body {
+            // Only a queued message changes anything: skip reading the value for the rest.
+            EventBody::UserMessage { .. } if event.processed_at.is_some() => Vec::new(),
+            _ => vec![Key::session(event.session_id)],
+        }
     }
 
     fn apply(&self, _key: Key, current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
@@ -284,43 +288,5 @@ impl Projection for ProcessedInput {
     fn apply(&self, _key: Key, _current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
         let processed = Processed { at: event.created_at.clone(), turn: event.turn_id };
         Some(serde_json::to_vec(&processed).expect("serialises"))
-    }
-}
-
-/// On disk: each agent message's (and thinking's) final event, by its message id, so that
-/// a message id works as a cursor (views that show messages by it, as the managed-agents
-/// view does, hand it to their clients).
-pub struct MessageIndex;
-
-impl MessageIndex {
-    pub const NAME: &'static str = "messages";
-}
-
-/// The item key of a message id (`msg_` + ULID).
-pub fn message_key(session: crate::domain::SessionId, message_id: &str) -> Option<Key> {
-    let item = ulid::Ulid::from_string(message_id.strip_prefix("msg_")?).ok()?;
-    Some(Key { session, item: Some(item) })
-}
-
-impl Projection for MessageIndex {
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
-
-    fn wants(&self, kind: &str) -> bool {
-        matches!(kind, "agent.message" | "agent.thinking")
-    }
-
-    fn keys(&self, event: &Event) -> Vec<Key> {
-        match &event.body {
-            EventBody::AgentMessage { message_id, .. } | EventBody::AgentThinking { message_id, .. } => {
-                message_key(event.session_id, message_id).into_iter().collect()
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    fn apply(&self, _key: Key, _current: Option<&[u8]>, event: &Event) -> Option<Vec<u8>> {
-        Some(serde_json::to_vec(&event.id).expect("serialises"))
     }
 }

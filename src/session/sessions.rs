@@ -14,7 +14,7 @@ use crate::agent::Agents;
 use crate::domain::event::SessionSpec;
 use crate::domain::{Draft, EventBody, EventId, Message, RawEvent, SessionId, TurnId, Usage};
 use crate::projection::history::History;
-use crate::projection::turns::{MessageIndex, OpenTurn, OpenTurns, Processed, ProcessedInput};
+use crate::projection::turns::{OpenTurn, OpenTurns, Processed, ProcessedInput};
 use crate::projection::{SessionIndex, SessionSummary, TurnIndex, TurnSummary};
 use crate::store::{Key, Position, ReadRange, Scan};
 
@@ -433,15 +433,7 @@ impl Sessions {
         let at = |event: RawEvent| Position { last: Some(event.id), seq: event.seq };
         match cursor {
             Cursor::Event(id) => self.log.event(session.id, id).await?.map(at).ok_or_else(unknown),
-            Cursor::Message(message) => {
-                let key = Key { session: session.id, item: Some(message) };
-                let id: Option<EventId> = self.log.projected(MessageIndex::NAME, key).await?;
-                let event = match id {
-                    Some(id) => self.log.event(session.id, id).await?,
-                    None => None,
-                };
-                event.map(at).ok_or_else(unknown)
-            }
+            Cursor::Message(message) => self.message(session, message).await?.map(at).ok_or_else(unknown),
             Cursor::Sequence(0) => Ok(Position::default()),
             Cursor::Sequence(n) => self.log.event_at(session.id, n).await?.map(at).ok_or_else(unknown),
             Cursor::Turn { turn, sequence } => {
@@ -454,6 +446,27 @@ impl Sessions {
                 }
                 let events = self.turn_events(session, &summary, sequence - 1, 1).await?;
                 events.into_iter().find(|e| e.turn() == Some((turn, sequence))).map(at).ok_or_else(unknown)
+            }
+        }
+    }
+}
+
+impl Sessions {
+    /// The final event of agent message (or thinking) `msg_<message>`, found from the end of
+    /// the log back: a client resumes after a message it saw lately, so the search is short
+    /// where it matters, and the write path keeps no index for it.
+    async fn message(&self, session: &SessionSummary, message: Ulid) -> Result<Option<RawEvent>, SessionError> {
+        let field = format!(",\"message_id\":\"msg_{message}\"");
+        let mut before = None;
+        loop {
+            let range = ReadRange { after: None, before, limit: 512, newest_first: true };
+            let events = self.log.read(session.id, range).await?;
+            let Some(last) = events.last() else { return Ok(None) };
+            before = Some(last.id);
+            let final_event = |e: &&RawEvent| matches!(e.kind(), "agent.message" | "agent.thinking");
+            let named = |e: &&RawEvent| e.json.windows(field.len()).any(|w| w == field.as_bytes());
+            if let Some(found) = events.iter().filter(final_event).find(named) {
+                return Ok(Some(found.clone()));
             }
         }
     }
