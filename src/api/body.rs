@@ -95,3 +95,13 @@ pub fn parse_query<T: DeserializeOwned>(query: &str) -> Result<T, ApiError> {
         }
     })
 }
+
+/// `order=asc|desc`: whether newest first (`default` when absent).
+pub fn newest_first(order: Option<&str>, default: bool) -> Result<bool, ApiError> {
+    match order {
+        None => Ok(default),
+        Some("asc") => Ok(false),
+        Some("desc") => Ok(true),
+        Some(other) => Err(ApiError::invalid(format!("invalid query `order`: {other:?} is not asc or desc"))),
+    }
+}

@@ -6,7 +6,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::sessions::{custom_tools, metadata};
+use super::sessions::{custom_tools, metadata, metadata_patch};
 use super::wire::{self, TimeQuery};
 use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
 use crate::api::State;
@@ -132,10 +132,7 @@ async fn update_agent(
 ) -> Result<HttpResponse, Error> {
     let body = body.0;
     body.unsupported()?;
-    let patch = body.metadata.unwrap_or_default();
-    if let Some((key, _)) = patch.iter().find(|(_, v)| !(v.is_string() || v.is_null())) {
-        return Err(ApiError::invalid(format!("invalid field `metadata.{key}`: must be a string or null")).into());
-    }
+    let patch = metadata_patch(body.metadata)?;
     let change = AgentChange {
         version: body.version,
         name: body.name,
@@ -284,15 +281,8 @@ async fn update_environment(
     let body = body.0;
     scope(&body.scope)?;
     // An empty value deletes its key, as `null` does.
-    let patch: Map<String, Value> = body
-        .metadata
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (k, if v.as_str() == Some("") { Value::Null } else { v }))
-        .collect();
-    if let Some((key, _)) = patch.iter().find(|(_, v)| !(v.is_string() || v.is_null())) {
-        return Err(ApiError::invalid(format!("invalid field `metadata.{key}`: must be a string or null")).into());
-    }
+    let empty_deletes = |(k, v): (String, Value)| (k, if v.as_str() == Some("") { Value::Null } else { v });
+    let patch: Map<String, Value> = metadata_patch(body.metadata)?.into_iter().map(empty_deletes).collect();
     let change = EnvironmentChange {
         name: body.name,
         description: body.description,

@@ -211,13 +211,7 @@ pub async fn list(
     let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     let limit = limit(query.limit, 1000, state.settings.limits.max_page_size)?;
-    let newest_first = match query.order.as_deref() {
-        None | Some("asc") => false,
-        Some("desc") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(format!("invalid query `order`: {other:?} is not asc or desc")).into())
-        }
-    };
+    let newest_first = crate::api::body::newest_first(query.order.as_deref(), false)?;
     let shown = |t: &str| query.types.is_empty() || query.types.iter().any(|asked| asked == t);
     let kinds: Vec<String> = wire::TYPES.iter().filter(|t| shown(t)).map(|t| wire::log_kind(t).to_string()).collect();
     if kinds.is_empty() {

@@ -178,6 +178,15 @@ pub(super) fn metadata(metadata: Option<Map<String, Value>>) -> Result<Map<Strin
     }
 }
 
+/// A metadata patch: string values set their keys, `null` deletes them.
+pub(super) fn metadata_patch(patch: Option<Map<String, Value>>) -> Result<Map<String, Value>, ApiError> {
+    let patch = patch.unwrap_or_default();
+    match patch.iter().find(|(_, v)| !(v.is_string() || v.is_null())) {
+        Some((key, _)) => Err(ApiError::invalid(format!("invalid field `metadata.{key}`: must be a string or null"))),
+        None => Ok(patch),
+    }
+}
+
 /// The session as the SDK wants it, with its agent's full snapshot.
 pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<Value, Error> {
     let agent = state.sessions.catalog().snapshot(&summary.spec.agent.name, summary.spec.agent.version);
@@ -230,10 +239,7 @@ pub async fn update(
     unsupported("vault_ids", request.vault_ids.is_some())?;
     let agent = request.agent.unwrap_or(AgentUpdate { tools: None, mcp_servers: None });
     unsupported("agent.mcp_servers", agent.mcp_servers.as_ref().is_some_and(|m| !m.is_empty()))?;
-    let patch = request.metadata.unwrap_or_default();
-    if let Some((key, _)) = patch.iter().find(|(_, v)| !(v.is_string() || v.is_null())) {
-        return Err(ApiError::invalid(format!("invalid field `metadata.{key}`: must be a string or null")).into());
-    }
+    let patch = metadata_patch(request.metadata)?;
     let update = SessionUpdate {
         title: request.title,
         metadata: Some(patch).filter(|p| !p.is_empty()),
@@ -283,13 +289,7 @@ pub async fn list(
 ) -> Result<HttpResponse, Error> {
     let query = query.0;
     let limit = limit(query.limit, 20, state.settings.limits.max_page_size)?;
-    let oldest_first = match query.order.as_deref() {
-        None | Some("desc") => false,
-        Some("asc") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(format!("invalid query `order`: {other:?} is not asc or desc")).into())
-        }
-    };
+    let oldest_first = !crate::api::body::newest_first(query.order.as_deref(), true)?;
     let after = match query.page.as_deref() {
         Some(page) => Some(page.parse().map_err(|_| ApiError::invalid("invalid query `page`: not a page cursor"))?),
         None => None,

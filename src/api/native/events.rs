@@ -6,7 +6,7 @@ use bytes::{BufMut, BytesMut};
 
 use super::wire::{user_event, ListQuery, PostEvents};
 use crate::api::auth::Auth;
-use crate::api::body::{JsonBody, Query};
+use crate::api::body::{newest_first, JsonBody, Query};
 use crate::api::{Error, State};
 use crate::domain::event::Confirmation;
 use crate::domain::{Draft, EventBody, RawEvent};
@@ -79,13 +79,7 @@ pub async fn list(
     if limit == 0 || limit > max {
         return Err(ApiError::invalid(format!("invalid query `limit`: must be between 1 and {max}")).into());
     }
-    let newest_first = match query.order.as_deref() {
-        None | Some("asc") => false,
-        Some("desc") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(format!("invalid query `order`: {other:?} is not asc or desc")).into())
-        }
-    };
+    let newest_first = newest_first(query.order.as_deref(), false)?;
     let cursor = |c: Option<String>| c.map(|c| Cursor::event(&c)).transpose();
     let kinds: Vec<String> = query
         .kind
