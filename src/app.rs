@@ -65,7 +65,7 @@ impl Application {
                 .app_data(state.clone())
                 .wrap(from_fn(observe))
                 .configure(api::routes)
-                .default_service(web::to(api::no_route))
+                .default_service(web::to(api::no_route::<api::error::Standard>))
         })
         // Small SSE frames must not wait for the peer's delayed ACK (about 40 ms a frame).
         .on_connect(|connection, _| {

@@ -36,6 +36,8 @@ codes! {
     SessionNotFound => (404, "not_found_error", "session_not_found"),
     UnknownCursor => (409, "invalid_request_error", "unknown_cursor"),
     Conflict => (409, "invalid_request_error", "conflict"),
+    Busy => (409, "invalid_request_error", "turn_running"),
+    PreviousTurn => (409, "invalid_request_error", "previous_turn_mismatch"),
     PayloadTooLarge => (413, "request_too_large", "payload_too_large"),
     LimitExceeded => (422, "invalid_request_error", "limit_exceeded"),
     TooManyStreams => (429, "rate_limit_error", "too_many_streams"),
@@ -77,6 +79,8 @@ impl From<SessionError> for ApiError {
             }
             SessionError::UnknownCursor(_) => ApiError::new(Code::UnknownCursor, message),
             SessionError::Conflict(_) => ApiError::new(Code::Conflict, message),
+            SessionError::Busy(_) => ApiError::new(Code::Busy, message),
+            SessionError::PreviousTurn(_) => ApiError::new(Code::PreviousTurn, message),
             SessionError::Invalid(_) => ApiError::new(Code::InvalidRequest, message),
             SessionError::Limit(_) => ApiError::new(Code::LimitExceeded, message),
             SessionError::ShuttingDown | SessionError::Retry(_) => ApiError::new(Code::Unavailable, message),

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use turnlog::domain::event::{AgentSpec, SessionSpec, ToolTrust};
+use turnlog::domain::event::{AgentSpec, Confirmation, ModelStop, SessionSpec, ToolTrust};
 use turnlog::domain::{Block, Event, EventBody, StopReason, Usage};
 use turnlog::projection::SessionSummary;
 use turnlog::session::{
-    Caller, Cursor, EventQuery, Input, SessionError, Sessions, Submission, Submitted, TurnQuery, WhenBusy,
+    Caller, Cursor, EventQuery, Follows, Input, SessionError, Sessions, Submission, Submitted, TurnQuery, WhenBusy,
 };
 use turnlog::store::memory::MemoryLog;
 use turnlog::store::sled::{SledConfig, SledLog};
@@ -692,7 +692,7 @@ async fn a_message_sent_while_a_turn_runs_waits_for_the_next_turn(log: Backend) 
     g.wait_for("agent.message.delta").await;
     let queue = |inputs| Submission { inputs, when_busy: WhenBusy::Queue, ..Submission::default() };
     let refused = g.when(vec![text("second")]).await.unwrap_err();
-    assert!(matches!(refused, SessionError::Conflict(_)), "refused unless asked to queue: {refused}");
+    assert!(matches!(refused, SessionError::Busy(_)), "refused unless asked to queue: {refused}");
     let queued = g.sessions.submit(&g.session, queue(vec![text("second")])).await.unwrap();
     assert_eq!(queued.turn, None, "a queued message starts no turn");
     assert!(queued.events[0].is_queued(), "it is stored unprocessed");
@@ -778,6 +778,102 @@ async fn metadata_is_a_patch_and_title_replaces(log: Backend) {
     assert_eq!(second.spec.title.as_deref(), Some("t"));
 }
 
+async fn a_model_requests_end_says_how_the_model_stopped(log: Backend) {
+    for (input, stop) in [
+        ("hi", Some(ModelStop::EndTurn)),
+        ("/max_tokens", Some(ModelStop::MaxTokens)),
+        ("/refuse", Some(ModelStop::Refusal)),
+        ("/tool get_weather {}", Some(ModelStop::ToolUse)),
+        ("/error model_overloaded_error", None),
+    ] {
+        let g = given(log, &[]).await;
+        g.when(vec![text(input)]).await.unwrap();
+        let ends: Vec<Option<ModelStop>> = g
+            .then_events(1)
+            .await
+            .iter()
+            .filter_map(|e| match &e.body {
+                EventBody::ModelRequestEnd { stop_reason, .. } => Some(*stop_reason),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ends, vec![stop], "{input}");
+    }
+}
+
+async fn resolutions_name_the_models_call_too(log: Backend) {
+    let g = given(log, &[("calculator", false)]).await;
+    g.when(vec![text("/tool get_weather {}\n/tool calculator {\"expression\": \"2+2\"}")]).await.unwrap();
+    let events = g.then_events(1).await;
+    let calls = call_ids(&events);
+    let mark = g.log().await.len();
+    let answers = vec![
+        Input::Result { call: calls[0].clone(), content: vec![Block::text("sunny")], is_error: false },
+        Input::Permission { call: calls[1].clone(), granted: false, reason: Some("no".into()) },
+    ];
+    g.when(answers).await.unwrap();
+    let named: Vec<(String, String)> = g
+        .then_events(mark)
+        .await
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::UserCustomToolResult { tool_call_id, .. } => Some(("result".into(), tool_call_id.clone()?)),
+            EventBody::UserToolConfirmation { tool_call_id, result: Confirmation::Deny, .. } => {
+                Some(("denied".into(), tool_call_id.clone()?))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(named, vec![("result".into(), calls[0].clone()), ("denied".into(), calls[1].clone())]);
+}
+
+async fn a_cancel_stops_a_running_turn_and_nothing_else(log: Backend) {
+    let g = given(log, &[]).await;
+    let nothing = g.when(vec![Input::Cancel]).await.unwrap();
+    assert!(nothing.events.is_empty() && nothing.turn.is_none(), "an idle session: nothing to store");
+
+    g.when(vec![text("/tool get_weather {}")]).await.unwrap();
+    let events = g.then_events(1).await;
+    let mark = g.log().await.len();
+    let nothing = g.when(vec![Input::Cancel]).await.unwrap();
+    assert!(nothing.events.is_empty(), "a turn that waits for the client is left waiting");
+    assert_eq!(g.log().await.len(), mark);
+    let answer =
+        Input::Result { call: call_ids(&events)[0].clone(), content: vec![Block::text("rain")], is_error: false };
+    g.when(vec![answer]).await.unwrap();
+    g.idle_times(2).await;
+
+    let mark = g.log().await.len();
+    g.when(vec![text("/delay 20\n/words 500")]).await.unwrap();
+    g.wait_for("agent.message.delta").await;
+    let cancelled = g.when(vec![Input::Cancel]).await.unwrap();
+    assert_eq!(
+        kinds_all(&cancelled.events.iter().map(|e| e.decode().unwrap()).collect::<Vec<_>>()),
+        ["user.interrupt"]
+    );
+    let events = g.then_events(mark).await;
+    assert_eq!(stop(&events).0, StopReason::Cancelled);
+}
+
+async fn a_turn_follows_the_turn_the_client_names(log: Backend) {
+    let g = given(log, &[]).await;
+    let follows = |inputs, follows| Submission { inputs, follows, ..Submission::default() };
+    let first = g.sessions.submit(&g.session, follows(vec![text("one")], Follows::Nothing)).await.unwrap();
+    let first = first.turn.unwrap();
+    g.then_events(1).await;
+    let mark = g.log().await.len();
+    for stale in [Follows::Nothing, Follows::Turn(turnlog::domain::TurnId::generate())] {
+        let refused = g.sessions.submit(&g.session, follows(vec![text("two")], stale)).await.unwrap_err();
+        assert!(matches!(refused, SessionError::PreviousTurn(ref m) if m.contains(&first.to_string())), "{refused}");
+    }
+    assert_eq!(g.log().await.len(), mark, "nothing refused was stored");
+    let second = g.sessions.submit(&g.session, follows(vec![text("two")], Follows::Turn(first))).await.unwrap();
+    assert!(second.turn.is_some());
+    g.idle_times(2).await;
+    let turns = g.sessions.turns(&g.session, TurnQuery { before: None, limit: 10 }).await.unwrap();
+    assert_eq!(turns.items.iter().map(|t| t.id).collect::<Vec<_>>(), [second.turn.unwrap(), first]);
+}
+
 /// Each test above, once on each log.
 macro_rules! on_both_logs {
     ($($name:ident),* $(,)?) => {
@@ -818,4 +914,8 @@ on_both_logs!(
     metadata_is_a_patch_and_title_replaces,
     a_queued_message_left_by_a_crash_is_answered_at_the_next_start,
     an_interrupt_of_waiting_calls_lets_queued_messages_through,
+    a_model_requests_end_says_how_the_model_stopped,
+    resolutions_name_the_models_call_too,
+    a_cancel_stops_a_running_turn_and_nothing_else,
+    a_turn_follows_the_turn_the_client_names,
 );

@@ -33,6 +33,7 @@ use super::http::{self, Decoder, Failure, Http, Secret, Step};
 use super::model::{Model, ModelEvent, ModelRequest, ModelStop, ModelStream, ToolDef};
 use super::openai::decimal;
 use super::ModelConfig;
+use crate::domain::event::File;
 use crate::domain::{Block, Message, Part, Usage};
 
 const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -130,14 +131,28 @@ fn conversation(system: &str, history: &[Message]) -> (String, Vec<Value>) {
     (prompt, messages)
 }
 
-/// Our blocks are Anthropic's shape already; only empty text is dropped (the API
+/// Our blocks are Anthropic's shape already, but for files (images and PDFs become image
+/// and document blocks; the model is told of others); empty text is dropped (the API
 /// refuses it).
 fn blocks(content: &[Block]) -> Vec<Value> {
     content
         .iter()
         .filter(|b| b.kind != "text" || b.text.as_deref().is_some_and(|t| !t.is_empty()))
-        .filter_map(|b| serde_json::to_value(b).ok())
+        .filter_map(|b| match b.file() {
+            Some(file) => Some(file_block(&file)),
+            None if b.kind == "file" => None,
+            None => serde_json::to_value(b).ok(),
+        })
         .collect()
+}
+
+fn file_block(file: &File) -> Value {
+    let source = json!({"type": "base64", "media_type": file.mime, "data": file.base64});
+    match file.mime {
+        "image/jpeg" | "image/png" | "image/gif" | "image/webp" => json!({"type": "image", "source": source}),
+        "application/pdf" => json!({"type": "document", "source": source, "title": file.name}),
+        _ => json!({"type": "text", "text": file.unsupported("images (JPEG, PNG, GIF, WebP) and PDFs")}),
+    }
 }
 
 /// Thinking is not sent back: the API only takes it with the signature we do not keep.
@@ -529,6 +544,33 @@ mod tests {
                     {"type": "tool_result", "tool_use_id": "b", "content": [{"type": "text", "text": "B"}], "is_error": true},
                 ]}),
             ]
+        );
+    }
+
+    #[test]
+    fn files_become_image_and_document_blocks_and_others_a_note() {
+        let file = |name: &str, mime: &str| {
+            serde_json::from_value::<Block>(
+                json!({"type": "file", "name": name, "data": format!("data:{mime};base64,AAAA")}),
+            )
+            .unwrap()
+        };
+        let content = vec![
+            Block::text("see"),
+            file("a.png", "image/png"),
+            file("b.pdf", "application/pdf"),
+            file("c.txt", "text/plain"),
+        ];
+        let (_, messages) = conversation("", &[Message::User { content }]);
+        let source = |mime: &str| json!({"type": "base64", "media_type": mime, "data": "AAAA"});
+        assert_eq!(
+            messages[0]["content"],
+            json!([
+                {"type": "text", "text": "see"},
+                {"type": "image", "source": source("image/png")},
+                {"type": "document", "source": source("application/pdf"), "title": "b.pdf"},
+                {"type": "text", "text": "[file c.txt (text/plain) left out: this model takes images (JPEG, PNG, GIF, WebP) and PDFs]"},
+            ])
         );
     }
 

@@ -28,14 +28,7 @@ pub struct ModelRequest {
     pub cancel: CancellationToken,
 }
 
-/// How a model response ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModelStop {
-    EndTurn,
-    ToolUse,
-    MaxTokens,
-    Refusal,
-}
+pub use crate::domain::event::ModelStop;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelEvent {

@@ -152,6 +152,16 @@ fn user_part(block: &Block) -> Option<Value> {
             };
             Some(json!({"type": "image_url", "image_url": {"url": url}}))
         }
+        "file" => {
+            let file = block.file()?;
+            Some(match file.mime {
+                mime if mime.starts_with("image/") => json!({"type": "image_url", "image_url": {"url": file.data_uri}}),
+                "application/pdf" => {
+                    json!({"type": "file", "file": {"filename": file.name, "file_data": file.data_uri}})
+                }
+                _ => json!({"type": "text", "text": file.unsupported("images and PDFs")}),
+            })
+        }
         // Other blocks (documents, ...) have no chat-completions form.
         _ => None,
     }
@@ -445,6 +455,31 @@ mod tests {
         }
         out.extend(decoder.end().map_err(|f| f.error)?);
         Ok(out)
+    }
+
+    #[test]
+    fn files_become_image_and_file_parts_and_others_a_note() {
+        let file = |name: &str, mime: &str| {
+            serde_json::from_value::<Block>(
+                json!({"type": "file", "name": name, "data": format!("data:{mime};base64,AAAA")}),
+            )
+            .unwrap()
+        };
+        let content = [
+            Block::text("see"),
+            file("a.png", "image/png"),
+            file("b.pdf", "application/pdf"),
+            file("c.txt", "text/plain"),
+        ];
+        assert_eq!(
+            user_content(&content),
+            json!([
+                {"type": "text", "text": "see"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "file", "file": {"filename": "b.pdf", "file_data": "data:application/pdf;base64,AAAA"}},
+                {"type": "text", "text": "[file c.txt (text/plain) left out: this model takes images and PDFs]"},
+            ])
+        );
     }
 
     #[test]

@@ -105,3 +105,11 @@ pub fn newest_first(order: Option<&str>, default: bool) -> Result<bool, ApiError
         Some(other) => Err(ApiError::invalid(format!("invalid query `order`: {other:?} is not asc or desc"))),
     }
 }
+
+/// An RFC 3339 time from query parameter `name`, as stored (UTC, microseconds), so that
+/// times compare as text.
+pub fn utc_time(name: &str, time: &str) -> Result<String, ApiError> {
+    chrono::DateTime::parse_from_rfc3339(time)
+        .map(|t| t.with_timezone(&chrono::Utc).to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+        .map_err(|e| ApiError::invalid(format!("invalid query `{name}`: not an RFC 3339 time: {e}")))
+}

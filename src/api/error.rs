@@ -86,8 +86,8 @@ impl<R: Render> From<FollowError> for Error<R> {
     }
 }
 
-/// Any request no route matched: a JSON 404 rather than an empty body.
-pub async fn no_route(req: actix_web::HttpRequest) -> Result<HttpResponse, Error> {
+/// Any request no route matched: a JSON 404 in view `R`'s shape rather than an empty body.
+pub async fn no_route<R: Render>(req: actix_web::HttpRequest) -> Result<HttpResponse, Error<R>> {
     Err(ApiError::new(Code::NotFound, format!("no route for {} {}", req.method(), req.path())).into())
 }
 

@@ -6,6 +6,7 @@ pub mod aap;
 pub mod auth;
 pub mod body;
 pub mod error;
+pub mod harness;
 pub mod managed;
 pub mod native;
 pub mod ops;
@@ -75,7 +76,9 @@ impl Drop for StreamGuard {
 /// Every route of every view.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     ops::routes(cfg);
-    cfg.configure(managed::routes)
+    // The harness first: the managed view's `/v1` scope would take `/v1/agents/sessions`.
+    cfg.configure(harness::routes)
+        .configure(managed::routes)
         .configure(aap::routes)
         .configure(aap::session_routes)
         .configure(native::session_routes)

@@ -42,6 +42,35 @@ impl Block {
     pub fn join_text(blocks: &[Block]) -> String {
         blocks.iter().filter_map(|b| b.text.as_deref()).collect::<Vec<_>>().join("")
     }
+
+    /// A `file` block (as the agent harness sends files: `name`, and `data` as
+    /// `data:<mime>;base64,<payload>`), read for a model provider.
+    pub fn file(&self) -> Option<File<'_>> {
+        if self.kind != "file" {
+            return None;
+        }
+        let name = self.rest.get("name")?.as_str()?;
+        let data_uri = self.rest.get("data")?.as_str()?;
+        let (mime, base64) = data_uri.strip_prefix("data:")?.split_once(";base64,")?;
+        Some(File { name, mime, base64, data_uri })
+    }
+}
+
+/// A file a user message carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct File<'a> {
+    pub name: &'a str,
+    pub mime: &'a str,
+    pub base64: &'a str,
+    /// The whole `data:` URI.
+    pub data_uri: &'a str,
+}
+
+impl File<'_> {
+    /// What a model is told in place of a file its API cannot take.
+    pub fn unsupported(&self, takes: &str) -> String {
+        format!("[file {} ({}) left out: this model takes {takes}]", self.name, self.mime)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +97,16 @@ pub enum StopReason {
     Refusal,
     Cancelled,
     Error,
+}
+
+/// How a model ended one response (`span.model_request_end.stop_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelStop {
+    EndTurn,
+    ToolUse,
+    MaxTokens,
+    Refusal,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -206,6 +245,9 @@ pub enum EventBody {
         result: Confirmation,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deny_message: Option<String>,
+        /// The model's id of the call (`tool_use_id` is its event's id).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_call_id: Option<String>,
     },
     #[serde(rename = "user.custom_tool_result")]
     UserCustomToolResult {
@@ -214,6 +256,9 @@ pub enum EventBody {
         content: Vec<Block>,
         #[serde(default)]
         is_error: bool,
+        /// The model's id of the call (`custom_tool_use_id` is its event's id).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_call_id: Option<String>,
     },
     #[serde(rename = "session.status_running")]
     StatusRunning { status: String },
@@ -249,6 +294,9 @@ pub enum EventBody {
         /// The id of the `span.model_request_start` this ends.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         model_request_start_id: Option<EventId>,
+        /// How the model ended its response, when it did (not on a failed request).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stop_reason: Option<ModelStop>,
     },
     #[serde(rename = "session.status_idle")]
     StatusIdle { status: String, stop_reason: StopInfo, usage: Usage },

@@ -63,7 +63,7 @@ impl History {
             EventBody::AgentToolResult { tool_call_id, content, is_error, .. } => {
                 self.tool(tool_call_id.clone(), content.clone(), *is_error);
             }
-            EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error } => {
+            EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => {
                 let call = self.call_ids.get(custom_tool_use_id).cloned().unwrap_or_else(|| custom_tool_use_id.clone());
                 self.tool(call, content.clone(), *is_error);
             }

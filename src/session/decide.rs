@@ -2,7 +2,7 @@
 //! events to append (and whether they start a turn or cancel the running one), or the
 //! refusal. The actor folds the log, calls this, and appends what it returns.
 
-use super::engine::{Input, Submission, WhenBusy};
+use super::engine::{Follows, Input, Submission, WhenBusy};
 use super::turn::{Mode, ToolPlan};
 use super::SessionError;
 use crate::domain::event::{Confirmation, Permission, StopInfo, StopReason};
@@ -41,11 +41,12 @@ pub fn decide(
         return Err(SessionError::Invalid("send one user message per request".into()));
     }
     if messages > 0 && resolving {
-        return Err(SessionError::Conflict(format!(
+        return Err(SessionError::Invalid(format!(
             "a user message cannot be mixed with tool results or permissions; {}",
             pending_text(state)
         )));
     }
+    check_follows(state, submission.follows)?;
     match state.phase {
         Phase::Running(_) if queue => {}
         _ if messages > 0 => check_idle(state)?,
@@ -65,6 +66,12 @@ pub fn decide(
             // As the Qoder event catalog has it, an outcome belongs to no turn.
             Input::Outcome(outcome) => {
                 decision.drafts.push(Draft::new(None, &EventBody::UserDefineOutcome { outcome: outcome.clone() }))
+            }
+            Input::Cancel => {
+                if decision.start.is_some() || matches!(state.phase, Phase::Running(_)) {
+                    decision.drafts.push(Draft::new(current, &EventBody::UserInterrupt {}));
+                    decision.cancel = true;
+                }
             }
             Input::Interrupt => {
                 decision.drafts.push(Draft::new(current, &EventBody::UserInterrupt {}));
@@ -205,11 +212,29 @@ fn current_turn(state: &TurnState) -> Option<TurnId> {
     }
 }
 
+/// Whether the session's last turn is the one the client says a new turn follows.
+fn check_follows(state: &TurnState, follows: Follows) -> Result<(), SessionError> {
+    let last = state.last_turn;
+    let wanted = match follows {
+        Follows::Latest => return Ok(()),
+        Follows::Nothing => None,
+        Follows::Turn(turn) => Some(turn),
+    };
+    if wanted == last {
+        return Ok(());
+    }
+    let named = wanted.map_or_else(|| "no turn".to_string(), |t| format!("turn {t}"));
+    let last = last.map_or_else(|| "it has none".to_string(), |t| format!("it is {t}"));
+    Err(SessionError::PreviousTurn(format!(
+        "a new turn here follows the session's last turn, and {named} is not it ({last})"
+    )))
+}
+
 fn check_idle(state: &TurnState) -> Result<(), SessionError> {
     match state.phase {
         Phase::Idle => Ok(()),
         Phase::Running(turn) => {
-            Err(SessionError::Conflict(format!("a turn is running ({turn}); wait for it to end or interrupt it")))
+            Err(SessionError::Busy(format!("a turn is running ({turn}); wait for it to end or interrupt it")))
         }
         Phase::Waiting(_) => Err(SessionError::Conflict(pending_text(state))),
     }
@@ -236,12 +261,16 @@ fn match_resolutions<'a>(
     inputs: &'a [Input],
     all_at_once: bool,
 ) -> Result<Vec<Resolved<'a>>, SessionError> {
-    if !matches!(state.phase, Phase::Waiting(_)) {
-        let why = match state.phase {
-            Phase::Running(turn) => format!("a turn is running ({turn})"),
-            _ => "the session is idle".into(),
-        };
-        return Err(SessionError::Conflict(format!("no tool calls are waiting for results: {why}")));
+    match state.phase {
+        Phase::Waiting(_) => {}
+        Phase::Running(turn) => {
+            return Err(SessionError::Busy(format!(
+                "no tool calls are waiting for results: a turn is running ({turn})"
+            )))
+        }
+        Phase::Idle => {
+            return Err(SessionError::Conflict("no tool calls are waiting for results: the session is idle".into()))
+        }
     }
     let mut resolved: Vec<Resolved> = Vec::new();
     for input in inputs {
@@ -315,15 +344,20 @@ fn tool_result(call: &PendingCall, text: String) -> EventBody {
 fn resolution_events(turn: TurnId, resolved: &Resolved) -> Vec<Draft> {
     let call = resolved.call;
     let tool_use_id = call.event_id.to_string();
+    let tool_call_id = Some(call.tool_call_id.clone());
     let bodies = match resolved.input {
         Input::Result { content, is_error, .. } => vec![EventBody::UserCustomToolResult {
             custom_tool_use_id: tool_use_id,
             content: content.clone(),
             is_error: *is_error,
+            tool_call_id,
         }],
-        Input::Permission { granted: true, .. } => {
-            vec![EventBody::UserToolConfirmation { tool_use_id, result: Confirmation::Allow, deny_message: None }]
-        }
+        Input::Permission { granted: true, .. } => vec![EventBody::UserToolConfirmation {
+            tool_use_id,
+            result: Confirmation::Allow,
+            deny_message: None,
+            tool_call_id,
+        }],
         Input::Permission { granted: false, reason, .. } => {
             let text = match reason.as_deref().filter(|r| !r.is_empty()) {
                 Some(reason) => format!("Tool call denied: {reason}"),
@@ -334,6 +368,7 @@ fn resolution_events(turn: TurnId, resolved: &Resolved) -> Vec<Draft> {
                     tool_use_id,
                     result: Confirmation::Deny,
                     deny_message: reason.clone(),
+                    tool_call_id,
                 },
                 tool_result(call, text),
             ]
@@ -394,7 +429,7 @@ mod tests {
         assert_eq!((decision.start, decision.cancel), (Some(turn), false));
         let running = fold(&decision.drafts);
         let refused = decide(&running, &message, None, TurnId::generate()).unwrap_err();
-        assert!(matches!(refused, SessionError::Conflict(ref m) if m.contains("a turn is running")), "{refused}");
+        assert!(matches!(refused, SessionError::Busy(ref m) if m.contains("a turn is running")), "{refused}");
         let interrupt = decide(&running, &submission(vec![Input::Interrupt]), None, TurnId::generate()).unwrap();
         assert_eq!((kinds(&interrupt), interrupt.cancel), (vec!["user.interrupt"], true));
     }

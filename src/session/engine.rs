@@ -49,6 +49,9 @@ pub enum Input {
     },
     /// Cancels the running turn (or the calls waiting for the client).
     Interrupt,
+    /// Cancels the running turn, if one runs; nothing else. Calls that wait for the client
+    /// keep waiting (the harness sees a turn that waits as ended).
+    Cancel,
     Outcome(Value),
 }
 
@@ -91,6 +94,20 @@ pub struct Submission {
     pub all_at_once: bool,
     /// What a user message does while a turn runs.
     pub when_busy: WhenBusy,
+    /// The turn a turn this submission starts must follow.
+    pub follows: Follows,
+}
+
+/// The turn a new turn must follow: the session's last, whichever it is (every view but the
+/// harness), or one the client names (the harness's `previous_turn_id`), so that two
+/// clients that both saw turn A cannot both chain a turn to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Follows {
+    #[default]
+    Latest,
+    /// No turn: the new turn must be the session's first.
+    Nothing,
+    Turn(TurnId),
 }
 
 /// What a user message does while a turn runs: refused (AAP, native), or stored and

@@ -19,7 +19,7 @@ pub mod turn;
 
 pub use catalog::Catalog;
 pub use coalesce::Coalescer;
-pub use engine::{AgentChanges, EngineSettings, Input, SessionUpdate, Submission, Submitted, WhenBusy};
+pub use engine::{AgentChanges, EngineSettings, Follows, Input, SessionUpdate, Submission, Submitted, WhenBusy};
 pub use follow::{FollowError, Follower};
 pub use sessions::{Activity, EventPage, EventQuery, ListFilter, Page, Sessions, TimeBounds, TurnQuery};
 
@@ -101,6 +101,12 @@ pub enum SessionError {
     UnknownCursor(String),
     #[error("{0}")]
     Conflict(String),
+    /// A turn runs, and the input needs the session idle.
+    #[error("{0}")]
+    Busy(String),
+    /// The turn the client named as the one its new turn follows is not the session's last.
+    #[error("{0}")]
+    PreviousTurn(String),
     #[error("{0}")]
     Invalid(String),
     #[error("{0}")]

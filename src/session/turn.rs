@@ -319,6 +319,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
         usage: request_usage,
         is_error,
         model_request_start_id: start_id,
+        stop_reason: stop,
     });
     let events = append(ctx, bodies).await?;
     if !parts.is_empty() {

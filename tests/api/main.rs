@@ -1,6 +1,7 @@
 mod auth;
 mod crash;
 mod events;
+mod harness;
 mod helpers;
 mod managed;
 mod ops;

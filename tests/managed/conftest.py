@@ -2,76 +2,30 @@
 and a configured agent whose calculator asks for permission, and gives tests the official
 `anthropic` SDK pointed at it, in strict mode."""
 
-import hashlib
-import os
 import pathlib
-import subprocess
+import sys
 import tempfile
 
 import anthropic
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BINARY = os.environ.get("TURNLOG_BIN", str(ROOT / "target" / "debug" / "turnlog"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from turnlog_server import Server, keys  # noqa: E402
+
 ALICE, BOB = "alice-key", "bob-key"
 
-
-def sha256(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-CONFIG = f"""
-[[auth.keys]]
-subject = "alice"
-sha256 = "{sha256(ALICE)}"
-
-[[auth.keys]]
-subject = "bob"
-sha256 = "{sha256(BOB)}"
-
+CONFIG = keys(alice=ALICE, bob=BOB) + """
 [agents.assistant]
 description = "Scripted, with a calculator that asks and a clock that does not"
-model = {{ provider = "scripted", name = "scripted" }}
-tools = {{ calculator = "ask", current_time = "allow" }}
+model = { provider = "scripted", name = "scripted" }
+tools = { calculator = "ask", current_time = "allow" }
 """
-
-
-class Server:
-    """The real binary on `port` (0: any free one) over `root`'s data dir; `restart` keeps both."""
-
-    def __init__(self, root: str, port: int = 0):
-        self.root = pathlib.Path(root)
-        (self.root / "config.toml").write_text(CONFIG)
-        self.port = port
-        self.start()
-
-    def start(self):
-        log = open(self.root / "server.log", "a")
-        self.process = subprocess.Popen(
-            [BINARY, "serve", "--addr", f"127.0.0.1:{self.port}", "--data-dir", str(self.root / "data"),
-             "--config", str(self.root / "config.toml")],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
-        line = self.process.stdout.readline()
-        assert line.startswith("listening on "), f"turnlog did not start: {line!r}"
-        self.url = line.removeprefix("listening on ").strip()
-        self.port = int(self.url.rsplit(":", 1)[1])
-
-    def stop(self):
-        self.process.terminate()
-        assert self.process.wait(timeout=30) == 0, "turnlog stops cleanly"
-
-    def restart(self):
-        self.stop()
-        self.start()
 
 
 @pytest.fixture(scope="session")
 def server():
     with tempfile.TemporaryDirectory() as root:
-        running = Server(root)
+        running = Server(root, CONFIG)
         yield running.url
         running.stop()
 
@@ -80,7 +34,7 @@ def server():
 def own_server():
     """A server of the test's own, which it may restart (on the same port)."""
     with tempfile.TemporaryDirectory() as root:
-        running = Server(root)
+        running = Server(root, CONFIG)
         yield running
         running.stop()
 

@@ -4,7 +4,7 @@ use actix_web::{web, HttpResponse};
 
 use super::wire::{CreateSession, Created, ListQuery, SessionInfo, SessionList};
 use crate::api::auth::Auth;
-use crate::api::body::{JsonBody, Query};
+use crate::api::body::{utc_time, JsonBody, Query};
 use crate::api::{Error, State};
 use crate::error::ApiError;
 use crate::session::{ListFilter, TimeBounds};
@@ -41,13 +41,6 @@ pub async fn list(state: State, Auth(caller, _): Auth, query: Query<ListQuery>) 
     let page = state.sessions.list(&caller, &filter).await?;
     let next = if page.has_more { page.items.last().map(|s| s.id.to_string()) } else { None };
     Ok(HttpResponse::Ok().json(SessionList { sessions: page.items.iter().map(SessionInfo::from).collect(), next }))
-}
-
-/// An RFC 3339 time as stored (UTC, microseconds), to compare like with like.
-fn utc_time(name: &str, time: &str) -> Result<String, ApiError> {
-    chrono::DateTime::parse_from_rfc3339(time)
-        .map(|t| t.with_timezone(&chrono::Utc).to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
-        .map_err(|e| ApiError::invalid(format!("invalid query `{name}`: not an RFC 3339 time: {e}")))
 }
 
 pub async fn get(state: State, Auth(caller, _): Auth, path: web::Path<String>) -> Result<HttpResponse, Error> {

@@ -55,13 +55,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             )
             .route("/sessions/{session_id}/events/stream", web::get().to(events::stream))
             .configure(catalog::routes)
-            .default_service(web::to(no_route)),
+            .default_service(web::to(super::no_route::<Managed>)),
     );
-}
-
-async fn no_route(req: actix_web::HttpRequest) -> Result<HttpResponse, Error> {
-    let message = format!("no route for {} {}", req.method(), req.path());
-    Err(ApiError::new(crate::error::Code::NotFound, message).into())
 }
 
 /// A page as the SDK's cursor pages want it: `next_page` null at the end, or it loops.
@@ -79,15 +74,10 @@ fn limit(asked: Option<usize>, default: usize, max: usize) -> Result<usize, ApiE
     }
 }
 
-/// An RFC 3339 time as stored (UTC, microseconds), so that times compare as text.
-fn utc_time(name: &str, time: &str) -> Result<String, ApiError> {
-    chrono::DateTime::parse_from_rfc3339(time)
-        .map(|t| t.with_timezone(&chrono::Utc).to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
-        .map_err(|e| ApiError::invalid(format!("invalid query `{name}`: not an RFC 3339 time: {e}")))
-}
-
 fn time_bounds(field: &str, query: wire::TimeQuery) -> Result<crate::session::TimeBounds, ApiError> {
-    let bound = |op: &str, value: Option<String>| value.map(|t| utc_time(&format!("{field}[{op}]"), &t)).transpose();
+    let bound = |op: &str, value: Option<String>| {
+        value.map(|t| super::body::utc_time(&format!("{field}[{op}]"), &t)).transpose()
+    };
     Ok(crate::session::TimeBounds {
         gt: bound("gt", query.gt)?,
         gte: bound("gte", query.gte)?,

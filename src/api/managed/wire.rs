@@ -202,11 +202,11 @@ pub fn event(e: &Event) -> Option<Value> {
             json!({"type": "user.message", "id": id, "content": self::content(content, false), "processed_at": at})
         }
         EventBody::UserInterrupt {} => json!({"type": "user.interrupt", "id": id, "processed_at": at}),
-        EventBody::UserToolConfirmation { tool_use_id, result, deny_message } => json!({
+        EventBody::UserToolConfirmation { tool_use_id, result, deny_message, .. } => json!({
             "type": "user.tool_confirmation", "id": id, "tool_use_id": tool_use_id, "result": result,
             "deny_message": deny_message, "processed_at": at,
         }),
-        EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error } => json!({
+        EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => json!({
             "type": "user.custom_tool_result", "id": id, "custom_tool_use_id": custom_tool_use_id,
             "content": self::content(content, true), "is_error": is_error, "processed_at": at,
         }),

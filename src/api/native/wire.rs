@@ -79,12 +79,12 @@ pub fn user_event(i: usize, value: Value) -> Result<EventBody, ApiError> {
             }
             "user.tool_confirmation" => {
                 let ToolConfirmation { tool_use_id, result, deny_message } = serde_path_to_error::deserialize(fields)?;
-                EventBody::UserToolConfirmation { tool_use_id, result, deny_message }
+                EventBody::UserToolConfirmation { tool_use_id, result, deny_message, tool_call_id: None }
             }
             _ => {
                 let CustomToolResult { custom_tool_use_id, content, is_error } =
                     serde_path_to_error::deserialize(fields)?;
-                EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error }
+                EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, tool_call_id: None }
             }
         })
     };

@@ -128,6 +128,28 @@ fn raw_event(key: &[u8], value: IVec) -> RawEvent {
     RawEvent::stored(id, bytes_of(value))
 }
 
+/// How long opening waits for the directory's lock when another handle holds it.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Opens the database, waiting up to [`LOCK_WAIT`] for its lock. A log this process has
+/// just closed lets its lock go only once sled's IO threads drop their last handle to the
+/// file, a moment after `close` returns; a lock another process holds stays held, and
+/// opening fails with sled's error naming the directory.
+fn open_locked(config: &::sled::Config) -> Result<::sled::Db, ::sled::Error> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match config.open() {
+            Err(::sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(::sled::Error::Io(e));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            opened => return opened,
+        }
+    }
+}
+
 /// The durable log in sled.
 #[derive(Clone)]
 pub struct SledLog {
@@ -148,7 +170,7 @@ impl SledLog {
             .flush_every_ms(None)
             .mode(::sled::Mode::HighThroughput);
         let db = match &config.path {
-            Some(path) => sled_config.path(path).open()?,
+            Some(path) => open_locked(&sled_config.path(path))?,
             None => sled_config.temporary(true).open()?,
         };
         let events = db.open_tree("events")?;

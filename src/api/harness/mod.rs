@@ -1,0 +1,88 @@
+//! The agent harness view (seed 004, TrueFoundry's Agent Harness turn API): sessions of a
+//! saved agent, turns that chain one to the next, each turn's events as an SSE stream with
+//! integer sequence numbers, resumable after any of them, and its lists, so that the
+//! official `truefoundry-gateway-sdk` runs against turnlog unchanged. A view of the one
+//! log: it parses the SDK's shapes, calls the session layer, and renders each turn through
+//! one fold ([`fold::TurnFold`]).
+
+mod fold;
+mod sessions;
+mod turns;
+mod wire;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpResponse};
+use serde_json::{json, Value};
+
+use super::error::Render;
+use crate::error::{ApiError, Code};
+
+/// The harness's error shape, `{"error":{"message","type","code"}}`, with its statuses: 412
+/// where the session's state does not allow the call yet (a turn runs, or the turn named as
+/// the previous one is not the last), 422 where the input does not fit the state (a message
+/// while calls wait, an answer to no waiting call). Never a 409 for those: the SDK retries
+/// a 409 on its own.
+pub struct Harness;
+
+impl Render for Harness {
+    fn render(error: &ApiError) -> HttpResponse {
+        let status = match error.code {
+            Code::UnknownCursor => StatusCode::BAD_REQUEST,
+            Code::Busy | Code::PreviousTurn => StatusCode::PRECONDITION_FAILED,
+            Code::Conflict => StatusCode::UNPROCESSABLE_ENTITY,
+            _ => super::error::status(error),
+        };
+        let body = json!({"error": {"message": error.message, "type": error.code.kind(), "code": error.code.code()}});
+        HttpResponse::build(status).json(body)
+    }
+}
+
+type Error = super::Error<Harness>;
+use super::auth::Auth;
+type Json<T> = super::body::JsonBody<T, Harness>;
+type Query<T> = super::body::Query<T, Harness>;
+
+/// Under `/v1/agents/sessions`; registered before the managed-agents view's `/v1` scope,
+/// whose `/v1/agents/{agent_id}` would take these paths otherwise.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::scope("/v1/agents/sessions")
+            .service(web::resource("").route(web::get().to(sessions::list)).route(web::post().to(sessions::create)))
+            .route("/{session_id}", web::get().to(sessions::get))
+            .route("/{session_id}/cancel", web::post().to(sessions::cancel))
+            .route("/{session_id}/events", web::get().to(sessions::events))
+            .service(
+                web::resource("/{session_id}/turns")
+                    .route(web::get().to(turns::list))
+                    .route(web::post().to(turns::create)),
+            )
+            .route("/{session_id}/turns/{turn_id}", web::get().to(turns::get))
+            .route("/{session_id}/turns/{turn_id}/subscribe", web::post().to(turns::subscribe))
+            .route("/{session_id}/turns/{turn_id}/events", web::get().to(turns::events))
+            .default_service(web::to(super::no_route::<Harness>)),
+    );
+}
+
+/// `limit` as asked (1 to `max`; more is refused, as the harness does), or `default`.
+fn limit(asked: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    match asked {
+        None => Ok(default),
+        Some(n) if (1..=max).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::invalid(format!("invalid query `limit`: {n} is not between 1 and {max}"))),
+    }
+}
+
+/// A page: `pagination.limit` always (the SDK needs it), `next_page_token` only when more
+/// exists.
+fn page(data: Vec<Value>, limit: usize, next: Option<String>) -> HttpResponse {
+    let mut pagination = json!({"limit": limit});
+    if let Some(next) = next {
+        pagination["next_page_token"] = json!(next);
+    }
+    HttpResponse::Ok().json(json!({"data": data, "pagination": pagination}))
+}
+
+/// A page token that does not parse.
+fn bad_token(token: &str) -> ApiError {
+    ApiError::invalid(format!("invalid query `page_token`: {token:?} is not a token this listing gave"))
+}

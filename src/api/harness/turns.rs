@@ -1,0 +1,252 @@
+//! Turns: create one (streamed, or answered at once with the running turn), list and get
+//! them, subscribe to one from any sequence number, and list a finished turn's events.
+
+use std::time::Duration;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::BytesMut;
+use serde_json::{json, Value};
+
+use super::fold::{Item, TurnFold};
+use super::wire::{self, CreateTurn, ListTurnEvents, ListTurns, Subscribe};
+use super::{bad_token, limit, page, Auth, Error, Harness, Json, Query};
+use crate::api::body::{newest_first, parse_json};
+use crate::api::sse::{self, Flow, Follow};
+use crate::api::State;
+use crate::domain::{RawEvent, TurnId};
+use crate::error::ApiError;
+use crate::projection::{SessionSummary, TurnSummary};
+use crate::session::{Cursor, EventQuery, Follower, SessionError, Submission, TurnQuery};
+
+/// `POST /turns`: the turn starts from its input and streams (SSE) unless `stream` is
+/// false, when the answer is the running turn. The turn is the session's: a client that
+/// goes away does not stop it.
+pub async fn create(
+    state: State,
+    Auth(caller, _): Auth<Harness>,
+    path: web::Path<String>,
+    body: Json<CreateTurn>,
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
+    let CreateTurn { input, previous_turn_id, stream } = body.0;
+    let inputs = wire::inputs(input)?;
+    let follows = wire::follows(previous_turn_id.as_deref())?;
+    // Counted and following from the current end before the turn starts, so that every
+    // event of the turn is seen and a refused stream starts nothing.
+    let live = match stream {
+        true => {
+            let guard = state.streams.open(&caller.subject, state.settings.streams.max_streams_per_subject)?;
+            Some((guard, state.sessions.follow_live(&summary).await?))
+        }
+        false => None,
+    };
+    let submission = Submission { inputs, all_at_once: true, follows, ..Submission::default() };
+    let submitted = state.sessions.submit(&summary, submission).await?;
+    let turn = submitted.turn.ok_or_else(|| ApiError::internal("a turn request started no turn"))?;
+    tracing::debug!(session_id = %summary.id, turn_id = %turn, "turn started");
+    let previous = previous(&state, &summary, turn).await?;
+    let fold = TurnFold::new(&summary, turn, previous);
+    match live {
+        Some((guard, follower)) => Ok(respond(&state, guard, follower, fold, 0)),
+        None => {
+            let mut fold = fold;
+            for event in &submitted.events {
+                fold.push(event);
+            }
+            Ok(HttpResponse::Ok().json(json!({"data": fold.turn()})))
+        }
+    }
+}
+
+/// The session's turns, newest first.
+pub async fn list(
+    state: State,
+    Auth(caller, _): Auth<Harness>,
+    path: web::Path<String>,
+    query: Query<ListTurns>,
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
+    let query = query.0;
+    let limit = limit(query.limit, 10, 100)?;
+    let before = match &query.page_token {
+        Some(token) => Some(token.parse::<TurnId>().map_err(|_| bad_token(token))?),
+        None => None,
+    };
+    // One more than the page: the turn before the page's last is that one's previous turn.
+    let found = state.sessions.turns(&summary, TurnQuery { before, limit: limit + 1 }).await?;
+    let mut data = Vec::new();
+    for (i, turn) in found.items.iter().take(limit).enumerate() {
+        let previous = found.items.get(i + 1).map(|t| t.id);
+        let (fold, _) = folded(&state, &summary, turn, previous).await?;
+        data.push(fold.turn());
+    }
+    let next = (found.items.len() > limit).then(|| found.items[limit - 1].id.to_string());
+    Ok(page(data, limit, next))
+}
+
+pub async fn get(
+    state: State,
+    Auth(caller, _): Auth<Harness>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, Error> {
+    let (session, turn) = path.into_inner();
+    let summary = state.sessions.get(&caller, &session).await?;
+    let turn = state.sessions.turn(&summary, &turn).await?;
+    let previous = previous(&state, &summary, turn.id).await?;
+    let (fold, _) = folded(&state, &summary, &turn, previous).await?;
+    Ok(HttpResponse::Ok().json(json!({"data": fold.turn()})))
+}
+
+/// The turn's stream from its start, or after a sequence number: `Last-Event-Id` if sent,
+/// else the body's `after_sequence_number` (exclusive). Any turn, running or not: a
+/// finished one replays to its `turn.done`.
+pub async fn subscribe(
+    state: State,
+    Auth(caller, _): Auth<Harness>,
+    path: web::Path<(String, String)>,
+    request: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, Error> {
+    let (session, turn) = path.into_inner();
+    let summary = state.sessions.get(&caller, &session).await?;
+    let turn = state.sessions.turn(&summary, &turn).await?;
+    let asked: Subscribe = if body.is_empty() { Subscribe::default() } else { parse_json(&body)? };
+    let header = request.headers().get("last-event-id").map(|v| {
+        let text = v.to_str().unwrap_or_default().trim();
+        text.parse::<u64>().map_err(|_| {
+            ApiError::invalid(format!("invalid header `Last-Event-Id`: {text:?} is not a sequence number"))
+        })
+    });
+    let after = match header {
+        Some(number) => number?,
+        None => asked.after_sequence_number.unwrap_or(0),
+    };
+    if after > 0 {
+        known_number(&state, &summary, &turn, after).await?;
+    }
+    let guard = state.streams.open(&caller.subject, state.settings.streams.max_streams_per_subject)?;
+    let follower = state.sessions.follow(&summary, Some(Cursor::Turn { turn: turn.id, sequence: 0 })).await?;
+    let previous = previous(&state, &summary, turn.id).await?;
+    Ok(respond(&state, guard, follower, TurnFold::new(&summary, turn.id, previous), after))
+}
+
+/// Refuses a sequence number that names no event of the turn.
+async fn known_number(state: &State, summary: &SessionSummary, turn: &TurnSummary, after: u64) -> Result<(), Error> {
+    let unknown = || {
+        ApiError::invalid(format!(
+            "invalid `after_sequence_number`: {after} is not a sequence number of turn {}",
+            turn.id
+        ))
+    };
+    let sequence = u32::try_from(after / 10).map_err(|_| unknown())?;
+    let query = EventQuery { after: Some(Cursor::Turn { turn: turn.id, sequence }), limit: 0, ..EventQuery::default() };
+    match state.sessions.events(summary, query).await {
+        Ok(_) => Ok(()),
+        Err(SessionError::UnknownCursor(_)) => Err(unknown().into()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// A finished turn's events: whole messages, tool responses and the actions it waits for
+/// (no `turn.created`/`turn.done`, no deltas), oldest first unless `order=desc`. The page
+/// token is the last event's sequence number.
+pub async fn events(
+    state: State,
+    Auth(caller, _): Auth<Harness>,
+    path: web::Path<(String, String)>,
+    query: Query<ListTurnEvents>,
+) -> Result<HttpResponse, Error> {
+    let (session, turn) = path.into_inner();
+    let summary = state.sessions.get(&caller, &session).await?;
+    let turn = state.sessions.turn(&summary, &turn).await?;
+    let query = query.0;
+    let limit = limit(query.limit, 25, 25)?;
+    let newest_first = newest_first(query.order.as_deref(), false)?;
+    let from = match &query.page_token {
+        Some(token) => Some(token.parse::<u64>().map_err(|_| bad_token(token))?),
+        None => None,
+    };
+    if turn.stop.is_none() {
+        let message =
+            format!("turn {} is running: its events list once it has ended; subscribe to it for them live", turn.id);
+        return Err(SessionError::Busy(message).into());
+    }
+    let previous = previous(&state, &summary, turn.id).await?;
+    let (_, items) = folded(&state, &summary, &turn, previous).await?;
+    let mut listed: Vec<Item> = items.into_iter().filter(|i| i.place.in_turn_list()).collect();
+    if newest_first {
+        listed.reverse();
+    }
+    let mut listed: Vec<Item> = listed
+        .into_iter()
+        .filter(|i| from.is_none_or(|from| if newest_first { i.id < from } else { i.id > from }))
+        .take(limit + 1)
+        .collect();
+    let more = listed.len() > limit;
+    listed.truncate(limit);
+    let next = more.then(|| listed.last().map(|i| i.id.to_string())).flatten();
+    Ok(page(listed.into_iter().map(|i| i.event).collect(), limit, next))
+}
+
+/// The turn before `turn`: the one it follows.
+pub(super) async fn previous(
+    state: &State,
+    summary: &SessionSummary,
+    turn: TurnId,
+) -> Result<Option<TurnId>, SessionError> {
+    let before = state.sessions.turns(summary, TurnQuery { before: Some(turn), limit: 1 }).await?;
+    Ok(before.items.first().map(|t| t.id))
+}
+
+/// A turn's events so far, folded: the fold (for the `Turn` object) and every harness
+/// event it made.
+pub(super) async fn folded(
+    state: &State,
+    summary: &SessionSummary,
+    turn: &TurnSummary,
+    previous: Option<TurnId>,
+) -> Result<(TurnFold, Vec<Item>), SessionError> {
+    let events: Vec<RawEvent> = state.sessions.turn_events(summary, turn, 0, usize::MAX).await?;
+    let mut fold = TurnFold::new(summary, turn.id, previous);
+    let items = events.iter().flat_map(|event| fold.push(event)).collect();
+    Ok((fold, items))
+}
+
+/// The turn's stream: every frame after `after` with its sequence number as `id:`, to its
+/// `turn.done`, with `: ping` comments between.
+fn respond(
+    state: &State,
+    guard: crate::api::StreamGuard,
+    follower: Follower,
+    mut fold: TurnFold,
+    after: u64,
+) -> HttpResponse {
+    let settings = &state.settings.streams;
+    let body = sse::follow(
+        Follow {
+            preamble: None,
+            follower,
+            heartbeat: Duration::from_millis(settings.heartbeat_ms),
+            merge_window: None,
+            shutdown: state.shutdown.clone(),
+            guard,
+        },
+        move |out: &mut BytesMut, raw: &RawEvent| {
+            for item in fold.push(raw).into_iter().filter(|i| i.place.streamed() && i.id > after) {
+                frame(out, &item);
+            }
+            if fold.ended() {
+                Flow::End
+            } else {
+                Flow::Continue
+            }
+        },
+    );
+    crate::api::native::sse_response().streaming(body)
+}
+
+fn frame(out: &mut BytesMut, item: &Item) {
+    let kind = item.event.get("type").and_then(Value::as_str).unwrap_or("message");
+    let data = serde_json::to_vec(&item.event).expect("events serialise");
+    sse::frame(out, Some(&item.id.to_string()), kind, &data);
+}

@@ -1,0 +1,219 @@
+//! The harness's request shapes, as `truefoundry-gateway-sdk` sends them, and the input of a
+//! turn read into the session layer's [`Input`].
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::fold::{subject, THREAD};
+use crate::domain::{Block, TurnId};
+use crate::error::ApiError;
+use crate::projection::SessionSummary;
+use crate::session::{Follows, Input};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    pub agent_name: String,
+    #[serde(default)]
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListSessions {
+    pub agent_name: String,
+    pub limit: Option<usize>,
+    pub order: Option<String>,
+    pub page_token: Option<String>,
+    pub start_timestamp: Option<String>,
+    pub end_timestamp: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTurn {
+    #[serde(default)]
+    pub input: Option<Vec<Value>>,
+    #[serde(default)]
+    pub previous_turn_id: Option<String>,
+    #[serde(default = "streamed")]
+    pub stream: bool,
+}
+
+fn streamed() -> bool {
+    true
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Subscribe {
+    #[serde(default)]
+    pub after_sequence_number: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListTurns {
+    pub limit: Option<usize>,
+    pub page_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListTurnEvents {
+    pub limit: Option<usize>,
+    pub order: Option<String>,
+    pub page_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListSessionEvents {
+    pub limit: Option<usize>,
+    pub last_turn_id: Option<String>,
+    pub page_token: Option<String>,
+}
+
+/// A session as the SDK's `Session` model has it.
+pub fn session(summary: &SessionSummary) -> Value {
+    let mut session = json!({
+        "type": "session",
+        "id": summary.id.to_string(),
+        "agent_name": summary.spec.agent.name,
+        "created_by_subject": subject(&summary.created_by),
+        "created_at": summary.created_at,
+        "updated_at": summary.updated_at,
+    });
+    if let Some(title) = &summary.spec.title {
+        session["title"] = json!(title);
+    }
+    session
+}
+
+/// The turn a new one follows: `auto` (the default), `none` (the session has no turn yet),
+/// or a turn id.
+pub fn follows(previous_turn_id: Option<&str>) -> Result<Follows, ApiError> {
+    match previous_turn_id {
+        None | Some("auto") => Ok(Follows::Latest),
+        Some("none") => Ok(Follows::Nothing),
+        Some(id) => id.parse::<TurnId>().map(Follows::Turn).map_err(|_| {
+            ApiError::invalid(format!(
+                "invalid field `previous_turn_id`: {id:?} is not \"auto\", \"none\" or a turn id (turn_…)"
+            ))
+        }),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", deny_unknown_fields)]
+enum Item {
+    #[serde(rename = "user.message")]
+    Message { content: Value },
+    #[serde(rename = "user.tool_approval")]
+    Approval { thread_id: String, tool_call_id: String, approval: Approval },
+    #[serde(rename = "user.tool_response")]
+    Response { thread_id: String, tool_call_id: String, content: String },
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "status", deny_unknown_fields)]
+enum Approval {
+    #[serde(rename = "allow")]
+    Allow {},
+    #[serde(rename = "deny")]
+    Deny {
+        #[serde(default)]
+        reason: Option<String>,
+    },
+}
+
+/// A turn's input: one user message, or a tool approval or response per waiting call (the
+/// session layer checks the calls and refuses a message mixed with them).
+pub fn inputs(items: Option<Vec<Value>>) -> Result<Vec<Input>, ApiError> {
+    let items = items.unwrap_or_default();
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "invalid field `input`: give a user.message, or a user.tool_approval or user.tool_response for each \
+             waiting tool call (turnlog has no MCP authorization to resume with an empty input)",
+        ));
+    }
+    items.into_iter().enumerate().map(|(i, item)| input(i, item)).collect()
+}
+
+fn input(i: usize, item: Value) -> Result<Input, ApiError> {
+    let field = |path: &str| if path == "." { format!("input[{i}]") } else { format!("input[{i}].{path}") };
+    let item: Item = serde_path_to_error::deserialize(item).map_err(|error| {
+        let path = error.path().to_string();
+        ApiError::invalid(format!("invalid field `{}`: {}", field(&path), error.into_inner()))
+    })?;
+    let thread = |thread_id: &str| {
+        if thread_id == THREAD {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(format!(
+                "invalid field `input[{i}].thread_id`: {thread_id:?}: a turnlog session has one thread, {THREAD:?}"
+            )))
+        }
+    };
+    Ok(match item {
+        Item::Message { content } => Input::Message(message_content(i, content)?),
+        Item::Approval { thread_id, tool_call_id, approval } => {
+            thread(&thread_id)?;
+            match approval {
+                Approval::Allow {} => Input::Permission { call: tool_call_id, granted: true, reason: None },
+                Approval::Deny { reason } => Input::Permission { call: tool_call_id, granted: false, reason },
+            }
+        }
+        Item::Response { thread_id, tool_call_id, content } => {
+            thread(&thread_id)?;
+            Input::Result { call: tool_call_id, content: vec![Block::text(content)], is_error: false }
+        }
+    })
+}
+
+/// A message's content: a string, or `text` and `file` parts (a file's `data` a base64
+/// data URI), stored as given.
+fn message_content(i: usize, content: Value) -> Result<Vec<Block>, ApiError> {
+    let bad = |at: String, why: &str| ApiError::invalid(format!("invalid field `input[{i}].content{at}`: {why}"));
+    let parts = match content {
+        Value::String(text) => return Ok(vec![Block::text(text)]),
+        Value::Array(parts) if !parts.is_empty() => parts,
+        Value::Array(_) => return Err(bad(String::new(), "at least one part is needed")),
+        _ => return Err(bad(String::new(), "a string or a list of text and file parts is expected")),
+    };
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(n, part)| {
+            let at = format!("[{n}]");
+            let block: Block = serde_json::from_value(part).map_err(|e| bad(at.clone(), &e.to_string()))?;
+            let string = |field: &str| block.rest.get(field).and_then(Value::as_str);
+            let fields: Vec<&str> = block.rest.keys().map(String::as_str).collect();
+            match block.kind.as_str() {
+                "text" if block.text.is_some() && fields.is_empty() => Ok(block),
+                "text" => Err(bad(at, "a text part is {\"type\":\"text\",\"text\":string}")),
+                "file" if fields.len() == 2 && string("name").is_some() => match string("data").map(data_uri) {
+                    Some(Ok(())) => Ok(block),
+                    Some(Err(why)) => Err(bad(format!("{at}.data"), &why)),
+                    None => Err(bad(format!("{at}.data"), "a string is required")),
+                },
+                "file" => Err(bad(at, "a file part is {\"type\":\"file\",\"name\":string,\"data\":string}")),
+                other => Err(bad(format!("{at}.type"), &format!("{other:?} is not \"text\" or \"file\""))),
+            }
+        })
+        .collect()
+}
+
+/// Checks `data:<mime>;base64,<payload>`.
+fn data_uri(data: &str) -> Result<(), String> {
+    let expected = "a data URI `data:<mime>;base64,<payload>` is expected";
+    let Some((mime, payload)) = data.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,")) else {
+        return Err(expected.to_string());
+    };
+    if !mime.contains('/') || mime.contains(',') {
+        return Err(format!("{mime:?} is not a MIME type; {expected}"));
+    }
+    let valid = payload.len() % 4 == 0
+        && payload.trim_end_matches('=').bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+        && payload.len() - payload.trim_end_matches('=').len() <= 2;
+    if !valid {
+        return Err("the payload is not base64".to_string());
+    }
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! The agent harness view over HTTP against the real binary, for what the official SDK
+//! cannot send (it drives the view in `tests/harness`): input it would not build, refused
+//! with the field named and nothing stored; files stored as given; `Last-Event-Id` over the
+//! body; turns made through other views, shown in the harness's shapes; its routes beside
+//! the managed-agents view's.
+
+use serde_json::{json, Value};
+
+use crate::helpers::{spawn_app, sse, take, Sse, TestApp};
+
+async fn post(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
+    let response = app.post(path).json(&body).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn get(app: &TestApp, path: &str) -> (u16, Value) {
+    let response = app.get(path).send().await.unwrap();
+    (response.status().as_u16(), response.json().await.unwrap_or(Value::Null))
+}
+
+async fn session(app: &TestApp) -> String {
+    let (status, made) = post(app, "/v1/agents/sessions", json!({"agent_name": "default"})).await;
+    assert_eq!(status, 200, "{made}");
+    made["data"]["id"].as_str().unwrap().to_string()
+}
+
+/// A turn, streamed to its end.
+async fn turn(app: &TestApp, session: &str, input: Value) -> Vec<Sse> {
+    let response = app.post(&format!("/v1/agents/sessions/{session}/turns")).json(&json!({"input": input})).send();
+    let mut frames = sse(response.await.unwrap());
+    let mut all = Vec::new();
+    while all.last().is_none_or(|f: &Sse| f.data["type"] != "turn.done") {
+        all.extend(take(&mut frames, 1, 10).await);
+    }
+    all
+}
+
+#[tokio::test]
+async fn the_harness_answers_beside_the_managed_view_in_its_own_shape() {
+    let app = spawn_app().await;
+    let (status, made) = post(&app, "/v1/agents/sessions", json!({"agent_name": "default", "title": "plans"})).await;
+    assert_eq!(status, 200, "{made}");
+    assert_eq!((made["data"]["type"].as_str(), made["data"]["title"].as_str()), (Some("session"), Some("plans")));
+    let (status, agents) = get(&app, "/v1/agents").await;
+    assert_eq!(status, 200, "the managed view's routes are where they were: {agents}");
+    assert!(agents["data"].is_array());
+
+    let (status, missing) = get(&app, "/v1/agents/sessions/sess_01J00000000000000000000000/turns").await;
+    assert_eq!(status, 404);
+    assert_eq!(missing.as_object().unwrap().keys().collect::<Vec<_>>(), ["error"], "{missing}");
+    assert!(missing["error"]["message"].as_str().unwrap().contains("not found"), "{missing}");
+    let (status, unknown) = get(&app, "/v1/agents/sessions/x/nothing/here").await;
+    assert_eq!((status, unknown["error"]["code"].as_str()), (404, Some("not_found")), "{unknown}");
+}
+
+#[tokio::test]
+async fn input_the_sdk_would_not_build_is_refused_naming_the_field_and_stores_nothing() {
+    let app = spawn_app().await;
+    let session = session(&app).await;
+    let path = format!("/v1/agents/sessions/{session}/turns");
+    let message = |content: Value| json!([{"type": "user.message", "content": content}]);
+    let cases = [
+        (json!({"input": message(json!([{"type": "file", "name": "a", "data": "nope"}]))}), "input[0].content[0].data"),
+        (
+            json!({"input": message(json!([{"type": "file", "name": "a", "data": "data:text/plain;base64,a$=="}]))}),
+            "not base64",
+        ),
+        (json!({"input": message(json!([{"type": "image", "url": "x"}]))}), "input[0].content[0].type"),
+        (json!({"input": message(json!([]))}), "input[0].content"),
+        (json!({"input": [{"type": "user.mesage", "content": "x"}]}), "input[0]"),
+        (json!({"input": [{"type": "user.message"}]}), "content"),
+        (json!({"input": message(json!("x")), "metadata": {}}), "metadata"),
+        (json!({"input": message(json!("x")), "previous_turn_id": "yesterday"}), "previous_turn_id"),
+        (json!({"input": []}), "input"),
+        (json!({"stream": false}), "input"),
+        (
+            json!({"input": [{"type": "user.tool_approval", "thread_id": "main", "tool_call_id": "c",
+                "approval": {"status": "maybe"}}]}),
+            "input[0]",
+        ),
+    ];
+    for (body, named) in cases {
+        let (status, refused) = post(&app, &path, body.clone()).await;
+        assert_eq!(status, 400, "{body} -> {refused}");
+        let message = refused["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{body}: {message:?} should name {named:?}");
+    }
+    let (_, log) = get(&app, &format!("/sessions/{session}/events")).await;
+    let kinds: Vec<&str> = log["data"].as_array().unwrap().iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["session.created"], "nothing refused was stored");
+}
+
+#[tokio::test]
+async fn a_file_is_stored_as_given_and_read_back_as_sent() {
+    let app = spawn_app().await;
+    let session = session(&app).await;
+    let parts = json!([
+        {"type": "text", "text": "what is in it?"},
+        {"type": "file", "name": "notes.txt", "data": "data:text/plain;base64,aGVsbG8="},
+    ]);
+    let input = json!([{"type": "user.message", "content": parts}]);
+    let path = format!("/v1/agents/sessions/{session}/turns");
+    let (status, turn) = post(&app, &path, json!({"input": input, "stream": false})).await;
+    assert_eq!(status, 200, "{turn}");
+    assert_eq!(turn["data"]["state"]["status"], "running", "answered at once, with the running turn");
+    assert_eq!(turn["data"]["input"], input);
+    let events = app.all_events(&session).await;
+    let stored = events.iter().find(|e| e["type"] == "user.message").unwrap();
+    assert_eq!(stored["content"], parts, "in the log as given");
+}
+
+#[tokio::test]
+async fn last_event_id_is_read_before_the_body() {
+    let app = spawn_app().await;
+    let session = session(&app).await;
+    let frames = turn(&app, &session, json!([{"type": "user.message", "content": "/words 5"}])).await;
+    let turn_id = frames[0].data["turn_id"].as_str().unwrap();
+    let subscribe = format!("/v1/agents/sessions/{session}/turns/{turn_id}/subscribe");
+    let response = app
+        .post(&subscribe)
+        .header("Last-Event-Id", &frames[2].id)
+        .json(&json!({"after_sequence_number": 0}))
+        .send()
+        .await
+        .unwrap();
+    let mut replay = sse(response);
+    let rest = take(&mut replay, frames.len() - 3, 10).await;
+    let ids = |frames: &[Sse]| frames.iter().map(|f| f.id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&rest), ids(&frames[3..]));
+    // A subscription with no body at all starts from the first frame.
+    let response = app.post(&subscribe).send().await.unwrap();
+    let mut replay = sse(response);
+    assert_eq!(ids(&take(&mut replay, frames.len(), 10).await), ids(&frames));
+
+    let (status, refused) = post(&app, &subscribe, json!({"after_sequence_number": -1})).await;
+    assert_eq!(status, 400, "{refused}");
+    let response = app.post(&subscribe).header("Last-Event-Id", "evt_1").send().await.unwrap();
+    assert_eq!(response.status(), 400);
+}
+
+#[tokio::test]
+async fn limits_and_page_tokens_are_checked() {
+    let app = spawn_app().await;
+    let session = session(&app).await;
+    let frames = turn(&app, &session, json!([{"type": "user.message", "content": "hi"}])).await;
+    let turn_id = frames[0].data["turn_id"].as_str().unwrap();
+    let base = format!("/v1/agents/sessions/{session}");
+    for (path, named) in [
+        (format!("{base}/turns/{turn_id}/events?limit=26"), "limit"),
+        (format!("{base}/turns/{turn_id}/events?page_token=soon"), "page_token"),
+        (format!("{base}/turns/{turn_id}/events?order=sideways"), "order"),
+        (format!("{base}/events?limit=101"), "limit"),
+        (format!("{base}/events?page_token={turn_id}"), "page_token"),
+        (format!("{base}/turns?page_token=sess_x"), "page_token"),
+        ("/v1/agents/sessions?agent_name=default&limit=0".to_string(), "limit"),
+        ("/v1/agents/sessions?agent_name=default&start_timestamp=monday".to_string(), "start_timestamp"),
+        ("/v1/agents/sessions".to_string(), "agent_name"),
+    ] {
+        let (status, refused) = get(&app, &path).await;
+        assert_eq!(status, 400, "{path}: {refused}");
+        assert!(refused["error"]["message"].as_str().unwrap().contains(named), "{path}: {refused}");
+    }
+}
+
+#[tokio::test]
+async fn turns_made_through_other_views_show_in_the_harness_shapes() {
+    let app = spawn_app().await;
+    let session = session(&app).await;
+    // An image, as the native and managed views take it: a `file` part with its data URI.
+    let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw=="}});
+    let message = json!({"type": "user.message", "content": [{"type": "text", "text": "look"}, image]});
+    assert_eq!(app.post_event(&session, message).await.status(), 200);
+    let mut listed = Value::Null;
+    for _ in 0..100 {
+        listed = get(&app, &format!("/v1/agents/sessions/{session}/turns")).await.1;
+        if listed["data"][0]["state"]["status"] == "done" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let turn = &listed["data"][0];
+    assert_eq!(turn["state"]["status"], "done", "{listed}");
+    assert_eq!(
+        turn["input"][0]["content"],
+        json!([{"type": "text", "text": "look"}, {"type": "file", "name": "image", "data": "data:image/png;base64,iVBORw=="}])
+    );
+    assert_eq!(turn["state"]["output"]["content"], "echo: look");
+}

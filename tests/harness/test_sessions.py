@@ -1,0 +1,57 @@
+"""Sessions through the official SDK: create, get, and list in pages, newest first or in
+order, within time bounds; unknown agents and other subjects' sessions are not found."""
+
+import pytest
+from truefoundry_gateway_sdk.errors import NotFoundError, UnauthorizedError
+
+from conftest import ALICE, sdk
+
+
+def test_a_session_is_made_for_a_saved_agent_and_read_back(client):
+    made = client.create_session(agent_name="helper")
+    assert made.id.startswith("sess_") and made.agent_name == "helper" and made.type == "session"
+    assert made.created_by_subject.subject_id == "alice"
+    read = client.get_session(made.id)
+    assert (read.id, read.agent_name, read.created_at, read.updated_at) == (
+        made.id, "helper", made.created_at, made.updated_at,
+    )
+
+
+def test_sessions_list_newest_first_in_pages_of_the_asked_size(client):
+    made = [client.create_session(agent_name="helper") for _ in range(5)]
+    since = made[0].created_at
+    pager = client.list_sessions(agent_name="helper", limit=2, start_timestamp=since)
+    assert [s.id for s in pager] == [s.id for s in reversed(made)]
+    pages = list(client.list_sessions(agent_name="helper", limit=2, start_timestamp=since).iter_pages())
+    assert [len(p.items) for p in pages] == [2, 2, 1]
+    assert [p.response.pagination.limit for p in pages] == [2, 2, 2]
+    assert [bool(p.response.pagination.next_page_token) for p in pages] == [True, True, False]
+
+    oldest_first = client.list_sessions(agent_name="helper", limit=3, order="asc", start_timestamp=since)
+    assert [s.id for s in oldest_first] == [s.id for s in made]
+    # Both bounds are inclusive.
+    window = client.list_sessions(agent_name="helper", start_timestamp=made[1].created_at,
+                                  end_timestamp=made[3].created_at)
+    assert [s.id for s in window] == [made[3].id, made[2].id, made[1].id]
+
+
+def test_an_unknown_agent_is_not_found(client):
+    with pytest.raises(NotFoundError) as error:
+        client.create_session(agent_name="nobody")
+    assert "nobody" in error.value.body.error.message
+    with pytest.raises(NotFoundError):
+        list(client.list_sessions(agent_name="nobody"))
+
+
+def test_another_subject_never_sees_a_session(client, other):
+    mine = client.create_session(agent_name="helper")
+    with pytest.raises(NotFoundError):
+        other.get_session(mine.id)
+    theirs = other.create_session(agent_name="helper")
+    listed = [s.id for s in other.list_sessions(agent_name="helper", start_timestamp=mine.created_at)]
+    assert listed == [theirs.id]
+
+
+def test_a_wrong_key_is_refused(server):
+    with pytest.raises(UnauthorizedError):
+        list(sdk(server, ALICE + "-not").list_sessions(agent_name="helper"))
