@@ -851,8 +851,11 @@ async fn a_cancel_stops_a_running_turn_and_nothing_else(log: Backend) {
         kinds_all(&cancelled.events.iter().map(|e| e.decode().unwrap()).collect::<Vec<_>>()),
         ["user.interrupt"]
     );
-    let events = g.then_events(mark).await;
-    assert_eq!(stop(&events).0, StopReason::Cancelled);
+    // Answered once the turn's end is recorded: the session takes a new turn at once.
+    let log = g.log().await;
+    assert_eq!(stop(&log[mark..]).0, StopReason::Cancelled);
+    let next = g.when(vec![text("again")]).await.unwrap();
+    assert!(next.turn.is_some(), "a new turn right after the cancel");
 }
 
 async fn a_turn_follows_the_turn_the_client_names(log: Backend) {

@@ -147,8 +147,9 @@ fn blocks(content: &[Block]) -> Vec<Value> {
 }
 
 fn file_block(file: &File) -> Value {
-    let source = json!({"type": "base64", "media_type": file.mime, "data": file.base64});
-    match file.mime {
+    let mime = file.mime.to_ascii_lowercase();
+    let source = json!({"type": "base64", "media_type": mime, "data": file.base64});
+    match mime.as_str() {
         "image/jpeg" | "image/png" | "image/gif" | "image/webp" => json!({"type": "image", "source": source}),
         "application/pdf" => json!({"type": "document", "source": source, "title": file.name}),
         _ => json!({"type": "text", "text": file.unsupported("images (JPEG, PNG, GIF, WebP) and PDFs")}),

@@ -154,7 +154,7 @@ fn user_part(block: &Block) -> Option<Value> {
         }
         "file" => {
             let file = block.file()?;
-            Some(match file.mime {
+            Some(match file.mime.to_ascii_lowercase().as_str() {
                 mime if mime.starts_with("image/") => json!({"type": "image_url", "image_url": {"url": file.data_uri}}),
                 "application/pdf" => {
                     json!({"type": "file", "file": {"filename": file.name, "file_data": file.data_uri}})

@@ -52,6 +52,8 @@ impl Block {
         let name = self.rest.get("name")?.as_str()?;
         let data_uri = self.rest.get("data")?.as_str()?;
         let (mime, base64) = data_uri.strip_prefix("data:")?.split_once(";base64,")?;
+        // `image/png`, without parameters such as `;charset=utf-8`.
+        let mime = mime.split(';').next().unwrap_or_default().trim();
         Some(File { name, mime, base64, data_uri })
     }
 }
@@ -60,6 +62,7 @@ impl Block {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct File<'a> {
     pub name: &'a str,
+    /// The MIME type without its parameters, as sent (compare without case).
     pub mime: &'a str,
     pub base64: &'a str,
     /// The whole `data:` URI.

@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::decide::{self, decide, idle, Decision};
-use super::engine::{Closing, Command, Engine, Submission, Submitted};
+use super::engine::{Closing, Command, Engine, Input, Submission, Submitted};
 use super::log::Writer;
 use super::turn::{self, Outcome, ToolPlan, TurnContext};
 use super::{rules, SessionError};
@@ -40,6 +40,9 @@ pub(super) struct Actor {
 enum AfterTurn {
     Close(Closing, oneshot::Sender<Result<(), SessionError>>),
     Stop(oneshot::Sender<()>),
+    /// The answer to a cancel: given once the turn's end is recorded, so that the session
+    /// takes a new turn as soon as the cancel is answered.
+    Answer(oneshot::Sender<Result<Submitted, SessionError>>, Submitted),
 }
 
 /// How many times a decision is made again when another writer got to the log first.
@@ -170,8 +173,13 @@ impl Actor {
     async fn handle(&mut self, command: Command) {
         match command {
             Command::Submit(submission, reply) => {
-                let result = self.submit(submission).await;
-                let _ = reply.send(result);
+                let cancels = submission.inputs.iter().any(|input| matches!(input, Input::Cancel));
+                match self.submit(submission).await {
+                    Ok(submitted) if cancels && self.running.is_some() && !submitted.events.is_empty() => {
+                        self.after_turn.push(AfterTurn::Answer(reply, submitted))
+                    }
+                    result => drop(reply.send(result)),
+                }
             }
             Command::TurnEnded(turn, outcome) => self.end_turn(turn, outcome).await,
             Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
@@ -261,7 +269,11 @@ impl Actor {
                 if actor.summary.deleted {
                     return Err(SessionError::NotFound(actor.session.to_string()));
                 }
-                if actor.summary.archived_at.is_some() {
+                // An archived session runs nothing: a cancel has nothing to do.
+                let only_cancels = submission.update.is_empty()
+                    && !submission.inputs.is_empty()
+                    && submission.inputs.iter().all(|input| matches!(input, Input::Cancel));
+                if actor.summary.archived_at.is_some() && !only_cancels {
                     return Err(SessionError::Conflict(format!(
                         "session {} is archived: it takes no input",
                         actor.session
@@ -384,6 +396,7 @@ impl Actor {
                     self.done = true;
                     let _ = reply.send(());
                 }
+                AfterTurn::Answer(reply, submitted) => drop(reply.send(Ok(submitted))),
             }
         }
     }

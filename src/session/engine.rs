@@ -49,8 +49,9 @@ pub enum Input {
     },
     /// Cancels the running turn (or the calls waiting for the client).
     Interrupt,
-    /// Cancels the running turn, if one runs; nothing else. Calls that wait for the client
-    /// keep waiting (the harness sees a turn that waits as ended).
+    /// Cancels the running turn, if one runs, and is answered once the turn's end is
+    /// recorded; nothing else. Calls that wait for the client keep waiting (the harness sees
+    /// a turn that waits as ended).
     Cancel,
     Outcome(Value),
 }

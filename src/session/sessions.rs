@@ -419,6 +419,18 @@ impl Sessions {
         Ok(out)
     }
 
+    /// The session's events with these ids, in the order given (ids not in its log are
+    /// left out): the queued messages a `turn.input` names, say.
+    pub async fn events_by_id(&self, session: &SessionSummary, ids: &[EventId]) -> Result<Vec<RawEvent>, SessionError> {
+        let mut found = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(event) = self.log.event(session.id, *id).await? {
+                found.push(self.as_processed(session, &event).await?);
+            }
+        }
+        Ok(found)
+    }
+
     /// The position from which to read after `cursor` (the start when `None`).
     async fn after(&self, session: &SessionSummary, cursor: Option<Cursor>) -> Result<Position, SessionError> {
         match cursor {

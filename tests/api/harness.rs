@@ -6,6 +6,8 @@
 
 use serde_json::{json, Value};
 
+use futures_util::StreamExt;
+
 use crate::helpers::{spawn_app, sse, take, Sse, TestApp};
 
 async fn post(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
@@ -28,12 +30,24 @@ async fn session(app: &TestApp) -> String {
 /// A turn, streamed to its end.
 async fn turn(app: &TestApp, session: &str, input: Value) -> Vec<Sse> {
     let response = app.post(&format!("/v1/agents/sessions/{session}/turns")).json(&json!({"input": input})).send();
-    let mut frames = sse(response.await.unwrap());
+    to_the_end(sse(response.await.unwrap())).await
+}
+
+/// A turn's frames to its `turn.done`, after which the stream must close.
+async fn to_the_end(mut frames: impl futures_util::Stream<Item = Sse> + Unpin) -> Vec<Sse> {
     let mut all = Vec::new();
     while all.last().is_none_or(|f: &Sse| f.data["type"] != "turn.done") {
         all.extend(take(&mut frames, 1, 10).await);
     }
+    let after = tokio::time::timeout(std::time::Duration::from_secs(10), frames.next()).await;
+    assert!(matches!(after, Ok(None)), "the stream closes after turn.done");
     all
+}
+
+/// An existing turn's frames, from its start to its `turn.done`.
+async fn subscribe(app: &TestApp, session: &str, turn: &str) -> Vec<Sse> {
+    let path = format!("/v1/agents/sessions/{session}/turns/{turn}/subscribe");
+    to_the_end(sse(app.post(&path).json(&json!({})).send().await.unwrap())).await
 }
 
 #[tokio::test]
@@ -124,14 +138,12 @@ async fn last_event_id_is_read_before_the_body() {
         .send()
         .await
         .unwrap();
-    let mut replay = sse(response);
-    let rest = take(&mut replay, frames.len() - 3, 10).await;
+    let rest = to_the_end(sse(response)).await;
     let ids = |frames: &[Sse]| frames.iter().map(|f| f.id.clone()).collect::<Vec<_>>();
     assert_eq!(ids(&rest), ids(&frames[3..]));
     // A subscription with no body at all starts from the first frame.
     let response = app.post(&subscribe).send().await.unwrap();
-    let mut replay = sse(response);
-    assert_eq!(ids(&take(&mut replay, frames.len(), 10).await), ids(&frames));
+    assert_eq!(ids(&to_the_end(sse(response)).await), ids(&frames));
 
     let (status, refused) = post(&app, &subscribe, json!({"after_sequence_number": -1})).await;
     assert_eq!(status, 400, "{refused}");
@@ -167,23 +179,96 @@ async fn limits_and_page_tokens_are_checked() {
 async fn turns_made_through_other_views_show_in_the_harness_shapes() {
     let app = spawn_app().await;
     let session = session(&app).await;
-    // An image, as the native and managed views take it: a `file` part with its data URI.
+    // An image, as the native and managed views take it, shows as a `file` part.
     let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw=="}});
     let message = json!({"type": "user.message", "content": [{"type": "text", "text": "look"}, image]});
-    assert_eq!(app.post_event(&session, message).await.status(), 200);
-    let mut listed = Value::Null;
-    for _ in 0..100 {
-        listed = get(&app, &format!("/v1/agents/sessions/{session}/turns")).await.1;
-        if listed["data"][0]["state"]["status"] == "done" {
-            break;
+    let response = app.post_event(&session, message).await;
+    assert_eq!(response.status(), 200);
+    let stored: Value = response.json().await.unwrap();
+    let turn_id = stored["data"][0]["turn_id"].as_str().unwrap().to_string();
+    let frames = subscribe(&app, &session, &turn_id).await;
+    let input = json!([{"type": "user.message", "content": [
+        {"type": "text", "text": "look"},
+        {"type": "file", "name": "image", "data": "data:image/png;base64,iVBORw=="},
+    ]}]);
+    assert_eq!(frames[0].data["input"], input);
+    let (_, turn) = get(&app, &format!("/v1/agents/sessions/{session}/turns/{turn_id}")).await;
+    assert_eq!(turn["data"]["input"], input);
+    assert_eq!(turn["data"]["state"]["output"]["content"], "echo: look");
+}
+
+#[tokio::test]
+async fn a_turn_that_takes_messages_the_managed_view_queued_shows_them_as_its_input() {
+    let app = spawn_app().await;
+    let session = session(&app).await;
+    let path = format!("/v1/agents/sessions/{session}/turns");
+    let slow = json!({"input": [{"type": "user.message", "content": "/delay 20\n/words 30"}], "stream": false});
+    let (status, running) = post(&app, &path, slow).await;
+    assert_eq!(status, 200, "{running}");
+    let first = running["data"]["id"].as_str().unwrap().to_string();
+    // Anthropic's API takes a message while a turn runs: it waits for the next turn.
+    let queued = json!({"events": [{"type": "user.message", "content": [{"type": "text", "text": "and then?"}]}]});
+    let (status, sent) = post(&app, &format!("/v1/sessions/{session}/events"), queued).await;
+    assert_eq!(status, 200, "{sent}");
+    assert!(sent["data"][0]["processed_at"].is_null(), "queued: {sent}");
+    assert_eq!(subscribe(&app, &session, &first).await.last().unwrap().data["state"]["status"], "done");
+
+    // The next turn starts on its own once the first ends: the log says which.
+    let mut log = sse(app.stream(&session, None, None).await);
+    let mut next_id = None;
+    while next_id.is_none() {
+        let event = take(&mut log, 1, 10).await.remove(0);
+        if event.event == "turn.started" && event.data["turn_id"] != first.as_str() {
+            next_id = event.data["turn_id"].as_str().map(String::from);
         }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let turn = &listed["data"][0];
-    assert_eq!(turn["state"]["status"], "done", "{listed}");
-    assert_eq!(
-        turn["input"][0]["content"],
-        json!([{"type": "text", "text": "look"}, {"type": "file", "name": "image", "data": "data:image/png;base64,iVBORw=="}])
-    );
-    assert_eq!(turn["state"]["output"]["content"], "echo: look");
+    let next_id = next_id.unwrap();
+    let frames = subscribe(&app, &session, &next_id).await;
+    let input = json!([{"type": "user.message", "content": "and then?"}]);
+    assert_eq!(frames[0].data["input"], input);
+    assert_eq!(frames[0].data["previous_turn_id"], first.as_str());
+    let (_, turn) = get(&app, &format!("{path}/{next_id}")).await;
+    assert_eq!(turn["data"]["input"], input);
+    assert_eq!(turn["data"]["state"]["output"]["content"], "echo: and then?");
+}
+
+#[tokio::test]
+async fn calls_a_seed_history_left_waiting_show_as_the_actions_a_turn_waits_for() {
+    let app = spawn_app().await;
+    let seed = json!({
+        "agent": {"name": "default", "tools": [{"name": "calculator", "trust": true}]},
+        "tools": [{"name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "The weather in Oslo, and 6*7?"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "toolCallId": "call_seed_1", "name": "calculator", "input": {"expression": "6*7"}},
+                {"type": "tool_use", "toolCallId": "call_seed_2", "name": "get_weather", "input": {"city": "Oslo"}},
+            ]},
+        ],
+    });
+    let made: Value = app.post("/sessions").json(&seed).send().await.unwrap().json().await.unwrap();
+    let session = made["sessionId"].as_str().unwrap();
+    let (_, turns) = get(&app, &format!("/v1/agents/sessions/{session}/turns")).await;
+    let state = &turns["data"][0]["state"];
+    assert_eq!(state["status"], "done", "{turns}");
+    let actions = state["required_actions"].as_array().unwrap();
+    let kinds: Vec<&str> = actions.iter().map(|a| a["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["tool.approval_required", "tool.response_required"]);
+    let message = &state["output"];
+    assert_eq!(message["tool_calls"][0]["id"], "call_seed_1");
+    let mut ids: Vec<&str> = actions.iter().map(|a| a["id"].as_str().unwrap()).collect();
+    ids.push(message["id"].as_str().unwrap());
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "every event has its own id: {turns}");
+    for action in actions {
+        assert_eq!(action["tool_calls"][0]["source_event_id"], message["id"]);
+    }
+    let answers = json!([
+        {"type": "user.tool_approval", "thread_id": "main", "tool_call_id": "call_seed_1", "approval": {"status": "allow"}},
+        {"type": "user.tool_response", "thread_id": "main", "tool_call_id": "call_seed_2", "content": "cold"},
+    ]);
+    let frames = turn(&app, session, answers).await;
+    let done = &frames.last().unwrap().data["state"];
+    assert_eq!(done["output"]["content"], "tool results: calculator=42; get_weather=cold");
 }

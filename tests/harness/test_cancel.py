@@ -14,6 +14,9 @@ def test_a_turn_cancelled_mid_stream_ends_cancelled_by_the_client(session):
         if item.event.type == "model.message.delta":
             turn.cancel()
             break
+    # The cancel is answered once the turn has ended: the next turn starts at once.
+    after, _ = run(session, message("and now?"))
+    assert after.state.output.content == "echo: and now?"
     seen += [(i.sequence_number, i.event) for i in stream]
     done = seen[-1][1]
     assert done.type == "turn.done" and [e.type for _, e in seen].count("turn.done") == 1
@@ -35,3 +38,12 @@ def test_a_sessions_cancel_is_idempotent_and_later_turns_work(session):
                              "tool_call_id": paused.state.required_actions[0].tool_calls[0].id,
                              "approval": {"status": "allow"}}])
     assert turn.state.output.content == "tool results: calculator=1"
+
+
+def test_a_failed_turn_ends_in_error_with_the_reason(session):
+    turn, frames = run(session, message("/error model_overloaded_error"))
+    state = frames[-1][1].state
+    assert state.status == "error" and "told to fail" in state.message
+    assert session.get_turn(turn.id).state.status == "error"
+    later, _ = run(session, message("still here"))
+    assert later.state.output.content == "echo: still here"

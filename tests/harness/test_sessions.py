@@ -4,7 +4,7 @@ order, within time bounds; unknown agents and other subjects' sessions are not f
 import pytest
 from truefoundry_gateway_sdk.errors import NotFoundError, UnauthorizedError
 
-from conftest import ALICE, sdk
+from conftest import ALICE, BOB, sdk
 
 
 def test_a_session_is_made_for_a_saved_agent_and_read_back(client):
@@ -50,6 +50,30 @@ def test_another_subject_never_sees_a_session(client, other):
     theirs = other.create_session(agent_name="helper")
     listed = [s.id for s in other.list_sessions(agent_name="helper", start_timestamp=mine.created_at)]
     assert listed == [theirs.id]
+
+
+def test_another_subject_reaches_nothing_of_a_session(server, client, session):
+    from truefoundry_gateway_sdk import TrueFoundryGateway
+    from truefoundry_gateway_sdk.core.api_error import ApiError
+
+    turn = session.prepare_turn(input=[{"type": "user.message", "content": "mine"}])
+    list(turn.execute())
+    raw = TrueFoundryGateway(base_url=server, api_key=BOB, max_retries=0).agents.sessions
+    calls = [
+        lambda: raw.get(session.id),
+        lambda: list(raw.list_turns(session.id)),
+        lambda: raw.get_turn(session.id, turn.id),
+        lambda: list(raw.list_turn_events(session.id, turn.id)),
+        lambda: list(raw.list_events(session.id)),
+        lambda: raw.cancel(session.id),
+        lambda: raw.create_turn(session.id, input=[{"type": "user.message", "content": "theirs"}]),
+        lambda: list(raw.subscribe_to_turn(session.id, turn.id)),
+    ]
+    for call in calls:
+        with pytest.raises(ApiError) as refused:
+            call()
+        assert refused.value.status_code == 404
+    assert [t.id for t in session.list_turns()] == [turn.id], "nothing was started"
 
 
 def test_a_wrong_key_is_refused(server):

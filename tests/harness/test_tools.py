@@ -90,3 +90,9 @@ def test_a_turn_while_another_runs_is_refused_not_retried(server, session):
     slow.cancel()
     assert [i.event.type for i in stream][-1] == "turn.done"
     assert [t.id for t in session.list_turns()] == [slow.id]
+
+
+def test_answers_may_be_sent_without_a_stream_and_polled(session):
+    paused, _ = run(session, message('/tool get_weather {"city": "Lima"}'))
+    state = session.prepare_turn(input=answers(paused, response="Mild")).execute(stream=False)
+    assert state.status == "done" and state.output.content == "tool results: get_weather=Mild"

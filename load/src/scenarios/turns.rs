@@ -1,12 +1,14 @@
 //! `turns`: turns/s and turn latency with the scripted model (no delay), in each AAP stream
-//! mode (`none`, `delta`, `message`); N clients, each on its own session, each with one
-//! turn in flight. The scripted model answers `echo: <text>`.
+//! mode (`none`, `delta`, `message`) and through the agent harness view's turn stream
+//! (`harness`); N clients, each on its own session, each with one turn in flight. The
+//! scripted model answers `echo: <text>`.
 //!
-//! Correctness: every turn must end with `end_turn` and answer exactly `echo: <text>`
-//! (the JSON messages in `none`, the concatenated `text_delta`s in `delta`, the `text`
-//! events in `message`, between `turn_start` and `turn_stop`); at the end each session's
-//! log must be well formed and hold one `user.message` and one `session.status_idle`
-//! (`end_turn`) per turn.
+//! Correctness: every turn must end with `end_turn` (`done`, for the harness) and answer
+//! exactly `echo: <text>` (the JSON messages in `none`, the concatenated `text_delta`s in
+//! `delta`, the `text` events in `message`, between `turn_start` and `turn_stop`; the
+//! `model.message.delta` contents between `turn.created` and `turn.done`, each frame with
+//! a greater integer id); at the end each session's log must be well formed and hold one
+//! `user.message` and one `session.status_idle` (`end_turn`) per turn.
 
 use std::time::{Duration, Instant};
 
@@ -33,8 +35,8 @@ pub struct Params {
     /// Stop a mode after this many turns even if time is left.
     #[arg(long, default_value_t = 1_000_000)]
     pub count: u64,
-    /// The AAP stream modes to measure, in order.
-    #[arg(long, value_delimiter = ',', default_value = "none,delta,message")]
+    /// The AAP stream modes to measure, in order (`harness`: the harness view's stream).
+    #[arg(long, value_delimiter = ',', default_value = "none,delta,message,harness")]
     pub modes: Vec<String>,
     /// Hard stop for the whole scenario, in seconds (default: modes x duration + 60).
     #[arg(long)]
@@ -153,18 +155,24 @@ async fn turns_in_mode(api: &Api, sessions: &[String], mode: &str, p: &Params, d
 
 /// One turn in `mode`; fails unless it ends with `end_turn` and answers `echo: <text>`.
 pub async fn turn(api: &Api, session: &str, mode: &str, text: &str) -> anyhow::Result<()> {
-    let response = api
-        .http
-        .post(api.url(&format!("/sessions/{session}/turns")))
-        .json(&json!({"stream": mode, "messages": [{"role": "user", "content": text}]}))
-        .send()
-        .await?;
+    let (path, body) = match mode {
+        "harness" => (
+            format!("/v1/agents/sessions/{session}/turns"),
+            json!({"input": [{"type": "user.message", "content": text}]}),
+        ),
+        _ => (
+            format!("/sessions/{session}/turns"),
+            json!({"stream": mode, "messages": [{"role": "user", "content": text}]}),
+        ),
+    };
+    let response = api.http.post(api.url(&path)).json(&body).send().await?;
     let status = response.status();
     if status != 200 {
-        bail!("POST /sessions/{session}/turns answered {status}: {}", crate::client::text(response).await);
+        bail!("POST {path} answered {status}: {}", crate::client::text(response).await);
     }
     let (stop, reply) = match mode {
         "none" => json_turn(response).await?,
+        "harness" => harness_turn(EventStream::new(response).await?).await?,
         _ => streamed_turn(EventStream::new(response).await?, mode).await?,
     };
     let expected = format!("echo: {text}");
@@ -226,6 +234,36 @@ async fn streamed_turn(mut events: EventStream, mode: &str) -> anyhow::Result<(S
         }
     }
     bail!("the stream ended before turn_stop")
+}
+
+/// A harness turn stream: `turn.created`, frames with increasing integer ids, the text of
+/// the `model.message.delta`s, and `turn.done` (`done` reads as `end_turn`).
+async fn harness_turn(mut events: EventStream) -> anyhow::Result<(String, String)> {
+    let mut reply = String::new();
+    let mut last_id: Option<u64> = None;
+    while let Some(event) = events.next_raw().await? {
+        let id: u64 = event.id.parse().with_context(|| format!("the id {:?} of a harness frame", event.id))?;
+        if last_id.is_some_and(|last| id <= last) {
+            bail!("frame id {id} after {last_id:?}");
+        }
+        let data: Value = serde_json::from_str(&event.data).context("the data of a harness frame")?;
+        let kind = data["type"].as_str().unwrap_or_default();
+        match (kind, last_id) {
+            ("turn.created", None) => {}
+            (kind, None) => bail!("the first frame was `{kind}`, not turn.created"),
+            ("turn.done", Some(_)) => {
+                let stop = match data["state"]["status"].as_str() {
+                    Some("done") => "end_turn".to_string(),
+                    other => format!("{other:?}"),
+                };
+                return Ok((stop, reply));
+            }
+            ("model.message.delta", Some(_)) => reply.push_str(data["content"].as_str().unwrap_or_default()),
+            _ => {}
+        }
+        last_id = Some(id);
+    }
+    bail!("the stream ended before turn.done")
 }
 
 #[derive(Deserialize)]

@@ -4,18 +4,21 @@
 //! one fold, so they never disagree.
 //!
 //! A harness event's sequence number is the turn sequence number of the log event it comes
-//! from × 10, plus its place among the events that log event makes (at most three: a turn
-//! that stops for the client gives `tool.approval_required`, `tool.response_required` and
-//! `turn.done` from one `session.status_idle`). Numbers are unique, increase along the
-//! stream, and name the same event on every replay, so resuming after any of them is exact;
-//! `id / 10` is the native `turn_sequence_number`.
+//! from × 10, plus its place among the events that log event makes (at most four: from one
+//! `session.status_idle`, a turn that stops for the client gives its last message whole,
+//! `tool.approval_required`, `tool.response_required` and `turn.done`). Numbers are unique,
+//! increase along the stream, and name the same event on every replay, so resuming after
+//! any of them is exact; `id / 10` is the native `turn_sequence_number`.
+//!
+//! A turn ends at its first `turn.done`. What other views add to it later (answers to some
+//! of its calls, or closing them) changes its state but shows in no stream or list.
 
 use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
 use crate::domain::event::{Confirmation, ModelStop, Permission, StopReason};
-use crate::domain::{Block, EventBody, EventId, RawEvent, TurnId, Usage};
+use crate::domain::{Block, Event, EventBody, EventId, RawEvent, TurnId, Usage};
 use crate::projection::SessionSummary;
 
 /// The one thread of a turnlog session (the harness names sub-agents' threads otherwise).
@@ -73,6 +76,8 @@ pub struct TurnFold {
     /// The last message of the turn, whole.
     output: Option<Value>,
     calls: HashMap<EventId, Call>,
+    /// Messages stored while an earlier turn ran, that this one may take (`turn.input`).
+    queued: HashMap<EventId, Vec<Block>>,
     interrupted: bool,
     error: Option<String>,
     usage: Usage,
@@ -107,7 +112,7 @@ struct Out {
 impl Out {
     fn push(&mut self, place: Place, event: Value) {
         let id = self.base + self.items.len() as u64;
-        debug_assert!(self.items.len() < 10, "a log event makes at most ten harness events");
+        debug_assert!(self.items.len() < 10, "a log event makes at most four harness events");
         self.items.push(Item { id, place, event });
     }
 }
@@ -126,11 +131,23 @@ impl TurnFold {
             message: None,
             output: None,
             calls: HashMap::new(),
+            queued: HashMap::new(),
             interrupted: false,
             error: None,
             usage: Usage::default(),
             state: None,
         }
+    }
+
+    /// The queued messages the turn's `turn.input` names (they lie before the turn in the
+    /// log): its input begins with them.
+    pub fn knowing(mut self, queued: &[RawEvent]) -> TurnFold {
+        for raw in queued {
+            if let Ok(Event { id, body: EventBody::UserMessage { content }, .. }) = raw.decode() {
+                self.queued.insert(id, content);
+            }
+        }
+        self
     }
 
     /// Whether the turn has ended (its first `turn.done` is given).
@@ -149,10 +166,16 @@ impl TurnFold {
             return Vec::new();
         };
         let at = event.created_at.as_str();
+        let ended = self.ended();
         let mut out = Out { base: u64::from(number) * 10, items: Vec::new() };
         let mut given = Vec::new();
         match &event.body {
             EventBody::TurnStarted {} => self.started = Some((event.id, event.created_at.clone(), number)),
+            EventBody::TurnInput { event_ids } if !self.created => {
+                for content in event_ids.iter().filter_map(|id| self.queued.get(id)) {
+                    self.input.push(json!({"type": "user.message", "content": content_out(content)}));
+                }
+            }
             EventBody::UserMessage { content } if !self.created => {
                 self.input.push(json!({"type": "user.message", "content": content_out(content)}))
             }
@@ -179,23 +202,23 @@ impl TurnFold {
             EventBody::ModelRequestStart { .. } => {
                 given = self.create();
                 self.close_message(&mut out);
-                self.open_message(&mut out, event.id, at);
+                self.open_message(&mut out, event.id, true, at);
             }
             EventBody::AgentThinkingDelta { delta, .. } => {
-                let message = self.open_message(&mut out, event.id, at);
+                let message = self.open_message(&mut out, event.id, false, at);
                 message.thinking.push_str(delta);
                 let delta = json!({"reasoning_content": delta});
                 out.push(Place::Stream, message.delta(at, delta));
             }
             EventBody::AgentMessageDelta { delta, .. } => {
-                let message = self.open_message(&mut out, event.id, at);
+                let message = self.open_message(&mut out, event.id, false, at);
                 message.text.push_str(delta);
                 out.push(Place::Stream, message.delta(at, json!({"content": delta})));
             }
             // The final events hold what the deltas said; anything the deltas did not say
             // goes out as one more delta.
             EventBody::AgentThinking { thinking, .. } => {
-                let message = self.open_message(&mut out, event.id, at);
+                let message = self.open_message(&mut out, event.id, false, at);
                 if let Some(rest) = thinking.strip_prefix(message.thinking.as_str()).filter(|r| !r.is_empty()) {
                     let delta = message.delta(at, json!({"reasoning_content": rest}));
                     message.thinking = thinking.clone();
@@ -204,7 +227,7 @@ impl TurnFold {
             }
             EventBody::AgentMessage { content, .. } => {
                 let text = Block::join_text(content);
-                let message = self.open_message(&mut out, event.id, at);
+                let message = self.open_message(&mut out, event.id, false, at);
                 if let Some(rest) = text.strip_prefix(message.text.as_str()).filter(|r| !r.is_empty()) {
                     let delta = message.delta(at, json!({"content": rest}));
                     message.text = text.clone();
@@ -264,6 +287,9 @@ impl TurnFold {
             }
             _ => {}
         }
+        if ended {
+            return Vec::new();
+        }
         if !self.created {
             self.held.append(&mut out.items);
         }
@@ -303,11 +329,14 @@ impl TurnFold {
         given
     }
 
-    /// The message being put together, opened (with its empty first frame) if none is.
-    fn open_message(&mut self, out: &mut Out, id: EventId, at: &str) -> &mut Assembly {
+    /// The message being put together, opened (with its empty first frame) if none is. A
+    /// message is named by its model request's start; one with none (tool calls a seed
+    /// history left) by `msg_` and the id of its first event, which names nothing else.
+    fn open_message(&mut self, out: &mut Out, first: EventId, spanned: bool, at: &str) -> &mut Assembly {
         if self.message.is_none() {
+            let id = if spanned { first.to_string() } else { format!("msg_{}", first.ulid()) };
             let message = Assembly {
-                id: id.to_string(),
+                id,
                 created_at: at.to_string(),
                 text: String::new(),
                 thinking: String::new(),
@@ -335,7 +364,7 @@ impl TurnFold {
     /// (`Some(true)` for a client tool's result, `Some(false)` for a permission).
     fn call(&mut self, out: &mut Out, id: EventId, at: &str, call: (&str, &str, &Value), waits: Option<bool>) {
         let (tool_call_id, name, input) = call;
-        let message = self.open_message(out, id, at);
+        let message = self.open_message(out, id, false, at);
         let index = message.calls.len();
         let arguments = input.to_string();
         message.calls.push(json!({

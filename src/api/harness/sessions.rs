@@ -76,20 +76,19 @@ pub async fn get(state: State, Auth(caller, _): Auth<Harness>, path: web::Path<S
     Ok(HttpResponse::Ok().json(json!({"data": wire::session(&summary)})))
 }
 
-/// Cancels the running turn. Idempotent: with nothing running (or a turn that waits for the
-/// client, which the harness sees as ended) it does nothing, and later turns work.
+/// Cancels the running turn, answering once its end is recorded, so that a new turn may
+/// start at once. Idempotent: with nothing running (or a turn that waits for the client,
+/// which the harness sees as ended) it does nothing.
 pub async fn cancel(
     state: State,
     Auth(caller, _): Auth<Harness>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
-    if summary.archived_at.is_none() {
-        let submission = Submission { inputs: vec![Input::Cancel], ..Submission::default() };
-        let cancelled = state.sessions.submit(&summary, submission).await?;
-        if !cancelled.events.is_empty() {
-            tracing::info!(session_id = %summary.id, "turn cancelled");
-        }
+    let submission = Submission { inputs: vec![Input::Cancel], ..Submission::default() };
+    let cancelled = state.sessions.submit(&summary, submission).await?;
+    if !cancelled.events.is_empty() {
+        tracing::info!(session_id = %summary.id, "turn cancelled");
     }
     Ok(HttpResponse::Ok().json(json!({})))
 }

@@ -13,8 +13,8 @@ use super::{bad_token, limit, page, Auth, Error, Harness, Json, Query};
 use crate::api::body::{newest_first, parse_json};
 use crate::api::sse::{self, Flow, Follow};
 use crate::api::State;
-use crate::domain::{RawEvent, TurnId};
-use crate::error::ApiError;
+use crate::domain::{EventBody, EventId, RawEvent, TurnId};
+use crate::error::{ApiError, Code};
 use crate::projection::{SessionSummary, TurnSummary};
 use crate::session::{Cursor, EventQuery, Follower, SessionError, Submission, TurnQuery};
 
@@ -45,7 +45,7 @@ pub async fn create(
     let turn = submitted.turn.ok_or_else(|| ApiError::internal("a turn request started no turn"))?;
     tracing::debug!(session_id = %summary.id, turn_id = %turn, "turn started");
     let previous = previous(&state, &summary, turn).await?;
-    let fold = TurnFold::new(&summary, turn, previous);
+    let fold = fold_of(&state, &summary, turn, previous, &submitted.events).await?;
     match live {
         Some((guard, follower)) => Ok(respond(&state, guard, follower, fold, 0)),
         None => {
@@ -69,7 +69,7 @@ pub async fn list(
     let query = query.0;
     let limit = limit(query.limit, 10, 100)?;
     let before = match &query.page_token {
-        Some(token) => Some(token.parse::<TurnId>().map_err(|_| bad_token(token))?),
+        Some(token) => Some(state.sessions.turn(&summary, token).await.map_err(|_| bad_token(token))?.id),
         None => None,
     };
     // One more than the page: the turn before the page's last is that one's previous turn.
@@ -125,9 +125,12 @@ pub async fn subscribe(
         known_number(&state, &summary, &turn, after).await?;
     }
     let guard = state.streams.open(&caller.subject, state.settings.streams.max_streams_per_subject)?;
-    let follower = state.sessions.follow(&summary, Some(Cursor::Turn { turn: turn.id, sequence: 0 })).await?;
     let previous = previous(&state, &summary, turn.id).await?;
-    Ok(respond(&state, guard, follower, TurnFold::new(&summary, turn.id, previous), after))
+    // `turn.started`, then `turn.input` if the turn takes queued messages.
+    let head = state.sessions.turn_events(&summary, &turn, 0, 2).await?;
+    let fold = fold_of(&state, &summary, turn.id, previous, &head).await?;
+    let follower = state.sessions.follow(&summary, Some(Cursor::Turn { turn: turn.id, sequence: 0 })).await?;
+    Ok(respond(&state, guard, follower, fold, after))
 }
 
 /// Refuses a sequence number that names no event of the turn.
@@ -169,7 +172,7 @@ pub async fn events(
     if turn.stop.is_none() {
         let message =
             format!("turn {} is running: its events list once it has ended; subscribe to it for them live", turn.id);
-        return Err(SessionError::Busy(message).into());
+        return Err(ApiError::new(Code::Busy, message).into());
     }
     let previous = previous(&state, &summary, turn.id).await?;
     let (_, items) = folded(&state, &summary, &turn, previous).await?;
@@ -207,9 +210,34 @@ pub(super) async fn folded(
     previous: Option<TurnId>,
 ) -> Result<(TurnFold, Vec<Item>), SessionError> {
     let events: Vec<RawEvent> = state.sessions.turn_events(summary, turn, 0, usize::MAX).await?;
-    let mut fold = TurnFold::new(summary, turn.id, previous);
+    let mut fold = fold_of(state, summary, turn.id, previous, &events).await?;
     let items = events.iter().flat_map(|event| fold.push(event)).collect();
     Ok((fold, items))
+}
+
+/// A fold of the turn that knows the queued messages its `turn.input` (among `head`, its
+/// first events) names: they lie before the turn in the log.
+async fn fold_of(
+    state: &State,
+    summary: &SessionSummary,
+    turn: TurnId,
+    previous: Option<TurnId>,
+    head: &[RawEvent],
+) -> Result<TurnFold, SessionError> {
+    let named: Vec<EventId> = head
+        .iter()
+        .filter(|raw| raw.kind() == "turn.input" && raw.turn().is_some_and(|(of, _)| of == turn))
+        .filter_map(|raw| match raw.decode().map(|event| event.body) {
+            Ok(EventBody::TurnInput { event_ids }) => Some(event_ids),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let queued = match named.is_empty() {
+        true => Vec::new(),
+        false => state.sessions.events_by_id(summary, &named).await?,
+    };
+    Ok(TurnFold::new(summary, turn, previous).knowing(&queued))
 }
 
 /// The turn's stream: every frame after `after` with its sequence number as `id:`, to its
