@@ -272,3 +272,20 @@ async fn calls_a_seed_history_left_waiting_show_as_the_actions_a_turn_waits_for(
     let done = &frames.last().unwrap().data["state"];
     assert_eq!(done["output"]["content"], "tool results: calculator=42; get_weather=cold");
 }
+
+#[tokio::test]
+async fn a_quiet_turn_stream_gets_ping_comments_between_its_frames() {
+    let app = crate::helpers::spawn_with("[streams]\nheartbeat_ms = 100\n").await;
+    let session = session(&app).await;
+    let slow = json!({"input": [{"type": "user.message", "content": "/delay 300\n/words 2"}]});
+    let response = app.post(&format!("/v1/agents/sessions/{session}/turns")).json(&slow).send().await.unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    while let Some(chunk) = tokio::time::timeout(std::time::Duration::from_secs(10), body.next()).await.unwrap() {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    let ping = text.find(": ping\n\n").expect("a ping while the model is slow");
+    assert!(text[..ping].contains("turn.created") && text[ping..].contains("turn.done"), "{text}");
+    assert!(!text.contains("data: :"), "pings are comments, never data");
+}
