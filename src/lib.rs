@@ -14,9 +14,11 @@
 //! - [`service`]: the service without a front end (log, agents, engine, recovery, shutdown).
 //! - [`api`]: the HTTP views, each with its own wire types and error shape.
 //! - [`app`]: the HTTP server on the service.
+//! - [`acp`]: the Agent Client Protocol view over stdio, on the service or on a server.
 //! - [`config`], [`metrics`], [`error`] (the one table of error codes), [`telemetry`].
 #![forbid(unsafe_code)]
 
+pub mod acp;
 pub mod agent;
 pub mod api;
 pub mod app;

@@ -35,6 +35,22 @@ enum Command {
     Serve,
     /// Print the SHA-256 of an API key, for `[[auth.keys]]`.
     HashKey { key: String },
+    /// Be an Agent Client Protocol agent on stdin/stdout (an editor starts it): with
+    /// `--server`, a bridge to a running turnlog; without, the engine on `--data-dir`.
+    Acp(AcpArgs),
+}
+
+#[derive(clap::Args)]
+struct AcpArgs {
+    /// A running turnlog server (`http://127.0.0.1:8787`); sessions live in its log.
+    #[arg(long, conflicts_with = "data_dir")]
+    server: Option<String>,
+    /// The server's API key (sent as `Authorization: Bearer`).
+    #[arg(long, env = "TURNLOG_API_KEY", hide_env_values = true, requires = "server")]
+    api_key: Option<String>,
+    /// The agent new sessions run.
+    #[arg(long, default_value = "default")]
+    agent: String,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,6 +61,47 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve => serve(cli.serve),
+        Command::Acp(args) => {
+            let code = acp(cli.serve, args);
+            // Not waiting for the thread that still blocks reading stdin: the log is closed.
+            std::process::exit(code)
+        }
+    }
+}
+
+/// Serves ACP until stdin closes; the exit status.
+fn acp(serve: ServeArgs, args: AcpArgs) -> i32 {
+    turnlog::telemetry::init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("turnlog acp: {error}");
+            return 1;
+        }
+    };
+    let result: anyhow::Result<()> = runtime.block_on(async move {
+        match args.server {
+            Some(server) => {
+                let door = turnlog::acp::door::Bridge::new(&server, args.api_key)?;
+                turnlog::acp::Acp::new(std::sync::Arc::new(door), args.agent).serve().await?;
+            }
+            None => {
+                let settings = settings(&serve)?;
+                let service = std::sync::Arc::new(turnlog::service::Service::open(&settings).await?);
+                let door = turnlog::acp::door::Embedded::new(service.clone());
+                let served = turnlog::acp::Acp::new(std::sync::Arc::new(door), args.agent).serve().await;
+                service.shutdown().await.context("closing the log")?;
+                served?;
+            }
+        }
+        Ok(())
+    });
+    match result {
+        Ok(()) => 0,
+        Err(error) => {
+            tracing::error!("turnlog acp: {error:#}");
+            1
+        }
     }
 }
 

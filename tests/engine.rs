@@ -331,7 +331,7 @@ async fn an_untrusted_tool_waits_for_permission_and_runs_when_granted(log: Backe
     assert_eq!(waiting, vec![ask.id.to_string()], "the idle event names the waiting call");
     let call = call_ids(&events)[0].clone();
     let mark = g.log().await.len();
-    g.when(vec![Input::Permission { call, granted: true, reason: None }]).await.unwrap();
+    g.when(vec![Input::Permission { call, granted: true, reason: None, remember: false }]).await.unwrap();
     let events = g.then_events(mark).await;
     assert_eq!(
         kinds(&events),
@@ -351,7 +351,14 @@ async fn a_denied_tool_tells_the_model_why(log: Backend) {
         // Resolved by event id this time (the native API's way).
         let ask = events.iter().find(|e| matches!(e.body, EventBody::AgentToolUse { .. })).unwrap().id.to_string();
         let mark = g.log().await.len();
-        g.when(vec![Input::Permission { call: ask, granted: false, reason: reason.map(String::from) }]).await.unwrap();
+        g.when(vec![Input::Permission {
+            call: ask,
+            granted: false,
+            reason: reason.map(String::from),
+            remember: false,
+        }])
+        .await
+        .unwrap();
         let events = g.then_events(mark).await;
         assert_eq!(tool_results(&events), vec![(text_seen.to_string(), true)]);
         assert_eq!(said(&events), vec![format!("tool results: calculator={text_seen}")]);
@@ -395,9 +402,73 @@ async fn results_may_come_one_at_a_time_through_the_event_api(log: Backend) {
     assert_eq!(reason, StopReason::RequiresAction, "the rest still waits");
     assert_eq!(waiting.len(), 1);
     let mark = g.log().await.len();
-    g.when_with(vec![Input::Permission { call: calls[1].clone(), granted: true, reason: None }], false).await.unwrap();
+    g.when_with(
+        vec![Input::Permission { call: calls[1].clone(), granted: true, reason: None, remember: false }],
+        false,
+    )
+    .await
+    .unwrap();
     let events = g.then_events(mark).await;
     assert_eq!(said(&events), vec!["tool results: get_weather=sunny; calculator=4"]);
+}
+
+/// A decision to remember (ACP's allow-always) answers the other waiting calls of its tool
+/// too, and later calls of the tool run without asking. The choice is in the log
+/// (`remember` on the confirmation), which the session's state folds.
+async fn a_remembered_permission_holds_for_the_tool_from_then_on(log: Backend) {
+    let g = given(log, &[("calculator", false)]).await;
+    g.when(vec![text("/tool calculator {\"expression\": \"1+1\"}\n/tool calculator {\"expression\": \"2+2\"}")])
+        .await
+        .unwrap();
+    let events = g.then_events(1).await;
+    assert_eq!(stop(&events).1.len(), 2, "both calls wait");
+    let calls = call_ids(&events);
+    let mark = g.log().await.len();
+    let always = Input::Permission { call: calls[0].clone(), granted: true, reason: None, remember: true };
+    g.when_with(vec![always], false).await.unwrap();
+    let events = g.then_events(mark).await;
+    let confirmations: Vec<bool> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::UserToolConfirmation { result: Confirmation::Allow, remember, .. } => Some(*remember),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(confirmations, vec![true, false], "the second call is granted with the first");
+    assert_eq!(said(&events), vec!["tool results: calculator=2; calculator=4"]);
+
+    let mark = g.log().await.len();
+    g.when(vec![text("/tool calculator {\"expression\": \"3+3\"}")]).await.unwrap();
+    let events = g.then_events(mark).await;
+    assert_eq!(stop(&events).0, StopReason::EndTurn, "no permission asked: {:?}", kinds(&events));
+    let uses: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::AgentToolUse { evaluated_permission, .. } => Some(*evaluated_permission),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(uses, vec![turnlog::domain::event::Permission::Allow]);
+    assert_eq!(said(&events), vec!["tool results: calculator=6"]);
+}
+
+async fn always_rejecting_a_tool_takes_it_from_the_model(log: Backend) {
+    let g = given(log, &[("calculator", false)]).await;
+    g.when(vec![text("/tool calculator {\"expression\": \"1+1\"}")]).await.unwrap();
+    let call = call_ids(&g.then_events(1).await)[0].clone();
+    let mark = g.log().await.len();
+    let never = Input::Permission { call, granted: false, reason: None, remember: true };
+    g.when_with(vec![never], false).await.unwrap();
+    let events = g.then_events(mark).await;
+    assert_eq!(said(&events), vec!["tool results: calculator=Tool call denied"]);
+
+    // The scripted model calls it anyway: not offered, so denied without asking.
+    let mark = g.log().await.len();
+    g.when(vec![text("/tool calculator {\"expression\": \"3+3\"}")]).await.unwrap();
+    let events = g.then_events(mark).await;
+    assert_eq!(stop(&events).0, StopReason::EndTurn, "nothing waits: {:?}", kinds(&events));
+    assert_eq!(tool_results(&events).len(), 1);
+    assert!(tool_results(&events)[0].1, "the call fails: {:?}", tool_results(&events));
 }
 
 async fn input_that_conflicts_with_the_state_is_refused_naming_the_calls(log: Backend) {
@@ -436,8 +507,8 @@ async fn input_that_conflicts_with_the_state_is_refused_naming_the_calls(log: Ba
         ),
         (
             vec![
-                Input::Permission { call: calls[0].clone(), granted: true, reason: None },
-                Input::Permission { call: calls[1].clone(), granted: true, reason: None },
+                Input::Permission { call: calls[0].clone(), granted: true, reason: None, remember: false },
+                Input::Permission { call: calls[1].clone(), granted: true, reason: None, remember: false },
             ],
             vec!["client tool"],
         ),
@@ -809,7 +880,7 @@ async fn resolutions_name_the_models_call_too(log: Backend) {
     let mark = g.log().await.len();
     let answers = vec![
         Input::Result { call: calls[0].clone(), content: vec![Block::text("sunny")], is_error: false },
-        Input::Permission { call: calls[1].clone(), granted: false, reason: Some("no".into()) },
+        Input::Permission { call: calls[1].clone(), granted: false, reason: Some("no".into()), remember: false },
     ];
     g.when(answers).await.unwrap();
     let named: Vec<(String, String)> = g
@@ -900,6 +971,8 @@ on_both_logs!(
     a_denied_tool_tells_the_model_why,
     client_tools_wait_for_results_and_parallel_calls_resolve_together,
     results_may_come_one_at_a_time_through_the_event_api,
+    a_remembered_permission_holds_for_the_tool_from_then_on,
+    always_rejecting_a_tool_takes_it_from_the_model,
     input_that_conflicts_with_the_state_is_refused_naming_the_calls,
     cancel_stops_the_model_at_once_and_is_idempotent,
     a_cancel_right_as_the_turn_starts_is_not_lost,

@@ -132,16 +132,17 @@ fn conversation(system: &str, history: &[Message]) -> (String, Vec<Value>) {
 }
 
 /// Our blocks are Anthropic's shape already, but for files (images and PDFs become image
-/// and document blocks; the model is told of others); empty text is dropped (the API
-/// refuses it).
+/// and document blocks; the model is told of others) and attached context (text); empty
+/// text is dropped (the API refuses it).
 fn blocks(content: &[Block]) -> Vec<Value> {
     content
         .iter()
         .filter(|b| b.kind != "text" || b.text.as_deref().is_some_and(|t| !t.is_empty()))
-        .filter_map(|b| match b.file() {
-            Some(file) => Some(file_block(&file)),
-            None if b.kind == "file" => None,
-            None => serde_json::to_value(b).ok(),
+        .filter_map(|b| match (b.file(), b.context()) {
+            (Some(file), _) => Some(file_block(&file)),
+            (None, Some(context)) => Some(json!({"type": "text", "text": context})),
+            (None, None) if matches!(b.kind.as_str(), "file" | "resource" | "resource_link" | "audio") => None,
+            (None, None) => serde_json::to_value(b).ok(),
         })
         .collect()
 }
@@ -474,6 +475,29 @@ fn stream_error(error: &ApiError) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn acp_images_and_attached_context_reach_the_model() {
+        let blocks_in: Vec<Block> = serde_json::from_value(json!([
+            {"type": "text", "text": "look"},
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "file:///a.py", "mimeType": "text/x-python", "text": "print(1)"}},
+            {"type": "resource_link", "uri": "file:///b.txt", "name": "b.txt"},
+            {"type": "resource", "resource": {"uri": "file:///c.pdf", "mimeType": "application/pdf", "blob": "JVBE"}},
+        ]))
+        .unwrap();
+        assert_eq!(
+            Value::Array(blocks(&blocks_in)),
+            json!([
+                {"type": "text", "text": "look"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+                {"type": "text", "text": "<resource uri=\"file:///a.py\">\nprint(1)\n</resource>"},
+                {"type": "text", "text": "[b.txt](file:///b.txt)"},
+                {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"},
+                 "title": "file:///c.pdf"},
+            ])
+        );
+    }
 
     fn decode(data: &[&str]) -> Vec<ModelEvent> {
         let mut decoder = StreamDecoder::default();

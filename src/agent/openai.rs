@@ -141,6 +141,16 @@ fn user_content(blocks: &[Block]) -> Value {
 }
 
 fn user_part(block: &Block) -> Option<Value> {
+    if let Some(file) = block.file() {
+        return Some(match file.mime.to_ascii_lowercase().as_str() {
+            mime if mime.starts_with("image/") => json!({"type": "image_url", "image_url": {"url": file.data_uri()}}),
+            "application/pdf" => json!({"type": "file", "file": {"filename": file.name, "file_data": file.data_uri()}}),
+            _ => json!({"type": "text", "text": file.unsupported("images and PDFs")}),
+        });
+    }
+    if let Some(context) = block.context() {
+        return Some(json!({"type": "text", "text": context}));
+    }
     match block.kind.as_str() {
         "text" => Some(json!({"type": "text", "text": block.text.clone().unwrap_or_default()})),
         "image" => {
@@ -151,16 +161,6 @@ fn user_part(block: &Block) -> Option<Value> {
                 _ => return None,
             };
             Some(json!({"type": "image_url", "image_url": {"url": url}}))
-        }
-        "file" => {
-            let file = block.file()?;
-            Some(match file.mime.to_ascii_lowercase().as_str() {
-                mime if mime.starts_with("image/") => json!({"type": "image_url", "image_url": {"url": file.data_uri}}),
-                "application/pdf" => {
-                    json!({"type": "file", "file": {"filename": file.name, "file_data": file.data_uri}})
-                }
-                _ => json!({"type": "text", "text": file.unsupported("images and PDFs")}),
-            })
         }
         // Other blocks (documents, ...) have no chat-completions form.
         _ => None,
@@ -438,6 +438,25 @@ fn stream_error(error: &Value) -> Failure {
 mod tests {
     use super::*;
     use crate::agent::ModelError;
+
+    #[test]
+    fn acp_images_and_attached_context_become_parts() {
+        let blocks: Vec<Block> = serde_json::from_value(json!([
+            {"type": "text", "text": "look"},
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "file:///a.py", "text": "print(1)"}},
+            {"type": "audio", "data": "AAAA", "mimeType": "audio/wav"},
+        ]))
+        .unwrap();
+        assert_eq!(
+            user_content(&blocks),
+            json!([
+                {"type": "text", "text": "look"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                {"type": "text", "text": "<resource uri=\"file:///a.py\">\nprint(1)\n</resource>"},
+            ])
+        );
+    }
 
     /// Decodes the `data:` of each event in turn, as the transport would feed them.
     fn events(data: &[&str]) -> Result<Vec<ModelEvent>, ModelError> {

@@ -43,19 +43,57 @@ impl Block {
         blocks.iter().filter_map(|b| b.text.as_deref()).collect::<Vec<_>>().join("")
     }
 
-    /// A `file` block (as the agent harness sends files: `name`, and `data` as
-    /// `data:<mime>;base64,<payload>`), read for a model provider.
+    /// Binary content a model provider may take, from the shapes clients send it in: a
+    /// `file` block (the agent harness: `name`, and `data` as `data:<mime>;base64,<payload>`),
+    /// an ACP `image` (`data` in base64, `mimeType`) or an ACP `resource` holding a `blob`.
     pub fn file(&self) -> Option<File<'_>> {
-        if self.kind != "file" {
-            return None;
+        fn text<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+            map.get(key).and_then(Value::as_str)
         }
-        let name = self.rest.get("name")?.as_str()?;
-        let data_uri = self.rest.get("data")?.as_str()?;
-        let (mime, base64) = data_uri.strip_prefix("data:")?.split_once(";base64,")?;
-        // `image/png`, without parameters such as `;charset=utf-8`.
-        let mime = mime.split(';').next().unwrap_or_default().trim();
-        Some(File { name, mime, base64, data_uri })
+        match self.kind.as_str() {
+            "file" => {
+                let name = text(&self.rest, "name")?;
+                let (mime, base64) = text(&self.rest, "data")?.strip_prefix("data:")?.split_once(";base64,")?;
+                Some(File { name, mime: bare_mime(mime), base64 })
+            }
+            "image" => {
+                let base64 = text(&self.rest, "data")?;
+                let mime = bare_mime(text(&self.rest, "mimeType")?);
+                Some(File { name: text(&self.rest, "uri").unwrap_or("image"), mime, base64 })
+            }
+            "resource" => {
+                let resource = self.rest.get("resource")?.as_object()?;
+                let base64 = text(resource, "blob")?;
+                let mime = bare_mime(text(resource, "mimeType").unwrap_or("application/octet-stream"));
+                Some(File { name: text(resource, "uri").unwrap_or("resource"), mime, base64 })
+            }
+            _ => None,
+        }
     }
+
+    /// Context a client attached as text (ACP's embedded text `resource` and its
+    /// `resource_link`), as a model reads it.
+    pub fn context(&self) -> Option<String> {
+        let text = |map: &Map<String, Value>, key: &str| map.get(key).and_then(Value::as_str).map(str::to_string);
+        match self.kind.as_str() {
+            "resource" => {
+                let resource = self.rest.get("resource")?.as_object()?;
+                let (uri, body) = (text(resource, "uri").unwrap_or_default(), text(resource, "text")?);
+                Some(format!("<resource uri=\"{uri}\">\n{body}\n</resource>"))
+            }
+            "resource_link" => {
+                let uri = text(&self.rest, "uri")?;
+                let name = text(&self.rest, "name").unwrap_or_else(|| uri.clone());
+                Some(format!("[{name}]({uri})"))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// `image/png`, without parameters such as `;charset=utf-8`.
+fn bare_mime(mime: &str) -> &str {
+    mime.split(';').next().unwrap_or_default().trim()
 }
 
 /// A file a user message carries.
@@ -65,11 +103,14 @@ pub struct File<'a> {
     /// The MIME type without its parameters, as sent (compare without case).
     pub mime: &'a str,
     pub base64: &'a str,
-    /// The whole `data:` URI.
-    pub data_uri: &'a str,
 }
 
 impl File<'_> {
+    /// The file as a `data:` URI.
+    pub fn data_uri(&self) -> String {
+        format!("data:{};base64,{}", self.mime, self.base64)
+    }
+
     /// What a model is told in place of a file its API cannot take.
     pub fn unsupported(&self, takes: &str) -> String {
         format!("[file {} ({}) left out: this model takes {takes}]", self.name, self.mime)
@@ -251,6 +292,9 @@ pub enum EventBody {
         /// The model's id of the call (`tool_use_id` is its event's id).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_call_id: Option<String>,
+        /// The decision holds for every later call of this tool in the session.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        remember: bool,
     },
     #[serde(rename = "user.custom_tool_result")]
     UserCustomToolResult {

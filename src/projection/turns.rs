@@ -48,6 +48,8 @@ pub struct TurnState {
     pub last_turn: Option<TurnId>,
     /// User messages stored while a turn ran, that no turn has answered yet, in order.
     pub queued: Vec<EventId>,
+    /// Permission decisions the client asked to keep, by tool name: the last one wins.
+    pub remembered: BTreeMap<String, Confirmation>,
 }
 
 impl TurnState {
@@ -67,9 +69,12 @@ impl TurnState {
             EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
                 self.pending.insert(event.id, call(event.id, tool_call_id, name, input, CallKind::Client));
             }
-            EventBody::UserToolConfirmation { tool_use_id, result, .. } => {
+            EventBody::UserToolConfirmation { tool_use_id, result, remember, .. } => {
                 let id = tool_use_id.parse().ok();
                 if let Some(call) = id.and_then(|id| self.pending.remove(&id)) {
+                    if *remember {
+                        self.remembered.insert(call.name.clone(), *result);
+                    }
                     if *result == Confirmation::Allow {
                         self.granted.push(call);
                     }

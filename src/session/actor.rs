@@ -161,7 +161,7 @@ impl Actor {
         commands.close();
         while let Ok(command) = commands.try_recv() {
             match command {
-                Command::Submit(submission, reply) => drop(reply.send(Err(SessionError::Retry(Box::new(submission))))),
+                Command::Submit(submission, reply) => drop(reply.send(Err(SessionError::Retry(submission)))),
                 // Dropping the reply sends these on to the next actor.
                 Command::Close(..) | Command::TurnEnded(..) | Command::Wake => {}
                 Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
@@ -174,7 +174,7 @@ impl Actor {
         match command {
             Command::Submit(submission, reply) => {
                 let cancels = submission.inputs.iter().any(|input| matches!(input, Input::Cancel));
-                match self.submit(submission).await {
+                match self.submit(*submission).await {
                     Ok(submitted) if cancels && self.running.is_some() && !submitted.events.is_empty() => {
                         self.after_turn.push(AfterTurn::Answer(reply, submitted))
                     }
@@ -330,7 +330,7 @@ impl Actor {
         let context = TurnContext {
             writer: self.writer.clone(),
             turn,
-            plan: ToolPlan::new(&agent, &inner.agents.tools, &self.summary.spec),
+            plan: ToolPlan::new(&agent, &inner.agents.tools, &self.summary.spec, &self.state.remembered),
             agent,
             tools: inner.agents.tools.clone(),
             history: self.history.messages.clone(),

@@ -33,7 +33,8 @@ pub fn decide(
     update: Option<EventBody>,
     new_turn: TurnId,
 ) -> Result<Decision, SessionError> {
-    let inputs = &submission.inputs;
+    let with_remembered = remembered(state, &submission.inputs);
+    let inputs = with_remembered.as_deref().unwrap_or(&submission.inputs);
     let queue = submission.when_busy == WhenBusy::Queue;
     let messages = inputs.iter().filter(|i| matches!(i, Input::Message(_))).count();
     let resolving = inputs.iter().any(|i| matches!(i, Input::Result { .. } | Input::Permission { .. }));
@@ -256,6 +257,35 @@ fn pending_text(state: &TurnState) -> String {
     format!("tool calls wait for the client: {}", calls.join(", "))
 }
 
+/// The submission's input, plus, for each decision to remember, the same decision on every
+/// other waiting call of its tool that the input does not answer; `None` when nothing is
+/// to remember.
+fn remembered(state: &TurnState, inputs: &[Input]) -> Option<Vec<Input>> {
+    if !inputs.iter().any(|i| matches!(i, Input::Permission { remember: true, .. })) {
+        return None;
+    }
+    let named = |call: &str, p: &PendingCall| p.tool_call_id == call || p.event_id.to_string() == call;
+    let answers = |i: &Input, p: &PendingCall| matches!(i, Input::Permission { call, .. } | Input::Result { call, .. } if named(call, p));
+    let mut out = inputs.to_vec();
+    for input in inputs {
+        let Input::Permission { call, granted, reason, remember: true } = input else { continue };
+        let Some(tool) = state.pending.values().find(|p| named(call, p)).map(|p| &p.name) else { continue };
+        let same: Vec<Input> = state
+            .pending
+            .values()
+            .filter(|p| p.kind == CallKind::Ask && &p.name == tool && !out.iter().any(|i| answers(i, p)))
+            .map(|p| Input::Permission {
+                call: p.event_id.to_string(),
+                granted: *granted,
+                reason: reason.clone(),
+                remember: false,
+            })
+            .collect();
+        out.extend(same);
+    }
+    (out.len() > inputs.len()).then_some(out)
+}
+
 fn match_resolutions<'a>(
     state: &'a TurnState,
     inputs: &'a [Input],
@@ -352,13 +382,14 @@ fn resolution_events(turn: TurnId, resolved: &Resolved) -> Vec<Draft> {
             is_error: *is_error,
             tool_call_id,
         }],
-        Input::Permission { granted: true, .. } => vec![EventBody::UserToolConfirmation {
+        Input::Permission { granted: true, remember, .. } => vec![EventBody::UserToolConfirmation {
             tool_use_id,
             result: Confirmation::Allow,
             deny_message: None,
             tool_call_id,
+            remember: *remember,
         }],
-        Input::Permission { granted: false, reason, .. } => {
+        Input::Permission { granted: false, reason, remember, .. } => {
             let text = match reason.as_deref().filter(|r| !r.is_empty()) {
                 Some(reason) => format!("Tool call denied: {reason}"),
                 None => "Tool call denied".to_string(),
@@ -369,6 +400,7 @@ fn resolution_events(turn: TurnId, resolved: &Resolved) -> Vec<Draft> {
                     result: Confirmation::Deny,
                     deny_message: reason.clone(),
                     tool_call_id,
+                    remember: *remember,
                 },
                 tool_result(call, text),
             ]
@@ -471,7 +503,7 @@ mod tests {
         assert_eq!(kinds, [CallKind::Client, CallKind::Ask], "the unknown tool's call was denied, not left waiting");
         let answer = submission(vec![
             Input::Result { call: "a".into(), content: vec![Block::text("cold")], is_error: false },
-            Input::Permission { call: "b".into(), granted: true, reason: None },
+            Input::Permission { call: "b".into(), granted: true, reason: None, remember: false },
         ]);
         let next = TurnId::generate();
         let decision = decide(&state, &answer, None, next).unwrap();

@@ -42,10 +42,13 @@ pub enum Input {
         is_error: bool,
     },
     /// A permission decision on a server tool call, by event id or tool call id.
+    /// `remember` applies it to every later call of the same tool in the session (ACP's
+    /// allow-always and reject-always), including calls of it that wait now.
     Permission {
         call: String,
         granted: bool,
         reason: Option<String>,
+        remember: bool,
     },
     /// Cancels the running turn (or the calls waiting for the client).
     Interrupt,
@@ -131,7 +134,7 @@ pub struct Submitted {
 pub(super) enum Command {
     /// The first events of a new session (the first command its actor takes).
     Create(Vec<Draft>, oneshot::Sender<Result<(), SessionError>>),
-    Submit(Submission, oneshot::Sender<Result<Submitted, SessionError>>),
+    Submit(Box<Submission>, oneshot::Sender<Result<Submitted, SessionError>>),
     TurnEnded(TurnId, super::turn::Outcome),
     /// Cancel what runs, record how it ended, then delete or archive the session.
     Close(Closing, oneshot::Sender<Result<(), SessionError>>),
@@ -177,7 +180,7 @@ impl Engine {
     pub async fn submit(&self, session: SessionId, mut submission: Submission) -> Result<Submitted, SessionError> {
         loop {
             let (reply, answer) = oneshot::channel();
-            self.send(session, Command::Submit(submission, reply)).await?;
+            self.send(session, Command::Submit(Box::new(submission), reply)).await?;
             match answer.await.map_err(|_| SessionError::ShuttingDown)? {
                 Err(SessionError::Retry(returned)) => submission = *returned,
                 other => return other,

@@ -160,8 +160,11 @@ impl Sessions {
         }
         rules::check_new(&agent, &self.agents.tools, &mut spec)?;
         let id = SessionId::generate();
-        let waiting =
-            seed_waiting(&spec.messages, &ToolPlan::new(&agent, &self.agents.tools, &spec), TurnId::generate());
+        let waiting = seed_waiting(
+            &spec.messages,
+            &ToolPlan::new(&agent, &self.agents.tools, &spec, &Default::default()),
+            TurnId::generate(),
+        );
         let mut drafts =
             vec![Draft::new(None, &EventBody::SessionCreated { spec, created_by: caller.subject.clone() })];
         if waiting.is_empty() {

@@ -3,7 +3,7 @@
 //! and call the model again, until it stops, needs the client, or hits a limit. Every step
 //! is an event in the log; the actor writes how the turn ended.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::log::Writer;
 use super::SessionError;
 use crate::agent::{Agent, ModelError, ModelEvent, ModelRequest, ModelStop, ToolDef, Tools};
-use crate::domain::event::{Permission, SessionSpec, StopReason};
+use crate::domain::event::{Confirmation, Permission, SessionSpec, StopReason};
 use crate::domain::ids::prefixed;
 use crate::domain::{Block, Draft, EventBody, EventId, Message, Part, RawEvent, TurnId, Usage};
 use crate::metrics;
@@ -38,12 +38,19 @@ pub struct ToolPlan {
 impl ToolPlan {
     /// Server tools the agent has (minus `deny`), enabled as the session says: exposed
     /// tools only when the client listed them (trusted or not), unexposed ones always.
-    /// A tool runs inline only if the config allows it and the client trusts it. Then the
-    /// client tools: the agent's own, and the session's.
-    pub fn new(agent: &Agent, tools: &Tools, spec: &SessionSpec) -> ToolPlan {
+    /// A tool runs inline only if the config allows it and the client trusts it, or if the
+    /// client chose to always allow it (`remembered`); one it chose to always reject is
+    /// not offered. Then the client tools: the agent's own, and the session's.
+    pub fn new(
+        agent: &Agent,
+        tools: &Tools,
+        spec: &SessionSpec,
+        remembered: &BTreeMap<String, Confirmation>,
+    ) -> ToolPlan {
         let mut plan = ToolPlan::default();
         for (name, permission) in &agent.config.tools {
-            if *permission == Permission::Deny {
+            let always = remembered.get(name);
+            if *permission == Permission::Deny || always == Some(&Confirmation::Deny) {
                 continue;
             }
             let trust = if tools.exposed(name) {
@@ -55,7 +62,8 @@ impl ToolPlan {
                 true
             };
             if let Some(def) = tools.def(name) {
-                let mode = if *permission == Permission::Allow && trust { Mode::Inline } else { Mode::Ask };
+                let allowed = (*permission == Permission::Allow && trust) || always == Some(&Confirmation::Allow);
+                let mode = if allowed { Mode::Inline } else { Mode::Ask };
                 plan.defs.push(def);
                 plan.modes.insert(name.clone(), mode);
             }

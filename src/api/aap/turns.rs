@@ -60,7 +60,7 @@ fn inputs(messages: Vec<MessageIn>) -> Result<Vec<Input>, ApiError> {
                 Ok(Input::Result { call: tool_call_id, content: content.into_blocks(), is_error: false })
             }
             MessageIn::ToolPermission { tool_call_id, granted, reason } => {
-                Ok(Input::Permission { call: tool_call_id, granted, reason })
+                Ok(Input::Permission { call: tool_call_id, granted, reason, remember: false })
             }
             MessageIn::System { .. } | MessageIn::Assistant { .. } => Err(ApiError::invalid(format!(
                 "invalid field `messages[{i}].role`: a turn takes user, tool and tool_permission messages"

@@ -179,7 +179,9 @@ impl TurnFold {
             EventBody::UserMessage { content } if !self.created => {
                 self.input.push(json!({"type": "user.message", "content": content_out(content)}))
             }
-            EventBody::UserToolConfirmation { tool_use_id, result, deny_message, tool_call_id } if !self.created => {
+            EventBody::UserToolConfirmation { tool_use_id, result, deny_message, tool_call_id, .. }
+                if !self.created =>
+            {
                 let approval = match (result, deny_message) {
                     (Confirmation::Allow, _) => json!({"status": "allow"}),
                     (Confirmation::Deny, Some(reason)) => json!({"status": "deny", "reason": reason}),

@@ -156,8 +156,12 @@ fn input(i: usize, item: Value) -> Result<Input, ApiError> {
         Item::Approval { thread_id, tool_call_id, approval } => {
             thread(&thread_id)?;
             match approval {
-                Approval::Allow {} => Input::Permission { call: tool_call_id, granted: true, reason: None },
-                Approval::Deny { reason } => Input::Permission { call: tool_call_id, granted: false, reason },
+                Approval::Allow {} => {
+                    Input::Permission { call: tool_call_id, granted: true, reason: None, remember: false }
+                }
+                Approval::Deny { reason } => {
+                    Input::Permission { call: tool_call_id, granted: false, reason, remember: false }
+                }
             }
         }
         Item::Response { thread_id, tool_call_id, content } => {

@@ -167,7 +167,12 @@ fn input(at: &str, event: Value, allowed: &[&str]) -> Result<Input, ApiError> {
             if c.result == Confirmation::Allow && c.deny_message.is_some() {
                 return Err(ApiError::invalid(format!("invalid field `{at}.deny_message`: only a deny has a message")));
             }
-            Input::Permission { call: c.tool_use_id, granted: c.result == Confirmation::Allow, reason: c.deny_message }
+            Input::Permission {
+                call: c.tool_use_id,
+                granted: c.result == Confirmation::Allow,
+                reason: c.deny_message,
+                remember: false,
+            }
         }
         "user.custom_tool_result" => {
             let r: CustomToolResult = serde_json::from_value(event).map_err(invalid)?;

@@ -55,9 +55,12 @@ pub async fn post(
 fn input(body: EventBody) -> Input {
     match body {
         EventBody::UserMessage { content } => Input::Message(content),
-        EventBody::UserToolConfirmation { tool_use_id, result, deny_message, .. } => {
-            Input::Permission { call: tool_use_id, granted: result == Confirmation::Allow, reason: deny_message }
-        }
+        EventBody::UserToolConfirmation { tool_use_id, result, deny_message, remember, .. } => Input::Permission {
+            call: tool_use_id,
+            granted: result == Confirmation::Allow,
+            reason: deny_message,
+            remember,
+        },
         EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => {
             Input::Result { call: custom_tool_use_id, content, is_error }
         }

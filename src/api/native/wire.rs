@@ -41,6 +41,8 @@ struct ToolConfirmation {
     result: Confirmation,
     #[serde(default)]
     deny_message: Option<String>,
+    #[serde(default)]
+    remember: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -78,8 +80,9 @@ pub fn user_event(i: usize, value: Value) -> Result<EventBody, ApiError> {
                 EventBody::UserDefineOutcome { outcome }
             }
             "user.tool_confirmation" => {
-                let ToolConfirmation { tool_use_id, result, deny_message } = serde_path_to_error::deserialize(fields)?;
-                EventBody::UserToolConfirmation { tool_use_id, result, deny_message, tool_call_id: None }
+                let ToolConfirmation { tool_use_id, result, deny_message, remember } =
+                    serde_path_to_error::deserialize(fields)?;
+                EventBody::UserToolConfirmation { tool_use_id, result, deny_message, tool_call_id: None, remember }
             }
             _ => {
                 let CustomToolResult { custom_tool_use_id, content, is_error } =

@@ -1,0 +1,375 @@
+//! The way `turnlog acp` reaches the session layer: in this process ([`Embedded`], on a
+//! data dir) or through a running server's HTTP API ([`Bridge`]). Both speak in domain
+//! terms (input in, decoded log events out), so the ACP view above is the same for both.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use eventsource_stream::Eventsource;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::domain::event::{AgentSpec, SessionSpec};
+use crate::domain::{Event, EventBody, EventId};
+use crate::service::Service;
+use crate::session::{rules, Caller, Cursor, EventQuery, Input, SessionError, Submission};
+
+/// What the session layer answered, in the terms the ACP view renders.
+#[derive(Debug, thiserror::Error)]
+pub enum DoorError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    /// The session's state refuses the input (a turn runs, calls wait, ...).
+    #[error("{0}")]
+    Refused(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<SessionError> for DoorError {
+    fn from(error: SessionError) -> Self {
+        let message = error.to_string();
+        match error {
+            SessionError::NotFound(_) | SessionError::TurnNotFound { .. } | SessionError::CatalogNotFound(_) => {
+                DoorError::NotFound(message)
+            }
+            SessionError::Invalid(_) | SessionError::Limit(_) | SessionError::UnknownCursor(_) => {
+                DoorError::Invalid(message)
+            }
+            SessionError::Busy(_) | SessionError::Conflict(_) | SessionError::PreviousTurn(_) => {
+                DoorError::Refused(message)
+            }
+            SessionError::ShuttingDown | SessionError::Retry(_) | SessionError::Storage(_) => {
+                DoorError::Unavailable(message)
+            }
+        }
+    }
+}
+
+pub type Events = BoxStream<'static, Result<Event, DoorError>>;
+
+#[async_trait]
+pub trait Door: Send + Sync + 'static {
+    /// Starts a session of `agent`, with `metadata`; its id.
+    async fn create(&self, agent: &str, metadata: Map<String, Value>) -> Result<String, DoorError>;
+    /// Every event of the session, in log order (deltas left out).
+    async fn events(&self, session: &str) -> Result<Vec<Event>, DoorError>;
+    /// Stores input; the events it stored.
+    async fn submit(&self, session: &str, inputs: Vec<Input>) -> Result<Vec<Event>, DoorError>;
+    /// The session's events after `after`, then live ones as they are stored.
+    async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError>;
+}
+
+/// The engine in this process, as the local admin (as a server with no keys sees it).
+pub struct Embedded {
+    service: Arc<Service>,
+    caller: Caller,
+}
+
+impl Embedded {
+    pub fn new(service: Arc<Service>) -> Embedded {
+        Embedded { service, caller: Caller { subject: "local".into(), admin: true } }
+    }
+}
+
+fn decoded(raw: &crate::domain::RawEvent) -> Result<Event, DoorError> {
+    raw.decode().map_err(|e| DoorError::Unavailable(format!("event {} does not decode: {e}", raw.id)))
+}
+
+#[async_trait]
+impl Door for Embedded {
+    async fn create(&self, agent: &str, metadata: Map<String, Value>) -> Result<String, DoorError> {
+        let sessions = self.service.sessions();
+        let configured = sessions.agents().get(agent).ok_or_else(|| {
+            let known: Vec<String> = sessions.agents().all().iter().map(|a| a.name.clone()).collect();
+            DoorError::Invalid(format!("no agent named {agent:?}; this data dir's config has: {}", known.join(", ")))
+        })?;
+        // An editor has no say in which server tools run: the agent runs as configured.
+        let tools = rules::configured_tools(&configured, &sessions.agents().tools);
+        let spec = SessionSpec {
+            agent: AgentSpec { name: agent.to_string(), tools, ..AgentSpec::default() },
+            metadata,
+            ..SessionSpec::default()
+        };
+        Ok(sessions.create(&self.caller, spec).await?.id.to_string())
+    }
+
+    async fn events(&self, session: &str) -> Result<Vec<Event>, DoorError> {
+        let sessions = self.service.sessions();
+        let summary = sessions.get(&self.caller, session).await?;
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let query = EventQuery { after, limit: 1000, ..EventQuery::default() };
+            let page = sessions.events(&summary, query).await?;
+            after = page.events.last().map(|e| Cursor::Event(e.id));
+            for raw in page.events.iter().filter(|e| !e.is_delta()) {
+                out.push(decoded(raw)?);
+            }
+            if !page.has_more {
+                return Ok(out);
+            }
+        }
+    }
+
+    async fn submit(&self, session: &str, inputs: Vec<Input>) -> Result<Vec<Event>, DoorError> {
+        let sessions = self.service.sessions();
+        let summary = sessions.get(&self.caller, session).await?;
+        let submitted = sessions.submit(&summary, Submission { inputs, ..Submission::default() }).await?;
+        submitted.events.iter().map(decoded).collect()
+    }
+
+    async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {
+        let sessions = self.service.sessions();
+        let summary = sessions.get(&self.caller, session).await?;
+        let mut follower = sessions.follow(&summary, Some(Cursor::Event(after))).await?;
+        Ok(async_stream::stream! {
+            loop {
+                match follower.next().await {
+                    Ok(Some(batch)) => {
+                        for raw in &batch {
+                            yield decoded(raw);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        yield Err(DoorError::Unavailable(error.to_string()));
+                        break;
+                    }
+                }
+            }
+        }
+        .boxed())
+    }
+}
+
+/// A running turnlog server, through its HTTP API: sessions are made with the turn API
+/// (`POST /sessions`, with the agent's tools from `GET /meta`), input is posted and the log
+/// read and followed through the native event API.
+#[derive(Clone)]
+pub struct Bridge {
+    base: String,
+    key: Option<String>,
+    http: reqwest::Client,
+}
+
+/// How many times a dropped stream is opened again, a second apart, before the prompt
+/// that follows it fails.
+const RECONNECTS: u32 = 30;
+
+impl Bridge {
+    pub fn new(base: &str, key: Option<String>) -> Result<Bridge, DoorError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| DoorError::Unavailable(format!("an HTTP client: {e}")))?;
+        Ok(Bridge { base: base.trim_end_matches('/').to_string(), key, http })
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.key {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        }
+    }
+
+    async fn json(&self, request: reqwest::RequestBuilder) -> Result<Value, DoorError> {
+        let response = request.send().await.map_err(|e| unreachable_server(&self.base, e))?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        match status.is_success() {
+            true => Ok(body),
+            false => Err(refusal(status, &body)),
+        }
+    }
+}
+
+/// A server's error answer (`{"error":{"message",...}}`) by its status.
+fn refusal(status: reqwest::StatusCode, body: &Value) -> DoorError {
+    let message = body["error"]["message"].as_str().unwrap_or("no message").to_string();
+    match status.as_u16() {
+        404 => DoorError::NotFound(message),
+        400 | 413 | 422 => DoorError::Invalid(message),
+        401 | 403 => DoorError::Unauthorized(format!("the server refused the API key: {message}")),
+        409 | 412 => DoorError::Refused(message),
+        _ => DoorError::Unavailable(format!("the server answered {status}: {message}")),
+    }
+}
+
+fn is_delta(event: &Event) -> bool {
+    matches!(event.body, EventBody::AgentMessageDelta { .. } | EventBody::AgentThinkingDelta { .. })
+}
+
+fn unreachable_server(base: &str, error: reqwest::Error) -> DoorError {
+    DoorError::Unavailable(format!("turnlog server {base} is unreachable: {error}"))
+}
+
+fn session_path(session: &str) -> Result<String, DoorError> {
+    // Only ids go into paths: anything else names no session.
+    match session.parse::<crate::domain::SessionId>() {
+        Ok(id) => Ok(format!("/sessions/{id}")),
+        Err(_) => Err(DoorError::NotFound(format!("session {session} not found"))),
+    }
+}
+
+/// A page of `GET /sessions/{id}/events`.
+#[derive(Deserialize)]
+struct EventPage {
+    data: Vec<Event>,
+    has_more: bool,
+}
+
+/// An input as the native event API takes it.
+fn native(input: Input) -> Value {
+    match input {
+        Input::Message(content) => json!({"type": "user.message", "content": content}),
+        Input::Permission { call, granted, reason, remember } => {
+            let mut event = json!({
+                "type": "user.tool_confirmation",
+                "tool_use_id": call,
+                "result": if granted { "allow" } else { "deny" },
+                "remember": remember,
+            });
+            if let Some(reason) = reason {
+                event["deny_message"] = json!(reason);
+            }
+            event
+        }
+        Input::Result { call, content, is_error } => {
+            json!({"type": "user.custom_tool_result", "custom_tool_use_id": call, "content": content, "is_error": is_error})
+        }
+        Input::Outcome(outcome) => json!({"type": "user.define_outcome", "outcome": outcome}),
+        Input::Interrupt | Input::Cancel => json!({"type": "user.interrupt"}),
+    }
+}
+
+#[async_trait]
+impl Door for Bridge {
+    async fn create(&self, agent: &str, metadata: Map<String, Value>) -> Result<String, DoorError> {
+        let meta = self.json(self.request(reqwest::Method::GET, "/meta")).await?;
+        let agents = meta["agents"].as_array().cloned().unwrap_or_default();
+        let Some(found) = agents.iter().find(|a| a["name"] == agent) else {
+            let known: Vec<&str> = agents.iter().filter_map(|a| a["name"].as_str()).collect();
+            return Err(DoorError::Invalid(format!("no agent named {agent:?}; the server has: {}", known.join(", "))));
+        };
+        // Every tool the agent offers, trusted as far as the server's config allows.
+        let tools: Vec<Value> = found["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|tool| json!({"name": tool["name"], "trust": true}))
+            .collect();
+        let body = json!({"agent": {"name": agent, "tools": tools}, "metadata": metadata});
+        let created = self.json(self.request(reqwest::Method::POST, "/sessions").json(&body)).await?;
+        created["sessionId"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| DoorError::Unavailable(format!("the server made a session but named none: {created}")))
+    }
+
+    async fn events(&self, session: &str) -> Result<Vec<Event>, DoorError> {
+        let path = format!("{}/events", session_path(session)?);
+        let mut out = Vec::new();
+        let mut after: Option<EventId> = None;
+        loop {
+            let mut request = self.request(reqwest::Method::GET, &path).query(&[("limit", "1000")]);
+            if let Some(after) = after {
+                request = request.query(&[("after_id", after.to_string())]);
+            }
+            let page: EventPage = serde_json::from_value(self.json(request).await?)
+                .map_err(|e| DoorError::Unavailable(format!("a page of events does not decode: {e}")))?;
+            after = page.data.last().map(|e| e.id);
+            out.extend(page.data.into_iter().filter(|e| !is_delta(e)));
+            if !page.has_more {
+                return Ok(out);
+            }
+        }
+    }
+
+    async fn submit(&self, session: &str, inputs: Vec<Input>) -> Result<Vec<Event>, DoorError> {
+        let path = format!("{}/events", session_path(session)?);
+        let body = json!({"events": inputs.into_iter().map(native).collect::<Vec<_>>()});
+        let stored = self.json(self.request(reqwest::Method::POST, &path).json(&body)).await?;
+        serde_json::from_value::<Vec<Event>>(stored["data"].clone())
+            .map_err(|e| DoorError::Unavailable(format!("the stored events do not decode: {e}")))
+    }
+
+    async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {
+        let path = format!("{}/events/stream", session_path(session)?);
+        let open = {
+            let (bridge, path) = (self.clone(), path.clone());
+            move |after: EventId| {
+                let (bridge, path) = (bridge.clone(), path.clone());
+                async move {
+                    let request = bridge
+                        .request(reqwest::Method::GET, &path)
+                        .query(&[("after_id", after.to_string())])
+                        .header("accept", "text/event-stream");
+                    let response = request.send().await.map_err(|e| unreachable_server(&bridge.base, e))?;
+                    let status = response.status();
+                    if !status.is_success() {
+                        return Err(refusal(status, &response.json().await.unwrap_or(Value::Null)));
+                    }
+                    Ok(response.bytes_stream().eventsource())
+                }
+            }
+        };
+        // The first open answers for the session (unknown, refused); later drops reconnect.
+        let mut frames = open(after).await?;
+        Ok(async_stream::stream! {
+            let mut last = after;
+            let mut failures = 0;
+            loop {
+                match frames.next().await {
+                    Some(Ok(frame)) if frame.data.is_empty() => {}
+                    Some(Ok(frame)) => match serde_json::from_str::<Event>(&frame.data) {
+                        Ok(event) => {
+                            failures = 0;
+                            last = event.id;
+                            let terminated = matches!(event.body, EventBody::Terminated { .. });
+                            yield Ok(event);
+                            if terminated {
+                                break;
+                            }
+                        }
+                        Err(error) => {
+                            yield Err(DoorError::Unavailable(format!("a streamed event does not decode: {error}")));
+                            break;
+                        }
+                    },
+                    // The stream dropped (or the server restarted): open it again after the
+                    // last event seen, as any client of the native stream resumes.
+                    Some(Err(_)) | None => loop {
+                        failures += 1;
+                        if failures > RECONNECTS {
+                            yield Err(DoorError::Unavailable("the server's event stream is gone".into()));
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        match open(last).await {
+                            Ok(reopened) => {
+                                tracing::info!(after = %last, "event stream reopened");
+                                frames = reopened;
+                                break;
+                            }
+                            Err(DoorError::Unavailable(error)) => tracing::warn!(%error, "event stream"),
+                            Err(error) => {
+                                yield Err(error);
+                                return;
+                            }
+                        }
+                    },
+                }
+            }
+        }
+        .boxed())
+    }
+}

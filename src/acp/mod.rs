@@ -1,0 +1,281 @@
+//! `turnlog acp`: the Agent Client Protocol (v1) on stdin/stdout, as a view of the log.
+//! An editor starts it as its agent; each ACP session is a turnlog session, so it is
+//! durable, loads exactly (`session/load` replays the log), and can be watched live
+//! through any other view while the editor drives it.
+//!
+//! The official Rust SDK (`agent-client-protocol`) does the JSON-RPC: framing, ids,
+//! malformed lines (`-32700`), unknown methods and ill-typed params. This module maps
+//! requests to the session layer ([`door`]) and log events to updates ([`render`]).
+
+pub mod door;
+mod prompt;
+pub mod render;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    self as acp, AgentCapabilities, CancelNotification, ContentBlock, Implementation, InitializeRequest,
+    InitializeResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
+    PromptCapabilities, PromptRequest, PromptResponse, SessionNotification,
+};
+use agent_client_protocol::v1::{ConnectionTo, Responder};
+use agent_client_protocol::{Agent, Client, Error, Stdio};
+use parking_lot::Mutex;
+use serde_json::{json, Map, Value};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::Block;
+use door::{Door, DoorError};
+use prompt::{Ended, Prompt};
+
+/// How long a prompt still running when stdin closes gets to record its end.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// The ACP view on one connection: the door to the session layer, the agent new sessions
+/// run, and the prompts in flight (to cancel them).
+#[derive(Clone)]
+pub struct Acp {
+    door: Arc<dyn Door>,
+    agent: String,
+    prompts: Arc<Mutex<HashMap<String, Running>>>,
+    numbers: Arc<AtomicU64>,
+}
+
+struct Running {
+    /// Which prompt it is: a finished prompt takes itself off only if no newer one is there.
+    number: u64,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Acp {
+    pub fn new(door: Arc<dyn Door>, agent: String) -> Acp {
+        Acp { door, agent, prompts: Default::default(), numbers: Default::default() }
+    }
+
+    /// Serves stdin/stdout until stdin closes, then cancels the prompts still running and
+    /// waits (a while) for their end to be recorded.
+    pub async fn serve(self) -> Result<(), Error> {
+        let served = Agent
+            .v1()
+            .name("turnlog")
+            .on_receive_request(
+                async |request: InitializeRequest, responder: Responder<InitializeResponse>, _cx| {
+                    responder.respond(initialize(&request))
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                {
+                    let acp = self.clone();
+                    async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, _cx| match acp
+                        .new_session(request)
+                        .await
+                    {
+                        Ok(id) => responder.respond(NewSessionResponse::new(id)),
+                        Err(error) => responder.respond_with_error(error),
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                {
+                    let acp = self.clone();
+                    async move |request: LoadSessionRequest,
+                                responder: Responder<LoadSessionResponse>,
+                                cx: ConnectionTo<Client>| {
+                        match acp.load_session(&request, &cx).await {
+                            Ok(()) => responder.respond(LoadSessionResponse::new()),
+                            Err(error) => responder.respond_with_error(error),
+                        }
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                {
+                    let acp = self.clone();
+                    async move |request: PromptRequest,
+                                responder: Responder<PromptResponse>,
+                                cx: ConnectionTo<Client>| { acp.prompt(request, responder, cx) }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_notification(
+                {
+                    let acp = self.clone();
+                    async move |notification: CancelNotification, _cx: ConnectionTo<Client>| {
+                        acp.cancel(&notification.session_id.0);
+                        Ok(())
+                    }
+                },
+                agent_client_protocol::on_receive_notification!(),
+            )
+            .connect_to(Stdio::new())
+            .await;
+        self.close().await;
+        served
+    }
+
+    async fn new_session(&self, request: NewSessionRequest) -> Result<String, Error> {
+        let cwd = absolute(&request.cwd)?;
+        if !request.mcp_servers.is_empty() {
+            // Not silently: the editor's log shows it.
+            tracing::warn!(
+                servers = request.mcp_servers.len(),
+                "session/new named MCP servers; turnlog does not connect to MCP servers yet, so their tools are not offered"
+            );
+        }
+        let metadata = Map::from_iter([("acp_cwd".to_string(), json!(cwd))]);
+        let id = self.door.create(&self.agent, metadata).await.map_err(|e| error(e, None))?;
+        tracing::info!(session_id = %id, agent = %self.agent, "session created");
+        Ok(id)
+    }
+
+    /// Replays the whole conversation, then answers (the client reads the updates first).
+    async fn load_session(&self, request: &LoadSessionRequest, cx: &ConnectionTo<Client>) -> Result<(), Error> {
+        absolute(&request.cwd)?;
+        let session = request.session_id.0.to_string();
+        let events = self.door.events(&session).await.map_err(|e| error(e, Some(&session)))?;
+        for update in render::replay(&events) {
+            cx.send_notification(SessionNotification::new(session.clone(), update))?;
+        }
+        Ok(())
+    }
+
+    /// Starts the prompt's task (the dispatch loop must go on: the task asks the client for
+    /// permissions and this connection takes cancels meanwhile).
+    fn prompt(
+        &self,
+        request: PromptRequest,
+        responder: Responder<PromptResponse>,
+        cx: ConnectionTo<Client>,
+    ) -> Result<(), Error> {
+        let session = request.session_id.0.to_string();
+        let content = match prompt_content(&request.prompt) {
+            Ok(content) => content,
+            Err(error) => return responder.respond_with_error(error),
+        };
+        let mut prompts = self.prompts.lock();
+        // (A prompt takes itself off before it answers; `is_finished` covers one that panicked.)
+        if prompts.get(&session).is_some_and(|running| !running.task.is_finished()) {
+            let message = format!("a prompt is already running on session {session}; cancel it or wait for its answer");
+            return responder.respond_with_error(Error::new(BUSY, message).data(json!({"sessionId": session})));
+        }
+        let cancel = CancellationToken::new();
+        let number = self.numbers.fetch_add(1, Ordering::Relaxed);
+        let prompt = Prompt { door: self.door.clone(), cx, session: session.clone(), cancel: cancel.clone() };
+        let task = tokio::spawn(self.clone().answer(prompt, content, number, responder));
+        prompts.insert(session, Running { number, cancel, task });
+        Ok(())
+    }
+
+    /// Runs the prompt, takes it off the running ones, then answers: in that order, since
+    /// the client may send the session's next prompt as soon as it reads the answer.
+    async fn answer(self, prompt: Prompt, content: Vec<Block>, number: u64, responder: Responder<PromptResponse>) {
+        let session = prompt.session.clone();
+        let ended = prompt.run(content).await;
+        {
+            let mut prompts = self.prompts.lock();
+            if prompts.get(&session).is_some_and(|running| running.number == number) {
+                prompts.remove(&session);
+            }
+        }
+        let answer = match ended {
+            Ended::Stopped(reason) => responder.respond(PromptResponse::new(reason)),
+            Ended::Failed { code, message } => responder.respond_with_error(
+                Error::new(agent_client_protocol::ErrorCode::INTERNAL_ERROR, format!("the turn failed: {message}"))
+                    .data(json!({"code": code})),
+            ),
+            Ended::Refused(refused) => responder.respond_with_error(error(refused, Some(&session))),
+        };
+        if let Err(error) = answer {
+            tracing::debug!(%error, "the prompt's answer was not sent (the client has gone)");
+        }
+    }
+
+    fn cancel(&self, session: &str) {
+        if let Some(running) = self.prompts.lock().get(session) {
+            running.cancel.cancel();
+        }
+    }
+
+    /// The client has gone: no one can answer a permission or read a reply, so the prompts
+    /// still running are cancelled, and their end recorded before the log closes.
+    async fn close(&self) {
+        let running: Vec<Running> = self.prompts.lock().drain().map(|(_, running)| running).collect();
+        for prompt in &running {
+            prompt.cancel.cancel();
+        }
+        let all = futures_util::future::join_all(running.into_iter().map(|r| r.task));
+        if tokio::time::timeout(CLOSE_WAIT, all).await.is_err() {
+            tracing::warn!("prompts still running {} s after stdin closed", CLOSE_WAIT.as_secs());
+        }
+    }
+}
+
+/// A prompt refused because one runs on the session: not one of JSON-RPC's or ACP's
+/// reserved codes (those are -32768..=-32000 and -32899..=-32800).
+const BUSY: i32 = 1409;
+
+fn initialize(request: &InitializeRequest) -> InitializeResponse {
+    if request.protocol_version != ProtocolVersion::V1 {
+        tracing::info!(asked = ?request.protocol_version, "the client asked another protocol version; answering with 1");
+    }
+    let capabilities = AgentCapabilities::new()
+        .load_session(true)
+        .prompt_capabilities(PromptCapabilities::new().image(true).embedded_context(true));
+    InitializeResponse::new(ProtocolVersion::V1)
+        .agent_capabilities(capabilities)
+        .auth_methods(Vec::new())
+        .agent_info(Implementation::new("turnlog", env!("CARGO_PKG_VERSION")).title("turnlog"))
+}
+
+fn absolute(cwd: &Path) -> Result<String, Error> {
+    match cwd.is_absolute() {
+        true => Ok(cwd.display().to_string()),
+        false => {
+            Err(Error::invalid_params().data(json!(format!("cwd must be an absolute path, got {}", cwd.display()))))
+        }
+    }
+}
+
+/// The prompt's blocks as the log stores them: as the client sent them.
+fn prompt_content(prompt: &[ContentBlock]) -> Result<Vec<Block>, Error> {
+    if prompt.is_empty() {
+        return Err(Error::invalid_params().data(json!("prompt: at least one content block is needed")));
+    }
+    prompt
+        .iter()
+        .enumerate()
+        .map(|(i, block)| {
+            if matches!(block, ContentBlock::Audio(_)) {
+                return Err(Error::invalid_params()
+                    .data(json!(format!("prompt[{i}]: audio is not taken (promptCapabilities.audio is false)"))));
+            }
+            let value = serde_json::to_value(block).map_err(Error::into_internal_error)?;
+            serde_json::from_value::<Block>(value)
+                .map_err(|e| Error::invalid_params().data(json!(format!("prompt[{i}]: {e}"))))
+        })
+        .collect()
+}
+
+/// The session layer's answer as a JSON-RPC error.
+fn error(error: DoorError, session: Option<&str>) -> Error {
+    match (error, session) {
+        (DoorError::NotFound(_), Some(session)) => acp::Error::session_not_found(session.to_string()).into(),
+        (DoorError::NotFound(message), None) => {
+            Error::new(agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND, message)
+        }
+        (DoorError::Invalid(message), _) => Error::invalid_params().data(Value::String(message)),
+        (DoorError::Refused(message), session) => Error::new(BUSY, message).data(json!({"sessionId": session})),
+        (DoorError::Unauthorized(message), _) => Error::auth_required().data(Value::String(message)),
+        (DoorError::Unavailable(message), _) => Error::internal_error().data(Value::String(message)),
+    }
+}

@@ -1,0 +1,196 @@
+//! One `session/prompt`: store the message, follow the session's log from it and render
+//! each event as it is stored, ask the client for the permissions the turn waits for, and
+//! answer with the stop reason once the log records how the turn chain ended.
+//!
+//! A tool whose permission is `ask` ends the log's turn waiting (`requires_action`); the
+//! decision starts the turn that goes on. So one prompt may span several turns of the log,
+//! and it ends at the first stop that waits for nothing.
+
+use std::sync::Arc;
+
+use agent_client_protocol::v1::schema::{
+    PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest, SessionNotification,
+    StopReason as AcpStop,
+};
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::Client;
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::door::{Door, DoorError};
+use super::render::Live;
+use crate::domain::event::StopReason;
+use crate::domain::{Block, EventBody, EventId};
+use crate::session::Input;
+
+/// How a prompt ended, for its response.
+pub enum Ended {
+    Stopped(AcpStop),
+    /// The model or the service failed the turn.
+    Failed {
+        code: String,
+        message: String,
+    },
+    /// Nothing was stored, or the log could no longer be followed.
+    Refused(DoorError),
+}
+
+pub struct Prompt {
+    pub door: Arc<dyn Door>,
+    pub cx: ConnectionTo<Client>,
+    pub session: String,
+    pub cancel: CancellationToken,
+}
+
+impl Prompt {
+    pub async fn run(self, content: Vec<Block>) -> Ended {
+        let stored = match self.door.submit(&self.session, vec![Input::Message(content)]).await {
+            Ok(stored) => stored,
+            Err(error) => return Ended::Refused(error),
+        };
+        let Some(message) = stored.iter().find(|e| matches!(e.body, EventBody::UserMessage { .. })) else {
+            return Ended::Refused(DoorError::Unavailable("the message was not stored".into()));
+        };
+        let mut events = match self.door.follow(&self.session, message.id).await {
+            Ok(events) => events,
+            Err(error) => return Ended::Refused(error),
+        };
+        let mut live = Live::default();
+        let mut cancelled = false;
+        let mut failure: Option<(String, String)> = None;
+        loop {
+            let event = tokio::select! {
+                _ = self.cancel.cancelled(), if !cancelled => {
+                    cancelled = true;
+                    self.interrupt().await;
+                    continue;
+                }
+                event = events.next() => event,
+            };
+            let event = match event {
+                Some(Ok(event)) => event,
+                Some(Err(error)) => return Ended::Refused(error),
+                None => return Ended::Refused(DoorError::NotFound(format!("session {} was deleted", self.session))),
+            };
+            for update in live.update(&event) {
+                self.notify(update);
+            }
+            match &event.body {
+                EventBody::SessionError { error, code } => failure = Some((code.clone(), error.clone())),
+                EventBody::StatusIdle { stop_reason, .. } if stop_reason.kind == StopReason::RequiresAction => {
+                    // Partial answers leave a new `requires_action` naming the calls that
+                    // still wait: answer one call per stop.
+                    if let Some(&call) = stop_reason.event_ids.first() {
+                        cancelled |= !self.answer(&live, call, cancelled).await;
+                    }
+                }
+                EventBody::StatusIdle { stop_reason, .. } => {
+                    return match (stop_reason.kind, failure) {
+                        (_, _) if cancelled => Ended::Stopped(AcpStop::Cancelled),
+                        (StopReason::Error, Some((code, message))) => Ended::Failed { code, message },
+                        (StopReason::Error, None) => {
+                            Ended::Failed { code: "error".into(), message: "the turn failed".into() }
+                        }
+                        (kind, _) => Ended::Stopped(stop(kind)),
+                    };
+                }
+                EventBody::Terminated { .. } => {
+                    return Ended::Refused(DoorError::NotFound(format!("session {} was deleted", self.session)))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn notify(&self, update: agent_client_protocol::v1::schema::SessionUpdate) {
+        // Fails only once the client has gone; the log has it all.
+        let _ = self.cx.send_notification(SessionNotification::new(self.session.clone(), update));
+    }
+
+    /// Stops the running turn, or closes the calls it left waiting.
+    async fn interrupt(&self) {
+        match self.door.submit(&self.session, vec![Input::Interrupt]).await {
+            Ok(_) | Err(DoorError::Refused(_)) => {}
+            Err(error) => tracing::warn!(session_id = %self.session, %error, "interrupt"),
+        }
+    }
+
+    /// Answers one waiting call: asks the client for a permission (a client tool, which ACP
+    /// cannot run, gets an error result). False when the prompt was cancelled meanwhile.
+    async fn answer(&self, live: &Live, call: EventId, cancelled: bool) -> bool {
+        if cancelled {
+            self.interrupt().await;
+            return false;
+        }
+        let Some(known) = live.calls.get(&call) else {
+            // A call this prompt did not make (left waiting before it): not ours to answer.
+            tracing::warn!(session_id = %self.session, %call, "a call waits that this prompt did not make");
+            self.interrupt().await;
+            return false;
+        };
+        let input = if known.client {
+            Input::Result {
+                call: call.to_string(),
+                content: vec![Block::text(format!("{} is a client tool, and an ACP client cannot run it", known.name))],
+                is_error: true,
+            }
+        } else {
+            let request = RequestPermissionRequest::new(self.session.clone(), known.update(call), options(&known.name));
+            let outcome = tokio::select! {
+                _ = self.cancel.cancelled() => None,
+                answer = self.cx.send_request(request).block_task() => match answer {
+                    Ok(answer) => Some(answer.outcome),
+                    Err(error) => {
+                        tracing::warn!(session_id = %self.session, %error, "the permission request failed");
+                        None
+                    }
+                },
+            };
+            let (granted, remember) = match outcome {
+                Some(RequestPermissionOutcome::Selected(selected)) => match &*selected.option_id.0 {
+                    ALLOW_ONCE => (true, false),
+                    ALLOW_ALWAYS => (true, true),
+                    REJECT_ALWAYS => (false, true),
+                    _ => (false, false),
+                },
+                // Cancelled, by `session/cancel` or by the client itself.
+                _ => {
+                    self.interrupt().await;
+                    return false;
+                }
+            };
+            Input::Permission { call: call.to_string(), granted, reason: None, remember }
+        };
+        match self.door.submit(&self.session, vec![input]).await {
+            // Refused: another client answered the call first; the log goes on either way.
+            Ok(_) | Err(DoorError::Refused(_)) => {}
+            Err(error) => tracing::warn!(session_id = %self.session, %error, "answering a tool call"),
+        }
+        true
+    }
+}
+
+const ALLOW_ONCE: &str = "allow-once";
+const ALLOW_ALWAYS: &str = "allow-always";
+const REJECT_ONCE: &str = "reject-once";
+const REJECT_ALWAYS: &str = "reject-always";
+
+fn options(tool: &str) -> Vec<PermissionOption> {
+    vec![
+        PermissionOption::new(ALLOW_ONCE, "Allow", PermissionOptionKind::AllowOnce),
+        PermissionOption::new(ALLOW_ALWAYS, format!("Always allow {tool}"), PermissionOptionKind::AllowAlways),
+        PermissionOption::new(REJECT_ONCE, "Reject", PermissionOptionKind::RejectOnce),
+        PermissionOption::new(REJECT_ALWAYS, format!("Always reject {tool}"), PermissionOptionKind::RejectAlways),
+    ]
+}
+
+/// The log's stop reasons as ACP names them (`requires_action` and `error` never reach here).
+fn stop(kind: StopReason) -> AcpStop {
+    match kind {
+        StopReason::MaxTokens => AcpStop::MaxTokens,
+        StopReason::MaxTurnRequests => AcpStop::MaxTurnRequests,
+        StopReason::Refusal => AcpStop::Refusal,
+        StopReason::Cancelled => AcpStop::Cancelled,
+        StopReason::EndTurn | StopReason::RequiresAction | StopReason::Error => AcpStop::EndTurn,
+    }
+}

@@ -1,0 +1,362 @@
+//! Log events as ACP `session/update`s: live, as a prompt's events arrive ([`Live`]), and
+//! as a whole conversation for `session/load` ([`replay`]). Pure: no IO, no rules.
+
+use std::collections::HashMap;
+
+use agent_client_protocol::v1::schema::{
+    Content, ContentBlock, ContentChunk, ImageContent, MessageId, SessionUpdate, TextContent, ToolCall,
+    ToolCallContent, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+};
+use serde_json::Value;
+
+use crate::domain::event::Permission;
+use crate::domain::{Block, Event, EventBody, EventId};
+
+/// A tool call as a prompt knows it: what to ask the client about, and who runs it.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub name: String,
+    pub input: Value,
+    /// Run by the client (a client tool of the agent's config), which ACP has no way to do.
+    pub client: bool,
+}
+
+impl Call {
+    /// The call as the client's permission dialog shows it.
+    pub fn update(&self, id: EventId) -> ToolCallUpdate {
+        let fields = ToolCallUpdateFields::new()
+            .title(title(&self.name, &self.input))
+            .kind(kind(&self.name))
+            .status(ToolCallStatus::Pending)
+            .raw_input(self.input.clone());
+        ToolCallUpdate::new(id.to_string(), fields)
+    }
+}
+
+/// The updates of one prompt, event by event. Text and thinking go out as their deltas
+/// come; a final message adds only what its deltas did not say (all of it when the
+/// follower joined after them).
+#[derive(Debug, Default)]
+pub struct Live {
+    said: HashMap<String, usize>,
+    pub calls: HashMap<EventId, Call>,
+}
+
+impl Live {
+    pub fn update(&mut self, event: &Event) -> Vec<SessionUpdate> {
+        match &event.body {
+            EventBody::AgentThinkingDelta { message_id, delta } => self.say(message_id, delta, Chunk::Thought),
+            EventBody::AgentMessageDelta { message_id, delta } => self.say(message_id, delta, Chunk::Message),
+            EventBody::AgentThinking { message_id, thinking } => self.rest(message_id, thinking, Chunk::Thought),
+            EventBody::AgentMessage { message_id, content } => {
+                self.rest(message_id, &Block::join_text(content), Chunk::Message)
+            }
+            EventBody::AgentToolUse { name, input, evaluated_permission, .. } => {
+                self.calls.insert(event.id, Call { name: name.clone(), input: input.clone(), client: false });
+                let call = SessionUpdate::ToolCall(tool_call(event.id, name, input, ToolCallStatus::Pending));
+                match evaluated_permission {
+                    // It runs at once.
+                    Permission::Allow => vec![call, status(event.id, ToolCallStatus::InProgress)],
+                    _ => vec![call],
+                }
+            }
+            EventBody::AgentCustomToolUse { name, input, .. } => {
+                self.calls.insert(event.id, Call { name: name.clone(), input: input.clone(), client: true });
+                vec![SessionUpdate::ToolCall(tool_call(event.id, name, input, ToolCallStatus::Pending))]
+            }
+            EventBody::UserToolConfirmation {
+                tool_use_id, result: crate::domain::event::Confirmation::Allow, ..
+            } => tool_use_id.parse().map(|id| vec![status(id, ToolCallStatus::InProgress)]).unwrap_or_default(),
+            EventBody::AgentToolResult { tool_use_id, content, is_error, .. } => {
+                vec![finished(*tool_use_id, content, *is_error)]
+            }
+            EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => {
+                custom_tool_use_id.parse().map(|id| vec![finished(id, content, *is_error)]).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn say(&mut self, message_id: &str, text: &str, chunk: Chunk) -> Vec<SessionUpdate> {
+        *self.said.entry(message_id.to_string()).or_default() += text.len();
+        chunk.of(message_id, text).into_iter().collect()
+    }
+
+    fn rest(&mut self, message_id: &str, whole: &str, chunk: Chunk) -> Vec<SessionUpdate> {
+        let said = self.said.insert(message_id.to_string(), whole.len()).unwrap_or(0);
+        chunk.of(message_id, whole.get(said..).unwrap_or_default()).into_iter().collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Chunk {
+    Message,
+    Thought,
+}
+
+impl Chunk {
+    fn of(self, message_id: &str, text: &str) -> Option<SessionUpdate> {
+        if text.is_empty() {
+            return None;
+        }
+        let chunk =
+            ContentChunk::new(ContentBlock::Text(TextContent::new(text))).message_id(MessageId::new(message_id));
+        Some(match self {
+            Chunk::Message => SessionUpdate::AgentMessageChunk(chunk),
+            Chunk::Thought => SessionUpdate::AgentThoughtChunk(chunk),
+        })
+    }
+}
+
+/// A whole conversation, in log order: user messages block by block, each agent message
+/// and thought whole, each tool call once, with its final status and content.
+pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {
+    let mut results: HashMap<EventId, (&[Block], bool)> = HashMap::new();
+    for event in events {
+        match &event.body {
+            EventBody::AgentToolResult { tool_use_id, content, is_error, .. } => {
+                results.insert(*tool_use_id, (content, *is_error));
+            }
+            EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => {
+                if let Ok(id) = custom_tool_use_id.parse() {
+                    results.insert(id, (content, *is_error));
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for event in events {
+        match &event.body {
+            EventBody::UserMessage { content } => out.extend(content.iter().map(|block| {
+                SessionUpdate::UserMessageChunk(
+                    ContentChunk::new(content_block(block)).message_id(MessageId::new(event.id.to_string())),
+                )
+            })),
+            EventBody::AgentThinking { message_id, thinking } => out.extend(Chunk::Thought.of(message_id, thinking)),
+            EventBody::AgentMessage { message_id, content } => {
+                out.extend(Chunk::Message.of(message_id, &Block::join_text(content)))
+            }
+            EventBody::AgentToolUse { name, input, .. } | EventBody::AgentCustomToolUse { name, input, .. } => {
+                let call = match results.get(&event.id) {
+                    Some((content, is_error)) => {
+                        tool_call(event.id, name, input, done(*is_error)).content(tool_content(content))
+                    }
+                    // Left waiting (by a turn that was stopped before it was answered).
+                    None => tool_call(event.id, name, input, ToolCallStatus::Pending),
+                };
+                out.push(SessionUpdate::ToolCall(call));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn tool_call(id: EventId, name: &str, input: &Value, status: ToolCallStatus) -> ToolCall {
+    ToolCall::new(id.to_string(), title(name, input)).kind(kind(name)).status(status).raw_input(input.clone())
+}
+
+fn status(id: EventId, status: ToolCallStatus) -> SessionUpdate {
+    SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), ToolCallUpdateFields::new().status(status)))
+}
+
+fn finished(id: EventId, content: &[Block], is_error: bool) -> SessionUpdate {
+    let fields = ToolCallUpdateFields::new().status(done(is_error)).content(tool_content(content));
+    SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields))
+}
+
+fn done(is_error: bool) -> ToolCallStatus {
+    if is_error {
+        ToolCallStatus::Failed
+    } else {
+        ToolCallStatus::Completed
+    }
+}
+
+fn tool_content(content: &[Block]) -> Vec<ToolCallContent> {
+    content.iter().map(|block| ToolCallContent::Content(Content::new(content_block(block)))).collect()
+}
+
+/// `calculator: 2*(3+4)` for a call with one string argument, else the name and the input.
+fn title(name: &str, input: &Value) -> String {
+    let mut strings = input.as_object().into_iter().flat_map(|o| o.values()).filter_map(Value::as_str);
+    let title = match (input.as_object().map(|o| o.len()), strings.next()) {
+        (Some(1), Some(only)) => format!("{name}: {only}"),
+        (Some(0), _) | (None, _) => name.to_string(),
+        _ => format!("{name} {input}"),
+    };
+    match title.char_indices().nth(120) {
+        Some((cut, _)) => format!("{}…", &title[..cut]),
+        None => title,
+    }
+}
+
+/// What an editor shows for a tool, guessed from its name.
+fn kind(name: &str) -> ToolKind {
+    let name = name.to_ascii_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| name.contains(w));
+    if has(&["fetch", "http", "url"]) {
+        ToolKind::Fetch
+    } else if has(&["search", "grep", "find"]) {
+        ToolKind::Search
+    } else if has(&["read", "get_file", "cat"]) {
+        ToolKind::Read
+    } else if has(&["edit", "write", "patch"]) {
+        ToolKind::Edit
+    } else if has(&["delete", "remove"]) {
+        ToolKind::Delete
+    } else if has(&["exec", "shell", "run_", "command"]) {
+        ToolKind::Execute
+    } else {
+        ToolKind::Other
+    }
+}
+
+/// A stored block as ACP content: blocks an ACP client sent are ACP's shape already;
+/// other views' images become ACP images, and anything else a line of text saying what it is.
+pub fn content_block(block: &Block) -> ContentBlock {
+    let value = serde_json::to_value(block).unwrap_or(Value::Null);
+    if let Ok(acp) = serde_json::from_value::<ContentBlock>(value) {
+        return acp;
+    }
+    if let Some(file) = block.file().filter(|f| f.mime.starts_with("image/")) {
+        return ContentBlock::Image(ImageContent::new(file.base64, file.mime));
+    }
+    let source = block.rest.get("source");
+    if let (Some("base64"), Some(data), Some(mime)) = (
+        source.and_then(|s| s["type"].as_str()),
+        source.and_then(|s| s["data"].as_str()),
+        source.and_then(|s| s["media_type"].as_str()),
+    ) {
+        return ContentBlock::Image(ImageContent::new(data, mime));
+    }
+    let name = block.file().map(|f| format!(" {} ({})", f.name, f.mime)).unwrap_or_default();
+    ContentBlock::Text(TextContent::new(format!("[{}{name}]", block.kind)))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::{SessionId, TurnId};
+
+    fn event(body: EventBody) -> Event {
+        Event {
+            id: EventId(crate::domain::ids::IDS.next()),
+            session_id: SessionId::generate(),
+            turn_id: Some(TurnId::generate()),
+            turn_sequence_number: Some(1),
+            sequence_number: 1,
+            created_at: "2026-11-23T00:00:00.000000Z".into(),
+            processed_at: Some("2026-11-23T00:00:00.000000Z".into()),
+            schema_version: 1,
+            body,
+        }
+    }
+
+    fn wire(updates: &[SessionUpdate]) -> Vec<Value> {
+        updates.iter().map(|u| serde_json::to_value(u).unwrap()).collect()
+    }
+
+    fn texts(updates: &[SessionUpdate]) -> Vec<String> {
+        wire(updates).iter().filter_map(|u| u["content"]["text"].as_str().map(String::from)).collect()
+    }
+
+    #[test]
+    fn a_final_message_adds_only_what_its_deltas_did_not_say() {
+        let mut live = Live::default();
+        let delta = |text: &str| EventBody::AgentMessageDelta { message_id: "msg_1".into(), delta: text.into() };
+        let mut out = Vec::new();
+        for body in [delta("echo: "), delta("hel")] {
+            out.extend(live.update(&event(body)));
+        }
+        out.extend(live.update(&event(EventBody::AgentMessage {
+            message_id: "msg_1".into(),
+            content: vec![Block::text("echo: hello")],
+        })));
+        assert_eq!(texts(&out), ["echo: ", "hel", "lo"]);
+        // A follower that joined after the deltas gets the whole message.
+        let whole = Live::default()
+            .update(&event(EventBody::AgentThinking { message_id: "msg_2".into(), thinking: "hmm".into() }));
+        assert_eq!(wire(&whole)[0]["sessionUpdate"], "agent_thought_chunk");
+        assert_eq!(texts(&whole), ["hmm"]);
+    }
+
+    #[test]
+    fn a_tool_call_goes_pending_in_progress_then_done() {
+        let mut live = Live::default();
+        let ask = event(EventBody::AgentToolUse {
+            tool_call_id: "call_1".into(),
+            name: "fetch_url".into(),
+            input: json!({"url": "http://example.com/"}),
+            evaluated_permission: Permission::Ask,
+        });
+        let id = ask.id;
+        let first = wire(&live.update(&ask));
+        assert_eq!(first.len(), 1, "an asking call waits: {first:?}");
+        assert_eq!(first[0]["sessionUpdate"], "tool_call");
+        assert_eq!(first[0]["kind"], "fetch");
+        assert_eq!(first[0]["title"], "fetch_url: http://example.com/");
+        let granted = wire(&live.update(&event(EventBody::UserToolConfirmation {
+            tool_use_id: id.to_string(),
+            result: crate::domain::event::Confirmation::Allow,
+            deny_message: None,
+            tool_call_id: None,
+            remember: false,
+        })));
+        assert_eq!(granted[0]["status"], "in_progress");
+        let done = wire(&live.update(&event(EventBody::AgentToolResult {
+            tool_use_id: id,
+            tool_call_id: "call_1".into(),
+            content: vec![Block::text("not allowed")],
+            is_error: true,
+        })));
+        assert_eq!(done[0]["status"], "failed");
+        assert_eq!(done[0]["content"][0]["content"]["text"], "not allowed");
+    }
+
+    #[test]
+    fn replay_gives_each_call_once_with_its_final_status() {
+        let calc = event(EventBody::AgentToolUse {
+            tool_call_id: "call_1".into(),
+            name: "calculator".into(),
+            input: json!({"expression": "1+1"}),
+            evaluated_permission: Permission::Allow,
+        });
+        let events = vec![
+            event(EventBody::UserMessage { content: vec![Block::text("hi")] }),
+            event(EventBody::AgentMessageDelta { message_id: "msg_1".into(), delta: "ignored".into() }),
+            calc.clone(),
+            event(EventBody::AgentToolResult {
+                tool_use_id: calc.id,
+                tool_call_id: "call_1".into(),
+                content: vec![Block::text("2")],
+                is_error: false,
+            }),
+            event(EventBody::AgentMessage { message_id: "msg_1".into(), content: vec![Block::text("two")] }),
+        ];
+        let out = wire(&replay(&events));
+        let kinds: Vec<&str> = out.iter().map(|u| u["sessionUpdate"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["user_message_chunk", "tool_call", "agent_message_chunk"]);
+        assert_eq!(out[1]["status"], "completed");
+        assert_eq!(out[1]["content"][0]["content"]["text"], "2");
+        assert_eq!(out[2]["content"]["text"], "two");
+    }
+
+    #[test]
+    fn blocks_from_other_views_render_as_acp_content() {
+        let block = |v: Value| serde_json::to_value(content_block(&serde_json::from_value(v).unwrap())).unwrap();
+        let link = json!({"type": "resource_link", "uri": "file:///a", "name": "a"});
+        assert_eq!(block(link.clone()), link, "an ACP block comes back as it was sent");
+        assert_eq!(
+            block(json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}})),
+            json!({"type": "image", "data": "AA==", "mimeType": "image/png"})
+        );
+        assert_eq!(
+            block(json!({"type": "file", "name": "r.csv", "data": "data:text/csv;base64,YQ=="})),
+            json!({"type": "text", "text": "[file r.csv (text/csv)]"})
+        );
+    }
+}

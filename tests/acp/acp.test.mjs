@@ -1,0 +1,586 @@
+// `turnlog acp`: an Agent Client Protocol v1 agent over stdio, driven by the official client
+// (@agentclientprotocol/sdk 2.4.0, unchanged). The core cases run in both modes: embedded
+// (`--data-dir`) and bridge (`--server`, against a `turnlog serve` of the test's own); the
+// bridge also gets cases for the server's other views and for API keys.
+//
+// The default agent's scripted model answers deterministically (DESIGN.md section 4):
+// `hi` -> `echo: hi`; `/think T` thinks T first; `/tool NAME JSON` calls a tool, and once the
+// calls are resolved it says `tool results: NAME=CONTENT; ...`; `/words N` + `/delay MS` is
+// a slow reply; `/refuse`, `/max_tokens`, `/loop` end with those stop reasons.
+//
+// Every test also checks, through `withAgent`: the agent exits 0 within 5 s once its stdin
+// closes; every stdout line is JSON-RPC 2.0; no update for a session arrives after its
+// prompt/load was answered; and the SDK read every update exactly as it was written.
+
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { createHash, randomBytes } from "node:crypto";
+import fs from "node:fs";
+import path from "node:path";
+import { performance } from "node:perf_hooks";
+import {
+  EVENT_ID,
+  Lab,
+  SESSION_ID,
+  TEST,
+  assertCleanExit,
+  closeAndWait,
+  comparable,
+  contentText,
+  deadline,
+  defaultMaxTurnRequests,
+  getJson,
+  m,
+  messageText,
+  observeEvents,
+  outline,
+  rawAgent,
+  show,
+  showError,
+  updatesIn,
+  waitFor,
+  withAgent,
+} from "./helpers.mjs";
+
+const CALC = '/tool calculator {"expression":"2*(3+4)"}';
+const FETCH = '/tool fetch_url {"url":"http://example.com/"}';
+const PERMISSION_KINDS = ["allow_always", "allow_once", "reject_always", "reject_once"];
+/** A cancel must be answered this fast. */
+const CANCEL_WITHIN_MS = 5_000;
+
+/** The scripted model's `/words n` reply. */
+function words(n) {
+  return Array.from({ length: n }, (_, i) => `w${i + 1}`).join(" ");
+}
+
+/** An assertion message: what was checked, then what the prompt got. */
+function about(what, turn) {
+  return `${what}; the prompt's updates and permission requests: ${show(turn.events)}`;
+}
+
+/** The one tool call of a turn. */
+function onlyToolCall(turn) {
+  assert.equal(turn.toolCalls.length, 1, `expected one tool call: ${show(turn.updates)}`);
+  return turn.toolCalls[0];
+}
+
+/** `actual` cut down to the keys of `shape` (recursively), to compare with deepEqual. */
+function project(actual, shape) {
+  if (!shape || typeof shape !== "object" || !actual || typeof actual !== "object") return actual;
+  return Object.fromEntries(Object.keys(shape).map((k) => [k, project(actual[k], shape[k])]));
+}
+
+// ---------- the core cases, in both modes ----------
+
+for (const mode of ["embedded", "bridge"]) {
+  describe(`turnlog acp (${mode})`, () => {
+    /** A fresh data dir (and server, in bridge mode) and a `turnlog acp` driven by `op`. */
+    async function run(t, op) {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      return withAgent(lab, target.args, op);
+    }
+
+    test("initialize: protocol 1, loadSession, image and embedded-context prompts, no auth methods, agentInfo turnlog", TEST, async (t) => {
+      await run(t, async (c) => {
+        const init = await c.initialize();
+        assert.equal(init.protocolVersion, 1, `protocolVersion: ${show(init)}`);
+        assert.equal(init.agentCapabilities?.loadSession, true, `agentCapabilities.loadSession: ${show(init)}`);
+        assert.equal(init.agentCapabilities?.promptCapabilities?.image, true, `promptCapabilities.image: ${show(init)}`);
+        assert.equal(init.agentCapabilities?.promptCapabilities?.embeddedContext, true, `promptCapabilities.embeddedContext: ${show(init)}`);
+        assert.deepEqual(init.authMethods, [], `authMethods: ${show(init)}`);
+        assert.equal(init.agentInfo?.name, "turnlog", `agentInfo.name: ${show(init)}`);
+      });
+    });
+
+    test("a plain prompt: `hi` is answered `echo: hi` with end_turn; nothing arrives after the answer", TEST, async (t) => {
+      await run(t, async (c) => {
+        const sessionId = await c.openSession();
+        const turn = await c.prompt(sessionId, "hi");
+        assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+        assert.equal(turn.text, "echo: hi", about("reply text", turn));
+        assert.equal(turn.toolCalls.length, 0, about("number of tool calls", turn));
+
+        // The next request (a second session): nothing for the first one arrives before its answer.
+        const other = await c.ok(m.agent.session.new, c.newSessionParams());
+        assert.match(other.sessionId, SESSION_ID);
+        assert.notEqual(other.sessionId, sessionId, "session/new gave the same id twice");
+        const late = updatesIn(c.transcript.slice(turn.answerIndex + 1), sessionId);
+        assert.deepEqual(late, [], "updates after the prompt's answer");
+      });
+    });
+
+    test("a slow reply streams word by word: several agent_message_chunks of one messageId", TEST, async (t) => {
+      await run(t, async (c) => {
+        const sessionId = await c.openSession();
+        // 60 ms between tokens: longer than the engine's delta coalescing window (25 ms).
+        const turn = await c.prompt(sessionId, "stream me word by word\n/delay 60");
+        assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+        assert.equal(turn.text, "echo: stream me word by word", about("reply text", turn));
+        const chunks = turn.chunks("agent_message_chunk");
+        assert.ok(chunks.length >= 2, `expected the reply in several chunks: ${show(chunks)}`);
+        const ids = new Set(chunks.map((u) => u.messageId));
+        assert.equal(ids.size, 1, `the chunks of one message must share a messageId: ${show(chunks)}`);
+      });
+    });
+
+    test("thinking: `/think pondering` streams agent_thought_chunks before the reply", TEST, async (t) => {
+      await run(t, async (c) => {
+        const sessionId = await c.openSession();
+        const turn = await c.prompt(sessionId, "/think pondering\nhello");
+        assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+        assert.equal(turn.thought, "pondering", about("thought text", turn));
+        assert.equal(turn.text, "echo: hello", about("reply text", turn));
+        const kinds = turn.updates.map((u) => u.sessionUpdate);
+        const lastThought = kinds.lastIndexOf("agent_thought_chunk");
+        const firstText = kinds.indexOf("agent_message_chunk");
+        assert.ok(lastThought < firstText, `thought chunks must come before the reply: ${show(kinds)}`);
+        const thoughtIds = new Set(turn.chunks("agent_thought_chunk").map((u) => u.messageId));
+        assert.equal(thoughtIds.size, 1, `the thought's chunks must share a messageId: ${show(turn.updates)}`);
+      });
+    });
+
+    test("a trusted tool (calculator) runs without asking: pending, in_progress, completed `14`; reply `tool results: calculator=14`", TEST, async (t) => {
+      await run(t, async (c) => {
+        c.permissionPolicy = "allow_once"; // none is expected; a request would be recorded and fail below
+        const sessionId = await c.openSession();
+        const turn = await c.prompt(sessionId, CALC);
+        assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+        assert.deepEqual(turn.permissions, [], "calculator is trusted: no permission request");
+        const call = onlyToolCall(turn);
+        assert.ok(typeof call.toolCallId === "string" && call.toolCallId.length > 0, `toolCallId: ${show(call)}`);
+        assert.ok(typeof call.title === "string" && call.title.length > 0, `tool_call title: ${show(call)}`);
+        assert.deepEqual(call.rawInput, { expression: "2*(3+4)" }, `tool_call rawInput: ${show(call)}`);
+        assert.deepEqual(call.statuses, ["pending", "in_progress", "completed"], about("the tool call's statuses", turn));
+        assert.deepEqual(call.content, [{ type: "content", content: { type: "text", text: "14" } }], about("the completed call's content", turn));
+        assert.equal(turn.text, "tool results: calculator=14", about("reply text", turn));
+      });
+    });
+
+    test("an `ask` tool (fetch_url): a permission request for the same toolCallId with four options; allow_once runs it and it fails on the allow-list", TEST, async (t) => {
+      await run(t, async (c) => {
+        c.permissionPolicy = "allow_once";
+        const sessionId = await c.openSession();
+        const turn = await c.prompt(sessionId, FETCH);
+        assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+        const call = onlyToolCall(turn);
+        assert.equal(call.toolKind, "fetch", `fetch_url's tool kind: ${show(call)}`);
+        assert.deepEqual(call.rawInput, { url: "http://example.com/" }, `tool_call rawInput: ${show(call)}`);
+
+        assert.equal(turn.permissions.length, 1, `one permission request: ${show(turn.events)}`);
+        const [asked] = turn.permissions;
+        assert.equal(asked.sessionId, sessionId);
+        assert.equal(asked.toolCall?.toolCallId, call.toolCallId, `the request names the tool_call: ${show(asked)}`);
+        assert.equal(asked.options.length, 4, `four options: ${show(asked.options)}`);
+        assert.deepEqual(asked.options.map((o) => o.kind).sort(), PERMISSION_KINDS, `option kinds: ${show(asked.options)}`);
+        for (const o of asked.options) {
+          assert.ok(typeof o.optionId === "string" && o.optionId && typeof o.name === "string" && o.name, `option: ${show(o)}`);
+        }
+        assert.equal(new Set(asked.options.map((o) => o.optionId)).size, 4, `optionIds must differ: ${show(asked.options)}`);
+
+        // Order: the pending tool_call, then the question, and only then in_progress.
+        const created = turn.indexOf((e) => e.update?.sessionUpdate === "tool_call");
+        const question = turn.indexOf((e) => e.permission);
+        const running = turn.indexOf((e) => e.update?.status === "in_progress");
+        assert.ok(created >= 0 && created < question && question < running, `tool_call, request_permission, in_progress: ${show(turn.events)}`);
+        assert.deepEqual(call.statuses, ["pending", "in_progress", "failed"], about("the tool call's statuses", turn));
+        assert.match(contentText(call.content), /allow-list/, `the failure says why: ${show(call)}`);
+        assert.ok(turn.text.startsWith("tool results: fetch_url="), turn.text);
+        assert.match(turn.text, /allow-list/, turn.text);
+      });
+    });
+
+    test("allow_always: a later fetch_url in the same session is not asked again", TEST, async (t) => {
+      await run(t, async (c) => {
+        c.permissionPolicy = "allow_always";
+        const sessionId = await c.openSession();
+        const first = await c.prompt(sessionId, FETCH);
+        assert.equal(first.permissions.length, 1, `the first call is asked: ${show(first.events)}`);
+        assert.equal(onlyToolCall(first).status, "failed", about("the first call's final status", first));
+
+        c.permissionPolicy = "cancelled"; // would cancel the call if the agent asked again
+        const second = await c.prompt(sessionId, FETCH);
+        assert.equal(second.stopReason, "end_turn", about("stop reason", second));
+        assert.deepEqual(second.permissions, [], "no permission request after allow_always");
+        const call = onlyToolCall(second);
+        assert.notEqual(call.toolCallId, onlyToolCall(first).toolCallId, "a new call has a new toolCallId");
+        assert.deepEqual(call.statuses, ["pending", "in_progress", "failed"], about("the second call's statuses", second));
+        assert.match(contentText(call.content), /allow-list/, `the failure says why: ${show(call)}`);
+      });
+    });
+
+    test("reject_once: the call fails with a denial and the turn goes on (`tool results: fetch_url=Tool call denied`)", TEST, async (t) => {
+      await run(t, async (c) => {
+        c.permissionPolicy = "reject_once";
+        const sessionId = await c.openSession();
+        const turn = await c.prompt(sessionId, FETCH);
+        assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+        assert.equal(turn.permissions.length, 1, about("number of permission requests", turn));
+        const call = onlyToolCall(turn);
+        assert.equal(call.status, "failed", about("the rejected call's final status", turn));
+        assert.ok(!call.statuses.includes("in_progress"), `a rejected call never runs: ${show(call.statuses)}`);
+        assert.match(contentText(call.content), /denied/i, `the rejected call's content: ${show(call)}`);
+        assert.equal(turn.text, "tool results: fetch_url=Tool call denied", about("reply text", turn));
+      });
+    });
+
+    test("stop reasons: refusal, max_tokens (after some text), max_turn_requests; the session goes on", TEST, async (t) => {
+      await run(t, async (c) => {
+        const sessionId = await c.openSession();
+        const refused = await c.prompt(sessionId, "/refuse");
+        assert.equal(refused.stopReason, "refusal", about("stop reason", refused));
+
+        const cut = await c.prompt(sessionId, "/max_tokens");
+        assert.equal(cut.stopReason, "max_tokens", about("stop reason", cut));
+        assert.ok(cut.text.length > 0, `max_tokens comes after some text: ${show(cut.updates)}`);
+
+        const looped = await c.prompt(sessionId, "/loop");
+        assert.equal(looped.stopReason, "max_turn_requests", about("stop reason", looped));
+        const limit = defaultMaxTurnRequests();
+        assert.equal(looped.toolCalls.length, limit, `one calculator call per model request, ${limit} requests: ${show(looped.updates)}`);
+        for (const call of looped.toolCalls) assert.equal(call.status, "completed", `each loop call completes: ${show(call)}`);
+
+        const after = await c.prompt(sessionId, "still there?");
+        assert.equal(after.stopReason, "end_turn");
+        assert.equal(after.text, "echo: still there?");
+      });
+    });
+
+    test("session/cancel during a slow reply: the prompt answers `cancelled` within 5 s; the session takes a new prompt", TEST, async (t) => {
+      await run(t, async (c) => {
+        const sessionId = await c.openSession();
+        const from = c.transcript.length;
+        const slow = c.prompt(sessionId, "/words 50\n/delay 100"); // 5 s if left alone
+        slow.catch(() => {}); // awaited below
+        await c.waitForUpdate(sessionId, (u) => u.sessionUpdate === "agent_message_chunk", { from, what: "the slow reply's first chunk" });
+        const cancelledAt = performance.now();
+        await c.cancel(sessionId);
+        const turn = await slow; // an error answer fails inside prompt()
+        assert.equal(turn.stopReason, "cancelled", about("stop reason", turn));
+        const took = turn.answeredAt - cancelledAt;
+        assert.ok(took < CANCEL_WITHIN_MS, `cancel answered after ${Math.round(took)} ms`);
+        const full = words(50);
+        assert.ok(full.startsWith(turn.text) && turn.text.length < full.length, `a cut-off prefix of the reply: ${show(turn.text)}`);
+
+        const next = await c.prompt(sessionId, "after cancel");
+        assert.equal(next.stopReason, "end_turn", about("stop reason", next));
+        assert.equal(next.text, "echo: after cancel");
+      });
+    });
+
+    test("session/cancel while a permission request is pending: the client answers it cancelled; the prompt ends cancelled, the call failed", TEST, async (t) => {
+      await run(t, async (c) => {
+        c.permissionPolicy = "hold";
+        const sessionId = await c.openSession();
+        const asking = c.prompt(sessionId, FETCH);
+        asking.catch(() => {}); // awaited below
+        const held = await c.waitForHeldPermission();
+        assert.equal(held.params.sessionId, sessionId);
+        const cancelledAt = performance.now();
+        await c.cancel(sessionId);
+        held.answer("cancelled"); // as the spec says a client must, after session/cancel
+        const turn = await asking;
+        assert.equal(turn.stopReason, "cancelled", about("stop reason", turn));
+        assert.ok(turn.answeredAt - cancelledAt < CANCEL_WITHIN_MS, `cancel answered after ${Math.round(turn.answeredAt - cancelledAt)} ms`);
+        const call = onlyToolCall(turn);
+        assert.equal(call.toolCallId, held.params.toolCall.toolCallId, about("the held request names the tool call", turn));
+        assert.equal(call.status, "failed", `the cancelled call ends failed: ${show(turn.updates)}`);
+        assert.ok(!call.statuses.includes("in_progress"), `it never ran: ${show(call.statuses)}`);
+
+        c.permissionPolicy = "cancelled";
+        const next = await c.prompt(sessionId, "after cancel");
+        assert.equal(next.stopReason, "end_turn", about("stop reason", next));
+        assert.equal(next.text, "echo: after cancel");
+      });
+    });
+
+    test("a second session/prompt while one runs is refused with a JSON-RPC error; the first ends normally", TEST, async (t) => {
+      await run(t, async (c) => {
+        const sessionId = await c.openSession();
+        const from = c.transcript.length;
+        const first = c.prompt(sessionId, "/words 10\n/delay 100");
+        first.catch(() => {}); // awaited below
+        await c.waitForUpdate(sessionId, (u) => u.sessionUpdate === "agent_message_chunk", { from, what: "the first prompt's first chunk" });
+        const refused = await c.fails(m.agent.session.prompt, { sessionId, prompt: [{ type: "text", text: "second" }] });
+        assert.equal(typeof refused.message, "string", `the error has a message: ${show(refused)}`);
+        const turn = await first;
+        assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+        assert.equal(turn.text, words(10), about("reply text", turn));
+      });
+    });
+
+    test("bad requests: unknown session -32002 with data.sessionId, bad prompt params -32602, unknown method -32601; the agent keeps serving", TEST, async (t) => {
+      await run(t, async (c) => {
+        const sessionId = await c.openSession();
+        const unknown = "sess_01ARZ3NDEKTSV4RRFFQ69G5FAV"; // well formed, never created
+        const notFound = await c.fails(m.agent.session.prompt, { sessionId: unknown, prompt: [{ type: "text", text: "hi" }] });
+        assert.equal(notFound.code, -32002, `unknown session: ${showError(notFound)}`);
+        assert.equal(notFound.data?.sessionId, unknown, `error data: ${show(notFound.data)}`);
+
+        const badParams = [
+          { sessionId }, // no prompt
+          { sessionId, prompt: "hi" }, // not a list of blocks
+          { sessionId, prompt: [{ type: "text" }] }, // a text block without text
+          { prompt: [{ type: "text", text: "hi" }] }, // no session id
+          { sessionId: 42, prompt: [{ type: "text", text: "hi" }] }, // not a string
+        ];
+        for (const params of badParams) {
+          const error = await c.fails(m.agent.session.prompt, params);
+          assert.equal(error.code, -32602, `session/prompt ${show(params)}: ${showError(error)}`);
+        }
+
+        const noMethod = await c.fails("turnlog/no_such_method", {});
+        assert.equal(noMethod.code, -32601, `unknown method: ${showError(noMethod)}`);
+
+        const turn = await c.prompt(sessionId, "still serving");
+        assert.equal(turn.stopReason, "end_turn");
+        assert.equal(turn.text, "echo: still serving");
+      });
+    });
+
+    test("a malformed JSON line gets {id: null, error -32700} and the agent keeps serving (raw stdio)", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      const raw = rawAgent(lab, target.args);
+      const parseError = (msg) => msg.id === null && msg.error?.code === -32700;
+
+      raw.send("{this is not json");
+      const first = await raw.waitForLine(parseError, { what: "a -32700 answer to the bad line" });
+      assert.equal(first.msg.jsonrpc, "2.0", first.line);
+      assert.equal(typeof first.msg.error.message, "string", first.line);
+
+      let from = raw.lines.length;
+      const init = { protocolVersion: 1, clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false } };
+      raw.send(JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize", params: init }));
+      const initialized = await raw.waitForLine((msg) => msg.id === 1, { from, what: "the initialize answer" });
+      assert.equal(initialized.msg.result?.protocolVersion, 1, initialized.line);
+
+      from = raw.lines.length;
+      raw.send("][ still not json");
+      await raw.waitForLine(parseError, { from, what: "a -32700 answer to the second bad line" });
+      from = raw.lines.length;
+      raw.send(JSON.stringify({ jsonrpc: "2.0", id: 2, method: "session/new", params: { cwd: raw.child.cwd, mcpServers: [] } }));
+      const created = await raw.waitForLine((msg) => msg.id === 2, { from, what: "the session/new answer" });
+      assert.match(created.msg.result?.sessionId ?? "", SESSION_ID, created.line);
+
+      const exit = await closeAndWait(raw.child);
+      assertCleanExit(exit, raw.child);
+      for (const line of raw.lines) {
+        let msg;
+        assert.doesNotThrow(() => (msg = JSON.parse(line)), `a stdout line that is not JSON: ${show(line)}`);
+        assert.equal(msg.jsonrpc, "2.0", `not JSON-RPC 2.0: ${line}`);
+      }
+    });
+
+    test("restart: the agent exits 0 soon after stdin closes; a new process loads the session, replays the whole conversation before answering, and takes a new prompt", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      const prompts = ["hi", "/think pondering\nhello", `/think hmm\n${CALC}`, FETCH];
+
+      const first = await withAgent(lab, target.args, async (c) => {
+        c.permissionPolicy = "allow_once";
+        const sessionId = await c.openSession();
+        const turns = [];
+        for (const prompt of prompts) turns.push(await c.prompt(sessionId, prompt));
+        assert.deepEqual(turns.map((x) => x.stopReason), ["end_turn", "end_turn", "end_turn", "end_turn"]);
+        assert.equal(turns[0].text, "echo: hi");
+        assert.equal(turns[1].thought, "pondering");
+        assert.equal(turns[2].text, "tool results: calculator=14");
+        assert.equal(onlyToolCall(turns[3]).status, "failed");
+        return { sessionId, turns };
+      });
+      // withAgent asserted exit code 0 within EXIT_WITHIN_MS of closing stdin
+      t.diagnostic(`first agent exited ${first.exit.code} ${Math.round(first.exit.ms)} ms after its stdin closed`);
+      const { sessionId, turns } = first.result;
+      // What the live updates said, with each prompt (not echoed live) in front of its turn.
+      const expected = turns.flatMap((turn, i) => [{ kind: "user", text: prompts[i] }, ...comparable(turn.items)]);
+
+      await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const startedIn = performance.now() - c.child.spawnedAt;
+        t.diagnostic(`second agent answered initialize ${Math.round(startedIn)} ms after it was spawned`);
+        assert.ok(startedIn < 5_000, `the new agent took ${Math.round(startedIn)} ms to answer initialize (is the old lock released?)`);
+
+        const loaded = await c.load(sessionId);
+        assert.ok(loaded.wire === null || (typeof loaded.wire === "object" && Object.keys(loaded.wire).length === 0), `session/load answers {} or null: ${show(loaded.wire)}`);
+        const replay = loaded.updates;
+        const allowed = ["user_message_chunk", "agent_message_chunk", "agent_thought_chunk", "tool_call"];
+        const strays = replay.filter((u) => !allowed.includes(u.sessionUpdate));
+        assert.deepEqual(strays, [], "a replay is made of message chunks and tool_calls");
+        for (const u of replay.filter((x) => x.sessionUpdate === "tool_call")) {
+          assert.ok(["completed", "failed"].includes(u.status), `a replayed tool_call carries its final status: ${show(u)}`);
+        }
+        const items = outline(replay);
+        const agentItems = items.filter((i) => i.kind === "agent" || i.kind === "thought").length;
+        const agentChunks = replay.filter((u) => ["agent_message_chunk", "agent_thought_chunk"].includes(u.sessionUpdate) && u.content?.text).length;
+        assert.equal(agentChunks, agentItems, `one chunk per agent message or thought: ${show(replay)}`);
+        assert.deepEqual(comparable(items), expected, `the replay must say what the live prompts said; replay: ${show(replay)}`);
+
+        const after = await c.prompt(sessionId, "after reload");
+        assert.equal(after.stopReason, "end_turn", about("stop reason", after));
+        assert.equal(after.text, "echo: after reload");
+      });
+    });
+
+    test("prompt blocks (text, resource_link, resource) are stored as given and replayed one user_message_chunk each", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      const blocks = [
+        { type: "text", text: "look" },
+        { type: "resource_link", uri: "file:///tmp/a.txt", name: "a.txt" },
+        { type: "resource", resource: { uri: "file:///tmp/b.py", mimeType: "text/x-python", text: "print(1)" } },
+      ];
+      const { result: sessionId } = await withAgent(lab, target.args, async (c) => {
+        const id = await c.openSession();
+        const turn = await c.prompt(id, blocks);
+        assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+        assert.ok(turn.text.startsWith("echo: look"), `the reply reads the text block: ${show(turn.text)}`);
+        return id;
+      });
+      await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const { updates } = await c.load(sessionId);
+        const user = updates.filter((u) => u.sessionUpdate === "user_message_chunk").map((u) => u.content);
+        assert.equal(user.length, blocks.length, `one user_message_chunk per block: ${show(updates)}`);
+        blocks.forEach((block, i) => assert.deepEqual(project(user[i], block), block, `block ${i}: ${show(user[i])}`));
+      });
+    });
+  });
+}
+
+// ---------- bridge only: the server's own views, and API keys ----------
+
+describe("turnlog acp --server: the session lives in the server's log", () => {
+  test("a native SSE observer sees the ACP turns live (deltas before the answer, then status_idle end_turn); AAP history has them", TEST, async (t) => {
+    const lab = new Lab(t);
+    const target = await lab.target("bridge");
+    const { url } = target.server;
+    await withAgent(lab, target.args, async (c) => {
+      const sessionId = await c.openSession();
+      const observer = await observeEvents(lab, `${url}/sessions/${sessionId}/events/stream`);
+      await waitFor(() => observer.frames.length > 0, 10_000, () => `no frame on the session's event stream (${show(observer.error?.message)})`);
+      const cases = [
+        { prompt: "/words 20\n/delay 50", reply: words(20) },
+        { prompt: `${CALC}\n/delay 50`, reply: "tool results: calculator=14", tool: { name: "calculator", input: { expression: "2*(3+4)" } } },
+      ];
+      for (const { prompt, reply, tool } of cases) {
+        const seen = observer.frames.length;
+        const turn = await c.prompt(sessionId, prompt);
+        assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+        assert.equal(turn.text, reply, about("reply text", turn));
+        const frames = () => observer.frames.slice(seen);
+        const types = () => show(frames().map((f) => f.data.type));
+
+        const firstDelta = frames().find((f) => f.data.type === "agent.message.delta");
+        assert.ok(firstDelta, `no agent.message.delta reached the observer before the prompt's answer: ${types()}`);
+        assert.ok(firstDelta.at < turn.answeredAt, "the first delta must reach the observer before the prompt's answer");
+        const idle = await waitFor(() => frames().find((f) => f.data.type === "session.status_idle"), 5_000, () => `session.status_idle; saw ${types()}`);
+        t.diagnostic(`${show(prompt)}: status_idle reached the observer ${(idle.at - turn.answeredAt).toFixed(1)} ms after the ACP answer (negative: before)`);
+        assert.equal(idle.data.stop_reason?.type, "end_turn", `status_idle stop_reason: ${show(idle.data)}`);
+
+        const turnFrames = frames().slice(0, frames().indexOf(idle) + 1);
+        for (const f of turnFrames) {
+          assert.match(f.id ?? "", EVENT_ID, `frame id: ${show(f)}`);
+          assert.equal(f.data.id, f.id, `the frame's id is its event's: ${show(f)}`);
+          assert.equal(f.event, f.data.type, `the frame's event is its type: ${show(f)}`);
+        }
+        const ofType = (type) => turnFrames.filter((f) => f.data.type === type).map((f) => f.data);
+        const user = ofType("user.message");
+        assert.equal(user.length, 1, `one user.message: ${types()}`);
+        assert.equal(user[0].content.map((b) => b.text).join(""), prompt, `user.message content: ${show(user[0])}`);
+        assert.equal(ofType("agent.message.delta").map((d) => d.delta).join(""), reply, `deltas: ${types()}`);
+        const messages = ofType("agent.message").map((d) => d.content.map((b) => b.text ?? "").join("")).filter(Boolean);
+        assert.deepEqual(messages, [reply], `agent.message: ${types()}`);
+        if (tool) {
+          const [use] = ofType("agent.tool_use");
+          assert.equal(use?.name, tool.name, types());
+          assert.deepEqual(use.input, tool.input, `agent.tool_use input: ${show(use)}`);
+          const [result] = ofType("agent.tool_result");
+          assert.equal(result?.tool_use_id, turnFrames.find((f) => f.data === use).id, `agent.tool_result names its tool_use: ${show(result)}`);
+          assert.equal(result.content.map((b) => b.text).join(""), "14", `agent.tool_result content: ${show(result)}`);
+        }
+      }
+      assert.deepEqual(observer.bad, [], "every data: line is JSON");
+      observer.close();
+
+      const body = await getJson(`${url}/sessions/${sessionId}/history`);
+      const history = body.history?.compacted ?? body.history?.full;
+      assert.ok(Array.isArray(history), `history: ${show(body)}`);
+      const said = history.map((msg) => [msg.role, messageText(msg)]);
+      for (const { prompt, reply } of cases) {
+        assert.ok(said.some(([role, text]) => role === "user" && text === prompt), `the user message ${show(prompt)} in ${show(said)}`);
+        assert.ok(said.some(([role, text]) => role === "assistant" && text === reply), `the reply ${show(reply)} in ${show(said)}`);
+      }
+    });
+  });
+
+  test("a session made through another view (the AAP turn API) loads: its conversation replays, then an ACP prompt goes on", TEST, async (t) => {
+    const lab = new Lab(t);
+    const target = await lab.target("bridge");
+    const { url } = target.server;
+    const post = async (route, body) => {
+      const res = await deadline(
+        fetch(`${url}${route}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) }),
+        10_000,
+        `POST ${route}`,
+      );
+      const text = await res.text();
+      assert.ok(res.ok, `POST ${route}: ${res.status} ${text}`);
+      return JSON.parse(text);
+    };
+    const { sessionId } = await post("/sessions", { agent: { name: "default", tools: [{ name: "calculator", trust: true }] } });
+    for (const content of ["hi from AAP", CALC]) {
+      await post(`/sessions/${sessionId}/turns`, { stream: "none", messages: [{ role: "user", content }] });
+    }
+    await withAgent(lab, target.args, async (c) => {
+      await c.initialize();
+      const { updates } = await c.load(sessionId);
+      assert.deepEqual(
+        comparable(outline(updates)).map((item) => [item.kind, item.kind === "tool" ? `${item.status} ${item.text}` : item.text]),
+        [
+          ["user", "hi from AAP"],
+          ["agent", "echo: hi from AAP"],
+          ["user", CALC],
+          ["tool", "completed 14"],
+          ["agent", "tool results: calculator=14"],
+        ],
+        `the AAP session's replay: ${show(updates)}`,
+      );
+      const turn = await c.prompt(sessionId, "and from the editor");
+      assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+      assert.equal(turn.text, "echo: and from the editor");
+    });
+  });
+
+  test("API keys: `--api-key KEY` works (the session is alice's), a wrong key makes session/new fail with a JSON-RPC error", TEST, async (t) => {
+    const lab = new Lab(t);
+    const key = `acp-test-${randomBytes(12).toString("hex")}`;
+    const sha256 = createHash("sha256").update(key).digest("hex");
+    const config = path.join(lab.tempDir("turnlog-config-"), "keys.toml");
+    fs.writeFileSync(config, `[[auth.keys]]\nsubject = "alice"\nsha256 = "${sha256}"\nadmin = false\n`);
+    const server = await lab.startServer({ config });
+    const anonymous = await fetch(`${server.url}/sessions`);
+    assert.equal(anonymous.status, 401, "the server must want a key");
+
+    await withAgent(lab, ["acp", "--server", server.url, "--api-key", key, "--agent", "default"], async (c) => {
+      const sessionId = await c.openSession();
+      const turn = await c.prompt(sessionId, "hi");
+      assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+      assert.equal(turn.text, "echo: hi");
+      const body = await getJson(`${server.url}/sessions/${sessionId}/history`, { authorization: `Bearer ${key}` });
+      const said = (body.history?.compacted ?? [])
+        .filter((msg) => msg.role === "user" || msg.role === "assistant")
+        .map((msg) => [msg.role, messageText(msg)]);
+      assert.deepEqual(said, [["user", "hi"], ["assistant", "echo: hi"]], "alice reads the conversation with her key");
+    });
+
+    await withAgent(lab, ["acp", "--server", server.url, "--api-key", "not-the-key"], async (c) => {
+      // initialize may succeed (no call to the server yet) or fail already; either way it answers.
+      const init = await c.call(m.agent.initialize, c.initializeParams());
+      t.diagnostic(`with a wrong key, initialize ${init.error ? `failed (${init.error.code} ${init.error.message})` : "succeeded"}`);
+      const refused = await c.fails(m.agent.session.new, c.newSessionParams());
+      assert.equal(typeof refused.message, "string", `the error has a message: ${show(refused)}`);
+      t.diagnostic(`with a wrong key, session/new failed: ${refused.code} ${refused.message}`);
+    });
+  });
+});
