@@ -116,7 +116,8 @@ impl Application {
     }
 }
 
-async fn wait_for_signal() {
+/// SIGTERM or Ctrl-C.
+pub(crate) async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -46,7 +46,7 @@ struct AcpArgs {
     #[arg(long, conflicts_with = "data_dir")]
     server: Option<String>,
     /// The server's API key (sent as `Authorization: Bearer`).
-    #[arg(long, env = "TURNLOG_API_KEY", hide_env_values = true, requires = "server")]
+    #[arg(long, env = "TURNLOG_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// The agent new sessions run.
     #[arg(long, default_value = "default")]
@@ -88,6 +88,10 @@ fn acp(serve: ServeArgs, args: AcpArgs) -> i32 {
             None => {
                 let settings = settings(&serve)?;
                 let service = std::sync::Arc::new(turnlog::service::Service::open(&settings).await?);
+                if service.sessions().agents().get(&args.agent).is_none() {
+                    service.shutdown().await.context("closing the log")?;
+                    anyhow::bail!("no agent named {:?} (--agent) in the config", args.agent);
+                }
                 let door = turnlog::acp::door::Embedded::new(service.clone());
                 let served = turnlog::acp::Acp::new(std::sync::Arc::new(door), args.agent).serve().await;
                 service.shutdown().await.context("closing the log")?;

@@ -452,7 +452,7 @@ async fn a_remembered_permission_holds_for_the_tool_from_then_on(log: Backend) {
     assert_eq!(said(&events), vec!["tool results: calculator=6"]);
 }
 
-async fn always_rejecting_a_tool_takes_it_from_the_model(log: Backend) {
+async fn always_rejecting_a_tool_denies_its_calls_at_once(log: Backend) {
     let g = given(log, &[("calculator", false)]).await;
     g.when(vec![text("/tool calculator {\"expression\": \"1+1\"}")]).await.unwrap();
     let call = call_ids(&g.then_events(1).await)[0].clone();
@@ -462,13 +462,14 @@ async fn always_rejecting_a_tool_takes_it_from_the_model(log: Backend) {
     let events = g.then_events(mark).await;
     assert_eq!(said(&events), vec!["tool results: calculator=Tool call denied"]);
 
-    // The scripted model calls it anyway: not offered, so denied without asking.
+    // Still offered (the history holds its calls), and each call is denied without asking.
     let mark = g.log().await.len();
     g.when(vec![text("/tool calculator {\"expression\": \"3+3\"}")]).await.unwrap();
     let events = g.then_events(mark).await;
     assert_eq!(stop(&events).0, StopReason::EndTurn, "nothing waits: {:?}", kinds(&events));
-    assert_eq!(tool_results(&events).len(), 1);
-    assert!(tool_results(&events)[0].1, "the call fails: {:?}", tool_results(&events));
+    let denial = "Tool call denied: the user rejects this tool for this session";
+    assert_eq!(tool_results(&events), vec![(denial.to_string(), true)]);
+    assert_eq!(said(&events), vec![format!("tool results: calculator={denial}")]);
 }
 
 async fn input_that_conflicts_with_the_state_is_refused_naming_the_calls(log: Backend) {
@@ -972,7 +973,7 @@ on_both_logs!(
     client_tools_wait_for_results_and_parallel_calls_resolve_together,
     results_may_come_one_at_a_time_through_the_event_api,
     a_remembered_permission_holds_for_the_tool_from_then_on,
-    always_rejecting_a_tool_takes_it_from_the_model,
+    always_rejecting_a_tool_denies_its_calls_at_once,
     input_that_conflicts_with_the_state_is_refused_naming_the_calls,
     cancel_stops_the_model_at_once_and_is_idempotent,
     a_cancel_right_as_the_turn_starts_is_not_lost,

@@ -24,7 +24,10 @@ pub enum DoorError {
     NotFound(String),
     #[error("{0}")]
     Invalid(String),
-    /// The session's state refuses the input (a turn runs, calls wait, ...).
+    /// A turn runs, and the input needs the session idle.
+    #[error("{0}")]
+    Busy(String),
+    /// The session's state refuses the input (calls wait, a call is not waiting, ...).
     #[error("{0}")]
     Refused(String),
     #[error("{0}")]
@@ -43,9 +46,8 @@ impl From<SessionError> for DoorError {
             SessionError::Invalid(_) | SessionError::Limit(_) | SessionError::UnknownCursor(_) => {
                 DoorError::Invalid(message)
             }
-            SessionError::Busy(_) | SessionError::Conflict(_) | SessionError::PreviousTurn(_) => {
-                DoorError::Refused(message)
-            }
+            SessionError::Busy(_) => DoorError::Busy(message),
+            SessionError::Conflict(_) | SessionError::PreviousTurn(_) => DoorError::Refused(message),
             SessionError::ShuttingDown | SessionError::Retry(_) | SessionError::Storage(_) => {
                 DoorError::Unavailable(message)
             }
@@ -89,7 +91,7 @@ impl Door for Embedded {
         let sessions = self.service.sessions();
         let configured = sessions.agents().get(agent).ok_or_else(|| {
             let known: Vec<String> = sessions.agents().all().iter().map(|a| a.name.clone()).collect();
-            DoorError::Invalid(format!("no agent named {agent:?}; this data dir's config has: {}", known.join(", ")))
+            DoorError::Unavailable(format!("no agent named {agent:?} (--agent); the config has: {}", known.join(", ")))
         })?;
         // An editor has no say in which server tools run: the agent runs as configured.
         let tools = rules::configured_tools(&configured, &sessions.agents().tools);
@@ -166,11 +168,19 @@ const RECONNECTS: u32 = 30;
 
 impl Bridge {
     pub fn new(base: &str, key: Option<String>) -> Result<Bridge, DoorError> {
+        // A stream that stays silent past three heartbeats is dead (a half-open connection
+        // after a sleep): reading it fails, and it is opened again.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(45))
             .build()
             .map_err(|e| DoorError::Unavailable(format!("an HTTP client: {e}")))?;
         Ok(Bridge { base: base.trim_end_matches('/').to_string(), key, http })
+    }
+
+    /// A JSON call, bounded in time.
+    fn call(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.request(method, path).timeout(Duration::from_secs(30))
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
@@ -199,6 +209,7 @@ fn refusal(status: reqwest::StatusCode, body: &Value) -> DoorError {
         404 => DoorError::NotFound(message),
         400 | 413 | 422 => DoorError::Invalid(message),
         401 | 403 => DoorError::Unauthorized(format!("the server refused the API key: {message}")),
+        409 if body["error"]["code"] == "turn_running" => DoorError::Busy(message),
         409 | 412 => DoorError::Refused(message),
         _ => DoorError::Unavailable(format!("the server answered {status}: {message}")),
     }
@@ -236,10 +247,13 @@ fn native(input: Input) -> Value {
                 "type": "user.tool_confirmation",
                 "tool_use_id": call,
                 "result": if granted { "allow" } else { "deny" },
-                "remember": remember,
             });
             if let Some(reason) = reason {
                 event["deny_message"] = json!(reason);
+            }
+            // Only when set: a server older than the field refuses it.
+            if remember {
+                event["remember"] = json!(true);
             }
             event
         }
@@ -254,11 +268,14 @@ fn native(input: Input) -> Value {
 #[async_trait]
 impl Door for Bridge {
     async fn create(&self, agent: &str, metadata: Map<String, Value>) -> Result<String, DoorError> {
-        let meta = self.json(self.request(reqwest::Method::GET, "/meta")).await?;
+        let meta = self.json(self.call(reqwest::Method::GET, "/meta")).await?;
         let agents = meta["agents"].as_array().cloned().unwrap_or_default();
         let Some(found) = agents.iter().find(|a| a["name"] == agent) else {
             let known: Vec<&str> = agents.iter().filter_map(|a| a["name"].as_str()).collect();
-            return Err(DoorError::Invalid(format!("no agent named {agent:?}; the server has: {}", known.join(", "))));
+            return Err(DoorError::Unavailable(format!(
+                "no agent named {agent:?} (--agent); the server has: {}",
+                known.join(", ")
+            )));
         };
         // Every tool the agent offers, trusted as far as the server's config allows.
         let tools: Vec<Value> = found["tools"]
@@ -268,7 +285,7 @@ impl Door for Bridge {
             .map(|tool| json!({"name": tool["name"], "trust": true}))
             .collect();
         let body = json!({"agent": {"name": agent, "tools": tools}, "metadata": metadata});
-        let created = self.json(self.request(reqwest::Method::POST, "/sessions").json(&body)).await?;
+        let created = self.json(self.call(reqwest::Method::POST, "/sessions").json(&body)).await?;
         created["sessionId"]
             .as_str()
             .map(str::to_string)
@@ -280,7 +297,8 @@ impl Door for Bridge {
         let mut out = Vec::new();
         let mut after: Option<EventId> = None;
         loop {
-            let mut request = self.request(reqwest::Method::GET, &path).query(&[("limit", "1000")]);
+            // 100: what every server takes (`limits.max_page_size` is at least that).
+            let mut request = self.call(reqwest::Method::GET, &path).query(&[("limit", "100")]);
             if let Some(after) = after {
                 request = request.query(&[("after_id", after.to_string())]);
             }
@@ -297,7 +315,7 @@ impl Door for Bridge {
     async fn submit(&self, session: &str, inputs: Vec<Input>) -> Result<Vec<Event>, DoorError> {
         let path = format!("{}/events", session_path(session)?);
         let body = json!({"events": inputs.into_iter().map(native).collect::<Vec<_>>()});
-        let stored = self.json(self.request(reqwest::Method::POST, &path).json(&body)).await?;
+        let stored = self.json(self.call(reqwest::Method::POST, &path).json(&body)).await?;
         serde_json::from_value::<Vec<Event>>(stored["data"].clone())
             .map_err(|e| DoorError::Unavailable(format!("the stored events do not decode: {e}")))
     }
@@ -358,6 +376,7 @@ impl Door for Bridge {
                             Ok(reopened) => {
                                 tracing::info!(after = %last, "event stream reopened");
                                 frames = reopened;
+                                failures = 0;
                                 break;
                             }
                             Err(DoorError::Unavailable(error)) => tracing::warn!(%error, "event stream"),

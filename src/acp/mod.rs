@@ -59,8 +59,8 @@ impl Acp {
         Acp { door, agent, prompts: Default::default(), numbers: Default::default() }
     }
 
-    /// Serves stdin/stdout until stdin closes, then cancels the prompts still running and
-    /// waits (a while) for their end to be recorded.
+    /// Serves stdin/stdout until stdin closes (or a signal comes), then cancels the prompts
+    /// still running and waits (a while) for their end to be recorded.
     pub async fn serve(self) -> Result<(), Error> {
         let served = Agent
             .v1()
@@ -117,8 +117,12 @@ impl Acp {
                 },
                 agent_client_protocol::on_receive_notification!(),
             )
-            .connect_to(Stdio::new())
-            .await;
+            .connect_to(Stdio::new());
+        // Stdin closing ends it, and so does SIGTERM or Ctrl-C, the same way.
+        let served = tokio::select! {
+            served = served => served,
+            _ = crate::app::wait_for_signal() => Ok(()),
+        };
         self.close().await;
         served
     }
@@ -274,8 +278,13 @@ fn error(error: DoorError, session: Option<&str>) -> Error {
             Error::new(agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND, message)
         }
         (DoorError::Invalid(message), _) => Error::invalid_params().data(Value::String(message)),
-        (DoorError::Refused(message), session) => Error::new(BUSY, message).data(json!({"sessionId": session})),
-        (DoorError::Unauthorized(message), _) => Error::auth_required().data(Value::String(message)),
-        (DoorError::Unavailable(message), _) => Error::internal_error().data(Value::String(message)),
+        (DoorError::Busy(message) | DoorError::Refused(message), session) => {
+            Error::new(BUSY, message).data(session.map(|id| json!({"sessionId": id})))
+        }
+        // Not `auth_required`: this agent offers no way to authenticate; the key is its
+        // command line's.
+        (DoorError::Unauthorized(message) | DoorError::Unavailable(message), _) => {
+            Error::internal_error().data(Value::String(message))
+        }
     }
 }

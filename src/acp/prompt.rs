@@ -7,10 +7,11 @@
 //! and it ends at the first stop that waits for nothing.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use agent_client_protocol::v1::schema::{
-    PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest, SessionNotification,
-    StopReason as AcpStop,
+    PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest,
+    SelectedPermissionOutcome, SessionNotification, StopReason as AcpStop,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::Client;
@@ -42,35 +43,78 @@ pub struct Prompt {
     pub cancel: CancellationToken,
 }
 
+/// How long a cancelled prompt waits for the log to record the end of its turn before it
+/// answers `cancelled` anyway (the session may refuse the interrupt, e.g. once archived).
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
+
+/// What became of a waiting call this prompt was to answer.
+enum Answered {
+    /// A decision or a result is stored (or another client answered first).
+    Yes,
+    /// The prompt was cancelled meanwhile; the calls are being closed.
+    Cancelled,
+}
+
 impl Prompt {
     pub async fn run(self, content: Vec<Block>) -> Ended {
-        let stored = match self.door.submit(&self.session, vec![Input::Message(content)]).await {
+        if self.cancel.is_cancelled() {
+            // Cancelled before anything was stored: nothing to store.
+            return Ended::Stopped(AcpStop::Cancelled);
+        }
+        let stored = match self.door.submit(&self.session, vec![Input::Message(content.clone())]).await {
+            // Calls wait that no one will answer (an agent stopped while it asked the client):
+            // the editor's user has moved on, so they are closed and the message taken.
+            Err(DoorError::Refused(reason)) => {
+                tracing::warn!(session_id = %self.session, %reason, "closing calls left waiting, for a new prompt");
+                self.interrupt().await;
+                self.door.submit(&self.session, vec![Input::Message(content)]).await
+            }
+            stored => stored,
+        };
+        let stored = match stored {
             Ok(stored) => stored,
             Err(error) => return Ended::Refused(error),
         };
         let Some(message) = stored.iter().find(|e| matches!(e.body, EventBody::UserMessage { .. })) else {
             return Ended::Refused(DoorError::Unavailable("the message was not stored".into()));
         };
-        let mut events = match self.door.follow(&self.session, message.id).await {
+        let events = match self.door.follow(&self.session, message.id).await {
             Ok(events) => events,
-            Err(error) => return Ended::Refused(error),
+            Err(error) => {
+                // The turn runs, and no one could answer what it asks: stop it.
+                self.interrupt().await;
+                return Ended::Refused(error);
+            }
         };
+        match self.follow(events).await {
+            _ if self.cancel.is_cancelled() => Ended::Stopped(AcpStop::Cancelled),
+            ended => ended,
+        }
+    }
+
+    /// Renders the prompt's events until the log records how its turns ended.
+    async fn follow(&self, mut events: super::door::Events) -> Ended {
         let mut live = Live::default();
-        let mut cancelled = false;
+        let mut interrupted = false;
         let mut failure: Option<(String, String)> = None;
         loop {
-            let event = tokio::select! {
-                _ = self.cancel.cancelled(), if !cancelled => {
-                    cancelled = true;
+            let next = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled(), if !interrupted => {
+                    interrupted = true;
                     self.interrupt().await;
                     continue;
                 }
-                event = events.next() => event,
+                next = timeout_if(interrupted, events.next()) => next,
             };
-            let event = match event {
-                Some(Ok(event)) => event,
-                Some(Err(error)) => return Ended::Refused(error),
-                None => return Ended::Refused(DoorError::NotFound(format!("session {} was deleted", self.session))),
+            let event = match next {
+                Some(Some(Ok(event))) => event,
+                Some(Some(Err(error))) => return Ended::Refused(error),
+                Some(None) => {
+                    return Ended::Refused(DoorError::NotFound(format!("session {} was deleted", self.session)))
+                }
+                // Cancelled, and the log has not recorded the end in time.
+                None => return Ended::Stopped(AcpStop::Cancelled),
             };
             for update in live.update(&event) {
                 self.notify(update);
@@ -80,13 +124,18 @@ impl Prompt {
                 EventBody::StatusIdle { stop_reason, .. } if stop_reason.kind == StopReason::RequiresAction => {
                     // Partial answers leave a new `requires_action` naming the calls that
                     // still wait: answer one call per stop.
-                    if let Some(&call) = stop_reason.event_ids.first() {
-                        cancelled |= !self.answer(&live, call, cancelled).await;
+                    let Some(&call) = stop_reason.event_ids.first() else { continue };
+                    match self.answer(&live, call).await {
+                        Ok(Answered::Yes) => {}
+                        Ok(Answered::Cancelled) => interrupted = true,
+                        Err(error) => {
+                            self.interrupt().await;
+                            return Ended::Refused(error);
+                        }
                     }
                 }
                 EventBody::StatusIdle { stop_reason, .. } => {
                     return match (stop_reason.kind, failure) {
-                        (_, _) if cancelled => Ended::Stopped(AcpStop::Cancelled),
                         (StopReason::Error, Some((code, message))) => Ended::Failed { code, message },
                         (StopReason::Error, None) => {
                             Ended::Failed { code: "error".into(), message: "the turn failed".into() }
@@ -110,23 +159,23 @@ impl Prompt {
     /// Stops the running turn, or closes the calls it left waiting.
     async fn interrupt(&self) {
         match self.door.submit(&self.session, vec![Input::Interrupt]).await {
-            Ok(_) | Err(DoorError::Refused(_)) => {}
+            Ok(_) | Err(DoorError::Refused(_)) | Err(DoorError::Busy(_)) => {}
             Err(error) => tracing::warn!(session_id = %self.session, %error, "interrupt"),
         }
     }
 
     /// Answers one waiting call: asks the client for a permission (a client tool, which ACP
-    /// cannot run, gets an error result). False when the prompt was cancelled meanwhile.
-    async fn answer(&self, live: &Live, call: EventId, cancelled: bool) -> bool {
-        if cancelled {
+    /// cannot run, gets an error result).
+    async fn answer(&self, live: &Live, call: EventId) -> Result<Answered, DoorError> {
+        if self.cancel.is_cancelled() {
             self.interrupt().await;
-            return false;
+            return Ok(Answered::Cancelled);
         }
         let Some(known) = live.calls.get(&call) else {
             // A call this prompt did not make (left waiting before it): not ours to answer.
             tracing::warn!(session_id = %self.session, %call, "a call waits that this prompt did not make");
             self.interrupt().await;
-            return false;
+            return Ok(Answered::Cancelled);
         };
         let input = if known.client {
             Input::Result {
@@ -137,14 +186,16 @@ impl Prompt {
         } else {
             let request = RequestPermissionRequest::new(self.session.clone(), known.update(call), options(&known.name));
             let outcome = tokio::select! {
+                biased;
                 _ = self.cancel.cancelled() => None,
-                answer = self.cx.send_request(request).block_task() => match answer {
-                    Ok(answer) => Some(answer.outcome),
+                answer = self.cx.send_request(request).block_task() => Some(match answer {
+                    Ok(answer) => answer.outcome,
                     Err(error) => {
-                        tracing::warn!(session_id = %self.session, %error, "the permission request failed");
-                        None
+                        // Not the user's cancel: the client could not ask. Rejected, once.
+                        tracing::warn!(session_id = %self.session, %error, "the permission request failed; rejecting the call");
+                        RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(REJECT_ONCE))
                     }
-                },
+                }),
             };
             let (granted, remember) = match outcome {
                 Some(RequestPermissionOutcome::Selected(selected)) => match &*selected.option_id.0 {
@@ -156,17 +207,24 @@ impl Prompt {
                 // Cancelled, by `session/cancel` or by the client itself.
                 _ => {
                     self.interrupt().await;
-                    return false;
+                    return Ok(Answered::Cancelled);
                 }
             };
             Input::Permission { call: call.to_string(), granted, reason: None, remember }
         };
         match self.door.submit(&self.session, vec![input]).await {
             // Refused: another client answered the call first; the log goes on either way.
-            Ok(_) | Err(DoorError::Refused(_)) => {}
-            Err(error) => tracing::warn!(session_id = %self.session, %error, "answering a tool call"),
+            Ok(_) | Err(DoorError::Refused(_)) | Err(DoorError::Busy(_)) => Ok(Answered::Yes),
+            Err(error) => Err(error),
         }
-        true
+    }
+}
+
+/// `next`, or `None` once [`CANCEL_WAIT`] has passed when `bounded`.
+async fn timeout_if<T>(bounded: bool, next: impl std::future::Future<Output = T>) -> Option<T> {
+    match bounded {
+        true => tokio::time::timeout(CANCEL_WAIT, next).await.ok(),
+        false => Some(next.await),
     }
 }
 

@@ -142,6 +142,17 @@ fn blocks(content: &[Block]) -> Vec<Value> {
             (Some(file), _) => Some(file_block(&file)),
             (None, Some(context)) => Some(json!({"type": "text", "text": context})),
             (None, None) if matches!(b.kind.as_str(), "file" | "resource" | "resource_link" | "audio") => None,
+            // The text and the API's own fields: clients add fields of their own (ACP's
+            // `annotations`, `_meta`), which the API refuses.
+            (None, None) if b.kind == "text" => {
+                let mut text = json!({"type": "text", "text": b.text});
+                for key in ["cache_control", "citations"] {
+                    if let Some(value) = b.rest.get(key) {
+                        text[key] = value.clone();
+                    }
+                }
+                Some(text)
+            }
             (None, None) => serde_json::to_value(b).ok(),
         })
         .collect()
@@ -479,7 +490,7 @@ mod tests {
     #[test]
     fn acp_images_and_attached_context_reach_the_model() {
         let blocks_in: Vec<Block> = serde_json::from_value(json!([
-            {"type": "text", "text": "look"},
+            {"type": "text", "text": "look", "annotations": {"priority": 1}, "_meta": {}},
             {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
             {"type": "resource", "resource": {"uri": "file:///a.py", "mimeType": "text/x-python", "text": "print(1)"}},
             {"type": "resource_link", "uri": "file:///b.txt", "name": "b.txt"},

@@ -144,7 +144,7 @@ pub fn seed_waiting(messages: &[Message], plan: &ToolPlan, turn: TurnId) -> Vec<
                     return Draft::new(Some(turn), &EventBody::AgentCustomToolUse { tool_call_id, name, input })
                 }
                 Some(Mode::Inline | Mode::Ask) => Permission::Ask,
-                None => Permission::Deny,
+                Some(Mode::Rejected) | None => Permission::Deny,
             };
             let body = EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: permission };
             Draft::new(Some(turn), &body)

@@ -26,6 +26,8 @@ pub enum Mode {
     Inline,
     Ask,
     Client,
+    /// The client chose to always reject it in this session: each call is denied at once.
+    Rejected,
 }
 
 /// The tools offered to the model, and how each is handled.
@@ -39,8 +41,9 @@ impl ToolPlan {
     /// Server tools the agent has (minus `deny`), enabled as the session says: exposed
     /// tools only when the client listed them (trusted or not), unexposed ones always.
     /// A tool runs inline only if the config allows it and the client trusts it, or if the
-    /// client chose to always allow it (`remembered`); one it chose to always reject is
-    /// not offered. Then the client tools: the agent's own, and the session's.
+    /// client chose to always allow it (`remembered`); one it chose to always reject stays
+    /// offered (the history may hold its calls) and each call of it is denied. Then the
+    /// client tools: the agent's own, and the session's.
     pub fn new(
         agent: &Agent,
         tools: &Tools,
@@ -50,7 +53,7 @@ impl ToolPlan {
         let mut plan = ToolPlan::default();
         for (name, permission) in &agent.config.tools {
             let always = remembered.get(name);
-            if *permission == Permission::Deny || always == Some(&Confirmation::Deny) {
+            if *permission == Permission::Deny {
                 continue;
             }
             let trust = if tools.exposed(name) {
@@ -62,8 +65,12 @@ impl ToolPlan {
                 true
             };
             if let Some(def) = tools.def(name) {
-                let allowed = (*permission == Permission::Allow && trust) || always == Some(&Confirmation::Allow);
-                let mode = if allowed { Mode::Inline } else { Mode::Ask };
+                let mode = match always {
+                    Some(Confirmation::Deny) => Mode::Rejected,
+                    Some(Confirmation::Allow) => Mode::Inline,
+                    None if *permission == Permission::Allow && trust => Mode::Inline,
+                    None => Mode::Ask,
+                };
                 plan.defs.push(def);
                 plan.modes.insert(name.clone(), mode);
             }
@@ -147,7 +154,7 @@ async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, 
             match call.mode {
                 Some(Mode::Inline) => inline.push((call.event_id, call.tool_call_id, call.name, call.input)),
                 Some(Mode::Ask | Mode::Client) => waiting.push(call.event_id),
-                None => {}
+                Some(Mode::Rejected) | None => {}
             }
         }
         run_server_tools(ctx, inline).await?;
@@ -314,7 +321,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
                 },
                 Some(Mode::Ask) => tool_use(&tool_call_id, &name, &input, Permission::Ask),
                 Some(Mode::Inline) => tool_use(&tool_call_id, &name, &input, Permission::Allow),
-                None => tool_use(&tool_call_id, &name, &input, Permission::Deny),
+                Some(Mode::Rejected) | None => tool_use(&tool_call_id, &name, &input, Permission::Deny),
             });
             parts.push(Part::ToolUse { tool_call_id: tool_call_id.clone(), name: name.clone(), input: input.clone() });
             planned.push((tool_call_id, name, input, mode));
@@ -342,18 +349,25 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
         .map(|(event, (tool_call_id, name, input, mode))| Call { event_id: event.id, tool_call_id, name, input, mode })
         .collect();
     let called = !calls.is_empty();
-    // A call of a tool this session does not have gets an error result at once.
-    let unknown: Vec<EventBody> = calls
+    // A call of a tool this session does not have, or that the client always rejects,
+    // gets an error result at once.
+    let denied: Vec<EventBody> = calls
         .iter()
-        .filter(|c| c.mode.is_none())
-        .map(|c| EventBody::AgentToolResult {
-            tool_use_id: c.event_id,
-            tool_call_id: c.tool_call_id.clone(),
-            content: vec![Block::text(format!("Tool call denied: no tool named {:?} is available", c.name))],
-            is_error: true,
+        .filter_map(|c| {
+            let why = match c.mode {
+                None => format!("no tool named {:?} is available", c.name),
+                Some(Mode::Rejected) => "the user rejects this tool for this session".to_string(),
+                Some(_) => return None,
+            };
+            Some(EventBody::AgentToolResult {
+                tool_use_id: c.event_id,
+                tool_call_id: c.tool_call_id.clone(),
+                content: vec![Block::text(format!("Tool call denied: {why}"))],
+                is_error: true,
+            })
         })
         .collect();
-    record_results(ctx, unknown).await?;
+    record_results(ctx, denied).await?;
     Ok(Response { stop: stop.unwrap_or(ModelStop::EndTurn), calls, called })
 }
 

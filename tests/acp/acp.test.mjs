@@ -19,6 +19,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
 import {
+  AcpClient,
   EVENT_ID,
   Lab,
   SESSION_ID,
@@ -419,6 +420,39 @@ for (const mode of ["embedded", "bridge"]) {
         const after = await c.prompt(sessionId, "after reload");
         assert.equal(after.stopReason, "end_turn", about("stop reason", after));
         assert.equal(after.text, "echo: after reload");
+      });
+    });
+
+    test("an agent killed (SIGKILL) while it asks for a permission leaves nothing stuck: a new process loads the waiting call, and a new prompt closes it and goes on", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      const child = lab.spawn(target.args);
+      const doomed = new AcpClient(child);
+      doomed.permissionPolicy = "hold";
+      let sessionId;
+      await doomed
+        .app()
+        .connectWith(doomed.stream(), async (agent) => {
+          doomed.agent = agent;
+          sessionId = await doomed.openSession();
+          const prompt = agent.request(m.agent.session.prompt, { sessionId, prompt: [{ type: "text", text: FETCH }] });
+          prompt.catch(() => {}); // never answered: the agent dies first
+          await waitFor(() => doomed.held.length > 0, 10_000, () => "the permission request");
+          child.kill("SIGKILL");
+          await deadline(child.exited, 5_000, "the killed agent to exit");
+        })
+        .catch(() => {}); // the connection dies with the agent
+      assert.match(sessionId ?? "", SESSION_ID, "the session was made before the kill");
+
+      await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const before = outline((await c.load(sessionId)).updates).filter((i) => i.kind === "tool");
+        assert.deepEqual(before.map((i) => i.status), ["pending"], `the call still waits: ${show(before)}`);
+        const turn = await c.prompt(sessionId, "hi again");
+        assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+        assert.equal(turn.text, "echo: hi again");
+        const after = outline((await c.load(sessionId)).updates).filter((i) => i.kind === "tool");
+        assert.deepEqual(after.map((i) => i.status), ["failed"], `the waiting call was closed: ${show(after)}`);
       });
     });
 
