@@ -15,7 +15,10 @@ use serde_json::{json, Map, Value};
 use crate::domain::event::{AgentSpec, SessionSpec};
 use crate::domain::{Event, EventBody, EventId};
 use crate::service::Service;
-use crate::session::{rules, Caller, Cursor, EventQuery, Input, SessionError, Submission};
+use crate::session::{rules, Caller, Cursor, EventQuery, Input, ListFilter, SessionError, Submission};
+
+/// The metadata key of the working directory an ACP client gave `session/new`.
+pub const CWD: &str = "acp_cwd";
 
 /// What the session layer answered, in the terms the ACP view renders.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +60,20 @@ impl From<SessionError> for DoorError {
 
 pub type Events = BoxStream<'static, Result<Event, DoorError>>;
 
+/// A session as `session/list` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    pub id: String,
+    pub title: Option<String>,
+    /// The working directory an ACP client made it in (metadata `acp_cwd`); other views'
+    /// sessions have none.
+    pub cwd: Option<String>,
+    pub updated_at: Option<String>,
+}
+
+/// Sessions per `session/list` page.
+const LIST_PAGE: usize = 50;
+
 #[async_trait]
 pub trait Door: Send + Sync + 'static {
     /// Starts a session of `agent`, with `metadata`; its id.
@@ -67,6 +84,9 @@ pub trait Door: Send + Sync + 'static {
     async fn submit(&self, session: &str, inputs: Vec<Input>) -> Result<Vec<Event>, DoorError>;
     /// The session's events after `after`, then live ones as they are stored.
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError>;
+    /// A page of the sessions of `agent`, newest first, after the session `after`; and the
+    /// cursor of the next page, if there is one.
+    async fn list(&self, agent: &str, after: Option<&str>) -> Result<(Vec<Listed>, Option<String>), DoorError>;
 }
 
 /// The engine in this process, as the local admin (as a server with no keys sees it).
@@ -87,6 +107,37 @@ fn decoded(raw: &crate::domain::RawEvent) -> Result<Event, DoorError> {
 
 #[async_trait]
 impl Door for Embedded {
+    async fn list(&self, agent: &str, after: Option<&str>) -> Result<(Vec<Listed>, Option<String>), DoorError> {
+        let after = match after {
+            Some(cursor) => Some(
+                cursor
+                    .parse()
+                    .map_err(|_| DoorError::Invalid(format!("cursor {cursor:?} is not one of this agent's")))?,
+            ),
+            None => None,
+        };
+        let filter = ListFilter {
+            agent: Some(agent.to_string()),
+            exclude_archived: true,
+            after,
+            limit: LIST_PAGE,
+            ..ListFilter::default()
+        };
+        let page = self.service.sessions().list(&self.caller, &filter).await?;
+        let next = if page.has_more { page.items.last().map(|s| s.id.to_string()) } else { None };
+        let listed = page
+            .items
+            .into_iter()
+            .map(|s| Listed {
+                id: s.id.to_string(),
+                cwd: s.spec.metadata.get(CWD).and_then(Value::as_str).map(str::to_string),
+                title: s.spec.title,
+                updated_at: Some(s.updated_at),
+            })
+            .collect();
+        Ok((listed, next))
+    }
+
     async fn create(&self, agent: &str, metadata: Map<String, Value>) -> Result<String, DoorError> {
         let sessions = self.service.sessions();
         let configured = sessions.agents().get(agent).ok_or_else(|| {
@@ -267,6 +318,31 @@ fn native(input: Input) -> Value {
 
 #[async_trait]
 impl Door for Bridge {
+    async fn list(&self, agent: &str, after: Option<&str>) -> Result<(Vec<Listed>, Option<String>), DoorError> {
+        let limit = LIST_PAGE.to_string();
+        let mut request = self.call(reqwest::Method::GET, "/sessions").query(&[("agent", agent), ("limit", &limit)]);
+        if let Some(after) = after {
+            request = request.query(&[("after", after)]);
+        }
+        let page = self.json(request).await?;
+        let text = |v: &Value| v.as_str().map(str::to_string);
+        let listed = page["sessions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| {
+                Some(Listed {
+                    id: text(&s["sessionId"])?,
+                    title: text(&s["title"]),
+                    cwd: text(&s["metadata"][CWD]),
+                    // The turn API shows when a session was made, not when it last changed.
+                    updated_at: None,
+                })
+            })
+            .collect();
+        Ok((listed, text(&page["next"])))
+    }
+
     async fn create(&self, agent: &str, metadata: Map<String, Value>) -> Result<String, DoorError> {
         let meta = self.json(self.call(reqwest::Method::GET, "/meta")).await?;
         let agents = meta["agents"].as_array().cloned().unwrap_or_default();

@@ -20,8 +20,9 @@ use std::time::Duration;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     self as acp, AgentCapabilities, CancelNotification, ContentBlock, Implementation, InitializeRequest,
-    InitializeResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
-    PromptCapabilities, PromptRequest, PromptResponse, SessionNotification,
+    InitializeResponse, ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse,
+    NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, SessionCapabilities,
+    SessionInfo, SessionListCapabilities, SessionNotification,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, Error, Stdio};
@@ -107,6 +108,19 @@ impl Acp {
                 },
                 agent_client_protocol::on_receive_request!(),
             )
+            .on_receive_request(
+                {
+                    let acp = self.clone();
+                    async move |request: ListSessionsRequest, responder: Responder<ListSessionsResponse>, _cx| match acp
+                        .list_sessions(&request)
+                        .await
+                    {
+                        Ok(listed) => responder.respond(listed),
+                        Err(error) => responder.respond_with_error(error),
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
             .on_receive_notification(
                 {
                     let acp = self.clone();
@@ -136,10 +150,26 @@ impl Acp {
                 "session/new named MCP servers; turnlog does not connect to MCP servers yet, so their tools are not offered"
             );
         }
-        let metadata = Map::from_iter([("acp_cwd".to_string(), json!(cwd))]);
+        let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
         let id = self.door.create(&self.agent, metadata).await.map_err(|e| error(e, None))?;
         tracing::info!(session_id = %id, agent = %self.agent, "session created");
         Ok(id)
+    }
+
+    /// A page of this agent's sessions made through ACP, newest first (those of other views
+    /// have no working directory to show; they load by id), in `cwd` if it is given.
+    async fn list_sessions(&self, request: &ListSessionsRequest) -> Result<ListSessionsResponse, Error> {
+        let cwd = request.cwd.as_deref().map(absolute).transpose()?;
+        let (listed, next) =
+            self.door.list(&self.agent, request.cursor.as_deref()).await.map_err(|e| error(e, None))?;
+        let sessions = listed
+            .into_iter()
+            .filter_map(|s| {
+                let here = s.cwd.filter(|c| cwd.as_ref().is_none_or(|wanted| wanted == c))?;
+                Some(SessionInfo::new(s.id, here).title(s.title).updated_at(s.updated_at))
+            })
+            .collect();
+        Ok(ListSessionsResponse::new(sessions).next_cursor(next))
     }
 
     /// Replays the whole conversation, then answers (the client reads the updates first).
@@ -234,6 +264,7 @@ fn initialize(request: &InitializeRequest) -> InitializeResponse {
     }
     let capabilities = AgentCapabilities::new()
         .load_session(true)
+        .session_capabilities(SessionCapabilities::new().list(SessionListCapabilities::new()))
         .prompt_capabilities(PromptCapabilities::new().image(true).embedded_context(true));
     InitializeResponse::new(ProtocolVersion::V1)
         .agent_capabilities(capabilities)

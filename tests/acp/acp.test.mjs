@@ -456,6 +456,29 @@ for (const mode of ["embedded", "bridge"]) {
       });
     });
 
+    test("session/list: this agent's ACP sessions newest first, with their cwd, filtered by cwd; a bad cursor is -32602", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      await withAgent(lab, target.args, async (c) => {
+        const init = await c.initialize();
+        assert.deepEqual(init.agentCapabilities?.sessionCapabilities?.list, {}, `list is offered: ${show(init)}`);
+        const here = lab.tempDir("turnlog-cwd-a-");
+        const there = lab.tempDir("turnlog-cwd-b-");
+        const { sessionId: first } = await c.ok(m.agent.session.new, { cwd: here, mcpServers: [] });
+        const { sessionId: second } = await c.ok(m.agent.session.new, { cwd: there, mcpServers: [] });
+        const all = await c.ok(m.agent.session.list, {});
+        assert.deepEqual(
+          all.sessions.map((s) => [s.sessionId, s.cwd]),
+          [[second, there], [first, here]],
+          `newest first, each with its cwd: ${show(all)}`,
+        );
+        const inHere = await c.ok(m.agent.session.list, { cwd: here });
+        assert.deepEqual(inHere.sessions.map((s) => s.sessionId), [first], `only the session made in ${here}: ${show(inHere)}`);
+        const bad = await c.fails(m.agent.session.list, { cursor: "not-a-cursor" });
+        assert.equal(bad.code, -32602, showError(bad));
+      });
+    });
+
     test("prompt blocks (text, resource_link, resource) are stored as given and replayed one user_message_chunk each", TEST, async (t) => {
       const lab = new Lab(t);
       const target = await lab.target(mode);
