@@ -105,6 +105,7 @@ impl Service {
     /// Stops the turns (if [`Service::stop_turns`] has not), then flushes and closes the log.
     pub async fn shutdown(&self) -> Result<(), StoreError> {
         self.stop_turns().await;
+        self.sessions.agents().shutdown().await;
         self.sweeper.abort();
         let started = Instant::now();
         self.log.close().await?;

@@ -292,6 +292,7 @@ mod tests {
             name: "fetch_url".into(),
             input: json!({"url": "http://example.com/"}),
             evaluated_permission: Permission::Ask,
+            mcp: None,
         });
         let id = ask.id;
         let first = wire(&live.update(&ask));
@@ -312,6 +313,7 @@ mod tests {
             tool_call_id: "call_1".into(),
             content: vec![Block::text("not allowed")],
             is_error: true,
+            structured_content: None,
         })));
         assert_eq!(done[0]["status"], "failed");
         assert_eq!(done[0]["content"][0]["content"]["text"], "not allowed");
@@ -324,6 +326,7 @@ mod tests {
             name: "calculator".into(),
             input: json!({"expression": "1+1"}),
             evaluated_permission: Permission::Allow,
+            mcp: None,
         });
         let events = vec![
             event(EventBody::UserMessage { content: vec![Block::text("hi")] }),
@@ -334,6 +337,7 @@ mod tests {
                 tool_call_id: "call_1".into(),
                 content: vec![Block::text("2")],
                 is_error: false,
+                structured_content: None,
             }),
             event(EventBody::AgentMessage { message_id: "msg_1".into(), content: vec![Block::text("two")] }),
         ];

@@ -3,6 +3,7 @@
 
 pub mod anthropic;
 mod http;
+pub mod mcp;
 pub mod model;
 pub mod openai;
 pub mod scripted;
@@ -41,6 +42,9 @@ pub struct AgentConfig {
     /// Tools the client runs, for dialects whose clients cannot declare their own.
     #[serde(default)]
     pub client_tools: Vec<ClientTool>,
+    /// MCP servers whose tools the agent has, by server name.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, mcp::McpServerConfig>,
 }
 
 fn default_version() -> String {
@@ -158,6 +162,8 @@ pub struct Agent {
     pub model: Arc<dyn Model>,
     /// The catalog definition this version was built from (none for configured agents).
     pub definition: Option<AgentDefinition>,
+    /// Its MCP servers, connected on first use and shared by its sessions.
+    pub mcp: mcp::McpServers,
 }
 
 impl Agent {
@@ -197,8 +203,12 @@ impl Agents {
                     return Err(format!("agents.{name}.tools: there is no server tool named {tool:?}"));
                 }
             }
+            for (server, mcp) in &config.mcp_servers {
+                mcp.check(name, server)?;
+            }
             let model = build_model(&config.model).map_err(|e| format!("agents.{name}.model: {e}"))?;
-            let agent = Agent { name: name.clone(), config: config.clone(), model, definition: None };
+            let mcp = mcp::McpServers::new(&config.mcp_servers);
+            let agent = Agent { name: name.clone(), config: config.clone(), model, definition: None, mcp };
             configured.insert(name.clone(), Arc::new(agent));
         }
         let mut models = models.clone();
@@ -235,6 +245,13 @@ impl Agents {
         self.configured.values().cloned().chain(live.cloned()).collect()
     }
 
+    /// Stops every agent's MCP servers.
+    pub async fn shutdown(&self) {
+        for agent in self.configured.values() {
+            agent.mcp.shutdown().await;
+        }
+    }
+
     /// The model ids a catalog agent may name.
     pub fn model_ids(&self) -> impl Iterator<Item = &str> {
         self.models.keys().map(String::as_str)
@@ -256,10 +273,12 @@ impl Agents {
             tools: BTreeMap::new(),
             options: Vec::new(),
             client_tools: definition.tools.clone(),
+            mcp_servers: BTreeMap::new(),
         };
         let model = build_model(&config.model)?;
+        let mcp = mcp::McpServers::default();
         let agent =
-            Arc::new(Agent { name: definition.id.clone(), config, model, definition: Some(definition.clone()) });
+            Arc::new(Agent { name: definition.id.clone(), config, model, definition: Some(definition.clone()), mcp });
         self.defined.write().entry(definition.id.clone()).or_default().insert(definition.version, agent.clone());
         Ok(agent)
     }

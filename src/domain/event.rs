@@ -176,6 +176,13 @@ pub enum Confirmation {
     Deny,
 }
 
+/// The MCP server and tool a call went to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpRef {
+    pub server: String,
+    pub tool: String,
+}
+
 /// How a session was created, in no view's dialect: every view maps its own request to it
 /// and renders it back in its own shape.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -320,7 +327,16 @@ pub enum EventBody {
     #[serde(rename = "agent.message.delta")]
     AgentMessageDelta { message_id: String, delta: String },
     #[serde(rename = "agent.tool_use")]
-    AgentToolUse { tool_call_id: String, name: String, input: Value, evaluated_permission: Permission },
+    AgentToolUse {
+        tool_call_id: String,
+        name: String,
+        input: Value,
+        evaluated_permission: Permission,
+        /// A tool of an MCP server: the server and the tool's own name (`name` is
+        /// `<server>__<tool>`, as the model saw it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp: Option<McpRef>,
+    },
     #[serde(rename = "agent.custom_tool_use")]
     AgentCustomToolUse { tool_call_id: String, name: String, input: Value },
     #[serde(rename = "agent.tool_result")]
@@ -330,6 +346,9 @@ pub enum EventBody {
         content: Vec<Block>,
         #[serde(default)]
         is_error: bool,
+        /// An MCP tool's structured result, as the server gave it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        structured_content: Option<Value>,
     },
     #[serde(rename = "span.model_request_end")]
     ModelRequestEnd {

@@ -63,7 +63,7 @@ impl TurnState {
             }
             EventBody::UserMessage { .. } if event.processed_at.is_none() => self.queued.push(event.id),
             EventBody::TurnInput { event_ids } => self.queued.retain(|id| !event_ids.contains(id)),
-            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: Permission::Ask } => {
+            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: Permission::Ask, .. } => {
                 self.pending.insert(event.id, call(event.id, tool_call_id, name, input, CallKind::Ask));
             }
             EventBody::AgentCustomToolUse { tool_call_id, name, input } => {

@@ -146,7 +146,8 @@ pub fn seed_waiting(messages: &[Message], plan: &ToolPlan, turn: TurnId) -> Vec<
                 Some(Mode::Inline | Mode::Ask) => Permission::Ask,
                 Some(Mode::Rejected) | None => Permission::Deny,
             };
-            let body = EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: permission };
+            let body =
+                EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: permission, mcp: None };
             Draft::new(Some(turn), &body)
         })
         .collect();
@@ -176,6 +177,7 @@ pub fn seed_settled(stored: &[RawEvent]) -> Vec<Draft> {
                     tool_call_id: tool_call_id.clone(),
                     content: vec![Block::text(format!("Tool call denied: no tool named {name:?} is available"))],
                     is_error: true,
+                    structured_content: None,
                 };
                 drafts.push(Draft::new(Some(turn), &result));
             }
@@ -366,6 +368,7 @@ fn tool_result(call: &PendingCall, text: String) -> EventBody {
         tool_call_id: call.tool_call_id.clone(),
         content: vec![Block::text(text)],
         is_error: true,
+        structured_content: None,
     }
 }
 

@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::log::Writer;
 use super::SessionError;
+use crate::agent::mcp::{McpAnswer, McpTool};
 use crate::agent::{Agent, ModelError, ModelEvent, ModelRequest, ModelStop, ToolDef, Tools};
-use crate::domain::event::{Confirmation, Permission, SessionSpec, StopReason};
+use crate::domain::event::{Confirmation, McpRef, Permission, SessionSpec, StopReason};
 use crate::domain::ids::prefixed;
 use crate::domain::{Block, Draft, EventBody, EventId, Message, Part, RawEvent, TurnId, Usage};
 use crate::metrics;
@@ -35,6 +36,8 @@ pub enum Mode {
 pub struct ToolPlan {
     pub defs: Vec<ToolDef>,
     pub modes: HashMap<String, Mode>,
+    /// The MCP server and tool behind each MCP tool's name.
+    pub mcp: HashMap<String, McpRef>,
 }
 
 impl ToolPlan {
@@ -85,6 +88,26 @@ impl ToolPlan {
         }
         plan
     }
+
+    /// Adds an agent's MCP tools (their config's permission, or what the client chose to
+    /// remember). A name already taken keeps its tool.
+    pub fn add_mcp(&mut self, tools: Vec<McpTool>, remembered: &BTreeMap<String, Confirmation>) {
+        for tool in tools {
+            let name = tool.def.name.clone();
+            if self.modes.contains_key(&name) {
+                tracing::warn!(%name, "an MCP tool's name is taken by another tool; it is not offered");
+                continue;
+            }
+            let mode = match (remembered.get(&name), tool.permission) {
+                (Some(Confirmation::Deny), _) => Mode::Rejected,
+                (Some(Confirmation::Allow), _) | (None, Permission::Allow) => Mode::Inline,
+                (None, _) => Mode::Ask,
+            };
+            self.modes.insert(name.clone(), mode);
+            self.mcp.insert(name, McpRef { server: tool.server, tool: tool.tool });
+            self.defs.push(tool.def);
+        }
+    }
 }
 
 pub struct TurnContext {
@@ -94,6 +117,9 @@ pub struct TurnContext {
     pub agent: Arc<Agent>,
     pub tools: Arc<Tools>,
     pub plan: ToolPlan,
+    /// The permission decisions the client chose to keep, by tool (for MCP tools, listed as
+    /// the turn starts).
+    pub remembered: BTreeMap<String, Confirmation>,
     pub history: Vec<Message>,
     /// Calls granted permission before this turn: they run first.
     pub granted: Vec<PendingCall>,
@@ -133,6 +159,14 @@ impl From<SessionError> for Failure {
 }
 
 async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, Vec<EventId>), Failure> {
+    if !ctx.agent.mcp.is_empty() {
+        let listed = tokio::select! {
+            _ = ctx.cancel.cancelled() => return Err(Failure::Cancelled),
+            listed = ctx.agent.mcp.tools() => listed,
+        };
+        let tools = listed.map_err(|e| Failure::Model(ModelError::new("mcp_unavailable", e.to_string())))?;
+        ctx.plan.add_mcp(tools, &ctx.remembered);
+    }
     let granted = std::mem::take(&mut ctx.granted);
     let calls: Vec<(EventId, String, String, Value)> =
         granted.into_iter().map(|c| (c.event_id, c.tool_call_id, c.name, c.input)).collect();
@@ -319,9 +353,9 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
                     name: name.clone(),
                     input: input.clone(),
                 },
-                Some(Mode::Ask) => tool_use(&tool_call_id, &name, &input, Permission::Ask),
-                Some(Mode::Inline) => tool_use(&tool_call_id, &name, &input, Permission::Allow),
-                Some(Mode::Rejected) | None => tool_use(&tool_call_id, &name, &input, Permission::Deny),
+                Some(Mode::Ask) => tool_use(&tool_call_id, &name, &input, Permission::Ask, &ctx.plan),
+                Some(Mode::Inline) => tool_use(&tool_call_id, &name, &input, Permission::Allow, &ctx.plan),
+                Some(Mode::Rejected) | None => tool_use(&tool_call_id, &name, &input, Permission::Deny, &ctx.plan),
             });
             parts.push(Part::ToolUse { tool_call_id: tool_call_id.clone(), name: name.clone(), input: input.clone() });
             planned.push((tool_call_id, name, input, mode));
@@ -364,6 +398,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
                 tool_call_id: c.tool_call_id.clone(),
                 content: vec![Block::text(format!("Tool call denied: {why}"))],
                 is_error: true,
+                structured_content: None,
             })
         })
         .collect();
@@ -371,12 +406,13 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
     Ok(Response { stop: stop.unwrap_or(ModelStop::EndTurn), calls, called })
 }
 
-fn tool_use(tool_call_id: &str, name: &str, input: &Value, permission: Permission) -> EventBody {
+fn tool_use(tool_call_id: &str, name: &str, input: &Value, permission: Permission, plan: &ToolPlan) -> EventBody {
     EventBody::AgentToolUse {
         tool_call_id: tool_call_id.into(),
         name: name.into(),
         input: input.clone(),
         evaluated_permission: permission,
+        mcp: plan.mcp.get(name).cloned(),
     }
 }
 
@@ -386,27 +422,30 @@ async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, St
     if calls.is_empty() {
         return Ok(());
     }
-    let tools = ctx.tools.clone();
-    let cancel = ctx.cancel.clone();
+    let (tools, agent, cancel) = (ctx.tools.clone(), ctx.agent.clone(), ctx.cancel.clone());
     let results = futures_util::future::join_all(calls.iter().map(|(_, _, name, input)| {
-        let (tools, cancel) = (tools.clone(), cancel.clone());
-        async move { tools.call(name, input, &cancel).await }
+        let (tools, agent, cancel) = (tools.clone(), agent.clone(), cancel.clone());
+        async move {
+            // An MCP tool (its server is one of the agent's), or a built-in one.
+            match crate::agent::mcp::split(name).filter(|(server, _)| agent.mcp.has(server)) {
+                Some((server, tool)) => agent.mcp.call(server, tool, input, &cancel).await,
+                None => match tools.call(name, input, &cancel).await {
+                    Ok(text) => McpAnswer { content: vec![Block::text(text)], structured: None, is_error: false },
+                    Err(text) => McpAnswer { content: vec![Block::text(text)], structured: None, is_error: true },
+                },
+            }
+        }
     }))
     .await;
     let bodies = calls
         .into_iter()
         .zip(results)
-        .map(|((event_id, tool_call_id, _, _), result)| {
-            let (text, is_error) = match result {
-                Ok(text) => (text, false),
-                Err(text) => (text, true),
-            };
-            EventBody::AgentToolResult {
-                tool_use_id: event_id,
-                tool_call_id,
-                content: vec![Block::text(text)],
-                is_error,
-            }
+        .map(|((event_id, tool_call_id, _, _), answer)| EventBody::AgentToolResult {
+            tool_use_id: event_id,
+            tool_call_id,
+            content: answer.content,
+            is_error: answer.is_error,
+            structured_content: answer.structured,
         })
         .collect();
     record_results(ctx, bodies).await?;

@@ -236,7 +236,7 @@ impl TurnFold {
                     out.push(Place::Stream, delta);
                 }
             }
-            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission } => {
+            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission, .. } => {
                 let waits = *evaluated_permission == Permission::Ask;
                 self.call(&mut out, event.id, at, (tool_call_id, name, input), waits.then_some(false));
             }
