@@ -314,6 +314,7 @@ mod tests {
             content: vec![Block::text("not allowed")],
             is_error: true,
             structured_content: None,
+            mcp: None,
         })));
         assert_eq!(done[0]["status"], "failed");
         assert_eq!(done[0]["content"][0]["content"]["text"], "not allowed");
@@ -338,6 +339,7 @@ mod tests {
                 content: vec![Block::text("2")],
                 is_error: false,
                 structured_content: None,
+                mcp: None,
             }),
             event(EventBody::AgentMessage { message_id: "msg_1".into(), content: vec![Block::text("two")] }),
         ];

@@ -349,6 +349,9 @@ pub enum EventBody {
         /// An MCP tool's structured result, as the server gave it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         structured_content: Option<Value>,
+        /// The MCP server and tool that answered (as on its `agent.tool_use`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp: Option<McpRef>,
     },
     #[serde(rename = "span.model_request_end")]
     ModelRequestEnd {

@@ -178,6 +178,7 @@ pub fn seed_settled(stored: &[RawEvent]) -> Vec<Draft> {
                     content: vec![Block::text(format!("Tool call denied: no tool named {name:?} is available"))],
                     is_error: true,
                     structured_content: None,
+                    mcp: None,
                 };
                 drafts.push(Draft::new(Some(turn), &result));
             }
@@ -369,6 +370,7 @@ fn tool_result(call: &PendingCall, text: String) -> EventBody {
         content: vec![Block::text(text)],
         is_error: true,
         structured_content: None,
+        mcp: None,
     }
 }
 

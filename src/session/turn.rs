@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::log::Writer;
 use super::SessionError;
-use crate::agent::mcp::{McpAnswer, McpTool};
+use crate::agent::mcp::McpTool;
 use crate::agent::{Agent, ModelError, ModelEvent, ModelRequest, ModelStop, ToolDef, Tools};
 use crate::domain::event::{Confirmation, McpRef, Permission, SessionSpec, StopReason};
 use crate::domain::ids::prefixed;
@@ -399,6 +399,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
                 content: vec![Block::text(format!("Tool call denied: {why}"))],
                 is_error: true,
                 structured_content: None,
+                mcp: None,
             })
         })
         .collect();
@@ -416,6 +417,14 @@ fn tool_use(tool_call_id: &str, name: &str, input: &Value, permission: Permissio
     }
 }
 
+/// What a server tool answered, built-in or MCP.
+struct Answer {
+    content: Vec<Block>,
+    structured: Option<Value>,
+    is_error: bool,
+    mcp: Option<McpRef>,
+}
+
 /// Runs server tools in parallel and records their results in call order. A cancel
 /// reaches running tools at once; they answer `Tool call cancelled`.
 async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, String, Value)>) -> Result<(), Failure> {
@@ -428,11 +437,18 @@ async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, St
         async move {
             // An MCP tool (its server is one of the agent's), or a built-in one.
             match crate::agent::mcp::split(name).filter(|(server, _)| agent.mcp.has(server)) {
-                Some((server, tool)) => agent.mcp.call(server, tool, input, &cancel).await,
-                None => match tools.call(name, input, &cancel).await {
-                    Ok(text) => McpAnswer { content: vec![Block::text(text)], structured: None, is_error: false },
-                    Err(text) => McpAnswer { content: vec![Block::text(text)], structured: None, is_error: true },
-                },
+                Some((server, tool)) => {
+                    let answer = agent.mcp.call(server, tool, input, &cancel).await;
+                    let mcp = Some(McpRef { server: server.to_string(), tool: tool.to_string() });
+                    Answer { content: answer.content, structured: answer.structured, is_error: answer.is_error, mcp }
+                }
+                None => {
+                    let (text, is_error) = match tools.call(name, input, &cancel).await {
+                        Ok(text) => (text, false),
+                        Err(text) => (text, true),
+                    };
+                    Answer { content: vec![Block::text(text)], structured: None, is_error, mcp: None }
+                }
             }
         }
     }))
@@ -446,6 +462,7 @@ async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, St
             content: answer.content,
             is_error: answer.is_error,
             structured_content: answer.structured,
+            mcp: answer.mcp,
         })
         .collect();
     record_results(ctx, bodies).await?;

@@ -218,7 +218,10 @@ pub async fn list(
     let limit = limit(query.limit, 1000, state.settings.limits.max_page_size)?;
     let newest_first = crate::api::body::newest_first(query.order.as_deref(), false)?;
     let shown = |t: &str| query.types.is_empty() || query.types.iter().any(|asked| asked == t);
-    let kinds: Vec<String> = wire::TYPES.iter().filter(|t| shown(t)).map(|t| wire::log_kind(t).to_string()).collect();
+    let mut kinds: Vec<String> =
+        wire::TYPES.iter().filter(|t| shown(t)).map(|t| wire::log_kind(t).to_string()).collect();
+    kinds.sort();
+    kinds.dedup();
     if kinds.is_empty() {
         return Ok(page(Vec::new(), None));
     }
@@ -228,7 +231,9 @@ pub async fn list(
     let events = EventQuery { after, before, limit, newest_first, kinds, created };
     let found = state.sessions.events(&summary, events).await?;
     let next = found.has_more.then(|| found.events.last().map(|e| e.id.to_string())).flatten();
-    Ok(page(found.events.iter().filter_map(render).collect(), next))
+    // A log type may render as two SDK types (a tool call, or an MCP server's): only those asked for.
+    let rendered = found.events.iter().filter_map(render).filter(|e| e["type"].as_str().is_some_and(shown));
+    Ok(page(rendered.collect(), next))
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -23,6 +23,8 @@ pub const TYPES: &[&str] = &[
     "agent.thinking",
     "agent.tool_use",
     "agent.tool_result",
+    "agent.mcp_tool_use",
+    "agent.mcp_tool_result",
     "agent.custom_tool_use",
     "session.status_running",
     "session.status_idle",
@@ -34,10 +36,13 @@ pub const TYPES: &[&str] = &[
     "span.model_request_end",
 ];
 
-/// The log's type for an SDK type (they differ only for the end of a session's log).
+/// The log's type for an SDK type (they differ for the end of a session's log, and for
+/// MCP tool calls, which the log keeps as tool calls that name their server).
 pub fn log_kind(sdk: &str) -> &str {
     match sdk {
         "session.status_terminated" => "terminated",
+        "agent.mcp_tool_use" => "agent.tool_use",
+        "agent.mcp_tool_result" => "agent.tool_result",
         other => other,
     }
 }
@@ -218,12 +223,20 @@ pub fn event(e: &Event) -> Option<Value> {
         EventBody::AgentThinking { message_id, .. } => {
             json!({"type": "agent.thinking", "id": message_id, "processed_at": at})
         }
+        EventBody::AgentToolUse { input, evaluated_permission, mcp: Some(mcp), .. } => json!({
+            "type": "agent.mcp_tool_use", "id": id, "name": mcp.tool, "mcp_server_name": mcp.server,
+            "input": object(input), "evaluated_permission": permission(*evaluated_permission), "processed_at": at,
+        }),
         EventBody::AgentToolUse { name, input, evaluated_permission, .. } => json!({
             "type": "agent.tool_use", "id": id, "name": name, "input": object(input),
             "evaluated_permission": permission(*evaluated_permission), "processed_at": at,
         }),
         EventBody::AgentCustomToolUse { name, input, .. } => json!({
             "type": "agent.custom_tool_use", "id": id, "name": name, "input": object(input), "processed_at": at,
+        }),
+        EventBody::AgentToolResult { tool_use_id, content, is_error, mcp: Some(_), .. } => json!({
+            "type": "agent.mcp_tool_result", "id": id, "mcp_tool_use_id": tool_use_id.to_string(),
+            "content": self::content(content, true), "is_error": is_error, "processed_at": at,
         }),
         EventBody::AgentToolResult { tool_use_id, content, is_error, .. } => json!({
             "type": "agent.tool_result", "id": id, "tool_use_id": tool_use_id.to_string(),
