@@ -253,6 +253,27 @@ impl Bridge {
     }
 }
 
+impl Bridge {
+    /// The session's native event stream after `after`, as SSE events.
+    async fn open_stream(
+        &self,
+        path: &str,
+        after: EventId,
+    ) -> Result<impl futures_util::Stream<Item = Result<eventsource_stream::Event, impl std::error::Error>>, DoorError>
+    {
+        let request = self
+            .request(reqwest::Method::GET, path)
+            .query(&[("after_id", after.to_string())])
+            .header("accept", "text/event-stream");
+        let response = request.send().await.map_err(|e| unreachable_server(&self.base, e))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(refusal(status, &response.json().await.unwrap_or(Value::Null)));
+        }
+        Ok(response.bytes_stream().eventsource())
+    }
+}
+
 /// A server's error answer (`{"error":{"message",...}}`) by its status.
 fn refusal(status: reqwest::StatusCode, body: &Value) -> DoorError {
     let message = body["error"]["message"].as_str().unwrap_or("no message").to_string();
@@ -264,10 +285,6 @@ fn refusal(status: reqwest::StatusCode, body: &Value) -> DoorError {
         409 | 412 => DoorError::Refused(message),
         _ => DoorError::Unavailable(format!("the server answered {status}: {message}")),
     }
-}
-
-fn is_delta(event: &Event) -> bool {
-    matches!(event.body, EventBody::AgentMessageDelta { .. } | EventBody::AgentThinkingDelta { .. })
 }
 
 fn unreachable_server(base: &str, error: reqwest::Error) -> DoorError {
@@ -381,7 +398,7 @@ impl Door for Bridge {
             let page: EventPage = serde_json::from_value(self.json(request).await?)
                 .map_err(|e| DoorError::Unavailable(format!("a page of events does not decode: {e}")))?;
             after = page.data.last().map(|e| e.id);
-            out.extend(page.data.into_iter().filter(|e| !is_delta(e)));
+            out.extend(page.data.into_iter().filter(|e| !e.body.is_delta()));
             if !page.has_more {
                 return Ok(out);
             }
@@ -398,26 +415,9 @@ impl Door for Bridge {
 
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {
         let path = format!("{}/events/stream", session_path(session)?);
-        let open = {
-            let (bridge, path) = (self.clone(), path.clone());
-            move |after: EventId| {
-                let (bridge, path) = (bridge.clone(), path.clone());
-                async move {
-                    let request = bridge
-                        .request(reqwest::Method::GET, &path)
-                        .query(&[("after_id", after.to_string())])
-                        .header("accept", "text/event-stream");
-                    let response = request.send().await.map_err(|e| unreachable_server(&bridge.base, e))?;
-                    let status = response.status();
-                    if !status.is_success() {
-                        return Err(refusal(status, &response.json().await.unwrap_or(Value::Null)));
-                    }
-                    Ok(response.bytes_stream().eventsource())
-                }
-            }
-        };
+        let bridge = self.clone();
         // The first open answers for the session (unknown, refused); later drops reconnect.
-        let mut frames = open(after).await?;
+        let mut frames = bridge.open_stream(&path, after).await?;
         Ok(async_stream::stream! {
             let mut last = after;
             let mut failures = 0;
@@ -448,7 +448,7 @@ impl Door for Bridge {
                             return;
                         }
                         tokio::time::sleep(Duration::from_secs(1)).await;
-                        match open(last).await {
+                        match bridge.open_stream(&path, last).await {
                             Ok(reopened) => {
                                 tracing::info!(after = %last, "event stream reopened");
                                 frames = reopened;

@@ -13,7 +13,6 @@ pub mod render;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,19 +44,18 @@ pub struct Acp {
     door: Arc<dyn Door>,
     agent: String,
     prompts: Arc<Mutex<HashMap<String, Running>>>,
-    numbers: Arc<AtomicU64>,
 }
 
+/// A prompt in flight. No other prompt of its session starts until it has taken itself off
+/// (or its task has ended some other way).
 struct Running {
-    /// Which prompt it is: a finished prompt takes itself off only if no newer one is there.
-    number: u64,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
 
 impl Acp {
     pub fn new(door: Arc<dyn Door>, agent: String) -> Acp {
-        Acp { door, agent, prompts: Default::default(), numbers: Default::default() }
+        Acp { door, agent, prompts: Default::default() }
     }
 
     /// Serves stdin/stdout until stdin closes (or a signal comes), then cancels the prompts
@@ -203,24 +201,18 @@ impl Acp {
             return responder.respond_with_error(Error::new(BUSY, message).data(json!({"sessionId": session})));
         }
         let cancel = CancellationToken::new();
-        let number = self.numbers.fetch_add(1, Ordering::Relaxed);
         let prompt = Prompt { door: self.door.clone(), cx, session: session.clone(), cancel: cancel.clone() };
-        let task = tokio::spawn(self.clone().answer(prompt, content, number, responder));
-        prompts.insert(session, Running { number, cancel, task });
+        let task = tokio::spawn(self.clone().answer(prompt, content, responder));
+        prompts.insert(session, Running { cancel, task });
         Ok(())
     }
 
     /// Runs the prompt, takes it off the running ones, then answers: in that order, since
     /// the client may send the session's next prompt as soon as it reads the answer.
-    async fn answer(self, prompt: Prompt, content: Vec<Block>, number: u64, responder: Responder<PromptResponse>) {
+    async fn answer(self, prompt: Prompt, content: Vec<Block>, responder: Responder<PromptResponse>) {
         let session = prompt.session.clone();
         let ended = prompt.run(content).await;
-        {
-            let mut prompts = self.prompts.lock();
-            if prompts.get(&session).is_some_and(|running| running.number == number) {
-                prompts.remove(&session);
-            }
-        }
+        self.prompts.lock().remove(&session);
         let answer = match ended {
             Ended::Stopped(reason) => responder.respond(PromptResponse::new(reason)),
             Ended::Failed { code, message } => responder.respond_with_error(

@@ -94,18 +94,27 @@ pub struct McpTool {
     pub permission: Permission,
 }
 
-/// What a server answered a call: its content blocks and structured content as it gave
-/// them, and whether it is an error.
+/// What a server tool answered (built-in or an MCP server's): its content blocks and
+/// structured content as it gave them, and whether it is an error.
 #[derive(Debug, Clone, PartialEq)]
-pub struct McpAnswer {
+pub struct ToolAnswer {
     pub content: Vec<Block>,
     pub structured: Option<Value>,
     pub is_error: bool,
 }
 
-impl McpAnswer {
-    fn failed(text: String) -> McpAnswer {
-        McpAnswer { content: vec![Block::text(text)], structured: None, is_error: true }
+impl ToolAnswer {
+    /// A built-in tool's text answer, or its failure.
+    pub fn text(result: Result<String, String>) -> ToolAnswer {
+        let (text, is_error) = match result {
+            Ok(text) => (text, false),
+            Err(text) => (text, true),
+        };
+        ToolAnswer { content: vec![Block::text(text)], structured: None, is_error }
+    }
+
+    fn failed(text: String) -> ToolAnswer {
+        ToolAnswer::text(Err(text))
     }
 }
 
@@ -189,33 +198,36 @@ impl McpServers {
 
     /// Calls `tool` of `server`. A cancel reaches the server at once (`notifications/cancelled`);
     /// a failure of any kind is an error answer the model reads.
-    pub async fn call(&self, server: &str, tool: &str, input: &Value, cancel: &CancellationToken) -> McpAnswer {
+    pub async fn call(&self, server: &str, tool: &str, input: &Value, cancel: &CancellationToken) -> ToolAnswer {
         let Some(found) = self.servers.iter().find(|s| s.name == server) else {
-            return McpAnswer::failed(format!("no MCP server named {server:?}"));
+            return ToolAnswer::failed(format!("no MCP server named {server:?}"));
         };
         let connection = match found.connection().await {
             Ok(connection) => connection,
-            Err(error) => return McpAnswer::failed(error.to_string()),
+            Err(error) => return ToolAnswer::failed(error.to_string()),
         };
         let arguments = match input {
             Value::Object(map) => map.clone(),
             Value::Null => Default::default(),
-            other => return McpAnswer::failed(format!("the input of {tool} must be an object, not {other}")),
+            other => return ToolAnswer::failed(format!("the input of {tool} must be an object, not {other}")),
         };
         let request = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments);
         let limit = Duration::from_secs(found.config.timeout_secs);
         // Dropping the call (on a cancel or the timeout) sends `notifications/cancelled`.
         let answer = tokio::select! {
-            _ = cancel.cancelled() => return McpAnswer::failed("Tool call cancelled".into()),
+            _ = cancel.cancelled() => return ToolAnswer::failed("Tool call cancelled".into()),
             answer = tokio::time::timeout(limit, connection.client.peer().call_tool(request)) => answer,
         };
         match answer {
             Ok(Ok(result)) => answer_of(result),
             Ok(Err(error)) => {
-                found.forget_if_closed(&connection).await;
-                McpAnswer::failed(format!("MCP server {server}: the call of {tool} failed: {error}"))
+                // A closed connection is made again on next use.
+                if connection.client.is_closed() {
+                    found.forget(&connection).await;
+                }
+                ToolAnswer::failed(format!("MCP server {server}: the call of {tool} failed: {error}"))
             }
-            Err(_) => McpAnswer::failed(format!("MCP server {server}: {tool} took longer than {} s", limit.as_secs())),
+            Err(_) => ToolAnswer::failed(format!("MCP server {server}: {tool} took longer than {} s", limit.as_secs())),
         }
     }
 
@@ -299,17 +311,10 @@ impl Server {
         }
     }
 
+    /// Drops `connection` if it is still the server's (a newer one stays).
     async fn forget(&self, connection: &Arc<Connection>) {
         let mut state = self.state.lock().await;
         if state.connection.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
-            state.connection = None;
-        }
-    }
-
-    /// After a failed call: a connection that has closed is dropped, to be made again.
-    async fn forget_if_closed(&self, connection: &Arc<Connection>) {
-        let mut state = self.state.lock().await;
-        if connection.client.is_closed() && state.connection.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
             state.connection = None;
         }
     }
@@ -321,14 +326,14 @@ impl Server {
 
 /// The server's content blocks as the log keeps them (MCP's `text`, `image`, `resource`...
 /// are the shapes the log's blocks already take).
-fn answer_of(result: CallToolResult) -> McpAnswer {
+fn answer_of(result: CallToolResult) -> ToolAnswer {
     let content = result
         .content
         .iter()
         .filter_map(|block| serde_json::to_value(block).ok())
         .filter_map(|value| serde_json::from_value::<Block>(value).ok())
         .collect();
-    McpAnswer { content, structured: result.structured_content, is_error: result.is_error.unwrap_or(false) }
+    ToolAnswer { content, structured: result.structured_content, is_error: result.is_error.unwrap_or(false) }
 }
 
 /// `time__get_current_time` → (`time`, `get_current_time`).

@@ -376,6 +376,11 @@ pub enum EventBody {
 }
 
 impl EventBody {
+    /// A piece of a message still being said (`agent.message.delta`, `agent.thinking.delta`).
+    pub fn is_delta(&self) -> bool {
+        matches!(self, EventBody::AgentMessageDelta { .. } | EventBody::AgentThinkingDelta { .. })
+    }
+
     /// Whether a client sent this (rather than the agent or the service writing it).
     pub fn is_user_input(&self) -> bool {
         matches!(

@@ -331,7 +331,6 @@ impl Actor {
             writer: self.writer.clone(),
             turn,
             plan: ToolPlan::new(&agent, &inner.agents.tools, &self.summary.spec, &self.state.remembered),
-            remembered: self.state.remembered.clone(),
             agent,
             tools: inner.agents.tools.clone(),
             history: self.history.messages.clone(),

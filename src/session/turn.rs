@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::log::Writer;
 use super::SessionError;
-use crate::agent::mcp::McpTool;
+use crate::agent::mcp::{McpTool, ToolAnswer};
 use crate::agent::{Agent, ModelError, ModelEvent, ModelRequest, ModelStop, ToolDef, Tools};
 use crate::domain::event::{Confirmation, McpRef, Permission, SessionSpec, StopReason};
 use crate::domain::ids::prefixed;
@@ -38,6 +38,9 @@ pub struct ToolPlan {
     pub modes: HashMap<String, Mode>,
     /// The MCP server and tool behind each MCP tool's name.
     pub mcp: HashMap<String, McpRef>,
+    /// The permission decisions the client chose to keep, by tool (MCP tools join the plan
+    /// as the turn starts, and take them then).
+    pub remembered: BTreeMap<String, Confirmation>,
 }
 
 impl ToolPlan {
@@ -53,7 +56,7 @@ impl ToolPlan {
         spec: &SessionSpec,
         remembered: &BTreeMap<String, Confirmation>,
     ) -> ToolPlan {
-        let mut plan = ToolPlan::default();
+        let mut plan = ToolPlan { remembered: remembered.clone(), ..ToolPlan::default() };
         for (name, permission) in &agent.config.tools {
             let always = remembered.get(name);
             if *permission == Permission::Deny {
@@ -91,14 +94,14 @@ impl ToolPlan {
 
     /// Adds an agent's MCP tools (their config's permission, or what the client chose to
     /// remember). A name already taken keeps its tool.
-    pub fn add_mcp(&mut self, tools: Vec<McpTool>, remembered: &BTreeMap<String, Confirmation>) {
+    pub fn add_mcp(&mut self, tools: Vec<McpTool>) {
         for tool in tools {
             let name = tool.def.name.clone();
             if self.modes.contains_key(&name) {
                 tracing::warn!(%name, "an MCP tool's name is taken by another tool; it is not offered");
                 continue;
             }
-            let mode = match (remembered.get(&name), tool.permission) {
+            let mode = match (self.remembered.get(&name), tool.permission) {
                 (Some(Confirmation::Deny), _) => Mode::Rejected,
                 (Some(Confirmation::Allow), _) | (None, Permission::Allow) => Mode::Inline,
                 (None, _) => Mode::Ask,
@@ -117,9 +120,6 @@ pub struct TurnContext {
     pub agent: Arc<Agent>,
     pub tools: Arc<Tools>,
     pub plan: ToolPlan,
-    /// The permission decisions the client chose to keep, by tool (for MCP tools, listed as
-    /// the turn starts).
-    pub remembered: BTreeMap<String, Confirmation>,
     pub history: Vec<Message>,
     /// Calls granted permission before this turn: they run first.
     pub granted: Vec<PendingCall>,
@@ -165,7 +165,7 @@ async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, 
             listed = ctx.agent.mcp.tools() => listed,
         };
         let tools = listed.map_err(|e| Failure::Model(ModelError::new("mcp_unavailable", e.to_string())))?;
-        ctx.plan.add_mcp(tools, &ctx.remembered);
+        ctx.plan.add_mcp(tools);
     }
     let granted = std::mem::take(&mut ctx.granted);
     let calls: Vec<(EventId, String, String, Value)> =
@@ -417,14 +417,6 @@ fn tool_use(tool_call_id: &str, name: &str, input: &Value, permission: Permissio
     }
 }
 
-/// What a server tool answered, built-in or MCP.
-struct Answer {
-    content: Vec<Block>,
-    structured: Option<Value>,
-    is_error: bool,
-    mcp: Option<McpRef>,
-}
-
 /// Runs server tools in parallel and records their results in call order. A cancel
 /// reaches running tools at once; they answer `Tool call cancelled`.
 async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, String, Value)>) -> Result<(), Failure> {
@@ -438,17 +430,10 @@ async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, St
             // An MCP tool (its server is one of the agent's), or a built-in one.
             match crate::agent::mcp::split(name).filter(|(server, _)| agent.mcp.has(server)) {
                 Some((server, tool)) => {
-                    let answer = agent.mcp.call(server, tool, input, &cancel).await;
-                    let mcp = Some(McpRef { server: server.to_string(), tool: tool.to_string() });
-                    Answer { content: answer.content, structured: answer.structured, is_error: answer.is_error, mcp }
+                    let mcp = McpRef { server: server.to_string(), tool: tool.to_string() };
+                    (agent.mcp.call(server, tool, input, &cancel).await, Some(mcp))
                 }
-                None => {
-                    let (text, is_error) = match tools.call(name, input, &cancel).await {
-                        Ok(text) => (text, false),
-                        Err(text) => (text, true),
-                    };
-                    Answer { content: vec![Block::text(text)], structured: None, is_error, mcp: None }
-                }
+                None => (ToolAnswer::text(tools.call(name, input, &cancel).await), None),
             }
         }
     }))
@@ -456,13 +441,13 @@ async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, St
     let bodies = calls
         .into_iter()
         .zip(results)
-        .map(|((event_id, tool_call_id, _, _), answer)| EventBody::AgentToolResult {
+        .map(|((event_id, tool_call_id, _, _), (answer, mcp))| EventBody::AgentToolResult {
             tool_use_id: event_id,
             tool_call_id,
             content: answer.content,
             is_error: answer.is_error,
             structured_content: answer.structured,
-            mcp: answer.mcp,
+            mcp,
         })
         .collect();
     record_results(ctx, bodies).await?;

@@ -8,18 +8,7 @@ use serde_json::{json, Value};
 
 use futures_util::StreamExt;
 
-use crate::helpers::{spawn_app, sse, take, Sse, TestApp};
-
-async fn post(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
-    let response = app.post(path).json(&body).send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
-async fn get(app: &TestApp, path: &str) -> (u16, Value) {
-    let response = app.get(path).send().await.unwrap();
-    (response.status().as_u16(), response.json().await.unwrap_or(Value::Null))
-}
+use crate::helpers::{get_json as get, post_json as post, spawn_app, sse, take, Sse, TestApp};
 
 async fn session(app: &TestApp) -> String {
     let (status, made) = post(app, "/v1/agents/sessions", json!({"agent_name": "default"})).await;

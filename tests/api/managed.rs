@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 use turnlog::api::auth::hash_key;
 
-use crate::helpers::{spawn_with, sse, take, TestApp};
+use crate::helpers::{get_json as get, post_json as post, spawn_with, sse, take, TestApp};
 
 fn config() -> String {
     format!(
@@ -19,17 +19,6 @@ async fn app() -> TestApp {
     let mut app = spawn_with(&config()).await;
     app.use_key("alice-key");
     app
-}
-
-async fn post(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
-    let response = app.post(path).json(&body).send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
-async fn get(app: &TestApp, path: &str) -> (u16, Value) {
-    let response = app.get(path).send().await.unwrap();
-    (response.status().as_u16(), response.json().await.unwrap_or(Value::Null))
 }
 
 /// An environment, an agent with a custom tool, and a session of it.

@@ -22,6 +22,7 @@ from turnlog_server import Server  # noqa: E402
 
 TIME = str(pathlib.Path(sys.executable).parent / "mcp-server-time")
 EVERYTHING = str(HERE / "node_modules" / ".bin" / "mcp-server-everything")
+SLOW = str(HERE / "slow_server.py")
 
 
 def free_port() -> int:
@@ -68,6 +69,12 @@ args = ["stdio"]
 permission = "allow"
 tools = {{ get-env = "deny" }}
 
+[agents.tools.mcp_servers.hasty]
+command = "{EVERYTHING}"
+args = ["stdio"]
+permission = "allow"
+timeout_secs = 1
+
 [agents.broken]
 model = {{ provider = "scripted", name = "scripted" }}
 [agents.broken.mcp_servers.nothing]
@@ -76,8 +83,21 @@ command = "/nonexistent/mcp-server-nothing"
 
 
 @pytest.fixture(scope="session")
-def server(everything_http):
+def cancelled_mark():
+    """The file the `slow` server writes `started` to as a call begins, and `cancelled` to
+    when the call is cancelled."""
+    with tempfile.TemporaryDirectory() as root:
+        yield pathlib.Path(root) / "cancelled"
+
+
+@pytest.fixture(scope="session")
+def server(everything_http, cancelled_mark):
     config = CONFIG + f"""
+[agents.tools.mcp_servers.slow]
+command = "{sys.executable}"
+args = ["{SLOW}", "{cancelled_mark}"]
+permission = "allow"
+
 [agents.remote]
 model = {{ provider = "scripted", name = "scripted" }}
 [agents.remote.mcp_servers.everything]

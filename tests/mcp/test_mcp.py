@@ -130,3 +130,39 @@ def test_a_server_that_does_not_start_fails_the_turn_clearly(client):
     assert "nothing" in error["error"] and "/nonexistent/mcp-server-nothing" in error["error"], error
     assert of_type(events, "session.status_idle")[-1]["stop_reason"]["type"] == "error"
     assert turn["stopReason"] != "end_turn", turn
+
+
+def test_a_servers_error_result_is_kept_as_an_error(client):
+    session = client.session("tools")
+    turn = client.turn(session, "/tool everything__echo {}")
+    assert turn["stopReason"] == "end_turn", turn
+    [result] = of_type(client.events(session), "agent.tool_result")
+    # The server refused the input (`message` is required): its `isError` result, as it gave it.
+    assert result["is_error"] is True and result["mcp"] == {"server": "everything", "tool": "echo"}, result
+    assert "message" in result["content"][0]["text"], result
+
+
+def test_a_call_past_its_timeout_fails_and_the_server_goes_on(client):
+    session = client.session("tools")
+    started = time.monotonic()
+    turn = client.turn(session, '/tool hasty__trigger-long-running-operation {"duration": 20, "steps": 20}')
+    assert time.monotonic() - started < 10, "the call gives up after its 1 s timeout"
+    assert reply(turn) == "tool results: hasty__trigger-long-running-operation=MCP server hasty: trigger-long-running-operation took longer than 1 s", turn
+    turn = client.turn(session, '/tool hasty__echo {"message": "next"}')
+    assert reply(turn) == "tool results: hasty__echo=Echo: next"
+
+
+def test_a_cancel_reaches_the_server_as_notifications_cancelled(client, cancelled_mark):
+    session = client.session("tools")
+    client.post(session, {"type": "user.message", "content": '/tool slow__wait {"seconds": 60}'})
+    def mark_is(text: str):
+        deadline = time.monotonic() + 10
+        while not (cancelled_mark.exists() and cancelled_mark.read_text() == text):
+            assert time.monotonic() < deadline, f"the server's mark never said {text!r}"
+            time.sleep(0.02)
+
+    mark_is("started")  # the call is in the server's handler
+    client.post(session, {"type": "user.interrupt"})
+    events = client.wait_for(session, idle_after(1), seconds=10, what="the cancelled turn's end")
+    assert of_type(events, "session.status_idle")[-1]["stop_reason"]["type"] == "cancelled"
+    mark_is("cancelled")
