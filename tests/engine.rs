@@ -743,7 +743,7 @@ async fn another_writer_during_a_turn_ends_it_with_a_log_error(log: Backend) {
     g.log.append(g.session.id, at, vec![foreign]).await.unwrap().unwrap();
     let events = g.then_events(1).await;
     let error = events.iter().find_map(|e| match &e.body {
-        EventBody::SessionError { code, error } => Some((code.clone(), error.clone())),
+        EventBody::SessionError { code, error, .. } => Some((code.clone(), error.clone())),
         _ => None,
     });
     let (code, message) = error.expect("the turn recorded why it stopped");

@@ -314,7 +314,10 @@ async fn projections_rebuild_to_what_they_were(backend: Backend) {
             drafts.push(Draft::new(turn, &EventBody::TurnStarted {}));
             drafts.push(Draft::new(turn, &EventBody::UserMessage { content: vec![Block::text(format!("{i}"))] }));
             if stop == StopReason::Error {
-                drafts.push(Draft::new(turn, &EventBody::SessionError { error: "boom".into(), code: "x".into() }));
+                drafts.push(Draft::new(
+                    turn,
+                    &EventBody::SessionError { error: "boom".into(), code: "x".into(), mcp_server: None },
+                ));
             }
             let usage = Usage { input_tokens: 3, output_tokens: 4 };
             let idle = EventBody::StatusIdle {

@@ -2,6 +2,7 @@
 //! data dir) or through a running server's HTTP API ([`Bridge`]). Both speak in domain
 //! terms (input in, decoded log events out), so the ACP view above is the same for both.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::agent::mcp::McpServerConfig;
 use crate::domain::event::{AgentSpec, SessionSpec};
 use crate::domain::{Event, EventBody, EventId};
 use crate::service::Service;
@@ -76,8 +78,11 @@ const LIST_PAGE: usize = 50;
 
 #[async_trait]
 pub trait Door: Send + Sync + 'static {
-    /// Starts a session of `agent`, with `metadata`; its id.
-    async fn create(&self, agent: &str, metadata: Map<String, Value>) -> Result<String, DoorError>;
+    /// Starts a session of `agent`, with `metadata` and the MCP servers the client
+    /// declared for it; its id.
+    async fn create(&self, agent: &str, metadata: Map<String, Value>, mcp: McpDeclared) -> Result<String, DoorError>;
+    /// Gives the session the MCP servers the client declared (none: it has none).
+    async fn attach_mcp(&self, session: &str, mcp: McpDeclared) -> Result<(), DoorError>;
     /// Every event of the session, in log order (deltas left out).
     async fn events(&self, session: &str) -> Result<Vec<Event>, DoorError>;
     /// Stores input; the events it stored.
@@ -88,6 +93,9 @@ pub trait Door: Send + Sync + 'static {
     /// cursor of the next page, if there is one.
     async fn list(&self, agent: &str, after: Option<&str>) -> Result<(Vec<Listed>, Option<String>), DoorError>;
 }
+
+/// MCP servers a client declared for a session, by name.
+pub type McpDeclared = BTreeMap<String, McpServerConfig>;
 
 /// The engine in this process, as the local admin (as a server with no keys sees it).
 pub struct Embedded {
@@ -138,8 +146,9 @@ impl Door for Embedded {
         Ok((listed, next))
     }
 
-    async fn create(&self, agent: &str, metadata: Map<String, Value>) -> Result<String, DoorError> {
+    async fn create(&self, agent: &str, metadata: Map<String, Value>, mcp: McpDeclared) -> Result<String, DoorError> {
         let sessions = self.service.sessions();
+        sessions.check_mcp(&self.caller, agent, &mcp)?;
         let configured = sessions.agents().get(agent).ok_or_else(|| {
             let known: Vec<String> = sessions.agents().all().iter().map(|a| a.name.clone()).collect();
             DoorError::Unavailable(format!("no agent named {agent:?} (--agent); the config has: {}", known.join(", ")))
@@ -151,7 +160,16 @@ impl Door for Embedded {
             metadata,
             ..SessionSpec::default()
         };
-        Ok(sessions.create(&self.caller, spec).await?.id.to_string())
+        let id = sessions.create(&self.caller, spec).await?.id.to_string();
+        if !mcp.is_empty() {
+            sessions.attach_mcp(&self.caller, &id, mcp).await?;
+        }
+        Ok(id)
+    }
+
+    /// The editor's servers run here, as the user who started this process.
+    async fn attach_mcp(&self, session: &str, mcp: McpDeclared) -> Result<(), DoorError> {
+        Ok(self.service.sessions().attach_mcp(&self.caller, session, mcp).await?)
     }
 
     async fn events(&self, session: &str) -> Result<Vec<Event>, DoorError> {
@@ -333,6 +351,10 @@ fn native(input: Input) -> Value {
     }
 }
 
+const BRIDGE_MCP: &str = "MCP servers from the editor run only when `turnlog acp` runs the engine itself \
+(without --server): a turnlog server does not start its clients' commands or reach their URLs. Declare them on \
+the agent in the server's config ([agents.NAME.mcp_servers.SERVER]) instead.";
+
 #[async_trait]
 impl Door for Bridge {
     async fn list(&self, agent: &str, after: Option<&str>) -> Result<(Vec<Listed>, Option<String>), DoorError> {
@@ -360,7 +382,16 @@ impl Door for Bridge {
         Ok((listed, text(&page["next"])))
     }
 
-    async fn create(&self, agent: &str, metadata: Map<String, Value>) -> Result<String, DoorError> {
+    /// A server does not run its clients' commands or reach their URLs for them.
+    async fn attach_mcp(&self, _session: &str, mcp: McpDeclared) -> Result<(), DoorError> {
+        match mcp.is_empty() {
+            true => Ok(()),
+            false => Err(DoorError::Invalid(BRIDGE_MCP.into())),
+        }
+    }
+
+    async fn create(&self, agent: &str, metadata: Map<String, Value>, mcp: McpDeclared) -> Result<String, DoorError> {
+        self.attach_mcp("", mcp).await?;
         let meta = self.json(self.call(reqwest::Method::GET, "/meta")).await?;
         let agents = meta["agents"].as_array().cloned().unwrap_or_default();
         let Some(found) = agents.iter().find(|a| a["name"] == agent) else {

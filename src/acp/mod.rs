@@ -20,8 +20,8 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     self as acp, AgentCapabilities, CancelNotification, ContentBlock, Implementation, InitializeRequest,
     InitializeResponse, ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse,
-    NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, SessionCapabilities,
-    SessionInfo, SessionListCapabilities, SessionNotification,
+    McpCapabilities, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
+    SessionCapabilities, SessionInfo, SessionListCapabilities, SessionNotification,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, Error, Stdio};
@@ -30,6 +30,7 @@ use serde_json::{json, Map, Value};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::mcp::McpServerConfig;
 use crate::domain::Block;
 use door::{Door, DoorError};
 use prompt::{Ended, Prompt};
@@ -141,15 +142,9 @@ impl Acp {
 
     async fn new_session(&self, request: NewSessionRequest) -> Result<String, Error> {
         let cwd = absolute(&request.cwd)?;
-        if !request.mcp_servers.is_empty() {
-            // Not silently: the editor's log shows it.
-            tracing::warn!(
-                servers = request.mcp_servers.len(),
-                "session/new named MCP servers; turnlog does not connect to MCP servers yet, so their tools are not offered"
-            );
-        }
+        let mcp = mcp_servers(&request.mcp_servers)?;
         let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
-        let id = self.door.create(&self.agent, metadata).await.map_err(|e| error(e, None))?;
+        let id = self.door.create(&self.agent, metadata, mcp).await.map_err(|e| error(e, None))?;
         tracing::info!(session_id = %id, agent = %self.agent, "session created");
         Ok(id)
     }
@@ -174,7 +169,9 @@ impl Acp {
     async fn load_session(&self, request: &LoadSessionRequest, cx: &ConnectionTo<Client>) -> Result<(), Error> {
         absolute(&request.cwd)?;
         let session = request.session_id.0.to_string();
+        let mcp = mcp_servers(&request.mcp_servers)?;
         let events = self.door.events(&session).await.map_err(|e| error(e, Some(&session)))?;
+        self.door.attach_mcp(&session, mcp).await.map_err(|e| error(e, Some(&session)))?;
         for update in render::replay(&events) {
             cx.send_notification(SessionNotification::new(session.clone(), update))?;
         }
@@ -257,11 +254,44 @@ fn initialize(request: &InitializeRequest) -> InitializeResponse {
     let capabilities = AgentCapabilities::new()
         .load_session(true)
         .session_capabilities(SessionCapabilities::new().list(SessionListCapabilities::new()))
-        .prompt_capabilities(PromptCapabilities::new().image(true).embedded_context(true));
+        .prompt_capabilities(PromptCapabilities::new().image(true).embedded_context(true))
+        .mcp_capabilities(McpCapabilities::new().http(true));
     InitializeResponse::new(ProtocolVersion::V1)
         .agent_capabilities(capabilities)
         .auth_methods(Vec::new())
         .agent_info(Implementation::new("turnlog", env!("CARGO_PKG_VERSION")).title("turnlog"))
+}
+
+/// The MCP servers a client declared, as turnlog declares them: each asks before every
+/// call (the editor's permission prompt), over stdio or Streamable HTTP (not SSE).
+fn mcp_servers(servers: &[acp::McpServer]) -> Result<door::McpDeclared, Error> {
+    let invalid = |message: String| Error::invalid_params().data(Value::String(message));
+    let mut out = door::McpDeclared::new();
+    for server in servers {
+        let (name, config) = match server {
+            acp::McpServer::Stdio(stdio) => {
+                let mut config = McpServerConfig::url("");
+                config.url = None;
+                config.command = Some(stdio.command.display().to_string());
+                config.args = stdio.args.clone();
+                config.env = stdio.env.iter().map(|v| (v.name.clone(), v.value.clone())).collect();
+                (&stdio.name, config)
+            }
+            acp::McpServer::Http(http) => {
+                let mut config = McpServerConfig::url(&http.url);
+                config.headers = http.headers.iter().map(|h| (h.name.clone(), h.value.clone())).collect();
+                (&http.name, config)
+            }
+            acp::McpServer::Sse(sse) => {
+                return Err(invalid(format!("MCP server {:?}: turnlog speaks Streamable HTTP, not SSE", sse.name)))
+            }
+            _ => return Err(invalid("an MCP server of a transport turnlog does not speak".into())),
+        };
+        if out.insert(name.clone(), config).is_some() {
+            return Err(invalid(format!("MCP server {name:?} is declared twice")));
+        }
+    }
+    Ok(out)
 }
 
 fn absolute(cwd: &Path) -> Result<String, Error> {

@@ -120,7 +120,7 @@ impl Prompt {
                 self.notify(update);
             }
             match &event.body {
-                EventBody::SessionError { error, code } => failure = Some((code.clone(), error.clone())),
+                EventBody::SessionError { error, code, .. } => failure = Some((code.clone(), error.clone())),
                 EventBody::StatusIdle { stop_reason, .. } if stop_reason.kind == StopReason::RequiresAction => {
                     // Partial answers leave a new `requires_action` naming the calls that
                     // still wait: answer one call per stop.

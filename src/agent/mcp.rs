@@ -1,8 +1,9 @@
 //! Tools from MCP servers, through the official Rust SDK (`rmcp`): servers over stdio (a
-//! command) or Streamable HTTP (a URL), declared per agent. Each server is connected on
-//! first use and shared by every session of its agent; one that has died is started again
-//! on the next use (at most once every few seconds). Its tools reach the model as
-//! `<server>__<tool>`, each with the permission the config gives it.
+//! command) or Streamable HTTP (a URL), declared per agent (in config or through an API)
+//! or per session (by an ACP client). Each server is connected on first use and shared by
+//! every session of its agent; one that has died is started again on the next use (at
+//! most once every few seconds). Its tools reach the model as `<server>__<tool>` (made
+//! into a name every provider takes), each with the permission its declaration gives it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::model::ToolDef;
-use crate::domain::event::Permission;
+use crate::domain::event::{McpServerTools, Permission};
 use crate::domain::Block;
 
 /// What joins a server's name and its tool's name towards the model.
@@ -58,14 +59,24 @@ fn default_call_timeout() -> u64 {
 }
 
 impl McpServerConfig {
-    /// The config's mistakes, named.
-    pub fn check(&self, agent: &str, name: &str) -> Result<(), String> {
-        let at = format!("agents.{agent}.mcp_servers.{name}");
-        if name.is_empty()
-            || name.contains(SEPARATOR)
-            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
-            return Err(format!("{at}: a server name is letters, digits, `_` and `-`, without `{SEPARATOR}`"));
+    /// A server over Streamable HTTP, as an API declares one (no headers: those are secrets).
+    pub fn url(url: &str) -> McpServerConfig {
+        McpServerConfig {
+            command: None,
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            url: Some(url.to_string()),
+            headers: BTreeMap::new(),
+            permission: Permission::Ask,
+            tools: BTreeMap::new(),
+            timeout_secs: default_call_timeout(),
+        }
+    }
+
+    /// The declaration's mistakes, named (`at` says where it is).
+    pub fn check(&self, at: &str, name: &str) -> Result<(), String> {
+        if name.trim().is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+            return Err(format!("{at}: a server's name is 1 to 255 characters, none of them control characters"));
         }
         match (&self.command, &self.url) {
             (Some(_), None) | (None, Some(_)) => {}
@@ -80,7 +91,38 @@ impl McpServerConfig {
         if self.timeout_secs == 0 {
             return Err(format!("{at}: `timeout_secs` must be at least 1"));
         }
+        if let Some(url) = &self.url {
+            let parsed = reqwest::Url::parse(url).map_err(|e| format!("{at}: `url` {url:?}: {e}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(format!("{at}: `url` {url:?}: an MCP server is reached over http or https"));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether a caller that is not an admin may have turnlog start or reach this server:
+    /// never a command (it would run on turnlog's machine), and a URL only on a host the
+    /// config allows (`tools.mcp.allowed_hosts`).
+    pub fn check_reach(&self, at: &str, allowed_hosts: &[String]) -> Result<(), String> {
+        if let Some(command) = &self.command {
+            return Err(format!("{at}: only an admin may have turnlog run a command ({command:?})"));
+        }
+        let url = self.url.as_deref().unwrap_or_default();
+        let host = reqwest::Url::parse(url).ok().and_then(|u| u.host_str().map(str::to_ascii_lowercase));
+        match host {
+            Some(host) if super::tools::host_allowed(allowed_hosts, &host) => Ok(()),
+            _ => Err(format!(
+                "{at}: the host of {url:?} is not one this server may reach for you (tools.mcp.allowed_hosts)"
+            )),
+        }
+    }
+
+    fn transport(&self) -> &'static str {
+        if self.command.is_some() {
+            "stdio"
+        } else {
+            "streamable-http"
+        }
     }
 }
 
@@ -89,9 +131,11 @@ impl McpServerConfig {
 pub struct McpTool {
     pub server: String,
     pub tool: String,
-    /// Named `<server>__<tool>`, with the tool's input schema.
+    /// Named `<server>__<tool>` (see [`model_names`]), with the tool's input schema.
     pub def: ToolDef,
     pub permission: Permission,
+    /// The servers that answer its calls.
+    pub servers: Arc<McpServers>,
 }
 
 /// What a server tool answered (built-in or an MCP server's): its content blocks and
@@ -125,10 +169,16 @@ pub struct McpError {
     pub message: String,
 }
 
-/// An agent's MCP servers.
+/// An agent's (or a session's) MCP servers.
 #[derive(Default)]
 pub struct McpServers {
     servers: Vec<Server>,
+}
+
+impl std::fmt::Debug for McpServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.servers.iter().map(|s| &s.name)).finish()
+    }
 }
 
 struct Server {
@@ -168,32 +218,50 @@ impl McpServers {
         self.servers.iter().any(|s| s.name == server)
     }
 
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.servers.iter().map(|s| s.name.as_str())
+    }
+
     /// Every tool of every server, listed afresh (`tools/list`: a server's list may change,
-    /// and a server that has died is found here and started again), minus those the config
-    /// denies. A server that cannot be reached is an error: the turn says so.
-    pub async fn tools(&self) -> Result<Vec<McpTool>, McpError> {
-        let mut out = Vec::new();
+    /// and a server that has died is found here and started again), minus those its
+    /// declaration denies, with what was found per server. A server that cannot be reached
+    /// is an error: the turn says so.
+    pub async fn tools(self: &Arc<Self>) -> Result<(Vec<McpTool>, Vec<McpServerTools>), McpError> {
+        let mut found = Vec::new();
+        let mut listings = Vec::new();
         for server in &self.servers {
-            for tool in &server.list().await? {
+            let mut listing = McpServerTools {
+                server: server.name.clone(),
+                transport: server.config.transport().into(),
+                tools: vec![],
+            };
+            for tool in server.list().await? {
                 let permission =
                     server.config.tools.get(tool.name.as_ref()).copied().unwrap_or(server.config.permission);
-                if permission == Permission::Deny {
-                    continue;
+                if permission != Permission::Deny {
+                    listing.tools.push(tool.name.to_string());
+                    found.push((server, tool, permission));
                 }
-                let description = tool.description.as_deref().unwrap_or_default().to_string();
-                out.push(McpTool {
-                    server: server.name.clone(),
-                    tool: tool.name.to_string(),
-                    def: ToolDef {
-                        name: format!("{}{SEPARATOR}{}", server.name, tool.name),
-                        description,
-                        parameters: Value::Object((*tool.input_schema).clone()),
-                    },
-                    permission,
-                });
             }
+            listings.push(listing);
         }
-        Ok(out)
+        let names = model_names(found.iter().map(|(server, tool, _)| (server.name.as_str(), tool.name.as_ref())));
+        let tools = found
+            .into_iter()
+            .zip(names)
+            .map(|((server, tool, permission), name)| McpTool {
+                server: server.name.clone(),
+                tool: tool.name.to_string(),
+                def: ToolDef {
+                    name,
+                    description: tool.description.as_deref().unwrap_or_default().to_string(),
+                    parameters: Value::Object((*tool.input_schema).clone()),
+                },
+                permission,
+                servers: self.clone(),
+            })
+            .collect();
+        Ok((tools, listings))
     }
 
     /// Calls `tool` of `server`. A cancel reaches the server at once (`notifications/cancelled`);
@@ -336,7 +404,57 @@ fn answer_of(result: CallToolResult) -> ToolAnswer {
     ToolAnswer { content, structured: result.structured_content, is_error: result.is_error.unwrap_or(false) }
 }
 
-/// `time__get_current_time` → (`time`, `get_current_time`).
-pub fn split(name: &str) -> Option<(&str, &str)> {
-    name.split_once(SEPARATOR)
+/// The longest tool name the model providers take (Anthropic and OpenAI: 64).
+const MAX_NAME: usize = 64;
+
+/// The names the model sees for `(server, tool)` pairs: `<server>__<tool>`, made into a
+/// name every provider takes (`[a-zA-Z0-9_-]{1,64}`): another character becomes `_`, and a
+/// name that is too long, or that another pair's name became, is cut and given a hash of
+/// the pair, so each name stays the same from turn to turn and tells its pair apart.
+pub fn model_names<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<String> {
+    let mut taken = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (server, tool) in pairs {
+        let full = format!("{server}{SEPARATOR}{tool}");
+        let clean: String =
+            full.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
+        let name = if clean.len() <= MAX_NAME && !taken.contains(&clean) {
+            clean
+        } else {
+            // FNV-1a: small, and the same in every build.
+            let hash = full.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+            format!("{}_{hash:08x}", &clean[..clean.len().min(MAX_NAME - 9)])
+        };
+        taken.insert(name.clone());
+        out.push(name);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_ones_every_provider_takes() {
+        let long = "t".repeat(80);
+        let names = model_names(
+            [("time", "get_current_time"), ("files", "read.file"), ("files", "read_file"), ("my files", &long)]
+                .into_iter(),
+        );
+        assert_eq!(names[0], "time__get_current_time");
+        assert_eq!(names[1], "files__read_file");
+        // `read_file` would clash with what `read.file` became: it is told apart by a hash.
+        assert!(names[2].starts_with("files__read_file_") && names[2] != names[1], "{names:?}");
+        assert!(names[3].starts_with("my_files__ttt") && names[3].len() == MAX_NAME, "{names:?}");
+        let valid =
+            |n: &String| n.len() <= MAX_NAME && n.chars().all(|c| c.is_ascii_alphanumeric() || "_-".contains(c));
+        assert!(names.iter().all(valid), "{names:?}");
+        // The same pairs give the same names every time.
+        let again = model_names(
+            [("time", "get_current_time"), ("files", "read.file"), ("files", "read_file"), ("my files", &long)]
+                .into_iter(),
+        );
+        assert_eq!(names, again);
+    }
 }

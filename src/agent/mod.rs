@@ -9,13 +9,14 @@ pub mod openai;
 pub mod scripted;
 pub mod tools;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::domain::catalog::AgentDefinition;
 use crate::domain::event::{ClientTool, Permission};
+use crate::domain::SessionId;
 pub use model::{Model, ModelError, ModelEvent, ModelRequest, ModelStop, ModelStream, ToolDef};
 use parking_lot::RwLock;
 pub use tools::Tools;
@@ -154,6 +155,21 @@ pub fn build_model(config: &ModelConfig) -> Result<Arc<dyn Model>, String> {
     }
 }
 
+/// A catalog agent's MCP servers as a config declares them: each server with its
+/// toolset's permissions.
+fn mcp_configs(definition: &AgentDefinition) -> BTreeMap<String, mcp::McpServerConfig> {
+    let mut out = BTreeMap::new();
+    for server in &definition.mcp_servers {
+        let mut config = mcp::McpServerConfig::url(&server.url);
+        if let Some(toolset) = definition.mcp_toolsets.iter().find(|t| t.server == server.name) {
+            config.permission = if toolset.enabled { toolset.permission } else { Permission::Deny };
+            config.tools = toolset.rules.iter().map(|r| (r.name.clone(), toolset.permission_of(&r.name))).collect();
+        }
+        out.insert(server.name.clone(), config);
+    }
+    out
+}
+
 /// An agent ready to run: its config, its model and its tools.
 pub struct Agent {
     /// A configured agent's name, or a catalog agent's id.
@@ -163,7 +179,7 @@ pub struct Agent {
     /// The catalog definition this version was built from (none for configured agents).
     pub definition: Option<AgentDefinition>,
     /// Its MCP servers, connected on first use and shared by its sessions.
-    pub mcp: mcp::McpServers,
+    pub mcp: Arc<mcp::McpServers>,
 }
 
 impl Agent {
@@ -185,6 +201,9 @@ pub struct Agents {
     defined: RwLock<BTreeMap<String, BTreeMap<u32, Arc<Agent>>>>,
     models: BTreeMap<String, ModelConfig>,
     pub tools: Arc<Tools>,
+    /// MCP servers a client declared for one session (ACP's `mcpServers`), held while its
+    /// connection lasts: never stored, as their `env` and `headers` may hold secrets.
+    attached: parking_lot::Mutex<HashMap<SessionId, Arc<mcp::McpServers>>>,
 }
 
 /// The model id that always exists: the embedded scripted model.
@@ -204,10 +223,10 @@ impl Agents {
                 }
             }
             for (server, mcp) in &config.mcp_servers {
-                mcp.check(name, server)?;
+                mcp.check(&format!("agents.{name}.mcp_servers.{server}"), server)?;
             }
             let model = build_model(&config.model).map_err(|e| format!("agents.{name}.model: {e}"))?;
-            let mcp = mcp::McpServers::new(&config.mcp_servers);
+            let mcp = Arc::new(mcp::McpServers::new(&config.mcp_servers));
             let agent = Agent { name: name.clone(), config: config.clone(), model, definition: None, mcp };
             configured.insert(name.clone(), Arc::new(agent));
         }
@@ -216,7 +235,13 @@ impl Agents {
         for (id, config) in &models {
             build_model(config).map_err(|e| format!("models.{id}: {e}"))?;
         }
-        Ok(Agents { configured, defined: RwLock::default(), models, tools: Arc::new(tools) })
+        Ok(Agents {
+            configured,
+            defined: RwLock::default(),
+            models,
+            tools: Arc::new(tools),
+            attached: Default::default(),
+        })
     }
 
     /// A configured agent by name, or the latest version of a catalog agent by id.
@@ -245,11 +270,38 @@ impl Agents {
         self.configured.values().cloned().chain(live.cloned()).collect()
     }
 
-    /// Stops every agent's MCP servers.
+    /// Stops every MCP server: every agent's, and those attached to sessions.
     pub async fn shutdown(&self) {
-        for agent in self.configured.values() {
+        let defined: Vec<Arc<Agent>> = self.defined.read().values().flat_map(|v| v.values().cloned()).collect();
+        for agent in self.configured.values().chain(&defined) {
             agent.mcp.shutdown().await;
         }
+        let attached: Vec<_> = self.attached.lock().drain().map(|(_, servers)| servers).collect();
+        for servers in attached {
+            servers.shutdown().await;
+        }
+    }
+
+    /// Gives `session` the MCP servers a client declared for it, in place of any it had
+    /// (those are stopped).
+    pub async fn attach(&self, session: SessionId, servers: mcp::McpServers) {
+        let old = self.attached.lock().insert(session, Arc::new(servers));
+        if let Some(old) = old {
+            old.shutdown().await;
+        }
+    }
+
+    /// Stops the MCP servers a client declared for `session`.
+    pub async fn detach(&self, session: SessionId) {
+        let old = self.attached.lock().remove(&session);
+        if let Some(old) = old {
+            old.shutdown().await;
+        }
+    }
+
+    /// The MCP servers a client declared for `session`, if any.
+    pub fn attached(&self, session: SessionId) -> Option<Arc<mcp::McpServers>> {
+        self.attached.lock().get(&session).cloned()
     }
 
     /// The model ids a catalog agent may name.
@@ -273,10 +325,10 @@ impl Agents {
             tools: BTreeMap::new(),
             options: Vec::new(),
             client_tools: definition.tools.clone(),
-            mcp_servers: BTreeMap::new(),
+            mcp_servers: mcp_configs(definition),
         };
         let model = build_model(&config.model)?;
-        let mcp = mcp::McpServers::default();
+        let mcp = Arc::new(mcp::McpServers::new(&config.mcp_servers));
         let agent =
             Arc::new(Agent { name: definition.id.clone(), config, model, definition: Some(definition.clone()), mcp });
         self.defined.write().entry(definition.id.clone()).or_default().insert(definition.version, agent.clone());

@@ -52,11 +52,13 @@ pub enum ModelEvent {
 pub struct ModelError {
     pub code: String,
     pub message: String,
+    /// The MCP server that failed, when one did (`mcp_unavailable`).
+    pub mcp_server: Option<String>,
 }
 
 impl ModelError {
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> ModelError {
-        ModelError { code: code.into(), message: message.into() }
+        ModelError { code: code.into(), message: message.into(), mcp_server: None }
     }
 }
 

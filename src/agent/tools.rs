@@ -16,6 +16,18 @@ pub struct ToolSettings {
     pub calculator: BasicTool,
     pub current_time: BasicTool,
     pub fetch_url: FetchSettings,
+    #[serde(default)]
+    pub mcp: McpSettings,
+}
+
+/// What MCP servers declared through an API (not in config) may be, for a caller that is
+/// not an admin: never a command, and only a URL on one of these hosts.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpSettings {
+    /// `example.com`, or `*.example.com` for its subdomains.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -57,6 +69,10 @@ impl Tools {
             .build()
             .expect("an HTTP client with default TLS");
         Tools { settings, http }
+    }
+
+    pub fn settings(&self) -> &ToolSettings {
+        &self.settings
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -137,7 +153,7 @@ impl Tools {
     }
 }
 
-fn host_allowed(allowed: &[String], host: &str) -> bool {
+pub(crate) fn host_allowed(allowed: &[String], host: &str) -> bool {
     allowed.iter().any(|pattern| match pattern.strip_prefix("*.") {
         Some(domain) => host.ends_with(&format!(".{domain}")),
         None => pattern.eq_ignore_ascii_case(host),

@@ -183,6 +183,15 @@ pub struct McpRef {
     pub tool: String,
 }
 
+/// One MCP server's tools as a turn listed them at its start: how the server is reached
+/// (`stdio` or `streamable-http`) and the tools offered to the model, by the server's names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpServerTools {
+    pub server: String,
+    pub transport: String,
+    pub tools: Vec<String>,
+}
+
 /// How a session was created, in no view's dialect: every view maps its own request to it
 /// and renders it back in its own shape.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -337,6 +346,9 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mcp: Option<McpRef>,
     },
+    /// The MCP servers' tools a turn offers, listed as it starts.
+    #[serde(rename = "agent.mcp_tools")]
+    AgentMcpTools { servers: Vec<McpServerTools> },
     #[serde(rename = "agent.custom_tool_use")]
     AgentCustomToolUse { tool_call_id: String, name: String, input: Value },
     #[serde(rename = "agent.tool_result")]
@@ -370,7 +382,13 @@ pub enum EventBody {
     #[serde(rename = "session.status_idle")]
     StatusIdle { status: String, stop_reason: StopInfo, usage: Usage },
     #[serde(rename = "session.error")]
-    SessionError { error: String, code: String },
+    SessionError {
+        error: String,
+        code: String,
+        /// The MCP server that could not be reached (code `mcp_unavailable`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp_server: Option<String>,
+    },
     #[serde(rename = "terminated")]
     Terminated { reason: String },
 }

@@ -215,7 +215,7 @@ impl TurnSummary {
                 summary.input = content.clone();
                 Some(summary)
             }
-            (EventBody::SessionError { error, code }, Some(mut summary)) => {
+            (EventBody::SessionError { error, code, .. }, Some(mut summary)) => {
                 summary.error = Some(TurnError { code: code.clone(), message: error.clone() });
                 Some(summary)
             }

@@ -331,6 +331,7 @@ impl Actor {
             writer: self.writer.clone(),
             turn,
             plan: ToolPlan::new(&agent, &inner.agents.tools, &self.summary.spec, &self.state.remembered),
+            mcp: [Some(agent.mcp.clone()), inner.agents.attached(self.session)].into_iter().flatten().collect(),
             agent,
             tools: inner.agents.tools.clone(),
             history: self.history.messages.clone(),
@@ -378,7 +379,11 @@ impl Actor {
         let ended = self.apply(|_| {
             let mut drafts = Vec::new();
             if let Err(error) = &outcome.stop {
-                let body = EventBody::SessionError { error: error.message.clone(), code: error.code.clone() };
+                let body = EventBody::SessionError {
+                    error: error.message.clone(),
+                    code: error.code.clone(),
+                    mcp_server: error.mcp_server.clone(),
+                };
                 drafts.push(Draft::new(Some(turn), &body));
             }
             drafts.push(Draft::new(Some(turn), &idle(reason, pending.clone(), outcome.usage)));

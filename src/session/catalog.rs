@@ -13,8 +13,9 @@ use serde_json::{Map, Value};
 
 use super::log::SessionLog;
 use super::{Caller, Page, SessionError, TimeBounds};
+use crate::agent::mcp::McpServerConfig;
 use crate::agent::{Agent, Agents};
-use crate::domain::catalog::{AgentDefinition, Environment, CATALOG};
+use crate::domain::catalog::{AgentDefinition, Environment, McpServerDecl, McpToolset, CATALOG};
 use crate::domain::event::{timestamp_now, ClientTool};
 use crate::domain::ids::prefixed;
 use crate::domain::{Draft, EventBody};
@@ -29,6 +30,8 @@ pub struct NewAgent {
     pub model: String,
     pub system: Option<String>,
     pub tools: Vec<ClientTool>,
+    pub mcp_servers: Vec<McpServerDecl>,
+    pub mcp_toolsets: Vec<McpToolset>,
     pub metadata: Map<String, Value>,
 }
 
@@ -43,6 +46,8 @@ pub struct AgentChange {
     pub model: Option<String>,
     pub system: Option<Option<String>>,
     pub tools: Option<Vec<ClientTool>>,
+    pub mcp_servers: Option<Vec<McpServerDecl>>,
+    pub mcp_toolsets: Option<Vec<McpToolset>>,
     pub metadata: Option<Map<String, Value>>,
 }
 
@@ -136,13 +141,15 @@ impl Catalog {
             model: new.model,
             system: new.system,
             tools: new.tools,
+            mcp_servers: new.mcp_servers,
+            mcp_toolsets: new.mcp_toolsets,
             metadata: new.metadata,
             created_at: now.clone(),
             updated_at: now,
             archived_at: None,
             created_by: caller.subject.clone(),
         };
-        check_agent(&self.agents, &definition)?;
+        check_agent(&self.agents, caller, &definition)?;
         self.change(|| async { Ok((EventBody::CatalogAgent { agent: definition.clone() }, definition.clone())) }).await
     }
 
@@ -172,10 +179,12 @@ impl Catalog {
             next.model = change.model.clone().unwrap_or(next.model);
             next.system = change.system.clone().unwrap_or(next.system);
             next.tools = change.tools.clone().unwrap_or(next.tools);
+            next.mcp_servers = change.mcp_servers.clone().unwrap_or(next.mcp_servers);
+            next.mcp_toolsets = change.mcp_toolsets.clone().unwrap_or(next.mcp_toolsets);
             if let Some(patch) = &change.metadata {
                 apply_patch(&mut next.metadata, patch.clone());
             }
-            check_agent(&self.agents, &next)?;
+            check_agent(&self.agents, caller, &next)?;
             Ok((EventBody::CatalogAgent { agent: next.clone() }, next))
         })
         .await
@@ -401,6 +410,9 @@ pub fn describe(agent: &Agent) -> AgentDefinition {
         model: agent.model.name().to_string(),
         system: Some(config.system.clone()).filter(|s| !s.is_empty()),
         tools: config.client_tools.clone(),
+        // The servers of a configured agent are the operator's: not shown.
+        mcp_servers: Vec::new(),
+        mcp_toolsets: Vec::new(),
         metadata: Map::new(),
         created_at: since.clone(),
         updated_at: since,
@@ -410,7 +422,7 @@ pub fn describe(agent: &Agent) -> AgentDefinition {
 }
 
 /// What an agent definition must hold to run here.
-fn check_agent(agents: &Agents, definition: &AgentDefinition) -> Result<(), SessionError> {
+fn check_agent(agents: &Agents, caller: &Caller, definition: &AgentDefinition) -> Result<(), SessionError> {
     if definition.name.trim().is_empty() {
         return Err(SessionError::Invalid("invalid field `name`: must not be empty".into()));
     }
@@ -437,6 +449,48 @@ fn check_agent(agents: &Agents, definition: &AgentDefinition) -> Result<(), Sess
                 "invalid field `tools[{i}].name`: {:?} is a server tool's name",
                 tool.name
             )));
+        }
+    }
+    check_mcp(agents, caller, definition).map_err(SessionError::Invalid)
+}
+
+/// The most MCP servers one agent may have.
+const MAX_MCP_SERVERS: usize = 20;
+
+/// An agent's MCP servers: named once each, each with its toolset and each toolset with
+/// its server, reachable by the caller (`tools.mcp.allowed_hosts` unless an admin).
+fn check_mcp(agents: &Agents, caller: &Caller, definition: &AgentDefinition) -> Result<(), String> {
+    let (servers, toolsets) = (&definition.mcp_servers, &definition.mcp_toolsets);
+    if servers.len() > MAX_MCP_SERVERS {
+        return Err(format!("invalid field `mcp_servers`: at most {MAX_MCP_SERVERS} servers"));
+    }
+    let allowed = &agents.tools.settings().mcp.allowed_hosts;
+    for (i, server) in servers.iter().enumerate() {
+        let at = format!("invalid field `mcp_servers[{i}]`");
+        if servers[..i].iter().any(|s| s.name == server.name) {
+            return Err(format!("{at}: the name {:?} is declared twice", server.name));
+        }
+        let config = McpServerConfig::url(&server.url);
+        config.check(&at, &server.name)?;
+        if !caller.admin {
+            config.check_reach(&at, allowed)?;
+        }
+        if !toolsets.iter().any(|t| t.server == server.name) {
+            return Err(format!(
+                "{at}: no `mcp_toolset` in `tools` names {:?}; add one (it says which tools the agent has)",
+                server.name
+            ));
+        }
+    }
+    for (i, toolset) in toolsets.iter().enumerate() {
+        if !servers.iter().any(|s| s.name == toolset.server) {
+            return Err(format!(
+                "invalid field `tools`: the mcp_toolset for {:?} names no server of `mcp_servers`",
+                toolset.server
+            ));
+        }
+        if toolsets[..i].iter().any(|t| t.server == toolset.server) {
+            return Err(format!("invalid field `tools`: two mcp_toolsets name {:?}", toolset.server));
         }
     }
     Ok(())

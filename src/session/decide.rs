@@ -146,8 +146,8 @@ pub fn seed_waiting(messages: &[Message], plan: &ToolPlan, turn: TurnId) -> Vec<
                 Some(Mode::Inline | Mode::Ask) => Permission::Ask,
                 Some(Mode::Rejected) | None => Permission::Deny,
             };
-            let body =
-                EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: permission, mcp: None };
+            let mcp = plan.mcp_ref(&name);
+            let body = EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: permission, mcp };
             Draft::new(Some(turn), &body)
         })
         .collect();

@@ -303,6 +303,7 @@ impl Engine {
                 let error = EventBody::SessionError {
                     error: "the server stopped while this turn was running".into(),
                     code: "interrupted".into(),
+                    mcp_server: None,
                 };
                 vec![
                     Draft::new(Some(*turn), &error),

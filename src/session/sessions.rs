@@ -1,6 +1,7 @@
 //! [`Sessions`]: the front door. Each call that names a session takes the summary that
 //! [`Sessions::get`] gave the caller, so ownership is checked once, where the id arrives.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ulid::Ulid;
@@ -10,8 +11,10 @@ use super::engine::Closing;
 use super::log::SessionLog;
 use super::turn::ToolPlan;
 use super::{rules, Caller, Catalog, Cursor, Engine, Follower, SessionError, SessionUpdate, Submission, Submitted};
+use crate::agent::mcp::{McpServerConfig, McpServers};
 use crate::agent::Agents;
 use crate::domain::event::SessionSpec;
+use crate::domain::message::waiting_calls;
 use crate::domain::{Draft, EventBody, EventId, Message, RawEvent, SessionId, TurnId, Usage};
 use crate::projection::history::History;
 use crate::projection::turns::{OpenTurn, OpenTurns, Processed, ProcessedInput};
@@ -160,11 +163,17 @@ impl Sessions {
         }
         rules::check_new(&agent, &self.agents.tools, &mut spec)?;
         let id = SessionId::generate();
-        let waiting = seed_waiting(
-            &spec.messages,
-            &ToolPlan::new(&agent, &self.agents.tools, &spec, &Default::default()),
-            TurnId::generate(),
-        );
+        let mut plan = ToolPlan::new(&agent, &self.agents.tools, &spec, &Default::default());
+        // A seed history's calls of the agent's MCP tools wait like any other: the tools
+        // are listed to know them (a server that cannot be reached leaves them denied).
+        let unknown = waiting_calls(&spec.messages).any(|(_, name, _)| !plan.modes.contains_key(&name));
+        if unknown && !agent.mcp.is_empty() {
+            match agent.mcp.tools().await {
+                Ok((tools, _)) => plan.add_mcp(tools),
+                Err(error) => tracing::warn!(%error, "a seed history's MCP calls are denied"),
+            }
+        }
+        let waiting = seed_waiting(&spec.messages, &plan, TurnId::generate());
         let mut drafts =
             vec![Draft::new(None, &EventBody::SessionCreated { spec, created_by: caller.subject.clone() })];
         if waiting.is_empty() {
@@ -181,6 +190,57 @@ impl Sessions {
         }
         let summary = self.log.summary(id).await?.ok_or_else(|| SessionError::NotFound(id.to_string()))?;
         Ok(self.redacted(summary))
+    }
+
+    /// Gives the session MCP servers its client declared (ACP's `mcpServers`), in place of
+    /// any it had, for as long as this process runs or until [`Sessions::detach_mcp`]. They
+    /// are never stored: their `env` and `headers` may hold secrets; the log records the
+    /// server of each call. A caller that is not an admin may declare only URLs on hosts
+    /// the config allows. A name the agent's own servers use is refused.
+    pub async fn attach_mcp(
+        &self,
+        caller: &Caller,
+        id: &str,
+        servers: BTreeMap<String, McpServerConfig>,
+    ) -> Result<(), SessionError> {
+        let summary = self.get(caller, id).await?;
+        self.check_mcp(caller, &summary.spec.agent.name, &servers)?;
+        if servers.is_empty() {
+            self.agents.detach(summary.id).await;
+        } else {
+            self.agents.attach(summary.id, McpServers::new(&servers)).await;
+        }
+        Ok(())
+    }
+
+    /// Whether the caller may give a session of `agent` these MCP servers (see
+    /// [`Sessions::attach_mcp`]).
+    pub fn check_mcp(
+        &self,
+        caller: &Caller,
+        agent: &str,
+        servers: &BTreeMap<String, McpServerConfig>,
+    ) -> Result<(), SessionError> {
+        let agent = self.agents.get(agent);
+        let allowed = &self.agents.tools.settings().mcp.allowed_hosts;
+        for (name, config) in servers {
+            let at = format!("MCP server {name:?}");
+            config.check(&at, name).map_err(SessionError::Invalid)?;
+            if !caller.admin {
+                config.check_reach(&at, allowed).map_err(SessionError::Invalid)?;
+            }
+            if agent.as_ref().is_some_and(|a| a.mcp.has(name)) {
+                return Err(SessionError::Invalid(format!("{at}: the agent has a server of that name")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the MCP servers a client declared for the session.
+    pub async fn detach_mcp(&self, caller: &Caller, id: &str) -> Result<(), SessionError> {
+        let summary = self.get(caller, id).await?;
+        self.agents.detach(summary.id).await;
+        Ok(())
     }
 
     /// The session if it exists, is not deleted, and the caller may see it: one answer
@@ -257,7 +317,9 @@ impl Sessions {
     /// `session.deleted` and `terminated`; every open stream ends after the latter.
     pub async fn delete(&self, caller: &Caller, id: &str) -> Result<(), SessionError> {
         let summary = self.get(caller, id).await?;
-        self.engine.close(summary.id, Closing::Delete).await
+        self.engine.close(summary.id, Closing::Delete).await?;
+        self.agents.detach(summary.id).await;
+        Ok(())
     }
 
     /// Cancels what runs and records its end, then archives the session: it keeps its log,

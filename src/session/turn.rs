@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::log::Writer;
 use super::SessionError;
-use crate::agent::mcp::{McpTool, ToolAnswer};
+use crate::agent::mcp::{McpServers, McpTool, ToolAnswer};
 use crate::agent::{Agent, ModelError, ModelEvent, ModelRequest, ModelStop, ToolDef, Tools};
 use crate::domain::event::{Confirmation, McpRef, Permission, SessionSpec, StopReason};
 use crate::domain::ids::prefixed;
@@ -37,7 +37,7 @@ pub struct ToolPlan {
     pub defs: Vec<ToolDef>,
     pub modes: HashMap<String, Mode>,
     /// The MCP server and tool behind each MCP tool's name.
-    pub mcp: HashMap<String, McpRef>,
+    pub mcp: HashMap<String, McpTool>,
     /// The permission decisions the client chose to keep, by tool (MCP tools join the plan
     /// as the turn starts, and take them then).
     pub remembered: BTreeMap<String, Confirmation>,
@@ -92,7 +92,7 @@ impl ToolPlan {
         plan
     }
 
-    /// Adds an agent's MCP tools (their config's permission, or what the client chose to
+    /// Adds MCP tools (their declaration's permission, or what the client chose to
     /// remember). A name already taken keeps its tool.
     pub fn add_mcp(&mut self, tools: Vec<McpTool>) {
         for tool in tools {
@@ -107,9 +107,14 @@ impl ToolPlan {
                 (None, _) => Mode::Ask,
             };
             self.modes.insert(name.clone(), mode);
-            self.mcp.insert(name, McpRef { server: tool.server, tool: tool.tool });
-            self.defs.push(tool.def);
+            self.defs.push(tool.def.clone());
+            self.mcp.insert(name, tool);
         }
+    }
+
+    /// The MCP server and tool behind `name`, as the log records them.
+    pub fn mcp_ref(&self, name: &str) -> Option<McpRef> {
+        self.mcp.get(name).map(|t| McpRef { server: t.server.clone(), tool: t.tool.clone() })
     }
 }
 
@@ -119,6 +124,8 @@ pub struct TurnContext {
     pub turn: TurnId,
     pub agent: Arc<Agent>,
     pub tools: Arc<Tools>,
+    /// The MCP servers whose tools the turn offers: the agent's, then the session's own.
+    pub mcp: Vec<Arc<McpServers>>,
     pub plan: ToolPlan,
     pub history: Vec<Message>,
     /// Calls granted permission before this turn: they run first.
@@ -158,15 +165,31 @@ impl From<SessionError> for Failure {
     }
 }
 
-async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, Vec<EventId>), Failure> {
-    if !ctx.agent.mcp.is_empty() {
-        let listed = tokio::select! {
+/// Lists the tools of the turn's MCP servers and offers them, recording what was offered.
+/// A server that cannot be reached fails the turn (`mcp_unavailable`, naming it).
+async fn list_mcp(ctx: &mut TurnContext) -> Result<(), Failure> {
+    let mut listed = Vec::new();
+    for servers in ctx.mcp.iter().filter(|s| !s.is_empty()) {
+        let found = tokio::select! {
             _ = ctx.cancel.cancelled() => return Err(Failure::Cancelled),
-            listed = ctx.agent.mcp.tools() => listed,
+            found = servers.tools() => found,
         };
-        let tools = listed.map_err(|e| Failure::Model(ModelError::new("mcp_unavailable", e.to_string())))?;
+        let (tools, servers) = found.map_err(|e| {
+            let mut error = ModelError::new("mcp_unavailable", e.to_string());
+            error.mcp_server = Some(e.server);
+            Failure::Model(error)
+        })?;
         ctx.plan.add_mcp(tools);
+        listed.extend(servers);
     }
+    if !listed.is_empty() {
+        append(ctx, vec![EventBody::AgentMcpTools { servers: listed }]).await?;
+    }
+    Ok(())
+}
+
+async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, Vec<EventId>), Failure> {
+    list_mcp(ctx).await?;
     let granted = std::mem::take(&mut ctx.granted);
     let calls: Vec<(EventId, String, String, Value)> =
         granted.into_iter().map(|c| (c.event_id, c.tool_call_id, c.name, c.input)).collect();
@@ -413,7 +436,7 @@ fn tool_use(tool_call_id: &str, name: &str, input: &Value, permission: Permissio
         name: name.into(),
         input: input.clone(),
         evaluated_permission: permission,
-        mcp: plan.mcp.get(name).cloned(),
+        mcp: plan.mcp_ref(name),
     }
 }
 
@@ -423,15 +446,15 @@ async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, St
     if calls.is_empty() {
         return Ok(());
     }
-    let (tools, agent, cancel) = (ctx.tools.clone(), ctx.agent.clone(), ctx.cancel.clone());
+    let (tools, cancel) = (ctx.tools.clone(), ctx.cancel.clone());
     let results = futures_util::future::join_all(calls.iter().map(|(_, _, name, input)| {
-        let (tools, agent, cancel) = (tools.clone(), agent.clone(), cancel.clone());
+        let (tools, cancel, mcp) = (tools.clone(), cancel.clone(), ctx.plan.mcp.get(name).cloned());
         async move {
-            // An MCP tool (its server is one of the agent's), or a built-in one.
-            match crate::agent::mcp::split(name).filter(|(server, _)| agent.mcp.has(server)) {
-                Some((server, tool)) => {
-                    let mcp = McpRef { server: server.to_string(), tool: tool.to_string() };
-                    (agent.mcp.call(server, tool, input, &cancel).await, Some(mcp))
+            // An MCP server's tool, or a built-in one.
+            match mcp {
+                Some(mcp) => {
+                    let at = McpRef { server: mcp.server.clone(), tool: mcp.tool.clone() };
+                    (mcp.servers.call(&mcp.server, &mcp.tool, input, &cancel).await, Some(at))
                 }
                 None => (ToolAnswer::text(tools.call(name, input, &cancel).await), None),
             }

@@ -385,8 +385,8 @@ export class AcpClient {
   }
 
   /** session/new params: the agent's working directory (absolute), no MCP servers. */
-  newSessionParams() {
-    return { cwd: this.child.cwd, mcpServers: [] };
+  newSessionParams(mcpServers = []) {
+    return { cwd: this.child.cwd, mcpServers };
   }
 
   /** initialize + session/new; returns the session id. */
@@ -408,8 +408,8 @@ export class AcpClient {
   }
 
   /** session/load; returns its result (as the SDK gives it, and as sent) and the replayed updates (those that arrived before its response). */
-  async load(sessionId) {
-    const reply = await this.call(m.agent.session.load, { sessionId, cwd: this.child.cwd, mcpServers: [] });
+  async load(sessionId, mcpServers = []) {
+    const reply = await this.call(m.agent.session.load, { sessionId, cwd: this.child.cwd, mcpServers });
     if (reply.error) assert.fail(`session/load failed: ${showError(reply.error)}`);
     const wire = this.transcript[reply.answerIndex].msg.result; // the SDK turns null into {}
     return { result: reply.result, wire, updates: updatesIn(reply.window, sessionId) };

@@ -63,6 +63,12 @@ args = ["--local-timezone", "UTC"]
 permission = "allow"
 tools = {{ convert_time = "ask" }}
 
+# A name no model provider takes inside a tool name: the model sees `time_utc__…`.
+[agents.tools.mcp_servers."time.utc"]
+command = "{TIME}"
+args = ["--local-timezone", "Etc/UTC"]
+permission = "allow"
+
 [agents.tools.mcp_servers.everything]
 command = "{EVERYTHING}"
 args = ["stdio"]

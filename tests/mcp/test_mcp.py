@@ -108,7 +108,8 @@ def test_a_server_killed_mid_session_is_started_again(client, server):
     session = client.session("tools")
     first = client.turn(session, '/tool time__get_current_time {"timezone": "UTC"}')
     assert "datetime" in reply(first)
-    [(pid, _)] = [(pid, cmd) for pid, cmd in children(server.process.pid) if "mcp-server-time" in cmd]
+    # The `time` server's process (`time.utc` runs the same command with another zone).
+    [(pid, _)] = [(pid, cmd) for pid, cmd in children(server.process.pid) if cmd.endswith("--local-timezone UTC ")]
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while any(p == pid for p, _ in children(server.process.pid)) and time.monotonic() < deadline:
@@ -116,7 +117,7 @@ def test_a_server_killed_mid_session_is_started_again(client, server):
     turn = client.turn(session, '/tool time__get_current_time {"timezone": "Europe/Paris"}')
     assert turn["stopReason"] == "end_turn", turn
     assert "Europe/Paris" in reply(turn), turn
-    assert [p for p, cmd in children(server.process.pid) if "mcp-server-time" in cmd] != [pid], "a new process"
+    assert [p for p, cmd in children(server.process.pid) if cmd.endswith("--local-timezone UTC ")] != [pid], "a new process"
 
 
 def test_a_server_that_does_not_start_fails_the_turn_clearly(client):

@@ -236,12 +236,39 @@ impl TurnFold {
                     out.push(Place::Stream, delta);
                 }
             }
-            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission, .. } => {
+            EventBody::AgentMcpTools { servers } => {
+                let servers: Vec<Value> = servers
+                    .iter()
+                    .map(|s| {
+                        let mut server = json!({"id": s.server, "name": s.server});
+                        // The SDK knows the HTTP transports only; stdio goes unnamed.
+                        if s.transport != "stdio" {
+                            server["transport_type"] = json!(s.transport);
+                        }
+                        server
+                    })
+                    .collect();
+                out.push(
+                    Place::Both,
+                    json!({
+                        "type": "mcp.initialize", "id": event.id.to_string(), "thread_id": THREAD,
+                        "created_at": at, "mcp_servers": servers,
+                    }),
+                );
+            }
+            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission, mcp } => {
                 let waits = *evaluated_permission == Permission::Ask;
-                self.call(&mut out, event.id, at, (tool_call_id, name, input), waits.then_some(false));
+                let info = match mcp {
+                    Some(mcp) => {
+                        json!({"type": "mcp", "server_id": mcp.server, "server_name": mcp.server, "name": mcp.tool})
+                    }
+                    None => json!({"type": "truefoundry-system", "name": name}),
+                };
+                self.call(&mut out, event.id, at, (tool_call_id, name, input, info), waits.then_some(false));
             }
             EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
-                self.call(&mut out, event.id, at, (tool_call_id, name, input), Some(true));
+                let info = json!({"type": "truefoundry-system", "name": name});
+                self.call(&mut out, event.id, at, (tool_call_id, name, input, info), Some(true));
             }
             EventBody::ModelRequestEnd { usage, is_error, stop_reason, .. } => {
                 if let Some(message) = &mut self.message {
@@ -364,21 +391,21 @@ impl TurnFold {
 
     /// A tool call: a delta of its message, and remembered if it may wait for the client
     /// (`Some(true)` for a client tool's result, `Some(false)` for a permission).
-    fn call(&mut self, out: &mut Out, id: EventId, at: &str, call: (&str, &str, &Value), waits: Option<bool>) {
-        let (tool_call_id, name, input) = call;
+    fn call(&mut self, out: &mut Out, id: EventId, at: &str, call: (&str, &str, &Value, Value), waits: Option<bool>) {
+        let (tool_call_id, name, input, info) = call;
         let message = self.open_message(out, id, false, at);
         let index = message.calls.len();
         let arguments = input.to_string();
         message.calls.push(json!({
             "id": tool_call_id, "type": "function", "function": {"name": name, "arguments": arguments},
-            "tool_info": {"type": "truefoundry-system", "name": name},
+            "tool_info": info.clone(),
         }));
         let delta = message.delta(
             at,
             json!({"tool_calls": [{
                 "index": index, "id": tool_call_id, "type": "function",
                 "function": {"name": name, "arguments": arguments},
-                "tool_info": {"type": "truefoundry-system", "name": name},
+                "tool_info": info,
             }]}),
         );
         let source = message.id.clone();

@@ -6,10 +6,12 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::sessions::{custom_tools, metadata, metadata_patch};
+use super::sessions::{custom_tool, metadata, metadata_patch};
 use super::wire::{self, TimeQuery};
 use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
 use crate::api::State;
+use crate::domain::catalog::{McpServerDecl, McpToolRule, McpToolset};
+use crate::domain::event::{ClientTool, Permission};
 use crate::error::ApiError;
 use crate::session::catalog::{AgentChange, CatalogFilter, EnvironmentChange, NewAgent, NewEnvironment};
 use crate::session::{Page, SessionError};
@@ -70,7 +72,6 @@ impl AgentBody {
     fn unsupported(&self) -> Result<(), ApiError> {
         let identity_default = |v: &Value| v.is_null() || v == &json!({"type": "service_account"});
         for (field, given) in [
-            ("mcp_servers", self.mcp_servers.clone().flatten().is_some_and(|m| !m.is_empty())),
             ("skills", self.skills.clone().flatten().is_some_and(|s| !s.is_empty())),
             ("execution_identity", self.execution_identity.as_ref().is_some_and(|v| !identity_default(v))),
             ("multiagent", self.multiagent.as_ref().is_some_and(|v| !v.is_null())),
@@ -83,6 +84,108 @@ impl AgentBody {
         }
         Ok(())
     }
+}
+
+/// An agent's `tools`: its custom tools, and the toolsets of its MCP servers.
+fn agent_tools(tools: Vec<Value>) -> Result<(Vec<ClientTool>, Vec<McpToolset>), ApiError> {
+    let (mut custom, mut toolsets) = (Vec::new(), Vec::new());
+    for (i, tool) in tools.into_iter().enumerate() {
+        let at = format!("tools[{i}]");
+        match tool.get("type").and_then(Value::as_str) {
+            Some("mcp_toolset") => toolsets.push(toolset(&at, tool)?),
+            _ => custom.push(custom_tool(&at, tool)?),
+        }
+    }
+    Ok((custom, toolsets))
+}
+
+/// `{"type": "mcp_toolset", "mcp_server_name", "default_config"?, "configs"?}`: every tool of
+/// the server, enabled and `always_ask` unless the defaults or a tool's config say otherwise.
+fn toolset(at: &str, tool: Value) -> Result<McpToolset, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Toolset {
+        #[serde(rename = "type")]
+        _kind: String,
+        mcp_server_name: String,
+        #[serde(default)]
+        default_config: Option<Config>,
+        #[serde(default)]
+        configs: Vec<ToolConfig>,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Config {
+        #[serde(default)]
+        enabled: Option<bool>,
+        #[serde(default)]
+        permission_policy: Option<Policy>,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct ToolConfig {
+        name: String,
+        #[serde(default)]
+        enabled: Option<bool>,
+        #[serde(default)]
+        permission_policy: Option<Policy>,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Policy {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    let policy = |field: String, policy: Option<Policy>| -> Result<Option<Permission>, ApiError> {
+        match policy.map(|p| p.kind).as_deref() {
+            None => Ok(None),
+            Some("always_allow") => Ok(Some(Permission::Allow)),
+            Some("always_ask") => Ok(Some(Permission::Ask)),
+            Some(other) => Err(ApiError::invalid(format!(
+                "invalid field `{field}.permission_policy.type`: {other:?}: this server takes always_allow or always_ask"
+            ))),
+        }
+    };
+    let toolset: Toolset =
+        serde_json::from_value(tool).map_err(|e| ApiError::invalid(format!("invalid field `{at}`: {e}")))?;
+    let defaults = toolset.default_config.unwrap_or(Config { enabled: None, permission_policy: None });
+    let mut rules = Vec::new();
+    for (i, config) in toolset.configs.into_iter().enumerate() {
+        let field = format!("{at}.configs[{i}]");
+        if config.name.is_empty() || rules.iter().any(|r: &McpToolRule| r.name == config.name) {
+            return Err(ApiError::invalid(format!("invalid field `{field}.name`: empty or named twice")));
+        }
+        let permission = policy(field, config.permission_policy)?;
+        rules.push(McpToolRule { name: config.name, enabled: config.enabled, permission });
+    }
+    Ok(McpToolset {
+        server: toolset.mcp_server_name,
+        enabled: defaults.enabled.unwrap_or(true),
+        permission: policy(format!("{at}.default_config"), defaults.permission_policy)?.unwrap_or(Permission::Ask),
+        rules,
+    })
+}
+
+/// `mcp_servers`: `[{"type": "url", "name", "url"}]`.
+fn mcp_servers(servers: Vec<Value>) -> Result<Vec<McpServerDecl>, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Server {
+        #[serde(rename = "type")]
+        kind: String,
+        name: String,
+        url: String,
+    }
+    let parse = |(i, server): (usize, Value)| {
+        let server: Server = serde_json::from_value(server)
+            .map_err(|e| ApiError::invalid(format!("invalid field `mcp_servers[{i}]`: {e}")))?;
+        if server.kind != "url" {
+            let kind = server.kind;
+            return Err(ApiError::invalid(format!("invalid field `mcp_servers[{i}].type`: {kind:?}: must be \"url\"")));
+        }
+        Ok(McpServerDecl { name: server.name, url: server.url })
+    };
+    servers.into_iter().enumerate().map(parse).collect()
 }
 
 /// A field that may be absent (keep), `null` (clear) or a value (replace).
@@ -112,12 +215,15 @@ async fn create_agent(
     if body.version.is_some() {
         return Err(ApiError::invalid("invalid field `version`: a new agent starts at version 1").into());
     }
+    let (tools, mcp_toolsets) = agent_tools(body.tools.flatten().unwrap_or_default())?;
     let new = NewAgent {
         name: body.name.ok_or_else(|| ApiError::invalid("invalid field `name`: required"))?,
         model: model(body.model.ok_or_else(|| ApiError::invalid("invalid field `model`: required"))?)?,
         description: body.description.flatten(),
         system: body.system.flatten(),
-        tools: custom_tools("tools", body.tools.flatten().unwrap_or_default())?,
+        tools,
+        mcp_servers: mcp_servers(body.mcp_servers.flatten().unwrap_or_default())?,
+        mcp_toolsets,
         metadata: metadata(body.metadata)?,
     };
     let agent = state.sessions.catalog().create_agent(&caller, new).await?;
@@ -133,13 +239,19 @@ async fn update_agent(
     let body = body.0;
     body.unsupported()?;
     let patch = metadata_patch(body.metadata)?;
+    let (tools, mcp_toolsets) = match body.tools {
+        Some(tools) => agent_tools(tools.unwrap_or_default()).map(|(t, m)| (Some(t), Some(m)))?,
+        None => (None, None),
+    };
     let change = AgentChange {
         version: body.version,
         name: body.name,
         description: body.description.map(|d| d.filter(|d| !d.is_empty())),
         model: body.model.map(model).transpose()?,
         system: body.system.map(|s| s.filter(|s| !s.is_empty())),
-        tools: body.tools.map(|tools| custom_tools("tools", tools.unwrap_or_default())).transpose()?,
+        tools,
+        mcp_servers: body.mcp_servers.map(|s| mcp_servers(s.unwrap_or_default())).transpose()?,
+        mcp_toolsets,
         metadata: Some(patch).filter(|p| !p.is_empty()),
     };
     let agent = state.sessions.catalog().update_agent(&caller, &path, change).await?;

@@ -139,6 +139,11 @@ fn agent_ref(agent: Value) -> Result<(AgentSpec, Vec<ClientTool>), ApiError> {
 /// `tools` of `"type":"custom"`: the only kind this server runs for an agent made
 /// through the API (its built-in tools belong to agents configured on the server).
 pub(super) fn custom_tools(field: &str, tools: Vec<Value>) -> Result<Vec<ClientTool>, ApiError> {
+    tools.into_iter().enumerate().map(|(i, tool)| custom_tool(&format!("{field}[{i}]"), tool)).collect()
+}
+
+/// A `custom` tool (`at` names it in errors).
+pub(super) fn custom_tool(at: &str, tool: Value) -> Result<ClientTool, ApiError> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Custom {
@@ -149,24 +154,18 @@ pub(super) fn custom_tools(field: &str, tools: Vec<Value>) -> Result<Vec<ClientT
         description: String,
         input_schema: Value,
     }
-    tools
-        .into_iter()
-        .enumerate()
-        .map(|(i, tool)| {
-            let kind = tool.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
-            if kind != "custom" {
-                return Err(ApiError::invalid(format!(
-                    "invalid field `{field}[{i}].type`: {kind:?} tools do not run on this server; declare `custom` tools"
-                )));
-            }
-            let tool: Custom =
-                serde_json::from_value(tool).map_err(|e| ApiError::invalid(format!("invalid field `{field}[{i}]`: {e}")))?;
-            if let Some(why) = wire::schema_problem(&tool.input_schema) {
-                return Err(ApiError::invalid(format!("invalid field `{field}[{i}].input_schema`: {why}")));
-            }
-            Ok(ClientTool { name: tool.name, title: None, description: tool.description, input_schema: tool.input_schema })
-        })
-        .collect()
+    let kind = tool.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
+    if kind != "custom" {
+        return Err(ApiError::invalid(format!(
+            "invalid field `{at}.type`: {kind:?} tools do not run on this server; declare `custom` tools"
+        )));
+    }
+    let tool: Custom =
+        serde_json::from_value(tool).map_err(|e| ApiError::invalid(format!("invalid field `{at}`: {e}")))?;
+    if let Some(why) = wire::schema_problem(&tool.input_schema) {
+        return Err(ApiError::invalid(format!("invalid field `{at}.input_schema`: {why}")));
+    }
+    Ok(ClientTool { name: tool.name, title: None, description: tool.description, input_schema: tool.input_schema })
 }
 
 /// Metadata: string values only, as the SDK's models have it.

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::domain::catalog::{AgentDefinition, Environment};
+use crate::domain::catalog::{AgentDefinition, Environment, McpToolset};
 use crate::domain::event::{ClientTool, Permission, StopReason};
 use crate::domain::{Block, Event, EventBody};
 use crate::projection::SessionSummary;
@@ -96,8 +96,8 @@ fn agent_snapshot(agent: &AgentDefinition) -> Value {
         "description": agent.description,
         "system": agent.system,
         "model": {"id": agent.model},
-        "tools": agent.tools.iter().map(custom_tool).collect::<Vec<_>>(),
-        "mcp_servers": [],
+        "tools": agent.tools.iter().map(custom_tool).chain(agent.mcp_toolsets.iter().map(mcp_toolset)).collect::<Vec<_>>(),
+        "mcp_servers": agent.mcp_servers.iter().map(|s| json!({"type": "url", "name": s.name, "url": s.url})).collect::<Vec<_>>(),
         "skills": [],
         "execution_identity": {"type": "service_account"},
     })
@@ -120,6 +120,29 @@ fn custom_tool(tool: &ClientTool) -> Value {
         Some(_) => ClientTool::any_object(),
     };
     json!({"type": "custom", "name": tool.name, "description": tool.description, "input_schema": schema})
+}
+
+/// An MCP toolset, resolved as `BetaManagedAgentsMCPToolset` has it: each config says
+/// whether its tool is enabled and with which policy.
+fn mcp_toolset(toolset: &McpToolset) -> Value {
+    let policy = |permission: Permission| {
+        let kind = if permission == Permission::Allow { "always_allow" } else { "always_ask" };
+        json!({"type": kind})
+    };
+    let configs: Vec<Value> = toolset
+        .rules
+        .iter()
+        .map(|rule| {
+            let enabled = rule.enabled.unwrap_or(toolset.enabled);
+            json!({"name": rule.name, "enabled": enabled, "permission_policy": policy(rule.permission.unwrap_or(toolset.permission))})
+        })
+        .collect();
+    json!({
+        "type": "mcp_toolset",
+        "mcp_server_name": toolset.server,
+        "default_config": {"enabled": toolset.enabled, "permission_policy": policy(toolset.permission)},
+        "configs": configs,
+    })
 }
 
 /// An environment as `BetaEnvironment`.
@@ -258,7 +281,12 @@ pub fn event(e: &Event) -> Option<Value> {
             };
             json!({"type": "session.status_idle", "id": id, "stop_reason": stop, "processed_at": at})
         }
-        EventBody::SessionError { error, code } => json!({
+        EventBody::SessionError { error, mcp_server: Some(server), .. } => json!({
+            "type": "session.error", "id": id, "processed_at": at,
+            "error": {"type": "mcp_connection_failed_error", "mcp_server_name": server, "message": error,
+                "retry_status": {"type": "exhausted"}},
+        }),
+        EventBody::SessionError { error, code, .. } => json!({
             "type": "session.error", "id": id, "processed_at": at,
             "error": {"type": error_type(code), "message": error, "retry_status": {"type": "exhausted"}},
         }),
