@@ -83,7 +83,9 @@ impl From<SessionError> for ApiError {
             SessionError::PreviousTurn(_) => ApiError::new(Code::PreviousTurn, message),
             SessionError::Invalid(_) => ApiError::new(Code::InvalidRequest, message),
             SessionError::Limit(_) => ApiError::new(Code::LimitExceeded, message),
-            SessionError::ShuttingDown | SessionError::Retry(_) => ApiError::new(Code::Unavailable, message),
+            SessionError::ShuttingDown | SessionError::Retry(_) | SessionError::Unavailable(_) => {
+                ApiError::new(Code::Unavailable, message)
+            }
             SessionError::Storage(cause) => ApiError::internal(cause),
         }
     }

@@ -53,9 +53,10 @@ impl From<SessionError> for DoorError {
             }
             SessionError::Busy(_) => DoorError::Busy(message),
             SessionError::Conflict(_) | SessionError::PreviousTurn(_) => DoorError::Refused(message),
-            SessionError::ShuttingDown | SessionError::Retry(_) | SessionError::Storage(_) => {
-                DoorError::Unavailable(message)
-            }
+            SessionError::ShuttingDown
+            | SessionError::Retry(_)
+            | SessionError::Storage(_)
+            | SessionError::Unavailable(_) => DoorError::Unavailable(message),
         }
     }
 }
@@ -148,7 +149,7 @@ impl Door for Embedded {
 
     async fn create(&self, agent: &str, metadata: Map<String, Value>, mcp: McpDeclared) -> Result<String, DoorError> {
         let sessions = self.service.sessions();
-        sessions.check_mcp(&self.caller, agent, &mcp)?;
+        sessions.check_mcp(&self.caller, agent, None, &mut mcp.clone())?;
         let configured = sessions.agents().get(agent).ok_or_else(|| {
             let known: Vec<String> = sessions.agents().all().iter().map(|a| a.name.clone()).collect();
             DoorError::Unavailable(format!("no agent named {agent:?} (--agent); the config has: {}", known.join(", ")))

@@ -25,7 +25,7 @@ use crate::domain::Block;
 /// What joins a server's name and its tool's name towards the model.
 pub const SEPARATOR: &str = "__";
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
     /// A command that speaks MCP on its stdin/stdout ...
@@ -92,12 +92,28 @@ impl McpServerConfig {
             return Err(format!("{at}: `timeout_secs` must be at least 1"));
         }
         if let Some(url) = &self.url {
-            let parsed = reqwest::Url::parse(url).map_err(|e| format!("{at}: `url` {url:?}: {e}"))?;
+            let shown = shown_url(url);
+            let parsed = reqwest::Url::parse(url).map_err(|e| format!("{at}: `url` {shown:?}: {e}"))?;
             if !matches!(parsed.scheme(), "http" | "https") {
-                return Err(format!("{at}: `url` {url:?}: an MCP server is reached over http or https"));
+                return Err(format!("{at}: `url` {shown:?}: an MCP server is reached over http or https"));
             }
         }
+        self.header_map().map_err(|e| format!("{at}: {e}"))?;
         Ok(())
+    }
+
+    /// The headers as HTTP takes them; a name or value it cannot take is named (the value
+    /// is not shown: it may be a secret).
+    fn header_map(&self) -> Result<HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>, String> {
+        let mut headers = HashMap::new();
+        for (name, value) in &self.headers {
+            let key = reqwest::header::HeaderName::try_from(name.as_str())
+                .map_err(|_| format!("header {name:?} is not a valid header name"))?;
+            let value = reqwest::header::HeaderValue::try_from(value.as_str())
+                .map_err(|_| format!("the value of header {name:?} is not a valid header value"))?;
+            headers.insert(key, value);
+        }
+        Ok(headers)
     }
 
     /// Whether a caller that is not an admin may have turnlog start or reach this server:
@@ -112,7 +128,8 @@ impl McpServerConfig {
         match host {
             Some(host) if super::tools::host_allowed(allowed_hosts, &host) => Ok(()),
             _ => Err(format!(
-                "{at}: the host of {url:?} is not one this server may reach for you (tools.mcp.allowed_hosts)"
+                "{at}: the host of {:?} is not one this server may reach for you (tools.mcp.allowed_hosts)",
+                shown_url(url)
             )),
         }
     }
@@ -173,6 +190,8 @@ pub struct McpError {
 #[derive(Default)]
 pub struct McpServers {
     servers: Vec<Server>,
+    /// Stopped for good: nothing connects again (a turn that still holds them gets errors).
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for McpServers {
@@ -207,7 +226,17 @@ impl McpServers {
             .iter()
             .map(|(name, config)| Server { name: name.clone(), config: config.clone(), state: Default::default() })
             .collect();
-        McpServers { servers }
+        McpServers { servers, stopped: Default::default() }
+    }
+
+    /// Whether these are the servers `configs` declares.
+    pub fn declared_as(&self, configs: &BTreeMap<String, McpServerConfig>) -> bool {
+        self.servers.len() == configs.len()
+            && self.servers.iter().all(|s| configs.get(&s.name).is_some_and(|c| *c == s.config))
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -218,18 +247,18 @@ impl McpServers {
         self.servers.iter().any(|s| s.name == server)
     }
 
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.servers.iter().map(|s| s.name.as_str())
-    }
-
     /// Every tool of every server, listed afresh (`tools/list`: a server's list may change,
     /// and a server that has died is found here and started again), minus those its
-    /// declaration denies, with what was found per server. A server that cannot be reached
-    /// is an error: the turn says so.
+    /// declaration denies, with what was found per server; each tool's model name is left
+    /// for [`name_tools`] to give, across all the servers a turn has. A server that cannot
+    /// be reached is an error: the turn says so.
     pub async fn tools(self: &Arc<Self>) -> Result<(Vec<McpTool>, Vec<McpServerTools>), McpError> {
         let mut found = Vec::new();
         let mut listings = Vec::new();
         for server in &self.servers {
+            if self.stopped() {
+                return Err(server.error("it has been stopped".into()));
+            }
             let mut listing = McpServerTools {
                 server: server.name.clone(),
                 transport: server.config.transport().into(),
@@ -245,15 +274,13 @@ impl McpServers {
             }
             listings.push(listing);
         }
-        let names = model_names(found.iter().map(|(server, tool, _)| (server.name.as_str(), tool.name.as_ref())));
         let tools = found
             .into_iter()
-            .zip(names)
-            .map(|((server, tool, permission), name)| McpTool {
+            .map(|(server, tool, permission)| McpTool {
                 server: server.name.clone(),
                 tool: tool.name.to_string(),
                 def: ToolDef {
-                    name,
+                    name: String::new(),
                     description: tool.description.as_deref().unwrap_or_default().to_string(),
                     parameters: Value::Object((*tool.input_schema).clone()),
                 },
@@ -270,6 +297,9 @@ impl McpServers {
         let Some(found) = self.servers.iter().find(|s| s.name == server) else {
             return ToolAnswer::failed(format!("no MCP server named {server:?}"));
         };
+        if self.stopped() {
+            return ToolAnswer::failed(format!("MCP server {server} has been stopped"));
+        }
         let connection = match found.connection().await {
             Ok(connection) => connection,
             Err(error) => return ToolAnswer::failed(error.to_string()),
@@ -299,8 +329,9 @@ impl McpServers {
         }
     }
 
-    /// Stops every server (their processes end with their connections).
+    /// Stops every server for good (their processes end with their connections).
     pub async fn shutdown(&self) {
+        self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
         for server in &self.servers {
             let connection = server.state.lock().await.connection.take();
             if let Some(connection) = connection.and_then(Arc::into_inner) {
@@ -342,17 +373,14 @@ impl Server {
                 ().serve(transport).await.map_err(|e| self.error(format!("`{command}` did not start MCP: {e}")))?
             }
             (None, Some(url)) => {
-                let mut headers = HashMap::new();
-                for (name, value) in &self.config.headers {
-                    let name = reqwest::header::HeaderName::try_from(name.as_str())
-                        .map_err(|e| self.error(format!("header {name:?}: {e}")))?;
-                    let value = reqwest::header::HeaderValue::try_from(value.as_str())
-                        .map_err(|e| self.error(format!("the value of header {name}: {e}")))?;
-                    headers.insert(name, value);
-                }
+                let headers = self.config.header_map().map_err(|e| self.error(e))?;
                 let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
                 let transport = StreamableHttpClientTransport::from_config(config);
-                ().serve(transport).await.map_err(|e| self.error(format!("{url} did not start MCP: {e}")))?
+                // Not the error's own text: it may quote the URL whole, query and all.
+                ().serve(transport).await.map_err(|e| {
+                    tracing::debug!(server = %self.name, error = %e, "MCP over HTTP did not start");
+                    self.error(format!("{} did not start MCP: {}", shown_url(url), error_kind(&e)))
+                })?
             }
             (None, None) => return Err(self.error("neither `command` nor `url` is set".into())),
         };
@@ -362,18 +390,21 @@ impl Server {
     /// The server's tools. A connection that has closed is made again, once.
     async fn list(&self) -> Result<Vec<rmcp::model::Tool>, McpError> {
         let connection = self.connection().await?;
-        match connection.client.peer().list_all_tools().await {
+        let listed = tokio::time::timeout(CONNECT_TIMEOUT, connection.client.peer().list_all_tools()).await;
+        let Ok(listed) = listed else {
+            self.forget(&connection).await;
+            return Err(self.error(format!("tools/list got no answer within {} s", CONNECT_TIMEOUT.as_secs())));
+        };
+        match listed {
             Ok(tools) => Ok(tools),
             Err(ServiceError::TransportClosed | ServiceError::TransportSend(_)) => {
                 tracing::warn!(server = %self.name, "MCP server gone; starting it again");
                 self.forget(&connection).await;
                 let connection = self.connection().await?;
-                connection
-                    .client
-                    .peer()
-                    .list_all_tools()
-                    .await
-                    .map_err(|e| self.error(format!("tools/list failed: {e}")))
+                match tokio::time::timeout(CONNECT_TIMEOUT, connection.client.peer().list_all_tools()).await {
+                    Ok(listed) => listed.map_err(|e| self.error(format!("tools/list failed: {e}"))),
+                    Err(_) => Err(self.error("tools/list got no answer".into())),
+                }
             }
             Err(error) => Err(self.error(format!("tools/list failed: {error}"))),
         }
@@ -404,13 +435,45 @@ fn answer_of(result: CallToolResult) -> ToolAnswer {
     ToolAnswer { content, structured: result.structured_content, is_error: result.is_error.unwrap_or(false) }
 }
 
+/// Gives `tools` (of all the servers a turn has, in one list) their model names.
+pub fn name_tools(tools: &mut [McpTool]) {
+    let names = model_names(tools.iter().map(|t| (t.server.as_str(), t.tool.as_str())));
+    for (tool, name) in tools.iter_mut().zip(names) {
+        tool.def.name = name;
+    }
+}
+
+/// A URL as messages and logs show it: no user, password, query or fragment (they may
+/// hold secrets).
+pub fn shown_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(parsed) => {
+            let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
+            format!("{}://{}{port}{}", parsed.scheme(), parsed.host_str().unwrap_or_default(), parsed.path())
+        }
+        Err(_) => "(an invalid URL)".into(),
+    }
+}
+
+/// What kind of failure an MCP connection had, without the transport's own text (which
+/// may quote the URL whole).
+fn error_kind(error: &rmcp::service::ClientInitializeError) -> &'static str {
+    use rmcp::service::ClientInitializeError as E;
+    match error {
+        E::ConnectionClosed(_) => "the connection closed",
+        E::TransportError { .. } => "it could not be reached",
+        _ => "it did not answer initialize as MCP",
+    }
+}
+
 /// The longest tool name the model providers take (Anthropic and OpenAI: 64).
 const MAX_NAME: usize = 64;
 
 /// The names the model sees for `(server, tool)` pairs: `<server>__<tool>`, made into a
-/// name every provider takes (`[a-zA-Z0-9_-]{1,64}`): another character becomes `_`, and a
-/// name that is too long, or that another pair's name became, is cut and given a hash of
-/// the pair, so each name stays the same from turn to turn and tells its pair apart.
+/// name every provider takes (`[a-zA-Z0-9_-]{1,64}`): a name that needs a change (another
+/// character becomes `_`, or it is too long) is cut and given a hash of the pair, so each
+/// name stays the same from turn to turn, whatever else the servers list, and tells its
+/// pair apart.
 pub fn model_names<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<String> {
     let mut taken = std::collections::HashSet::new();
     let mut out = Vec::new();
@@ -418,10 +481,13 @@ pub fn model_names<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<S
         let full = format!("{server}{SEPARATOR}{tool}");
         let clean: String =
             full.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
-        let name = if clean.len() <= MAX_NAME && !taken.contains(&clean) {
+        // A name that needed no change keeps it; any other gets a hash of the pair, so no
+        // pair takes another's name whatever the order they are listed in.
+        let name = if clean == full && clean.len() <= MAX_NAME && !taken.contains(&clean) {
             clean
         } else {
-            // FNV-1a: small, and the same in every build.
+            // FNV-1a: small, and the same in every build. (Two pairs of one hash would
+            // need 2^16 tools to be likely; the second then waits behind the first.)
             let hash = full.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
             format!("{}_{hash:08x}", &clean[..clean.len().min(MAX_NAME - 9)])
         };
@@ -443,9 +509,9 @@ mod tests {
                 .into_iter(),
         );
         assert_eq!(names[0], "time__get_current_time");
-        assert_eq!(names[1], "files__read_file");
-        // `read_file` would clash with what `read.file` became: it is told apart by a hash.
-        assert!(names[2].starts_with("files__read_file_") && names[2] != names[1], "{names:?}");
+        assert_eq!(names[2], "files__read_file");
+        // `read.file` needs a change: it is told apart from `read_file` by a hash.
+        assert!(names[1].starts_with("files__read_file_") && names[1] != names[2], "{names:?}");
         assert!(names[3].starts_with("my_files__ttt") && names[3].len() == MAX_NAME, "{names:?}");
         let valid =
             |n: &String| n.len() <= MAX_NAME && n.chars().all(|c| c.is_ascii_alphanumeric() || "_-".contains(c));
@@ -456,5 +522,16 @@ mod tests {
                 .into_iter(),
         );
         assert_eq!(names, again);
+        // Listed in another order, or beside other tools, each pair keeps its name.
+        let reordered = model_names(
+            [("new", "tool"), ("my files", &long), ("files", "read_file"), ("files", "read.file")].into_iter(),
+        );
+        assert_eq!((&reordered[1], &reordered[2], &reordered[3]), (&names[3], &names[2], &names[1]));
+    }
+
+    #[test]
+    fn a_url_is_shown_without_its_secrets() {
+        assert_eq!(shown_url("https://u:pw@mcp.example.com:8443/mcp?token=abc#x"), "https://mcp.example.com:8443/mcp");
+        assert_eq!(shown_url("not a url"), "(an invalid URL)");
     }
 }

@@ -282,19 +282,30 @@ impl Agents {
         }
     }
 
-    /// Gives `session` the MCP servers a client declared for it, in place of any it had
-    /// (those are stopped).
-    pub async fn attach(&self, session: SessionId, servers: mcp::McpServers) {
-        let old = self.attached.lock().insert(session, Arc::new(servers));
-        if let Some(old) = old {
-            old.shutdown().await;
-        }
+    /// Gives `session` the MCP servers a client declared for it, in place of any it had.
+    /// Sessions given the same servers share them (an editor declares its servers for
+    /// every session), as an agent's sessions share the agent's.
+    pub async fn attach(&self, session: SessionId, configs: BTreeMap<String, mcp::McpServerConfig>) {
+        let old = {
+            let mut attached = self.attached.lock();
+            let same = attached.values().find(|s| s.declared_as(&configs)).cloned();
+            let servers = same.unwrap_or_else(|| Arc::new(mcp::McpServers::new(&configs)));
+            attached.insert(session, servers)
+        };
+        self.release(old).await;
     }
 
-    /// Stops the MCP servers a client declared for `session`.
+    /// Takes the MCP servers a client declared off `session`.
     pub async fn detach(&self, session: SessionId) {
         let old = self.attached.lock().remove(&session);
-        if let Some(old) = old {
+        self.release(old).await;
+    }
+
+    /// Stops servers no session holds any more.
+    async fn release(&self, old: Option<Arc<mcp::McpServers>>) {
+        let Some(old) = old else { return };
+        let held = self.attached.lock().values().any(|s| Arc::ptr_eq(s, &old));
+        if !held {
             old.shutdown().await;
         }
     }
@@ -328,7 +339,13 @@ impl Agents {
             mcp_servers: mcp_configs(definition),
         };
         let model = build_model(&config.model)?;
-        let mcp = Arc::new(mcp::McpServers::new(&config.mcp_servers));
+        // A version with the servers of the one before shares them: its sessions and
+        // theirs use one connection each.
+        let before = self.defined.read().get(&definition.id).and_then(|v| v.values().next_back().cloned());
+        let mcp = match before.filter(|b| b.mcp.declared_as(&config.mcp_servers)) {
+            Some(before) => before.mcp.clone(),
+            None => Arc::new(mcp::McpServers::new(&config.mcp_servers)),
+        };
         let agent =
             Arc::new(Agent { name: definition.id.clone(), config, model, definition: Some(definition.clone()), mcp });
         self.defined.write().entry(definition.id.clone()).or_default().insert(definition.version, agent.clone());

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::domain::event::{Confirmation, Permission, StopInfo, StopReason};
+use crate::domain::event::{Confirmation, McpRef, Permission, StopInfo, StopReason};
 use crate::domain::{Block, Event, EventBody, EventId, SessionId, TurnId, Usage};
 use crate::store::{Key, Projection};
 
@@ -27,6 +27,9 @@ pub struct PendingCall {
     pub name: String,
     pub input: Value,
     pub kind: CallKind,
+    /// The MCP server and tool the call was made of, if it was: a granted call runs that
+    /// tool, whatever name it has by then.
+    pub mcp: Option<McpRef>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -63,8 +66,10 @@ impl TurnState {
             }
             EventBody::UserMessage { .. } if event.processed_at.is_none() => self.queued.push(event.id),
             EventBody::TurnInput { event_ids } => self.queued.retain(|id| !event_ids.contains(id)),
-            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: Permission::Ask, .. } => {
-                self.pending.insert(event.id, call(event.id, tool_call_id, name, input, CallKind::Ask));
+            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: Permission::Ask, mcp } => {
+                let mut call = call(event.id, tool_call_id, name, input, CallKind::Ask);
+                call.mcp = mcp.clone();
+                self.pending.insert(event.id, call);
             }
             EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
                 self.pending.insert(event.id, call(event.id, tool_call_id, name, input, CallKind::Client));
@@ -106,7 +111,14 @@ impl TurnState {
 }
 
 fn call(event_id: EventId, tool_call_id: &str, name: &str, input: &Value, kind: CallKind) -> PendingCall {
-    PendingCall { event_id, tool_call_id: tool_call_id.into(), name: name.into(), input: input.clone(), kind }
+    PendingCall {
+        event_id,
+        tool_call_id: tool_call_id.into(),
+        name: name.into(),
+        input: input.clone(),
+        kind,
+        mcp: None,
+    }
 }
 
 /// On disk, per session: the turn it has open (started, not yet stopped), if any, the

@@ -111,6 +111,9 @@ pub enum SessionError {
     Invalid(String),
     #[error("{0}")]
     Limit(String),
+    /// Something the request needs cannot be reached now (an MCP server): try again later.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("the service is shutting down")]
     ShuttingDown,
     /// The session's actor stopped before it took the submission: send it again.

@@ -11,7 +11,7 @@ use super::engine::Closing;
 use super::log::SessionLog;
 use super::turn::ToolPlan;
 use super::{rules, Caller, Catalog, Cursor, Engine, Follower, SessionError, SessionUpdate, Submission, Submitted};
-use crate::agent::mcp::{McpServerConfig, McpServers};
+use crate::agent::mcp::{name_tools, McpServerConfig};
 use crate::agent::Agents;
 use crate::domain::event::SessionSpec;
 use crate::domain::message::waiting_calls;
@@ -165,13 +165,15 @@ impl Sessions {
         let id = SessionId::generate();
         let mut plan = ToolPlan::new(&agent, &self.agents.tools, &spec, &Default::default());
         // A seed history's calls of the agent's MCP tools wait like any other: the tools
-        // are listed to know them (a server that cannot be reached leaves them denied).
+        // are listed to know them (so the servers start here), and a server that cannot
+        // be reached refuses the session rather than deny its calls.
         let unknown = waiting_calls(&spec.messages).any(|(_, name, _)| !plan.modes.contains_key(&name));
         if unknown && !agent.mcp.is_empty() {
-            match agent.mcp.tools().await {
-                Ok((tools, _)) => plan.add_mcp(tools),
-                Err(error) => tracing::warn!(%error, "a seed history's MCP calls are denied"),
-            }
+            let (mut tools, _) = agent.mcp.tools().await.map_err(|e| {
+                SessionError::Unavailable(format!("the history ends with tool calls, and to know them: {e}"))
+            })?;
+            name_tools(&mut tools);
+            plan.add_mcp(tools);
         }
         let waiting = seed_waiting(&spec.messages, &plan, TurnId::generate());
         let mut drafts =
@@ -204,26 +206,30 @@ impl Sessions {
         servers: BTreeMap<String, McpServerConfig>,
     ) -> Result<(), SessionError> {
         let summary = self.get(caller, id).await?;
-        self.check_mcp(caller, &summary.spec.agent.name, &servers)?;
-        if servers.is_empty() {
-            self.agents.detach(summary.id).await;
-        } else {
-            self.agents.attach(summary.id, McpServers::new(&servers)).await;
+        let mut servers = servers;
+        self.check_mcp(caller, &summary.spec.agent.name, summary.spec.agent.version, &mut servers)?;
+        match servers.is_empty() {
+            true => self.agents.detach(summary.id).await,
+            false => self.agents.attach(summary.id, servers).await,
         }
         Ok(())
     }
 
-    /// Whether the caller may give a session of `agent` these MCP servers (see
-    /// [`Sessions::attach_mcp`]).
+    /// Whether the caller may give a session of `agent` (at `version`) these MCP servers
+    /// (see [`Sessions::attach_mcp`]); each is made to ask before every call, as a server
+    /// the operator did not declare must.
     pub fn check_mcp(
         &self,
         caller: &Caller,
         agent: &str,
-        servers: &BTreeMap<String, McpServerConfig>,
+        version: Option<u32>,
+        servers: &mut BTreeMap<String, McpServerConfig>,
     ) -> Result<(), SessionError> {
-        let agent = self.agents.get(agent);
+        let agent = self.agents.get_version(agent, version);
         let allowed = &self.agents.tools.settings().mcp.allowed_hosts;
-        for (name, config) in servers {
+        for (name, config) in servers.iter_mut() {
+            config.permission = crate::domain::event::Permission::Ask;
+            config.tools.clear();
             let at = format!("MCP server {name:?}");
             config.check(&at, name).map_err(SessionError::Invalid)?;
             if !caller.admin {
@@ -233,13 +239,6 @@ impl Sessions {
                 return Err(SessionError::Invalid(format!("{at}: the agent has a server of that name")));
             }
         }
-        Ok(())
-    }
-
-    /// Stops the MCP servers a client declared for the session.
-    pub async fn detach_mcp(&self, caller: &Caller, id: &str) -> Result<(), SessionError> {
-        let summary = self.get(caller, id).await?;
-        self.agents.detach(summary.id).await;
         Ok(())
     }
 
@@ -326,6 +325,7 @@ impl Sessions {
     /// lists only when asked for, and takes no more input. Archiving twice is archiving once.
     pub async fn archive(&self, session: &SessionSummary) -> Result<SessionSummary, SessionError> {
         self.engine.close(session.id, Closing::Archive).await?;
+        self.agents.detach(session.id).await;
         self.reread(session).await
     }
 

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::log::Writer;
 use super::SessionError;
-use crate::agent::mcp::{McpServers, McpTool, ToolAnswer};
+use crate::agent::mcp::{name_tools, McpServers, McpTool, ToolAnswer};
 use crate::agent::{Agent, ModelError, ModelEvent, ModelRequest, ModelStop, ToolDef, Tools};
 use crate::domain::event::{Confirmation, McpRef, Permission, SessionSpec, StopReason};
 use crate::domain::ids::prefixed;
@@ -168,31 +168,47 @@ impl From<SessionError> for Failure {
 /// Lists the tools of the turn's MCP servers and offers them, recording what was offered.
 /// A server that cannot be reached fails the turn (`mcp_unavailable`, naming it).
 async fn list_mcp(ctx: &mut TurnContext) -> Result<(), Failure> {
-    let mut listed = Vec::new();
+    let (mut tools, mut listed) = (Vec::new(), Vec::new());
     for servers in ctx.mcp.iter().filter(|s| !s.is_empty()) {
         let found = tokio::select! {
             _ = ctx.cancel.cancelled() => return Err(Failure::Cancelled),
             found = servers.tools() => found,
         };
-        let (tools, servers) = found.map_err(|e| {
+        let (found, servers) = found.map_err(|e| {
             let mut error = ModelError::new("mcp_unavailable", e.to_string());
             error.mcp_server = Some(e.server);
             Failure::Model(error)
         })?;
-        ctx.plan.add_mcp(tools);
+        tools.extend(found);
         listed.extend(servers);
     }
-    if !listed.is_empty() {
-        append(ctx, vec![EventBody::AgentMcpTools { servers: listed }]).await?;
+    if listed.is_empty() {
+        return Ok(());
     }
+    name_tools(&mut tools);
+    ctx.plan.add_mcp(tools);
+    // What the model is offered, by the servers' names (less any that lost its name).
+    for server in &mut listed {
+        let offered = |tool: &String| ctx.plan.mcp.values().any(|t| t.server == server.server && &t.tool == tool);
+        server.tools.retain(offered);
+    }
+    append(ctx, vec![EventBody::AgentMcpTools { servers: listed }]).await?;
     Ok(())
 }
 
 async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, Vec<EventId>), Failure> {
     list_mcp(ctx).await?;
     let granted = std::mem::take(&mut ctx.granted);
-    let calls: Vec<(EventId, String, String, Value)> =
-        granted.into_iter().map(|c| (c.event_id, c.tool_call_id, c.name, c.input)).collect();
+    let calls: Vec<ServerCall> = granted
+        .into_iter()
+        .map(|c| ServerCall {
+            event_id: c.event_id,
+            tool_call_id: c.tool_call_id,
+            name: c.name,
+            input: c.input,
+            mcp: c.mcp,
+        })
+        .collect();
     run_server_tools(ctx, calls).await?;
     let mut requests = 0;
     loop {
@@ -209,7 +225,13 @@ async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, 
         let mut inline = Vec::new();
         for call in calls {
             match call.mode {
-                Some(Mode::Inline) => inline.push((call.event_id, call.tool_call_id, call.name, call.input)),
+                Some(Mode::Inline) => inline.push(ServerCall {
+                    mcp: ctx.plan.mcp_ref(&call.name),
+                    event_id: call.event_id,
+                    tool_call_id: call.tool_call_id,
+                    name: call.name,
+                    input: call.input,
+                }),
                 Some(Mode::Ask | Mode::Client) => waiting.push(call.event_id),
                 Some(Mode::Rejected) | None => {}
             }
@@ -440,23 +462,37 @@ fn tool_use(tool_call_id: &str, name: &str, input: &Value, permission: Permissio
     }
 }
 
+/// A call a server runs: a built-in tool, or the MCP server and tool it was made of.
+struct ServerCall {
+    event_id: EventId,
+    tool_call_id: String,
+    name: String,
+    input: Value,
+    mcp: Option<McpRef>,
+}
+
 /// Runs server tools in parallel and records their results in call order. A cancel
 /// reaches running tools at once; they answer `Tool call cancelled`.
-async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, String, Value)>) -> Result<(), Failure> {
+async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<ServerCall>) -> Result<(), Failure> {
     if calls.is_empty() {
         return Ok(());
     }
     let (tools, cancel) = (ctx.tools.clone(), ctx.cancel.clone());
-    let results = futures_util::future::join_all(calls.iter().map(|(_, _, name, input)| {
-        let (tools, cancel, mcp) = (tools.clone(), cancel.clone(), ctx.plan.mcp.get(name).cloned());
+    let results = futures_util::future::join_all(calls.iter().map(|call| {
+        let (tools, cancel) = (tools.clone(), cancel.clone());
+        // An MCP call runs the server and tool it was made of (its name may have changed
+        // hands since it was granted); one whose server no longer offers it fails.
+        let mcp = call.mcp.as_ref().map(|at| {
+            let found = ctx.plan.mcp.values().find(|t| t.server == at.server && t.tool == at.tool).cloned();
+            (at, found)
+        });
         async move {
-            // An MCP server's tool, or a built-in one.
             match mcp {
-                Some(mcp) => {
-                    let at = McpRef { server: mcp.server.clone(), tool: mcp.tool.clone() };
-                    (mcp.servers.call(&mcp.server, &mcp.tool, input, &cancel).await, Some(at))
+                Some((at, Some(tool))) => tool.servers.call(&at.server, &at.tool, &call.input, &cancel).await,
+                Some((at, None)) => {
+                    ToolAnswer::text(Err(format!("MCP server {} does not offer {} any more", at.server, at.tool)))
                 }
-                None => (ToolAnswer::text(tools.call(name, input, &cancel).await), None),
+                None => ToolAnswer::text(tools.call(&call.name, &call.input, &cancel).await),
             }
         }
     }))
@@ -464,13 +500,13 @@ async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<(EventId, String, St
     let bodies = calls
         .into_iter()
         .zip(results)
-        .map(|((event_id, tool_call_id, _, _), (answer, mcp))| EventBody::AgentToolResult {
-            tool_use_id: event_id,
-            tool_call_id,
+        .map(|(call, answer)| EventBody::AgentToolResult {
+            tool_use_id: call.event_id,
+            tool_call_id: call.tool_call_id,
             content: answer.content,
             is_error: answer.is_error,
             structured_content: answer.structured,
-            mcp,
+            mcp: call.mcp,
         })
         .collect();
     record_results(ctx, bodies).await?;

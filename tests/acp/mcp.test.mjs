@@ -16,6 +16,22 @@ const SECRET = "sekrit-9f3c1d7a"; // in the server's env: must not be stored any
 const CLOCK = { name: "clock", command: TIME, args: ["--local-timezone", "UTC"], env: [{ name: "CLOCK_TOKEN", value: SECRET }] };
 const NOW = '/tool clock__get_current_time {"timezone":"UTC"}';
 
+/** The command lines of the processes whose parent is `pid`. */
+function childrenOf(pid) {
+  const out = [];
+  for (const entry of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = fs.readFileSync(`/proc/${entry}/stat`, "utf8");
+      const parent = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+      if (parent === pid) out.push(fs.readFileSync(`/proc/${entry}/cmdline`, "utf8").replaceAll("\0", " "));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
 /** Every file under `dir` that holds `needle`. */
 function filesHolding(dir, needle) {
   const found = [];
@@ -43,6 +59,12 @@ describe("turnlog acp: MCP servers from the editor", () => {
       assert.deepEqual(call.statuses, ["pending", "in_progress", "completed"], show(turn.updates));
       assert.match(contentText(call.content), /"timezone": "UTC"/, show(call));
       assert.ok(turn.text.startsWith("tool results: clock__get_current_time="), turn.text);
+
+      // A second session given the same servers shares their process.
+      const other = await c.ok(m.agent.session.new, c.newSessionParams([CLOCK]));
+      assert.equal((await c.prompt(other.sessionId, NOW)).toolCalls[0]?.status, "completed");
+      const clocks = childrenOf(c.child.pid).filter((cmd) => cmd.includes("mcp-server-time"));
+      assert.equal(clocks.length, 1, `one mcp-server-time for both sessions: ${show(clocks)}`);
       return sessionId;
     });
     const sessionId = first.result;

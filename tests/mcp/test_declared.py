@@ -7,9 +7,12 @@
   and `tool_info` of type `mcp`;
 - a server name no model provider takes as part of a tool name."""
 
+import json
 import socket
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 import anthropic
 import pytest
@@ -155,6 +158,21 @@ def test_an_update_replaces_servers_and_toolsets_together(keyed, everything_http
     assert updated.version == agent.version + 1 and [s.name for s in updated.mcp_servers] == ["other"]
     cleared = alice.beta.agents.update(agent.id, version=updated.version, mcp_servers=[], tools=[])
     assert cleared.mcp_servers == [] and cleared.tools == []
+    again = alice.beta.agents.update(
+        agent.id, version=cleared.version,
+        mcp_servers=[{"type": "url", "name": "other", "url": everything_http}], tools=[toolset("other", "always_ask")],
+    )
+    # `null` clears, as for every field of an agent.
+    nulled = alice.beta.agents.update(agent.id, version=again.version, mcp_servers=None, tools=None)
+    assert nulled.mcp_servers == [] and nulled.tools == []
+    # A non-admin's update is held to the allowed hosts too.
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        alice.beta.agents.update(
+            agent.id, version=nulled.version,
+            mcp_servers=[{"type": "url", "name": "far", "url": everything_http.replace("127.0.0.1", "localhost")}],
+            tools=[toolset("far", "always_allow")],
+        )
+    assert "tools.mcp.allowed_hosts" in str(refused.value)
 
 
 def test_a_server_that_cannot_be_reached_is_an_mcp_connection_error(keyed):
@@ -164,14 +182,15 @@ def test_a_server_that_cannot_be_reached_is_an_mcp_connection_error(keyed):
         closed = f"http://127.0.0.1:{s.getsockname()[1]}/mcp"  # nothing listens once closed
     agent = root.beta.agents.create(
         name="unreachable", model="scripted",
-        mcp_servers=[{"type": "url", "name": "gone", "url": closed}], tools=[toolset("gone", "always_allow")],
+        mcp_servers=[{"type": "url", "name": "gone", "url": closed + "?token=hush-hush"}],
+        tools=[toolset("gone", "always_allow")],
     )
     environment = root.beta.environments.create(name="mcp")
     session = root.beta.sessions.create(agent=agent.id, environment_id=environment.id)
     events = run(root, session.id, "hello")
     [error] = [e for e in events if e.type == "session.error"]
     assert error.error.type == "mcp_connection_failed_error" and error.error.mcp_server_name == "gone"
-    assert closed in error.error.message
+    assert closed in error.error.message and "hush-hush" not in error.error.message, error.error.message
 
 
 def test_a_seed_history_ending_with_an_mcp_call_waits_for_its_permission(client):
@@ -194,6 +213,20 @@ def test_a_seed_history_ending_with_an_mcp_call_waits_for_its_permission(client)
     assert result["mcp"] == use["mcp"] and result["is_error"] is False and "15:00" in result["content"][0]["text"]
 
 
+def test_a_seed_history_whose_servers_cannot_be_listed_is_refused_naming_the_server(client):
+    request = urllib.request.Request(
+        client.url + "/sessions", method="POST", headers={"content-type": "application/json"},
+        data=json.dumps({"agent": {"name": "broken"}, "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "toolCallId": "seed-1", "name": "nothing__x", "input": {}}]},
+        ]}).encode(),
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 503
+    assert "nothing" in refused.value.read().decode()
+
+
 def test_the_harness_view_shows_mcp_initialize_and_mcp_tool_info(server):
     client = AgentSessionClient(base_url=server.url, api_key="unused")
     session = client.create_session(agent_name="tools")
@@ -209,17 +242,37 @@ def test_the_harness_view_shows_mcp_initialize_and_mcp_tool_info(server):
     [info] = [i for i in infos if i is not None]
     assert (info.type, info.server_name, info.name) == ("mcp", "time", "get_current_time")
     assert frames[-1].type == "turn.done" and frames[-1].state.status == "done"
+    # A server over HTTP names its transport.
+    remote = client.create_session(agent_name="remote").prepare_turn(input=[{"type": "user.message", "content": "hi"}])
+    [initialize] = [f.event for f in remote.execute(stream=True) if f.event.type == "mcp.initialize"]
+    assert [(s.name, s.transport_type) for s in initialize.mcp_servers] == [("everything", "streamable-http")]
+
+
+def model_name(server: str, tool: str) -> str:
+    """The README's rule: `<server>__<tool>`, or when that needs a change, its characters
+    outside [a-zA-Z0-9_-] made `_`, cut to 55, then `_` and the FNV-1a (32-bit) hash of the
+    unchanged name in 8 hex digits."""
+    full = f"{server}__{tool}"
+    clean = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in full)
+    if clean == full and len(full) <= 64:
+        return full
+    h = 0x811C9DC5
+    for b in full.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return f"{clean[:55]}_{h:08x}"
 
 
 def test_a_server_name_no_provider_takes_is_made_into_one(client):
     session = client.session("tools")
-    turn = client.turn(session, '/tool time_utc__get_current_time {"timezone": "UTC"}')
+    name = model_name("time.utc", "get_current_time")
+    assert name.startswith("time_utc__get_current_time_") and len(name) == 35, name
+    turn = client.turn(session, f'/tool {name} {{"timezone": "UTC"}}')
     assert turn["stopReason"] == "end_turn", turn
     events = client.events(session)
     [listed] = of_type(events, "agent.mcp_tools")
     assert "time.utc" in [s["server"] for s in listed["servers"]]
     [use] = of_type(events, "agent.tool_use")
-    assert use["name"] == "time_utc__get_current_time"
+    assert use["name"] == name
     assert use["mcp"] == {"server": "time.utc", "tool": "get_current_time"}
     [result] = of_type(events, "agent.tool_result")
     assert result["is_error"] is False and result["structured_content"]["timezone"] == "UTC"

@@ -56,7 +56,7 @@ pub struct AgentBody {
     tools: Option<Option<Vec<Value>>>,
     #[serde(default)]
     metadata: Option<Map<String, Value>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     mcp_servers: Option<Option<Vec<Value>>>,
     #[serde(default)]
     skills: Option<Option<Vec<Value>>>,
