@@ -1,9 +1,10 @@
 //! Tools from MCP servers, through the official Rust SDK (`rmcp`): servers over stdio (a
 //! command) or Streamable HTTP (a URL), declared per agent (in config or through an API)
 //! or per session (by an ACP client). Each server is connected on first use and shared by
-//! every session of its agent; one that has died is started again on the next use (at
-//! most once every few seconds). Its tools reach the model as `<server>__<tool>` (made
-//! into a name every provider takes), each with the permission its declaration gives it.
+//! every session of its agent; one that has died is started again on the next use (after
+//! 2 s, and longer each time if it keeps dying). Its tools reach the model as
+//! `<server>__<tool>` (made into a name every provider takes), each with the permission
+//! its declaration gives it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -209,15 +210,26 @@ struct Server {
 #[derive(Default)]
 struct State {
     connection: Option<Arc<Connection>>,
-    /// When it was last started: one that dies is not started again sooner than [`RESTART_AFTER`].
+    /// When it was last started, and how many starts in a row came soon after the one
+    /// before: a server that keeps dying waits longer each time (see [`restart_wait`]).
     started: Option<Instant>,
+    quick_restarts: u32,
+    /// Why the last start failed, if it did.
+    failed: Option<String>,
 }
 
 struct Connection {
     client: RunningService<RoleClient, ()>,
 }
 
+/// The wait before a server is started again: 2 s, doubled for each start in a row that
+/// came within a minute of the one before, up to a minute.
 const RESTART_AFTER: Duration = Duration::from_secs(2);
+const RESTART_MAX: Duration = Duration::from_secs(60);
+
+fn restart_wait(quick_restarts: u32) -> Duration {
+    RESTART_AFTER.saturating_mul(1 << quick_restarts.min(5)).min(RESTART_MAX)
+}
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl McpServers {
@@ -348,14 +360,30 @@ impl Server {
         if let Some(connection) = state.connection.as_ref().filter(|c| !c.client.is_closed()) {
             return Ok(connection.clone());
         }
-        if let Some(started) = state.started.filter(|at| at.elapsed() < RESTART_AFTER) {
-            tokio::time::sleep(RESTART_AFTER - started.elapsed()).await;
+        if let Some(started) = state.started {
+            state.quick_restarts = if started.elapsed() < RESTART_MAX { state.quick_restarts + 1 } else { 0 };
+            let wait = restart_wait(state.quick_restarts.saturating_sub(1));
+            match wait.checked_sub(started.elapsed()) {
+                // A short wait is waited; a longer one fails at once rather than hold the turn.
+                Some(left) if left > RESTART_AFTER => {
+                    state.quick_restarts -= 1;
+                    let last = state.failed.as_deref().unwrap_or("it died");
+                    return Err(self.error(format!(
+                        "it keeps failing ({last}); it is started again in {} s at the earliest",
+                        left.as_secs().max(1)
+                    )));
+                }
+                Some(left) => tokio::time::sleep(left).await,
+                None => {}
+            }
         }
         state.started = Some(Instant::now());
-        let connection = match tokio::time::timeout(CONNECT_TIMEOUT, self.connect()).await {
-            Ok(connection) => Arc::new(connection?),
-            Err(_) => return Err(self.error(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()))),
+        let connected = match tokio::time::timeout(CONNECT_TIMEOUT, self.connect()).await {
+            Ok(connected) => connected,
+            Err(_) => Err(self.error(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()))),
         };
+        state.failed = connected.as_ref().err().map(|e| e.message.clone());
+        let connection = Arc::new(connected?);
         tracing::info!(server = %self.name, "MCP server connected");
         state.connection = Some(connection.clone());
         Ok(connection)
@@ -527,6 +555,12 @@ mod tests {
             [("new", "tool"), ("my files", &long), ("files", "read_file"), ("files", "read.file")].into_iter(),
         );
         assert_eq!((&reordered[1], &reordered[2], &reordered[3]), (&names[3], &names[2], &names[1]));
+    }
+
+    #[test]
+    fn a_server_that_keeps_dying_waits_longer_each_time() {
+        let waits: Vec<u64> = (0..8).map(|n| restart_wait(n).as_secs()).collect();
+        assert_eq!(waits, [2, 4, 8, 16, 32, 60, 60, 60]);
     }
 
     #[test]

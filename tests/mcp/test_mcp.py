@@ -133,6 +133,19 @@ def test_a_server_that_does_not_start_fails_the_turn_clearly(client):
     assert turn["stopReason"] != "end_turn", turn
 
 
+def test_a_server_that_keeps_failing_is_not_started_again_at_once(client):
+    """Starts in a row wait 2 s, then 4 s, ...: a wait longer than 2 s fails the turn at
+    once, naming the last failure, rather than hold it."""
+    session = client.session("broken")
+    errors = []
+    for _ in range(3):
+        started = time.monotonic()
+        client.call("POST", f"/sessions/{session}/turns", {"stream": "none", "messages": [{"role": "user", "content": "hi"}]})
+        assert time.monotonic() - started < 10, "no hang"
+        errors.append(of_type(client.events(session), "session.error")[-1]["error"])
+    assert "keeps failing" in errors[-1] and "/nonexistent/mcp-server-nothing" in errors[-1], errors
+
+
 def test_a_servers_error_result_is_kept_as_an_error(client):
     session = client.session("tools")
     turn = client.turn(session, "/tool everything__echo {}")
