@@ -192,7 +192,7 @@ pub struct McpError {
 pub struct McpServers {
     servers: Vec<Server>,
     /// Stopped for good: nothing connects again (a turn that still holds them gets errors).
-    stopped: std::sync::atomic::AtomicBool,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for McpServers {
@@ -205,6 +205,8 @@ struct Server {
     name: String,
     config: McpServerConfig,
     state: tokio::sync::Mutex<State>,
+    /// Its set's stop flag: once set, nothing connects again.
+    stopped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Default)]
@@ -214,16 +216,18 @@ struct State {
     /// before: a server that keeps dying waits longer each time (see [`restart_wait`]).
     started: Option<Instant>,
     quick_restarts: u32,
-    /// Why the last start failed, if it did.
+    /// Why the last start failed, if it did ...
     failed: Option<String>,
+    /// ... or since when what it started has been up.
+    up_since: Option<Instant>,
 }
 
 struct Connection {
     client: RunningService<RoleClient, ()>,
 }
 
-/// The wait before a server is started again: 2 s, doubled for each start in a row that
-/// came within a minute of the one before, up to a minute.
+/// The wait before a server is started again, from its last start: 2 s, doubled for each
+/// start in a row that failed or did not last a minute, up to a minute.
 const RESTART_AFTER: Duration = Duration::from_secs(2);
 const RESTART_MAX: Duration = Duration::from_secs(60);
 
@@ -234,11 +238,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl McpServers {
     pub fn new(configs: &BTreeMap<String, McpServerConfig>) -> McpServers {
+        let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let servers = configs
             .iter()
-            .map(|(name, config)| Server { name: name.clone(), config: config.clone(), state: Default::default() })
+            .map(|(name, config)| Server {
+                name: name.clone(),
+                config: config.clone(),
+                state: Default::default(),
+                stopped: stopped.clone(),
+            })
             .collect();
-        McpServers { servers, stopped: Default::default() }
+        McpServers { servers, stopped }
     }
 
     /// Whether these are the servers `configs` declares.
@@ -335,19 +345,21 @@ impl McpServers {
                 if connection.client.is_closed() {
                     found.forget(&connection).await;
                 }
+                let error = found.scrub(error.to_string());
                 ToolAnswer::failed(format!("MCP server {server}: the call of {tool} failed: {error}"))
             }
             Err(_) => ToolAnswer::failed(format!("MCP server {server}: {tool} took longer than {} s", limit.as_secs())),
         }
     }
 
-    /// Stops every server for good (their processes end with their connections).
+    /// Stops every server for good (their processes end with their connections, even
+    /// one a call still holds: the call fails).
     pub async fn shutdown(&self) {
         self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
         for server in &self.servers {
             let connection = server.state.lock().await.connection.take();
-            if let Some(connection) = connection.and_then(Arc::into_inner) {
-                let _ = connection.client.cancel().await;
+            if let Some(connection) = connection {
+                connection.client.cancellation_token().cancel();
             }
         }
     }
@@ -357,16 +369,25 @@ impl Server {
     /// The live connection, made (again) if there is none or it has closed.
     async fn connection(&self) -> Result<Arc<Connection>, McpError> {
         let mut state = self.state.lock().await;
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(self.error("it has been stopped".into()));
+        }
         if let Some(connection) = state.connection.as_ref().filter(|c| !c.client.is_closed()) {
             return Ok(connection.clone());
         }
+        // A start that failed, or a server that did not last a minute, makes this start a
+        // quick one again; the state changes only when the start is made (a turn cancelled
+        // while it waits leaves no trace).
+        let quick = match (state.started, &state.failed, state.up_since) {
+            (None, ..) => 0,
+            (Some(_), Some(_), _) => state.quick_restarts + 1,
+            (Some(_), None, Some(up)) if up.elapsed() < RESTART_MAX => state.quick_restarts + 1,
+            _ => 0,
+        };
         if let Some(started) = state.started {
-            state.quick_restarts = if started.elapsed() < RESTART_MAX { state.quick_restarts + 1 } else { 0 };
-            let wait = restart_wait(state.quick_restarts.saturating_sub(1));
-            match wait.checked_sub(started.elapsed()) {
+            match restart_wait(quick.saturating_sub(1)).checked_sub(started.elapsed()) {
                 // A short wait is waited; a longer one fails at once rather than hold the turn.
                 Some(left) if left > RESTART_AFTER => {
-                    state.quick_restarts -= 1;
                     let last = state.failed.as_deref().unwrap_or("it died");
                     return Err(self.error(format!(
                         "it keeps failing ({last}); it is started again in {} s at the earliest",
@@ -377,12 +398,13 @@ impl Server {
                 None => {}
             }
         }
-        state.started = Some(Instant::now());
+        (state.quick_restarts, state.started) = (quick, Some(Instant::now()));
         let connected = match tokio::time::timeout(CONNECT_TIMEOUT, self.connect()).await {
             Ok(connected) => connected,
             Err(_) => Err(self.error(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()))),
         };
         state.failed = connected.as_ref().err().map(|e| e.message.clone());
+        state.up_since = connected.is_ok().then(Instant::now);
         let connection = Arc::new(connected?);
         tracing::info!(server = %self.name, "MCP server connected");
         state.connection = Some(connection.clone());
@@ -406,7 +428,7 @@ impl Server {
                 let transport = StreamableHttpClientTransport::from_config(config);
                 // Not the error's own text: it may quote the URL whole, query and all.
                 ().serve(transport).await.map_err(|e| {
-                    tracing::debug!(server = %self.name, error = %e, "MCP over HTTP did not start");
+                    tracing::debug!(server = %self.name, error = %self.scrub(e.to_string()), "MCP over HTTP did not start");
                     self.error(format!("{} did not start MCP: {}", shown_url(url), error_kind(&e)))
                 })?
             }
@@ -430,11 +452,13 @@ impl Server {
                 self.forget(&connection).await;
                 let connection = self.connection().await?;
                 match tokio::time::timeout(CONNECT_TIMEOUT, connection.client.peer().list_all_tools()).await {
-                    Ok(listed) => listed.map_err(|e| self.error(format!("tools/list failed: {e}"))),
+                    Ok(listed) => {
+                        listed.map_err(|e| self.error(format!("tools/list failed: {}", self.scrub(e.to_string()))))
+                    }
                     Err(_) => Err(self.error("tools/list got no answer".into())),
                 }
             }
-            Err(error) => Err(self.error(format!("tools/list failed: {error}"))),
+            Err(error) => Err(self.error(format!("tools/list failed: {}", self.scrub(error.to_string())))),
         }
     }
 
@@ -444,6 +468,15 @@ impl Server {
         if state.connection.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
             state.connection = None;
         }
+    }
+
+    /// `text` with the server's URL, wherever it is quoted whole, shown without its secrets.
+    fn scrub(&self, text: String) -> String {
+        let Some(url) = &self.config.url else { return text };
+        let shown = shown_url(url);
+        let parsed = reqwest::Url::parse(url).map(|u| u.to_string()).unwrap_or_default();
+        let text = if parsed.is_empty() { text } else { text.replace(&parsed, &shown) };
+        text.replace(url.as_str(), &shown)
     }
 
     fn error(&self, message: String) -> McpError {
@@ -511,12 +544,17 @@ pub fn model_names<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<S
             full.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
         // A name that needed no change keeps it; any other gets a hash of the pair, so no
         // pair takes another's name whatever the order they are listed in.
-        let name = if clean == full && clean.len() <= MAX_NAME && !taken.contains(&clean) {
+        // `a_` + `b` and `a` + `_b` are both `a___b`: a pair that could be read two ways is
+        // hashed too, so neither takes the plain name from the other.
+        let ambiguous = server.ends_with('_') || server.contains(SEPARATOR) || tool.starts_with('_');
+        let name = if clean == full && !ambiguous && clean.len() <= MAX_NAME && !taken.contains(&clean) {
             clean
         } else {
-            // FNV-1a: small, and the same in every build. (Two pairs of one hash would
-            // need 2^16 tools to be likely; the second then waits behind the first.)
-            let hash = full.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+            // FNV-1a of `<server>` NUL `<tool>` (one reading only): small, and the same in
+            // every build. (Two pairs of one hash would need about 2^16 tools to be likely;
+            // the second is then not offered, with a warning.)
+            let pair = server.bytes().chain([0]).chain(tool.bytes());
+            let hash = pair.fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
             format!("{}_{hash:08x}", &clean[..clean.len().min(MAX_NAME - 9)])
         };
         taken.insert(name.clone());
@@ -550,6 +588,9 @@ mod tests {
                 .into_iter(),
         );
         assert_eq!(names, again);
+        // Two pairs of one joined name are both told apart, whichever comes first.
+        let split = model_names([("a_", "b"), ("a", "_b")].into_iter());
+        assert!(split[0] != split[1] && split.iter().all(|n| n.starts_with("a___b_")), "{split:?}");
         // Listed in another order, or beside other tools, each pair keeps its name.
         let reordered = model_names(
             [("new", "tool"), ("my files", &long), ("files", "read_file"), ("files", "read.file")].into_iter(),

@@ -201,8 +201,9 @@ pub struct Agents {
     defined: RwLock<BTreeMap<String, BTreeMap<u32, Arc<Agent>>>>,
     models: BTreeMap<String, ModelConfig>,
     pub tools: Arc<Tools>,
-    /// MCP servers a client declared for one session (ACP's `mcpServers`), held while its
-    /// connection lasts: never stored, as their `env` and `headers` may hold secrets.
+    /// MCP servers a client declared for one session (ACP's `mcpServers`), held until it
+    /// declares others, the session is archived or deleted, or this process stops: never
+    /// stored, as their `env` and `headers` may hold secrets.
     attached: parking_lot::Mutex<HashMap<SessionId, Arc<mcp::McpServers>>>,
 }
 

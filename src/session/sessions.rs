@@ -195,10 +195,11 @@ impl Sessions {
     }
 
     /// Gives the session MCP servers its client declared (ACP's `mcpServers`), in place of
-    /// any it had, for as long as this process runs or until [`Sessions::detach_mcp`]. They
-    /// are never stored: their `env` and `headers` may hold secrets; the log records the
-    /// server of each call. A caller that is not an admin may declare only URLs on hosts
-    /// the config allows. A name the agent's own servers use is refused.
+    /// any it had (none: it has none), until the session is archived or deleted or this
+    /// process stops. They are never stored: their `env` and `headers` may hold secrets;
+    /// the log records the server of each call. A caller that is not an admin may declare
+    /// only URLs on hosts the config allows. A name the agent's own servers use is refused,
+    /// and so is an archived session (it takes no more turns).
     pub async fn attach_mcp(
         &self,
         caller: &Caller,
@@ -206,6 +207,9 @@ impl Sessions {
         servers: BTreeMap<String, McpServerConfig>,
     ) -> Result<(), SessionError> {
         let summary = self.get(caller, id).await?;
+        if summary.archived_at.is_some() && !servers.is_empty() {
+            return Err(SessionError::Conflict(format!("session {id} is archived: it takes no MCP servers")));
+        }
         let mut servers = servers;
         self.check_mcp(caller, &summary.spec.agent.name, summary.spec.agent.version, &mut servers)?;
         match servers.is_empty() {

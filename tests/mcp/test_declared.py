@@ -250,14 +250,15 @@ def test_the_harness_view_shows_mcp_initialize_and_mcp_tool_info(server):
 
 def model_name(server: str, tool: str) -> str:
     """The README's rule: `<server>__<tool>`, or when that needs a change, its characters
-    outside [a-zA-Z0-9_-] made `_`, cut to 55, then `_` and the FNV-1a (32-bit) hash of the
-    unchanged name in 8 hex digits."""
+    outside [a-zA-Z0-9_-] made `_`, cut to 55, then `_` and the FNV-1a (32-bit) hash of
+    server NUL tool in 8 hex digits."""
     full = f"{server}__{tool}"
     clean = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in full)
-    if clean == full and len(full) <= 64:
+    ambiguous = server.endswith("_") or "__" in server or tool.startswith("_")
+    if clean == full and not ambiguous and len(full) <= 64:
         return full
     h = 0x811C9DC5
-    for b in full.encode():
+    for b in server.encode() + b"\0" + tool.encode():
         h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
     return f"{clean[:55]}_{h:08x}"
 
