@@ -149,7 +149,6 @@ impl Door for Embedded {
 
     async fn create(&self, agent: &str, metadata: Map<String, Value>, mcp: McpDeclared) -> Result<String, DoorError> {
         let sessions = self.service.sessions();
-        sessions.check_mcp(&self.caller, agent, None, &mut mcp.clone())?;
         let configured = sessions.agents().get(agent).ok_or_else(|| {
             let known: Vec<String> = sessions.agents().all().iter().map(|a| a.name.clone()).collect();
             DoorError::Unavailable(format!("no agent named {agent:?} (--agent); the config has: {}", known.join(", ")))
@@ -161,11 +160,7 @@ impl Door for Embedded {
             metadata,
             ..SessionSpec::default()
         };
-        let id = sessions.create(&self.caller, spec).await?.id.to_string();
-        if !mcp.is_empty() {
-            sessions.attach_mcp(&self.caller, &id, mcp).await?;
-        }
-        Ok(id)
+        Ok(sessions.create_with_mcp(&self.caller, spec, mcp).await?.id.to_string())
     }
 
     /// The editor's servers run here, as the user who started this process.

@@ -270,17 +270,12 @@ fn mcp_servers(servers: &[acp::McpServer]) -> Result<door::McpDeclared, Error> {
     for server in servers {
         let (name, config) = match server {
             acp::McpServer::Stdio(stdio) => {
-                let mut config = McpServerConfig::url("");
-                config.url = None;
-                config.command = Some(stdio.command.display().to_string());
-                config.args = stdio.args.clone();
-                config.env = stdio.env.iter().map(|v| (v.name.clone(), v.value.clone())).collect();
-                (&stdio.name, config)
+                let env = stdio.env.iter().map(|v| (v.name.clone(), v.value.clone())).collect();
+                (&stdio.name, McpServerConfig::stdio(stdio.command.display().to_string(), stdio.args.clone(), env))
             }
             acp::McpServer::Http(http) => {
-                let mut config = McpServerConfig::url(&http.url);
-                config.headers = http.headers.iter().map(|h| (h.name.clone(), h.value.clone())).collect();
-                (&http.name, config)
+                let headers = http.headers.iter().map(|h| (h.name.clone(), h.value.clone())).collect();
+                (&http.name, McpServerConfig::http(http.url.clone(), headers))
             }
             acp::McpServer::Sse(sse) => {
                 return Err(invalid(format!("MCP server {:?}: turnlog speaks Streamable HTTP, not SSE", sse.name)))

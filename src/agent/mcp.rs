@@ -60,14 +60,25 @@ fn default_call_timeout() -> u64 {
 }
 
 impl McpServerConfig {
-    /// A server over Streamable HTTP, as an API declares one (no headers: those are secrets).
-    pub fn url(url: &str) -> McpServerConfig {
+    /// A server over stdio, every tool asking, with the default timeout.
+    pub fn stdio(command: String, args: Vec<String>, env: BTreeMap<String, String>) -> McpServerConfig {
+        McpServerConfig {
+            command: Some(command),
+            args,
+            env,
+            url: None,
+            ..McpServerConfig::http(String::new(), BTreeMap::new())
+        }
+    }
+
+    /// A server over Streamable HTTP, every tool asking, with the default timeout.
+    pub fn http(url: String, headers: BTreeMap<String, String>) -> McpServerConfig {
         McpServerConfig {
             command: None,
             args: Vec::new(),
             env: BTreeMap::new(),
-            url: Some(url.to_string()),
-            headers: BTreeMap::new(),
+            url: Some(url),
+            headers,
             permission: Permission::Ask,
             tools: BTreeMap::new(),
             timeout_secs: default_call_timeout(),
@@ -257,10 +268,6 @@ impl McpServers {
             && self.servers.iter().all(|s| configs.get(&s.name).is_some_and(|c| *c == s.config))
     }
 
-    fn stopped(&self) -> bool {
-        self.stopped.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
     pub fn is_empty(&self) -> bool {
         self.servers.is_empty()
     }
@@ -278,9 +285,6 @@ impl McpServers {
         let mut found = Vec::new();
         let mut listings = Vec::new();
         for server in &self.servers {
-            if self.stopped() {
-                return Err(server.error("it has been stopped".into()));
-            }
             let mut listing = McpServerTools {
                 server: server.name.clone(),
                 transport: server.config.transport().into(),
@@ -319,9 +323,6 @@ impl McpServers {
         let Some(found) = self.servers.iter().find(|s| s.name == server) else {
             return ToolAnswer::failed(format!("no MCP server named {server:?}"));
         };
-        if self.stopped() {
-            return ToolAnswer::failed(format!("MCP server {server} has been stopped"));
-        }
         let connection = match found.connection().await {
             Ok(connection) => connection,
             Err(error) => return ToolAnswer::failed(error.to_string()),

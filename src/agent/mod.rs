@@ -160,7 +160,7 @@ pub fn build_model(config: &ModelConfig) -> Result<Arc<dyn Model>, String> {
 fn mcp_configs(definition: &AgentDefinition) -> BTreeMap<String, mcp::McpServerConfig> {
     let mut out = BTreeMap::new();
     for server in &definition.mcp_servers {
-        let mut config = mcp::McpServerConfig::url(&server.url);
+        let mut config = mcp::McpServerConfig::http(server.url.clone(), BTreeMap::new());
         if let Some(toolset) = definition.mcp_toolsets.iter().find(|t| t.server == server.name) {
             config.permission = if toolset.enabled { toolset.permission } else { Permission::Deny };
             config.tools = toolset.rules.iter().map(|r| (r.name.clone(), toolset.permission_of(&r.name))).collect();

@@ -470,7 +470,7 @@ fn check_mcp(agents: &Agents, caller: &Caller, definition: &AgentDefinition) -> 
         if servers[..i].iter().any(|s| s.name == server.name) {
             return Err(format!("{at}: the name {:?} is declared twice", server.name));
         }
-        let config = McpServerConfig::url(&server.url);
+        let config = McpServerConfig::http(server.url.clone(), Default::default());
         config.check(&at, &server.name)?;
         if !caller.admin {
             config.check_reach(&at, allowed)?;

@@ -219,10 +219,27 @@ impl Sessions {
         Ok(())
     }
 
+    /// [`Sessions::create`], the session then given the MCP servers its client declared
+    /// (see [`Sessions::attach_mcp`]): checked first, so a refused server makes no session.
+    pub async fn create_with_mcp(
+        &self,
+        caller: &Caller,
+        spec: SessionSpec,
+        servers: BTreeMap<String, McpServerConfig>,
+    ) -> Result<SessionSummary, SessionError> {
+        let mut servers = servers;
+        self.check_mcp(caller, &spec.agent.name, spec.agent.version, &mut servers)?;
+        let summary = self.create(caller, spec).await?;
+        if !servers.is_empty() {
+            self.agents.attach(summary.id, servers).await;
+        }
+        Ok(summary)
+    }
+
     /// Whether the caller may give a session of `agent` (at `version`) these MCP servers
     /// (see [`Sessions::attach_mcp`]); each is made to ask before every call, as a server
     /// the operator did not declare must.
-    pub fn check_mcp(
+    fn check_mcp(
         &self,
         caller: &Caller,
         agent: &str,
