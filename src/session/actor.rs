@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::decide::{self, decide, idle, Decision};
 use super::engine::{Closing, Command, Engine, Input, Submission, Submitted};
-use super::log::Writer;
+use super::log::{Durable, Writer};
 use super::turn::{self, Outcome, ToolPlan, TurnContext};
 use super::{rules, SessionError};
 use crate::agent::Agent;
@@ -19,7 +19,7 @@ use crate::metrics;
 use crate::projection::history::History;
 use crate::projection::turns::{Phase, TurnState};
 use crate::projection::SessionSummary;
-use crate::store::Position;
+use crate::store::{Position, StoreError};
 
 pub(super) struct Actor {
     engine: Engine,
@@ -47,6 +47,9 @@ enum AfterTurn {
 
 /// How many times a decision is made again when another writer got to the log first.
 const ATTEMPTS: usize = 3;
+
+/// How long a decision waits for another writer's events to be durable before it gives up.
+const CONFLICT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Actor {
     /// Loads the session from its log and runs; if it cannot be loaded, answers what was
@@ -175,10 +178,12 @@ impl Actor {
             Command::Submit(submission, reply) => {
                 let cancels = submission.inputs.iter().any(|input| matches!(input, Input::Cancel));
                 match self.submit(*submission).await {
-                    Ok(submitted) if cancels && self.running.is_some() && !submitted.events.is_empty() => {
+                    // Answered once the turn's end is recorded, which is durable after these.
+                    Ok((submitted, _)) if cancels && self.running.is_some() && !submitted.events.is_empty() => {
                         self.after_turn.push(AfterTurn::Answer(reply, submitted))
                     }
-                    result => drop(reply.send(result)),
+                    Ok((submitted, durable)) => answer_when(durable, reply, submitted),
+                    Err(error) => drop(reply.send(Err(error))),
                 }
             }
             Command::TurnEnded(turn, outcome) => self.end_turn(turn, outcome).await,
@@ -189,9 +194,7 @@ impl Actor {
                     cancel.cancel();
                     self.after_turn.push(AfterTurn::Close(closing, reply));
                 }
-                None => {
-                    let _ = reply.send(self.close(closing).await);
-                }
+                None => self.close(closing, reply).await,
             },
             Command::Stop(reply) => match &self.running {
                 Some((_, cancel)) => {
@@ -206,43 +209,64 @@ impl Actor {
         }
     }
 
-    /// Reads and folds every event after the last one seen.
-    async fn catch_up(&mut self) -> Result<(), SessionError> {
-        let Actor { engine, session, summary, history, state, seen, .. } = self;
-        *seen = engine
-            .inner
-            .log
-            .fold(*session, *seen, |raw| match raw.decode() {
-                Ok(event) => {
-                    history.apply(&event);
-                    state.apply(&event);
-                    if let Some(next) = SessionSummary::apply(Some(summary.clone()), &event) {
-                        *summary = next;
-                    }
+    /// Folds what this session's writer (the actor and its turn) ordered since the last
+    /// fold, in hand: nothing is read back.
+    fn fold_ordered(&mut self) {
+        for raw in self.writer.take_ordered() {
+            if raw.seq == self.seen.seq + 1 {
+                self.fold(&raw);
+            }
+        }
+    }
+
+    fn fold(&mut self, raw: &RawEvent) {
+        match raw.decode() {
+            Ok(event) => {
+                self.history.apply(&event);
+                self.state.apply(&event);
+                if let Some(next) = SessionSummary::apply(Some(self.summary.clone()), &event) {
+                    self.summary = next;
                 }
-                Err(error) => tracing::error!(%error, id = %raw.id, "an event of the log does not decode"),
-            })
-            .await?;
-        self.writer.caught_up(self.seen.seq).await;
+            }
+            Err(error) => tracing::error!(%error, id = %raw.id, "an event of the log does not decode"),
+        }
+        self.seen = Position { last: Some(raw.id), seq: raw.seq };
+    }
+
+    /// Reads and folds every durable event after the last one folded (at load, and after
+    /// another writer appended), then appends after it.
+    async fn catch_up(&mut self) -> Result<(), SessionError> {
+        self.fold_ordered();
+        let log = self.engine.inner.log.clone();
+        log.fold(self.session, self.seen, |raw| self.fold(raw)).await?;
+        self.writer.caught_up(self.seen.seq);
         Ok(())
     }
 
-    /// Decides on the state as folded so far (callers whose decision depends on it catch
-    /// up first) and appends the decision; if another writer got there first, catches up
-    /// and decides again.
+    /// Decides on the state as folded so far and orders the decision's events; if another
+    /// writer got there first, waits for its events, reads them and decides again. Answers
+    /// the decision, its events and what resolves once they are durable, which whoever
+    /// answers a client waits for.
     async fn apply(
         &mut self,
         mut decide: impl FnMut(&Actor) -> Result<Decision, SessionError>,
-    ) -> Result<(Decision, Vec<RawEvent>), SessionError> {
+    ) -> Result<(Decision, Vec<RawEvent>, Durable), SessionError> {
         for _ in 0..ATTEMPTS {
+            self.fold_ordered();
             let mut decision = decide(self)?;
-            let appended = self.writer.append(std::mem::take(&mut decision.drafts)).await?;
-            self.catch_up().await?;
+            let (appended, durable) = self.writer.order(std::mem::take(&mut decision.drafts))?;
+            self.fold_ordered();
             match appended {
-                Ok(events) => return Ok((decision, events)),
+                Ok(events) => return Ok((decision, events, durable)),
                 Err(conflict) => {
                     tracing::warn!(session_id = %self.session, expected = conflict.expected, found = conflict.actual.seq,
                         "another writer appended to this session; deciding again");
+                    let log = &self.engine.inner.log;
+                    match tokio::time::timeout(CONFLICT_WAIT, log.durable_to(self.session, conflict.actual.seq)).await {
+                        Ok(waited) => waited?,
+                        Err(_) => break,
+                    }
+                    self.catch_up().await?;
                 }
             }
         }
@@ -255,16 +279,15 @@ impl Actor {
         agent.ok_or_else(|| SessionError::Invalid(format!("the session's agent {:?} is not configured", spec.name)))
     }
 
-    async fn submit(&mut self, submission: Submission) -> Result<Submitted, SessionError> {
+    async fn submit(&mut self, submission: Submission) -> Result<(Submitted, Durable), SessionError> {
         // An actor that started after the engine sent its stops would run a turn that no
         // one stops.
         if self.engine.stopping() {
             return Err(SessionError::ShuttingDown);
         }
-        self.catch_up().await?;
         let tools = self.engine.inner.agents.tools.clone();
         let mut agent = None;
-        let (decision, events) = self
+        let (decision, events, durable) = self
             .apply(|actor| {
                 if actor.summary.deleted {
                     return Err(SessionError::NotFound(actor.session.to_string()));
@@ -293,34 +316,31 @@ impl Actor {
                 cancel.cancel();
             }
         }
-        Ok(Submitted { events, turn: decision.start })
+        Ok((Submitted { events, turn: decision.start }, durable))
     }
 
     /// Deletes (`session.deleted`, then `terminated`, after which every open stream ends)
-    /// or archives (`session.archived`, once) the session.
-    async fn close(&mut self, closing: Closing) -> Result<(), SessionError> {
-        let closed = match self.catch_up().await {
-            Ok(()) => {
-                let closed = self.apply(|actor| {
-                    if actor.summary.deleted {
-                        return Err(SessionError::NotFound(actor.session.to_string()));
-                    }
-                    let drafts = match closing {
-                        Closing::Delete => vec![
-                            Draft::new(None, &EventBody::SessionDeleted {}),
-                            Draft::new(None, &EventBody::Terminated { reason: "session deleted".into() }),
-                        ],
-                        Closing::Archive if actor.summary.archived_at.is_some() => Vec::new(),
-                        Closing::Archive => vec![Draft::new(None, &EventBody::SessionArchived {})],
-                    };
-                    Ok(Decision { drafts, ..Decision::default() })
-                });
-                closed.await.map(drop)
+    /// or archives (`session.archived`, once) the session; answers once that is durable.
+    async fn close(&mut self, closing: Closing, reply: oneshot::Sender<Result<(), SessionError>>) {
+        let closed = self.apply(|actor| {
+            if actor.summary.deleted {
+                return Err(SessionError::NotFound(actor.session.to_string()));
             }
-            Err(error) => Err(error),
-        };
+            let drafts = match closing {
+                Closing::Delete => vec![
+                    Draft::new(None, &EventBody::SessionDeleted {}),
+                    Draft::new(None, &EventBody::Terminated { reason: "session deleted".into() }),
+                ],
+                Closing::Archive if actor.summary.archived_at.is_some() => Vec::new(),
+                Closing::Archive => vec![Draft::new(None, &EventBody::SessionArchived {})],
+            };
+            Ok(Decision { drafts, ..Decision::default() })
+        });
+        match closed.await {
+            Ok((_, _, durable)) => answer_when(durable, reply, ()),
+            Err(error) => drop(reply.send(Err(error))),
+        }
         self.done |= closing == Closing::Delete;
-        closed
     }
 
     fn start_turn(&mut self, turn: TurnId, agent: Arc<Agent>) {
@@ -353,6 +373,7 @@ impl Actor {
     /// Starts the turn that answers the messages queued while the last one ran, if the
     /// session is idle and some wait.
     async fn answer_queued(&mut self) {
+        self.fold_ordered();
         let waiting = self.state.phase == Phase::Idle && !self.state.queued.is_empty();
         if !waiting || self.engine.stopping() || self.summary.deleted || self.summary.archived_at.is_some() {
             return;
@@ -361,7 +382,7 @@ impl Actor {
         let answered =
             self.apply(|actor| Ok(decide::answer_queued(&actor.state, TurnId::generate()).unwrap_or_default()));
         match answered.await {
-            Ok((Decision { start: Some(turn), .. }, _)) => self.start_turn(turn, agent),
+            Ok((Decision { start: Some(turn), .. }, ..)) => self.start_turn(turn, agent),
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, session_id = %self.session, "could not answer queued messages"),
         }
@@ -389,34 +410,63 @@ impl Actor {
             drafts.push(Draft::new(Some(turn), &idle(reason, pending.clone(), outcome.usage)));
             Ok(Decision { drafts, ..Decision::default() })
         });
-        if let Err(error) = ended.await {
+        let ended = ended.await.map(|(_, _, durable)| durable);
+        if let Err(error) = &ended {
             tracing::warn!(%error, session_id = %self.session, turn_id = %turn, "could not record the end of a turn");
         }
+        let mut answers = Vec::new();
         for waiting in std::mem::take(&mut self.after_turn) {
             match waiting {
-                AfterTurn::Close(closing, reply) => {
-                    let _ = reply.send(self.close(closing).await);
-                }
+                AfterTurn::Close(closing, reply) => self.close(closing, reply).await,
                 AfterTurn::Stop(reply) => {
                     self.done = true;
                     let _ = reply.send(());
                 }
-                AfterTurn::Answer(reply, submitted) => drop(reply.send(Ok(submitted))),
+                AfterTurn::Answer(reply, submitted) => answers.push((reply, submitted)),
             }
         }
+        if !answers.is_empty() {
+            tokio::spawn(async move {
+                let ended = match ended {
+                    Ok(durable) => durable.wait().await,
+                    Err(error) => Err(error),
+                };
+                for (reply, submitted) in answers {
+                    let _ = reply.send(match &ended {
+                        Ok(()) => Ok(submitted),
+                        Err(error) => Err(again(error)),
+                    });
+                }
+            });
+        }
     }
+}
+
+/// Sends `answer` once `durable` resolves (or the reason it did not), without holding up
+/// the actor: its next append can share the flush.
+fn answer_when<T: Send + 'static>(durable: Durable, reply: oneshot::Sender<Result<T, SessionError>>, answer: T) {
+    tokio::spawn(async move {
+        let _ = reply.send(durable.wait().await.map(|()| answer));
+    });
 }
 
 fn exists(session: SessionId) -> SessionError {
     SessionError::Conflict(format!("session {session} already exists"))
 }
 
+/// `error` once more, for another caller.
+fn again(error: &SessionError) -> SessionError {
+    match error {
+        SessionError::NotFound(id) => SessionError::NotFound(id.clone()),
+        SessionError::ShuttingDown => SessionError::ShuttingDown,
+        SessionError::Storage(error) => SessionError::Storage(StoreError::new(error.to_string())),
+        other => SessionError::Invalid(other.to_string()),
+    }
+}
+
 /// Answers a command that no actor will handle, with `failure`.
 fn refuse(command: Command, failure: &SessionError) {
-    let answer = || match failure {
-        SessionError::NotFound(id) => SessionError::NotFound(id.clone()),
-        other => SessionError::Invalid(other.to_string()),
-    };
+    let answer = || again(failure);
     match command {
         Command::Submit(_, reply) => drop(reply.send(Err(answer()))),
         Command::Create(_, reply) => drop(reply.send(Err(answer()))),

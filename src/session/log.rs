@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use futures_util::future::{BoxFuture, FutureExt, Shared};
 use serde::de::DeserializeOwned;
 
 use super::follow::Follower;
@@ -33,14 +34,37 @@ impl SessionLog {
         expected: u64,
         drafts: Vec<Draft>,
     ) -> Result<Appended, SessionError> {
-        self.log.append(session, expected, drafts).await.map_err(|error| match error {
-            // A terminated log belongs to a deleted session.
-            AppendError::Closed => SessionError::NotFound(session.to_string()),
-            AppendError::TooManyEvents { .. } => SessionError::Limit(error.to_string()),
-            AppendError::ShuttingDown => SessionError::ShuttingDown,
-            AppendError::OutOfTurn { .. } => SessionError::Storage(StoreError::new(error)),
-            AppendError::Storage(message) => SessionError::Storage(StoreError::new(message)),
-        })
+        let (appended, durable) = self.order(session, expected, drafts)?;
+        durable.wait().await?;
+        Ok(appended)
+    }
+
+    /// Orders an append at `expected`: the events (or the conflict) now, and what resolves
+    /// once they are durable.
+    pub fn order(
+        &self,
+        session: SessionId,
+        expected: u64,
+        drafts: Vec<Draft>,
+    ) -> Result<(Appended, Durable), SessionError> {
+        let ordered = self.log.order(session, expected, drafts).map_err(|error| append_error(session, error))?;
+        let (appended, done) = ordered.split();
+        Ok((appended, Durable { session, done: done.shared() }))
+    }
+
+    /// Waits until the session's log is durable up to `seq` (after a conflict with an
+    /// append another writer ordered, before reading it).
+    pub async fn durable_to(&self, session: SessionId, seq: u64) -> Result<(), SessionError> {
+        let mut subscription = self.log.subscribe(session).await?;
+        let mut at = subscription.at.seq;
+        while at < seq {
+            at = match subscription.live.recv().await {
+                Ok(batch) => batch.last().map_or(at, |event| event.seq),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => subscription.channel.durable().seq,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Err(SessionError::ShuttingDown),
+            };
+        }
+        Ok(())
     }
 
     pub async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, SessionError> {
@@ -102,39 +126,98 @@ impl SessionLog {
     }
 }
 
+fn append_error(session: SessionId, error: AppendError) -> SessionError {
+    match error {
+        // A terminated log belongs to a deleted session.
+        AppendError::Closed => SessionError::NotFound(session.to_string()),
+        AppendError::TooManyEvents { .. } => SessionError::Limit(error.to_string()),
+        AppendError::ShuttingDown => SessionError::ShuttingDown,
+        AppendError::OutOfTurn { .. } => SessionError::Storage(StoreError::new(error)),
+        AppendError::Storage(message) => SessionError::Storage(StoreError::new(message)),
+    }
+}
+
 fn decode<T: DeserializeOwned>(projection: &str, bytes: &[u8]) -> Option<T> {
     serde_json::from_slice(bytes)
         .map_err(|error| tracing::error!(%error, projection, "a projected value does not decode"))
         .ok()
 }
 
+/// What resolves once an append is durable (cloned by whoever waits for it).
+#[derive(Clone)]
+pub(crate) struct Durable {
+    session: SessionId,
+    done: Shared<BoxFuture<'static, Result<(), AppendError>>>,
+}
+
+impl Durable {
+    pub async fn wait(self) -> Result<(), SessionError> {
+        self.done.await.map_err(|error| append_error(self.session, error))
+    }
+}
+
 /// One session's appends, one after another, each at the position the one before left.
 /// The actor and its running turn share one, so the session has a single writer; if
 /// anything else appends to the log, the next append here gets the conflict.
+///
+/// An append is numbered as it is ordered, and the writer keeps what it ordered for the
+/// actor to fold ([`Writer::take_ordered`]): the actor decides on events in hand, never
+/// reads back what was just written, and need not wait for one append to be durable before
+/// it orders the next, so a session's appends share flushes.
 pub(crate) struct Writer {
     log: SessionLog,
     session: SessionId,
-    at: tokio::sync::Mutex<u64>,
+    state: parking_lot::Mutex<Ordering>,
+}
+
+struct Ordering {
+    /// The position after the last append ordered here.
+    at: u64,
+    /// The last append ordered here: once it is durable, all before it are.
+    last: Option<Durable>,
+    /// What was ordered here and not yet taken by the actor, oldest first.
+    unfolded: Vec<RawEvent>,
 }
 
 impl Writer {
     pub fn new(log: SessionLog, session: SessionId, at: u64) -> Writer {
-        Writer { log, session, at: tokio::sync::Mutex::new(at) }
+        Writer { log, session, state: parking_lot::Mutex::new(Ordering { at, last: None, unfolded: Vec::new() }) }
     }
 
-    pub async fn append(&self, drafts: Vec<Draft>) -> Result<Appended, SessionError> {
-        let mut at = self.at.lock().await;
-        let appended = self.log.append(self.session, *at, drafts).await?;
+    /// Orders `drafts` after the last append: the events (or the conflict) at once, and
+    /// what resolves once they are durable. Nothing may show the events to anyone before.
+    pub fn order(&self, drafts: Vec<Draft>) -> Result<(Appended, Durable), SessionError> {
+        let mut state = self.state.lock();
+        let (appended, durable) = self.log.order(self.session, state.at, drafts)?;
         if let Some(last) = appended.as_ref().ok().and_then(|events| events.last()) {
-            *at = last.seq;
+            state.at = last.seq;
+            state.last = Some(durable.clone());
+            state.unfolded.extend(appended.as_ref().into_iter().flatten().cloned());
         }
-        Ok(appended)
+        Ok((appended, durable))
     }
 
-    /// The log was read up to `seq`: append after it from now on (if nothing here has
-    /// appended further meanwhile).
-    pub async fn caught_up(&self, seq: u64) {
-        let mut at = self.at.lock().await;
-        *at = (*at).max(seq);
+    /// Waits until everything ordered here so far is durable.
+    pub async fn settled(&self) -> Result<(), SessionError> {
+        let last = self.state.lock().last.clone();
+        match last {
+            Some(last) => last.wait().await,
+            None => Ok(()),
+        }
+    }
+
+    /// The events ordered here since the last call, oldest first.
+    pub fn take_ordered(&self) -> Vec<RawEvent> {
+        std::mem::take(&mut self.state.lock().unfolded)
+    }
+
+    /// The log was read (after a conflict, or at load) up to `seq`, and everything ordered
+    /// here was taken: append after `seq` from now on. Nothing is changed if something
+    /// was ordered here meanwhile (it was ordered at the log's end, so `at` is right).
+    pub fn caught_up(&self, seq: u64) {
+        let mut state = self.state.lock();
+        if state.unfolded.is_empty() {
+            state.at = seq;
+        }
     }
 }

@@ -192,7 +192,7 @@ async fn list_mcp(ctx: &mut TurnContext) -> Result<(), Failure> {
         let offered = |tool: &String| ctx.plan.mcp.values().any(|t| t.server == server.server && &t.tool == tool);
         server.tools.retain(offered);
     }
-    append(ctx, vec![EventBody::AgentMcpTools { servers: listed }]).await?;
+    append(ctx, vec![EventBody::AgentMcpTools { servers: listed }])?;
     Ok(())
 }
 
@@ -249,9 +249,12 @@ async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, 
     }
 }
 
-async fn append(ctx: &TurnContext, bodies: Vec<EventBody>) -> Result<Vec<RawEvent>, Failure> {
+/// Orders the turn's next events. The turn does not wait for them to be durable: nobody
+/// sees them before they are, and a turn's events share flushes with each other and with
+/// the actor's. It waits only before a tool runs ([`run_server_tools`]).
+fn append(ctx: &TurnContext, bodies: Vec<EventBody>) -> Result<Vec<RawEvent>, Failure> {
     let drafts = bodies.iter().map(|body| Draft::new(Some(ctx.turn), body)).collect();
-    ctx.writer.append(drafts).await?.map_err(|conflict| {
+    ctx.writer.order(drafts)?.0.map_err(|conflict| {
         Failure::Log(format!("another writer appended to the session's log (at {})", conflict.actual.seq))
     })
 }
@@ -314,7 +317,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
     let span_id = prefixed("span_");
     let ids = MessageIds::new();
     let start = EventBody::ModelRequestStart { model: model.name().into(), span_id: span_id.clone() };
-    let start_id = append(ctx, vec![start]).await?.first().map(|event| event.id);
+    let start_id = append(ctx, vec![start])?.first().map(|event| event.id);
     let request = ModelRequest {
         system: ctx.agent.config.system.clone(),
         messages: ctx.history.clone(),
@@ -334,7 +337,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
             _ = ctx.cancel.cancelled() => break Some(Failure::Cancelled),
             _ = sleep_until(flush_at), if flush_at.is_some() => {
                 flush_at = None;
-                append(ctx, said.deltas(&ids)).await?;
+                append(ctx, said.deltas(&ids))?;
                 continue;
             }
             next = stream.next() => next,
@@ -415,7 +418,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
         model_request_start_id: start_id,
         stop_reason: stop,
     });
-    let events = append(ctx, bodies).await?;
+    let events = append(ctx, bodies)?;
     if !parts.is_empty() {
         ctx.history.push(Message::Assistant { content: parts });
     }
@@ -448,7 +451,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
             })
         })
         .collect();
-    record_results(ctx, denied).await?;
+    record_results(ctx, denied)?;
     Ok(Response { stop: stop.unwrap_or(ModelStop::EndTurn), calls, called })
 }
 
@@ -477,6 +480,9 @@ async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<ServerCall>) -> Resu
     if calls.is_empty() {
         return Ok(());
     }
+    // A tool acts on the world: first the calls (and the permissions that let them run)
+    // are on disk, so that no crash leaves an action the log does not show.
+    ctx.writer.settled().await?;
     let (tools, cancel) = (ctx.tools.clone(), ctx.cancel.clone());
     let results = futures_util::future::join_all(calls.iter().map(|call| {
         let (tools, cancel) = (tools.clone(), cancel.clone());
@@ -509,14 +515,14 @@ async fn run_server_tools(ctx: &mut TurnContext, calls: Vec<ServerCall>) -> Resu
             mcp: call.mcp,
         })
         .collect();
-    record_results(ctx, bodies).await?;
+    record_results(ctx, bodies)?;
     if ctx.cancel.is_cancelled() {
         return Err(Failure::Cancelled);
     }
     Ok(())
 }
 
-async fn record_results(ctx: &mut TurnContext, bodies: Vec<EventBody>) -> Result<(), Failure> {
+fn record_results(ctx: &mut TurnContext, bodies: Vec<EventBody>) -> Result<(), Failure> {
     if bodies.is_empty() {
         return Ok(());
     }
@@ -529,7 +535,7 @@ async fn record_results(ctx: &mut TurnContext, bodies: Vec<EventBody>) -> Result
             });
         }
     }
-    append(ctx, bodies).await?;
+    append(ctx, bodies)?;
     Ok(())
 }
 

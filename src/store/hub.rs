@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::broadcast;
 use ulid::Ulid;
 
+use super::numbering::Tail;
 use crate::domain::{EventId, RawEvent};
 
 /// A point in a session's log: its last event and sequence number (0 for an empty log).
@@ -27,6 +28,11 @@ pub type Batch = Arc<[RawEvent]>;
 pub struct Channel {
     durable: Mutex<Position>,
     bus: broadcast::Sender<Batch>,
+    /// Where the next append goes, counting those ordered but not yet durable: kept by a
+    /// log that numbers appends as they are ordered, loaded when the first one comes. The
+    /// channel outlives every append in flight (each holds it), so a tail loaded from the
+    /// store is exact.
+    pub(super) tail: Mutex<Option<Tail>>,
 }
 
 impl Channel {
@@ -73,7 +79,7 @@ impl Hub {
             dashmap::Entry::Vacant(entry) => {
                 let durable = load()?;
                 let (bus, _) = broadcast::channel(self.bus_capacity);
-                let channel = Arc::new(Channel { durable: Mutex::new(durable), bus });
+                let channel = Arc::new(Channel { durable: Mutex::new(durable), bus, tail: Mutex::new(None) });
                 entry.insert(channel.clone());
                 Ok(channel)
             }

@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use super::hub::Hub;
 use super::numbering::{Clock, Tail};
 use super::{
-    project, AppendError, AppendFuture, Appended, Key, Log, Position, Projection, ReadRange, Scan, StoreError,
-    Subscription, Values,
+    project, AppendError, Appended, Key, Log, Ordered, Position, Projection, ReadRange, Scan, StoreError, Subscription,
+    Values,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
 
@@ -141,8 +141,8 @@ impl MemoryLog {
 
 #[async_trait::async_trait]
 impl Log for MemoryLog {
-    fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> AppendFuture {
-        Box::pin(std::future::ready(self.append_now(session, expected, &drafts)))
+    fn order(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> Result<Ordered, AppendError> {
+        Ok(Ordered::settled(self.append_now(session, expected, &drafts)?))
     }
 
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {

@@ -28,6 +28,38 @@ pub type Appended = Result<Vec<RawEvent>, Conflict>;
 /// An append, already ordered: it waits only for the events to be durable.
 pub type AppendFuture = BoxFuture<'static, Result<Appended, AppendError>>;
 
+/// An append the log has ordered and numbered, before it is durable: its events (or the
+/// conflict) are known at once, so that the one writer of a session can decide its next
+/// append on them while this one is being written, and both share a flush. Nobody else
+/// may see the events before [`Ordered::durable`] resolves: until then they can still be
+/// lost with the process.
+pub struct Ordered {
+    pub appended: Appended,
+    durable: BoxFuture<'static, Result<(), AppendError>>,
+}
+
+impl Ordered {
+    /// An append with nothing to write (a conflict, or no drafts).
+    pub fn settled(appended: Appended) -> Ordered {
+        Ordered { appended, durable: Box::pin(std::future::ready(Ok(()))) }
+    }
+
+    pub fn new(appended: Appended, durable: BoxFuture<'static, Result<(), AppendError>>) -> Ordered {
+        Ordered { appended, durable }
+    }
+
+    /// The events (or the conflict), once durable.
+    pub async fn durable(self) -> Result<Appended, AppendError> {
+        self.durable.await?;
+        Ok(self.appended)
+    }
+
+    /// The events (or the conflict) now, and what resolves once they are durable.
+    pub fn split(self) -> (Appended, BoxFuture<'static, Result<(), AppendError>>) {
+        (self.appended, self.durable)
+    }
+}
+
 /// The log did not end at the expected position: someone else appended first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conflict {
@@ -180,12 +212,18 @@ fn project(projections: &[Arc<dyn Projection>], event: &RawEvent, values: &mut i
 /// [`Log::append`]; reads never see an event before it is durable.
 #[async_trait::async_trait]
 pub trait Log: Send + Sync + 'static {
-    /// Appends `drafts` to the session's log as one unit, numbered as the next events, if
-    /// the log ends at sequence number `expected` (0: empty); otherwise answers the
-    /// [`Conflict`]. The append is ordered when this is called (appends to one session made
-    /// in a row, each at the position the one before leaves, all succeed and may share a
-    /// flush); the future resolves once the events are durable and published.
-    fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> AppendFuture;
+    /// Orders `drafts` as the session's next events, as one unit, if the log ends at
+    /// sequence number `expected` (0: empty) counting every append ordered so far, durable
+    /// or not; otherwise answers the [`Conflict`]. Appends to one session ordered in a row,
+    /// each at the position the one before leaves, all succeed and share flushes as they
+    /// come. A refusal (`Closed`, a limit, shutting down) is answered at once.
+    fn order(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> Result<Ordered, AppendError>;
+
+    /// [`Log::order`], resolved once the events are durable and published.
+    fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> AppendFuture {
+        let ordered = self.order(session, expected, drafts);
+        Box::pin(async move { ordered?.durable().await })
+    }
 
     /// The session's durable position.
     async fn position(&self, session: SessionId) -> Result<Position, StoreError>;

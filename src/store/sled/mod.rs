@@ -1,6 +1,7 @@
-//! The log in sled: one `events` tree keyed session ++ event, a group-commit writer,
-//! per-session watermarks and live buses, and one tree per projection, rebuilt from the
-//! events when the last run did not close cleanly.
+//! The log in sled: one `events` tree keyed session ++ event, appends numbered as they are
+//! ordered and written by a group-commit writer, per-session watermarks and live buses,
+//! and one tree per projection, rebuilt from the events when the last run did not close
+//! cleanly.
 
 mod keys;
 mod writer;
@@ -15,11 +16,13 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use super::hub::Hub;
+use super::numbering::{Clock, Tail};
 use super::{
-    project, signature, AppendError, AppendFuture, Key, Log, Position, Projection, ReadRange, Scan, StoreError,
+    project, signature, AppendError, Key, Log, Ordered, Position, Projection, ReadRange, Scan, StoreError,
     Subscription, Values,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
+use crate::metrics;
 
 #[derive(Debug, Clone)]
 pub struct SledConfig {
@@ -77,7 +80,7 @@ impl Inner {
         })
     }
 
-    /// A session's stored events, newest first (for the writer to rebuild its tail).
+    /// A session's stored events, newest first (to rebuild its tail).
     fn newest_first(&self, session: SessionId) -> impl Iterator<Item = Result<RawEvent, ::sled::Error>> + '_ {
         self.events.scan_prefix(keys::session_key(session)).rev().map(|item| item.map(|(k, v)| raw_event(&k, v)))
     }
@@ -221,7 +224,9 @@ impl SledLog {
 
     fn read_sync(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
         let durable = self.inner.channel(session)?.durable();
-        let Some(last) = durable.last else {
+        // Nothing durable yet, or nothing durable after `after` (an append of its own the
+        // caller knows is ordered, not yet flushed).
+        let Some(last) = durable.last.filter(|last| range.after.is_none_or(|after| after < *last)) else {
             return Ok(Vec::new());
         };
         let (lower, mut upper) = keys::range(session, range.after, last);
@@ -317,22 +322,49 @@ impl SledLog {
 
 #[async_trait::async_trait]
 impl Log for SledLog {
-    fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> AppendFuture {
+    fn order(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> Result<Ordered, AppendError> {
         if drafts.is_empty() {
-            return Box::pin(std::future::ready(Ok(Ok(Vec::new()))));
+            return Ok(Ordered::settled(Ok(Vec::new())));
         }
-        let (reply, answer) = oneshot::channel();
-        let job = writer::Job { session, expected, drafts, reply };
-        let sent = match self.jobs.lock().as_ref() {
-            Some(jobs) => jobs.send(job).is_ok(),
-            None => false,
+        let refused = |error: AppendError| {
+            metrics::APPENDS_REFUSED.with_label_values(&[error.reason()]).inc();
+            error
         };
-        Box::pin(async move {
-            if !sent {
-                return Err(AppendError::ShuttingDown);
+        if let Some(error) = self.inner.failed() {
+            return Err(error);
+        }
+        let storage = |error: StoreError| refused(AppendError::Storage(error.to_string()));
+        let channel = self.inner.channel(session).map_err(storage)?;
+        // The tail's lock is held until the job is queued, so that the writer takes a
+        // session's appends in the order they were numbered.
+        let mut slot = channel.tail.lock();
+        let mut tail = match *slot {
+            Some(tail) => tail,
+            None => Tail::recover(self.inner.newest_first(session)).map_err(|e| storage(e.into()))?,
+        };
+        if let Some(turn) = tail.unknown_turn(&drafts) {
+            let last = Tail::last_in_turn(self.inner.newest_first(session), turn);
+            tail.continue_turn(turn, last.map_err(|e| storage(e.into()))?);
+        }
+        let limit = self.inner.config.max_events_per_session;
+        let events = match tail.stage(session, expected, &drafts, &Clock::now(), limit).map_err(refused)? {
+            Ok(events) => events,
+            Err(conflict) => {
+                metrics::APPENDS_REFUSED.with_label_values(&["conflict"]).inc();
+                *slot = Some(tail);
+                return Ok(Ordered::settled(Err(conflict)));
             }
-            answer.await.map_err(|_| AppendError::ShuttingDown)?
-        })
+        };
+        let (reply, answer) = oneshot::channel();
+        let job = writer::Job { session, channel: channel.clone(), events: events.clone(), reply };
+        let queued = self.jobs.lock().as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
+        if !queued {
+            return Err(AppendError::ShuttingDown);
+        }
+        *slot = Some(tail);
+        drop(slot);
+        let durable = async move { answer.await.map_err(|_| AppendError::ShuttingDown)? };
+        Ok(Ordered::new(Ok(events), Box::pin(durable)))
     }
 
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
