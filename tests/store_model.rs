@@ -227,6 +227,41 @@ proptest! {
     }
 }
 
+/// Appends to one session ordered back to back, none waiting for the one before to be
+/// durable, are numbered in order at once and share commits; each resolves once durable,
+/// and the log holds them in the order they were made.
+#[tokio::test]
+async fn appends_to_one_session_made_in_a_row_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let Opened::Sled(log) = Opened::open(Backend::Sled, dir.path()) else { unreachable!() };
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    log.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    let outcome = |i: u64| Draft::new(None, &EventBody::UserDefineOutcome { outcome: serde_json::json!(i) });
+    let before = log.commits();
+    let mut ordered = Vec::new();
+    for i in 0..200u64 {
+        let append = log.order(session, 1 + i, vec![outcome(i)]).unwrap();
+        let events = append.appended.as_ref().expect("ordered at the end of the log");
+        assert_eq!(events[0].seq, 2 + i, "numbered as ordered");
+        ordered.push(append);
+    }
+    let mut made = Vec::new();
+    for append in ordered {
+        made.extend(append.durable().await.unwrap().unwrap());
+    }
+    let commits = log.commits() - before;
+    assert!(commits <= 100, "200 appends ordered in a row took {commits} commits");
+    let range = ReadRange { after: None, before: None, limit: 1000, newest_first: false };
+    let stored = log.read(session, range).await.unwrap();
+    assert_eq!(stored.len(), 201);
+    for (i, (stored, made)) in stored[1..].iter().zip(&made).enumerate() {
+        assert_eq!((stored.id, stored.seq, &stored.json), (made.id, made.seq, &made.json), "event {i}");
+        let EventBody::UserDefineOutcome { outcome } = stored.decode().unwrap().body else { panic!() };
+        assert_eq!(outcome, serde_json::json!(i), "in the order they were made");
+    }
+}
+
 /// Two writers append to one session at the same expected position at the same time,
 /// round after round: exactly one wins each round, the other gets the conflict, and the
 /// log is each round's winner's events in one piece, with no gap.

@@ -101,11 +101,11 @@ fn tool(def: &ToolDef) -> Value {
 /// Tool results become `tool_result` blocks of a user message; consecutive messages of
 /// one role are merged, because the API wants roles to alternate and all results of one
 /// assistant message in the next user message.
-fn conversation(system: &str, history: &[Message]) -> (String, Vec<Value>) {
+fn conversation<M: AsRef<Message>>(system: &str, history: &[M]) -> (String, Vec<Value>) {
     let mut prompt = system.to_string();
     let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
     for message in history {
-        let (role, blocks) = match message {
+        let (role, blocks) = match message.as_ref() {
             Message::System { content } => {
                 if !prompt.is_empty() {
                     prompt.push_str("\n\n");

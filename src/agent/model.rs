@@ -3,6 +3,8 @@
 //! one stop out. Providers assemble tool-call arguments that arrive in pieces; the engine
 //! only ever sees whole calls.
 
+use std::sync::Arc;
+
 use futures_util::stream::BoxStream;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -22,7 +24,8 @@ pub struct ToolDef {
 #[derive(Debug, Clone)]
 pub struct ModelRequest {
     pub system: String,
-    pub messages: Vec<Message>,
+    /// The conversation, shared with the turn that asks (a copy costs a pointer each).
+    pub messages: Vec<Arc<Message>>,
     pub tools: Vec<ToolDef>,
     /// Cancelled when the turn is cancelled: a provider drops its HTTP stream at once.
     pub cancel: CancellationToken,

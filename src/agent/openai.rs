@@ -111,13 +111,13 @@ fn tool(def: &ToolDef) -> Value {
 
 /// Our conversation as chat messages: the system prompt first, assistant tool calls as
 /// `tool_calls` with JSON-string arguments, tool results as `role: "tool"`.
-fn messages(system: &str, history: &[Message]) -> Vec<Value> {
+fn messages<M: AsRef<Message>>(system: &str, history: &[M]) -> Vec<Value> {
     let mut out = Vec::with_capacity(history.len() + 1);
     if !system.is_empty() {
         out.push(json!({"role": "system", "content": system}));
     }
     for message in history {
-        out.push(match message {
+        out.push(match message.as_ref() {
             Message::System { content } => json!({"role": "system", "content": content}),
             Message::User { content } => json!({"role": "user", "content": user_content(content)}),
             Message::Assistant { content } => assistant(content),

@@ -78,14 +78,14 @@ struct Reply {
     stop: ModelStop,
 }
 
-fn reply(messages: &[Message]) -> Result<Reply, ModelError> {
-    let last_user = messages.iter().rposition(|m| matches!(m, Message::User { .. }));
-    let user_text = last_user.map(|i| messages[i].text()).unwrap_or_default();
+fn reply<M: AsRef<Message>>(messages: &[M]) -> Result<Reply, ModelError> {
+    let last_user = messages.iter().rposition(|m| matches!(m.as_ref(), Message::User { .. }));
+    let user_text = last_user.map(|i| messages[i].as_ref().text()).unwrap_or_default();
     let script = parse(&user_text)?;
     if let Some(code) = script.error {
         return Err(ModelError::new(code, "the scripted model was told to fail"));
     }
-    let answered_tools = matches!(messages.last(), Some(Message::Tool { .. }));
+    let answered_tools = matches!(messages.last().map(AsRef::as_ref), Some(Message::Tool { .. }));
     if script.looping {
         let call = ("calculator".to_string(), json!({"expression": "1+1"}));
         return Ok(Reply { thinking: None, text: String::new(), calls: vec![call], stop: ModelStop::ToolUse });
@@ -111,8 +111,8 @@ fn reply(messages: &[Message]) -> Result<Reply, ModelError> {
 }
 
 /// `tool results: name=content; name=content`, in the order of the calls.
-fn tool_results(messages: &[Message]) -> String {
-    let calls = messages.iter().rev().find_map(|m| match m {
+fn tool_results<M: AsRef<Message>>(messages: &[M]) -> String {
+    let calls = messages.iter().rev().find_map(|m| match m.as_ref() {
         Message::Assistant { content } => Some(content),
         _ => None,
     });
@@ -121,8 +121,8 @@ fn tool_results(messages: &[Message]) -> String {
         .flatten()
         .filter_map(|part| match part {
             Part::ToolUse { tool_call_id, name, .. } => {
-                let content = messages.iter().rev().find_map(|m| match m {
-                    Message::Tool { tool_call_id: id, .. } if id == tool_call_id => Some(m.text()),
+                let content = messages.iter().rev().find_map(|m| match m.as_ref() {
+                    Message::Tool { tool_call_id: id, .. } if id == tool_call_id => Some(m.as_ref().text()),
                     _ => None,
                 });
                 Some(format!("{name}={}", content.unwrap_or_default()))
@@ -159,12 +159,12 @@ impl Model for ScriptedModel {
     }
 
     fn stream(&self, request: ModelRequest) -> ModelStream {
-        let input_tokens = request.messages.iter().map(|m| m.text().split_whitespace().count() as u64).sum();
+        let input_tokens = request.messages.iter().map(|m| m.words() as u64).sum();
         let delay = request
             .messages
             .iter()
             .rev()
-            .find(|m| matches!(m, Message::User { .. }))
+            .find(|m| matches!(m.as_ref(), Message::User { .. }))
             .and_then(|m| parse(&m.text()).ok())
             .and_then(|s| s.delay);
         let planned = reply(&request.messages);

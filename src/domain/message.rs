@@ -34,7 +34,38 @@ pub enum Part {
     ToolUse { tool_call_id: String, name: String, input: Value },
 }
 
+/// So that a history can be given as messages or as shared ones (`Arc<Message>`).
+impl AsRef<Message> for Message {
+    fn as_ref(&self) -> &Message {
+        self
+    }
+}
+
 impl Message {
+    /// How many words [`Message::text`] has, counted without making it.
+    pub fn words(&self) -> usize {
+        let pieces: Box<dyn Iterator<Item = &str>> = match self {
+            Message::System { content } => Box::new(std::iter::once(content.as_str())),
+            Message::User { content } | Message::Tool { content, .. } => {
+                Box::new(content.iter().filter_map(|b| b.text.as_deref()))
+            }
+            Message::Assistant { content } => Box::new(content.iter().filter_map(|p| match p {
+                Part::Text { text } => Some(text.as_str()),
+                _ => None,
+            })),
+        };
+        let (mut count, mut in_word) = (0, false);
+        for c in pieces.flat_map(str::chars) {
+            if c.is_whitespace() {
+                in_word = false;
+            } else if !in_word {
+                in_word = true;
+                count += 1;
+            }
+        }
+        count
+    }
+
     /// The text of a user or tool message, or of an assistant message's text parts.
     pub fn text(&self) -> String {
         match self {

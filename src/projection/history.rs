@@ -5,13 +5,15 @@
 //! that make them wait for the client do not repeat them.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use crate::domain::{Block, Event, EventBody};
 pub use crate::domain::{Message, Part};
 
 #[derive(Debug, Clone, Default)]
 pub struct History {
-    pub messages: Vec<Message>,
+    /// Shared, so that a turn's copy costs a pointer per message.
+    pub messages: Vec<Arc<Message>>,
     /// Whether the next agent event continues the last assistant message (same response).
     assistant_open: bool,
     /// Tool-call event id → the model's call id, to place results.
@@ -27,7 +29,7 @@ impl History {
     pub fn apply(&mut self, event: &Event) {
         match &event.body {
             EventBody::SessionCreated { spec, .. } => {
-                self.messages.extend(spec.messages.iter().cloned());
+                self.messages.extend(spec.messages.iter().cloned().map(Arc::new));
                 self.seeded = crate::domain::message::waiting_calls(&spec.messages).map(|(id, _, _)| id).collect();
             }
             EventBody::UserMessage { content } if event.processed_at.is_none() => {
@@ -35,7 +37,7 @@ impl History {
             }
             EventBody::UserMessage { content } => {
                 self.assistant_open = false;
-                self.messages.push(Message::User { content: content.clone() });
+                self.messages.push(Arc::new(Message::User { content: content.clone() }));
             }
             EventBody::TurnInput { event_ids } => {
                 self.assistant_open = false;
@@ -43,7 +45,7 @@ impl History {
                     std::mem::take(&mut self.queued).into_iter().partition(|(id, _)| event_ids.contains(id));
                 self.queued = waiting;
                 let taken: Vec<(crate::domain::EventId, Vec<Block>)> = taken;
-                self.messages.extend(taken.into_iter().map(|(_, content)| Message::User { content }));
+                self.messages.extend(taken.into_iter().map(|(_, content)| Arc::new(Message::User { content })));
             }
             EventBody::ModelRequestStart { .. } => self.assistant_open = false,
             EventBody::AgentThinking { thinking, .. } => self.part(Part::Thinking { thinking: thinking.clone() }),
@@ -73,17 +75,17 @@ impl History {
 
     fn part(&mut self, part: Part) {
         if self.assistant_open {
-            if let Some(Message::Assistant { content }) = self.messages.last_mut() {
+            if let Some(Message::Assistant { content }) = self.messages.last_mut().map(Arc::make_mut) {
                 content.push(part);
                 return;
             }
         }
         self.assistant_open = true;
-        self.messages.push(Message::Assistant { content: vec![part] });
+        self.messages.push(Arc::new(Message::Assistant { content: vec![part] }));
     }
 
     fn tool(&mut self, tool_call_id: String, content: Vec<Block>, is_error: bool) {
         self.assistant_open = false;
-        self.messages.push(Message::Tool { tool_call_id, content, is_error });
+        self.messages.push(Arc::new(Message::Tool { tool_call_id, content, is_error }));
     }
 }

@@ -384,7 +384,7 @@ impl Sessions {
                 }
             })
             .await?;
-        Ok(history.messages)
+        Ok(history.messages.into_iter().map(Arc::unwrap_or_clone).collect())
     }
 
     /// A page of the session's events.
@@ -404,9 +404,11 @@ impl Sessions {
             (query.kinds.is_empty() || query.kinds.iter().any(|k| k == e.kind()))
                 && (query.created.is_empty() || e.created_at().is_some_and(|t| query.created.contains(t)))
         };
+        let filtered = !(query.kinds.is_empty() && query.created.is_empty());
         let mut found: Vec<RawEvent> = Vec::new();
         loop {
-            let chunk = query.limit.max(256);
+            // Unfiltered, one read of one more than asked answers the page and `has_more`.
+            let chunk = if filtered { (query.limit + 1).max(256) } else { query.limit + 1 };
             let range = ReadRange { after, before, limit: chunk, newest_first: query.newest_first };
             let events = self.log.read(session.id, range).await?;
             let exhausted = events.len() < chunk;

@@ -127,7 +127,7 @@ pub struct TurnContext {
     /// The MCP servers whose tools the turn offers: the agent's, then the session's own.
     pub mcp: Vec<Arc<McpServers>>,
     pub plan: ToolPlan,
-    pub history: Vec<Message>,
+    pub history: Vec<Arc<Message>>,
     /// Calls granted permission before this turn: they run first.
     pub granted: Vec<PendingCall>,
     pub cancel: CancellationToken,
@@ -420,7 +420,7 @@ async fn model_request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Respo
     });
     let events = append(ctx, bodies)?;
     if !parts.is_empty() {
-        ctx.history.push(Message::Assistant { content: parts });
+        ctx.history.push(Arc::new(Message::Assistant { content: parts }));
     }
     if let Some(failure) = failure {
         return Err(failure);
@@ -528,11 +528,11 @@ fn record_results(ctx: &mut TurnContext, bodies: Vec<EventBody>) -> Result<(), F
     }
     for body in &bodies {
         if let EventBody::AgentToolResult { tool_call_id, content, is_error, .. } = body {
-            ctx.history.push(Message::Tool {
+            ctx.history.push(Arc::new(Message::Tool {
                 tool_call_id: tool_call_id.clone(),
                 content: content.clone(),
                 is_error: *is_error,
-            });
+            }));
         }
     }
     append(ctx, bodies)?;

@@ -94,7 +94,7 @@ pub fn conversation() -> Vec<Message> {
 pub fn request(messages: Vec<Message>) -> ModelRequest {
     ModelRequest {
         system: "You are terse.".into(),
-        messages,
+        messages: messages.into_iter().map(std::sync::Arc::new).collect(),
         tools: vec![weather_tool()],
         cancel: CancellationToken::new(),
     }

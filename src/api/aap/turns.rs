@@ -77,13 +77,15 @@ async fn answer(mut follower: Follower, turn: TurnId) -> Result<HttpResponse, Er
         let Some(events) = follower.next().await? else {
             return Err(ApiError::internal("the session ended during the turn").into());
         };
-        for raw in events {
+        // Deltas and other turns' events are told apart by their envelope, undecoded.
+        let ours = events.iter().filter(|raw| raw.turn().is_some_and(|(of, _)| of == turn) && !raw.is_delta());
+        for raw in ours {
             let Ok(event) = raw.decode() else { continue };
             if event.turn_id != Some(turn) || event.body.is_user_input() {
                 continue;
             }
             if let EventBody::StatusIdle { stop_reason: stop, .. } = &event.body {
-                let messages = history.messages.iter().map(MessageOut::from).collect();
+                let messages = history.messages.iter().map(|m| MessageOut::from(&**m)).collect();
                 return Ok(HttpResponse::Ok().json(AgentResponse { stop_reason: stop_reason(stop.kind), messages }));
             }
             history.apply(&event);
@@ -111,12 +113,27 @@ fn stream(
             shutdown: state.shutdown.clone(),
             guard,
         },
-        move |out, raw| match raw.decode() {
-            Ok(event) if event.turn_id == Some(turn) => render(out, &event, mode),
+        // Only the turn's events of the kinds this mode shows are decoded; the rest are
+        // told apart by their envelope.
+        move |out, raw| match raw.turn() {
+            Some((of, _)) if of == turn && shown(raw.kind(), mode) => match raw.decode() {
+                Ok(event) => render(out, &event, mode),
+                Err(_) => Flow::Continue,
+            },
             _ => Flow::Continue,
         },
     );
     Ok(crate::api::native::sse_response().streaming(body))
+}
+
+/// Whether [`render`] shows an event of type `kind` in this mode.
+fn shown(kind: &str, mode: StreamMode) -> bool {
+    match kind {
+        "agent.message.delta" | "agent.thinking.delta" => mode == StreamMode::Delta,
+        "agent.message" | "agent.thinking" => mode == StreamMode::Message,
+        "agent.tool_use" | "agent.custom_tool_use" | "agent.tool_result" | "session.status_idle" => true,
+        _ => false,
+    }
 }
 
 /// One log event as AAP SSE, if AAP shows it in this mode.

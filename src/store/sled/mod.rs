@@ -61,6 +61,8 @@ struct Inner {
     hub: Hub,
     config: SledConfig,
     failed: Mutex<Option<AppendError>>,
+    /// Group commits made since the log was opened.
+    commits: std::sync::atomic::AtomicU64,
 }
 
 impl Inner {
@@ -183,7 +185,9 @@ impl SledLog {
             .map(|p| db.open_tree(format!("projection:{}", p.name())))
             .collect::<Result<Vec<_>, _>>()?;
         let hub = Hub::new(config.bus_capacity);
-        let inner = Arc::new(Inner { db, events, meta, projections, trees, hub, config, failed: Mutex::new(None) });
+        let commits = Default::default();
+        let inner =
+            Arc::new(Inner { db, events, meta, projections, trees, hub, config, failed: Mutex::new(None), commits });
         SledLog::recover(&inner)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = writer::Writer::new(inner.clone(), rx);
@@ -297,6 +301,11 @@ impl SledLog {
         } else {
             iter.take(scan.limit).map(entry).collect()
         }
+    }
+
+    /// How many group commits (one flush each) the writer has made since the log opened.
+    pub fn commits(&self) -> u64 {
+        self.inner.commits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Closes without marking the log clean, as a crash would leave it: the next open

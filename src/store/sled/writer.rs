@@ -68,6 +68,7 @@ impl Writer {
             }
             return;
         }
+        self.store.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         metrics::EVENTS_APPENDED.inc_by(count as u64);
         metrics::BATCH_EVENTS.observe(count as f64);
         // One broadcast per session per commit, its appends in the order they were made.
