@@ -159,7 +159,11 @@ impl Model for ScriptedModel {
     }
 
     fn stream(&self, request: ModelRequest) -> ModelStream {
-        let input_tokens = request.messages.iter().map(|m| m.words() as u64).sum();
+        // The rule of thumb (a token is about four bytes of text), over the whole history,
+        // as a provider counts its prompt; cheap, so that a long session's turns cost the
+        // server what a remote model would, not a tokenizer.
+        let bytes: usize = request.messages.iter().map(|m| m.text_len()).sum();
+        let input_tokens = bytes.div_ceil(4) as u64;
         let delay = request
             .messages
             .iter()

@@ -42,28 +42,21 @@ impl AsRef<Message> for Message {
 }
 
 impl Message {
-    /// How many words [`Message::text`] has, counted without making it.
-    pub fn words(&self) -> usize {
-        let pieces: Box<dyn Iterator<Item = &str>> = match self {
-            Message::System { content } => Box::new(std::iter::once(content.as_str())),
+    /// How long [`Message::text`] is, in bytes, measured without making it.
+    pub fn text_len(&self) -> usize {
+        match self {
+            Message::System { content } => content.len(),
             Message::User { content } | Message::Tool { content, .. } => {
-                Box::new(content.iter().filter_map(|b| b.text.as_deref()))
+                content.iter().filter_map(|b| b.text.as_deref()).map(str::len).sum()
             }
-            Message::Assistant { content } => Box::new(content.iter().filter_map(|p| match p {
-                Part::Text { text } => Some(text.as_str()),
-                _ => None,
-            })),
-        };
-        let (mut count, mut in_word) = (0, false);
-        for c in pieces.flat_map(str::chars) {
-            if c.is_whitespace() {
-                in_word = false;
-            } else if !in_word {
-                in_word = true;
-                count += 1;
-            }
+            Message::Assistant { content } => content
+                .iter()
+                .map(|p| match p {
+                    Part::Text { text } => text.len(),
+                    _ => 0,
+                })
+                .sum(),
         }
-        count
     }
 
     /// The text of a user or tool message, or of an assistant message's text parts.
