@@ -213,9 +213,18 @@ impl Actor {
     /// fold, in hand: nothing is read back.
     fn fold_ordered(&mut self) {
         for raw in self.writer.take_ordered() {
-            if raw.seq == self.seen.seq + 1 {
-                self.fold(&raw);
+            // Already folded when a read of the log (after a conflict) got there first.
+            if raw.seq <= self.seen.seq {
+                continue;
             }
+            if raw.seq > self.seen.seq + 1 {
+                // The writer orders only at the end of what was folded: a gap is a bug, and
+                // folding past it would decide on a state with events missing.
+                tracing::error!(session_id = %self.session, seen = self.seen.seq, next = raw.seq,
+                    "events ordered past a gap in what the actor folded; not folded");
+                continue;
+            }
+            self.fold(&raw);
         }
     }
 

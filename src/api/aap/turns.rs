@@ -168,3 +168,54 @@ fn render(out: &mut BytesMut, event: &Event, mode: StreamMode) -> Flow {
     sse::frame(out, None, name, &Bytes::from(serde_json::to_vec(&data).expect("serialises")));
     Flow::Continue
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::event::{Permission, StopReason, Usage};
+    use crate::domain::{Draft, EventId, SessionId};
+    use crate::session::decide::idle;
+    use crate::store::numbering::{Clock, Tail};
+
+    /// `shown` decides, from the envelope alone, which events `render` is given: it must
+    /// name exactly the kinds `render` writes something for, in each mode.
+    #[test]
+    fn shown_names_exactly_the_kinds_render_writes() {
+        let turn = TurnId::generate();
+        let bodies = [
+            EventBody::TurnStarted {},
+            EventBody::AgentMessageDelta { message_id: "m".into(), delta: "d".into() },
+            EventBody::AgentThinkingDelta { message_id: "m".into(), delta: "d".into() },
+            EventBody::AgentMessage { message_id: "m".into(), content: vec![Block::text("t")] },
+            EventBody::AgentThinking { message_id: "m".into(), thinking: "t".into() },
+            EventBody::AgentToolUse {
+                tool_call_id: "c".into(),
+                name: "n".into(),
+                input: json!({}),
+                evaluated_permission: Permission::Ask,
+                mcp: None,
+            },
+            EventBody::AgentCustomToolUse { tool_call_id: "c".into(), name: "n".into(), input: json!({}) },
+            EventBody::AgentToolResult {
+                tool_use_id: EventId(ulid::Ulid::new()),
+                tool_call_id: "c".into(),
+                content: vec![Block::text("r")],
+                is_error: false,
+                structured_content: None,
+                mcp: None,
+            },
+            idle(StopReason::EndTurn, vec![], Usage::default()),
+            EventBody::UserDefineOutcome { outcome: json!(1) },
+        ];
+        let drafts: Vec<Draft> = bodies.iter().map(|body| Draft::new(Some(turn), body)).collect();
+        let mut tail = Tail::default();
+        let events = tail.stage(SessionId::generate(), 0, &drafts, &Clock::now(), 100).unwrap().unwrap();
+        for mode in [StreamMode::Delta, StreamMode::Message, StreamMode::None] {
+            for raw in &events {
+                let mut out = BytesMut::new();
+                render(&mut out, &raw.decode().unwrap(), mode);
+                assert_eq!(shown(raw.kind(), mode), !out.is_empty(), "{} in {mode:?}", raw.kind());
+            }
+        }
+    }
+}
