@@ -8,13 +8,14 @@ use std::time::Duration;
 use serde_json::json;
 use turnlog::domain::event::{AgentSpec, Confirmation, ModelStop, SessionSpec, ToolTrust};
 use turnlog::domain::{Block, Event, EventBody, StopReason, Usage};
+use turnlog::domain::{Draft, EventId, RawEvent, SessionId};
 use turnlog::projection::SessionSummary;
 use turnlog::session::{
     Caller, Cursor, EventQuery, Follows, Input, SessionError, Sessions, Submission, Submitted, TurnQuery, WhenBusy,
 };
 use turnlog::store::memory::MemoryLog;
 use turnlog::store::sled::{SledConfig, SledLog};
-use turnlog::store::Log;
+use turnlog::store::{AppendError, Key, Log, Position, ReadRange, Scan, StoreError, Subscription};
 use turnlog::{Service, Settings};
 
 /// The log a test runs on.
@@ -47,9 +48,12 @@ async fn given(backend: Backend, server_tools: &[(&str, bool)]) -> Given {
 }
 
 async fn given_with(backend: Backend, server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
+    given_on(open_log(backend), server_tools, tweak).await
+}
+
+async fn given_on(log: Arc<dyn Log>, server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
     let mut settings = Settings::load(None).unwrap();
     tweak(&mut settings);
-    let log = open_log(backend);
     let service = Service::with_log(&settings, log.clone()).await.unwrap();
     let sessions = service.sessions().clone();
     let spec = SessionSpec {
@@ -318,6 +322,103 @@ async fn a_trusted_server_tool_runs_inline_and_the_turn_goes_on(log: Backend) {
     );
     assert_eq!(tool_results(&events), vec![("14".to_string(), false)]);
     assert_eq!(said(&events), vec!["tool results: calculator=14"]);
+    assert_eq!(stop(&events).0, StopReason::EndTurn);
+}
+
+/// A memory log whose appends, from the first one that holds a tool call on, become
+/// durable only once the test releases them: what a slow disk looks like to a turn.
+struct HeldLog {
+    inner: MemoryLog,
+    holding: std::sync::atomic::AtomicBool,
+    /// Every event type ordered, in order.
+    ordered: std::sync::Mutex<Vec<String>>,
+    /// Set once anyone waits for a held append to be durable, or a tool's result is ordered.
+    checkpoint: tokio::sync::watch::Sender<bool>,
+    released: tokio::sync::watch::Sender<bool>,
+}
+
+#[async_trait::async_trait]
+impl Log for HeldLog {
+    fn order(
+        &self,
+        session: SessionId,
+        expected: u64,
+        drafts: Vec<Draft>,
+    ) -> Result<turnlog::store::Ordered, AppendError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if drafts.iter().any(|d| d.kind() == "agent.tool_use") {
+            self.holding.store(true, SeqCst);
+        }
+        self.ordered.lock().unwrap().extend(drafts.iter().map(|d| d.kind().to_string()));
+        if drafts.iter().any(|d| d.kind() == "agent.tool_result") {
+            self.checkpoint.send_replace(true);
+        }
+        let (appended, durable) = self.inner.order(session, expected, drafts)?.split();
+        if !self.holding.load(SeqCst) {
+            return Ok(turnlog::store::Ordered::new(appended, durable));
+        }
+        let (checkpoint, mut released) = (self.checkpoint.clone(), self.released.subscribe());
+        let held = async move {
+            checkpoint.send_replace(true);
+            let _ = released.wait_for(|r| *r).await;
+            durable.await
+        };
+        Ok(turnlog::store::Ordered::new(appended, Box::pin(held)))
+    }
+    async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
+        self.inner.position(session).await
+    }
+    async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
+        self.inner.read(session, range).await
+    }
+    async fn event(&self, session: SessionId, id: EventId) -> Result<Option<RawEvent>, StoreError> {
+        self.inner.event(session, id).await
+    }
+    async fn event_at(&self, session: SessionId, seq: u64) -> Result<Option<RawEvent>, StoreError> {
+        self.inner.event_at(session, seq).await
+    }
+    async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
+        self.inner.subscribe(session).await
+    }
+    async fn projected(&self, projection: &str, key: Key) -> Result<Option<bytes::Bytes>, StoreError> {
+        self.inner.projected(projection, key).await
+    }
+    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, bytes::Bytes)>, StoreError> {
+        self.inner.scan(projection, scan).await
+    }
+    fn sweep(&self) {
+        self.inner.sweep()
+    }
+    async fn close(&self) -> Result<(), StoreError> {
+        self.inner.close().await
+    }
+}
+
+/// A tool acts on the world, so it runs only once its call is on disk: a turn whose log is
+/// slow to make the call durable waits, and runs the tool once the log catches up.
+#[tokio::test]
+async fn a_server_tool_runs_only_once_its_call_is_durable() {
+    let log = Arc::new(HeldLog {
+        inner: MemoryLog::new(turnlog::projection::all(), 256, 1_000_000),
+        holding: false.into(),
+        ordered: Default::default(),
+        checkpoint: tokio::sync::watch::channel(false).0,
+        released: tokio::sync::watch::channel(false).0,
+    });
+    let g = given_on(log.clone(), &[("calculator", true)], |_| {}).await;
+    let mut checkpoint = log.checkpoint.subscribe();
+    g.when(vec![text("/tool calculator {\"expression\": \"2*(3+4)\"}")]).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), checkpoint.wait_for(|c| *c))
+        .await
+        .expect("the turn neither waited for durability nor ran the tool")
+        .unwrap();
+    let ordered = log.ordered.lock().unwrap().clone();
+    assert!(ordered.iter().any(|k| k == "agent.tool_use"), "{ordered:?}");
+    assert!(!ordered.iter().any(|k| k == "agent.tool_result"), "the tool ran before its call was durable: {ordered:?}");
+
+    log.released.send_replace(true);
+    let events = g.then_events(1).await;
+    assert_eq!(tool_results(&events), vec![("14".to_string(), false)]);
     assert_eq!(stop(&events).0, StopReason::EndTurn);
 }
 
