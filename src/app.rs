@@ -37,7 +37,7 @@ impl Application {
     pub async fn build(settings: Settings) -> Result<Application, BuildError> {
         metrics::init();
         let requested = settings.addr().map_err(|e| StartError::Refused(e.to_string()))?;
-        let auth = api::auth::Keys::new(&settings.auth.keys);
+        let mut auth = api::auth::Keys::new(&settings.auth.keys);
         if auth.is_open() && !requested.ip().is_loopback() {
             return Err(StartError::Refused(format!(
                 "refusing to listen on {requested} with no API keys configured: add [[auth.keys]] or listen on loopback"
@@ -46,6 +46,12 @@ impl Application {
         }
         if auth.is_open() {
             tracing::warn!("no API keys configured: listening on loopback only, every caller is the admin `local`");
+        } else {
+            let dir = &settings.server.data_dir;
+            let secret = api::auth::console_secret(dir).map_err(|e| {
+                StartError::Refused(format!("the console's secret in {} could not be read or made: {e}", dir.display()))
+            })?;
+            auth = auth.with_secret(secret);
         }
         let service = Arc::new(Service::open(&settings).await?);
         let shutdown = CancellationToken::new();

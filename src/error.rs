@@ -32,6 +32,7 @@ codes! {
     InvalidRequest => (400, "invalid_request_error", "invalid_request"),
     InvalidJson => (400, "invalid_request_error", "invalid_json"),
     Unauthorized => (401, "authentication_error", "unauthorized"),
+    Forbidden => (403, "permission_error", "forbidden"),
     NotFound => (404, "not_found_error", "not_found"),
     SessionNotFound => (404, "not_found_error", "session_not_found"),
     UnknownCursor => (409, "invalid_request_error", "unknown_cursor"),

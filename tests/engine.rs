@@ -386,6 +386,9 @@ impl Log for HeldLog {
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, bytes::Bytes)>, StoreError> {
         self.inner.scan(projection, scan).await
     }
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
+        self.inner.changes()
+    }
     fn sweep(&self) {
         self.inner.sweep()
     }

@@ -127,7 +127,7 @@ impl Door for Embedded {
         };
         let filter = ListFilter {
             agent: Some(agent.to_string()),
-            exclude_archived: true,
+            archived: Some(false),
             after,
             limit: LIST_PAGE,
             ..ListFilter::default()

@@ -5,6 +5,7 @@
 pub mod aap;
 pub mod auth;
 pub mod body;
+pub mod console;
 pub mod error;
 pub mod harness;
 pub mod managed;
@@ -76,6 +77,7 @@ impl Drop for StreamGuard {
 /// Every route of every view.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     ops::routes(cfg);
+    console::routes(cfg);
     // The harness first: the managed view's `/v1` scope would take `/v1/agents/sessions`.
     cfg.configure(harness::routes)
         .configure(managed::routes)

@@ -394,6 +394,38 @@ pub enum EventBody {
 }
 
 impl EventBody {
+    /// Every event type, as written in `type` (a browser's `EventSource` needs a listener
+    /// per name).
+    pub const TYPES: &'static [&'static str] = &[
+        "session.created",
+        "session.updated",
+        "session.deleted",
+        "session.archived",
+        "catalog.agent",
+        "catalog.environment",
+        "turn.started",
+        "turn.input",
+        "user.message",
+        "user.interrupt",
+        "user.define_outcome",
+        "user.tool_confirmation",
+        "user.custom_tool_result",
+        "session.status_running",
+        "span.model_request_start",
+        "agent.thinking",
+        "agent.thinking.delta",
+        "agent.message",
+        "agent.message.delta",
+        "agent.tool_use",
+        "agent.mcp_tools",
+        "agent.custom_tool_use",
+        "agent.tool_result",
+        "span.model_request_end",
+        "session.status_idle",
+        "session.error",
+        "terminated",
+    ];
+
     /// A piece of a message still being said (`agent.message.delta`, `agent.thinking.delta`).
     pub fn is_delta(&self) -> bool {
         matches!(self, EventBody::AgentMessageDelta { .. } | EventBody::AgentThinkingDelta { .. })
@@ -628,6 +660,17 @@ pub fn timestamp_now() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn types_names_every_variant_once() {
+        // serde names every variant when it meets an unknown one.
+        let error = serde_json::from_str::<EventBody>(r#"{"type":"?"}"#).unwrap_err().to_string();
+        let mut variants: Vec<&str> = error.split('`').skip(3).step_by(2).collect();
+        let mut listed = EventBody::TYPES.to_vec();
+        variants.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(listed, variants, "{error}");
+    }
+
     use super::*;
     use ulid::Ulid;
 

@@ -111,6 +111,11 @@ impl SessionLog {
         Ok(page.into_iter().filter_map(|(key, bytes)| Some((key, decode(projection, &bytes)?))).collect())
     }
 
+    /// Every session whose log grows from now on.
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
+        self.log.changes()
+    }
+
     pub async fn summary(&self, session: SessionId) -> Result<Option<SessionSummary>, SessionError> {
         self.projected(SessionIndex::NAME, Key::session(session)).await
     }

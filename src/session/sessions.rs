@@ -28,8 +28,8 @@ pub struct ListFilter {
     pub agent_version: Option<u32>,
     pub created_by: Option<String>,
     pub created: TimeBounds,
-    /// Leave archived sessions out.
-    pub exclude_archived: bool,
+    /// Only archived sessions (`Some(true)`) or only those not archived (`Some(false)`).
+    pub archived: Option<bool>,
     /// Only sessions with a turn running (`Some(true)`) or without one (`Some(false)`).
     pub running: Option<bool>,
     pub oldest_first: bool,
@@ -322,7 +322,7 @@ impl Sessions {
     ) -> Result<bool, SessionError> {
         let shown = !summary.deleted
             && caller.may_see(summary)
-            && !(filter.exclude_archived && summary.archived_at.is_some())
+            && filter.archived.is_none_or(|archived| summary.archived_at.is_some() == archived)
             && filter.agent.as_ref().is_none_or(|agent| &summary.spec.agent.name == agent)
             && filter.agent_version.is_none_or(|v| summary.spec.agent.version == Some(v))
             && filter.created_by.as_ref().is_none_or(|by| &summary.created_by == by)
@@ -331,6 +331,27 @@ impl Sessions {
             Some(running) if shown => Ok(self.activity(summary).await?.running == running),
             _ => Ok(shown),
         }
+    }
+
+    /// The caller's session `id` as it stands, with what it is doing, if the caller may
+    /// still see it: for watchers of [`Sessions::changes`].
+    pub async fn changed(
+        &self,
+        caller: &Caller,
+        id: SessionId,
+    ) -> Result<Option<(SessionSummary, Activity)>, SessionError> {
+        match self.log.summary(id).await? {
+            Some(summary) if !summary.deleted && caller.may_see(&summary) => {
+                let activity = self.activity(&summary).await?;
+                Ok(Some((self.redacted(summary), activity)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Every session whose log grows from now on (anyone's: see [`Sessions::changed`]).
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
+        self.log.changes()
     }
 
     /// Cancels what runs in the session and records its end, then appends

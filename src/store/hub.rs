@@ -26,6 +26,7 @@ pub struct Position {
 pub type Batch = Arc<[RawEvent]>;
 
 pub struct Channel {
+    session: Ulid,
     durable: Mutex<Position>,
     bus: broadcast::Sender<Batch>,
     /// Where the next append goes, counting those ordered but not yet durable: kept by a
@@ -33,6 +34,8 @@ pub struct Channel {
     /// channel outlives every append in flight (each holds it), so a tail loaded from the
     /// store is exact.
     pub(super) tail: Mutex<Option<Tail>>,
+    /// The hub's feed of changed sessions.
+    changes: broadcast::Sender<Ulid>,
 }
 
 impl Channel {
@@ -51,6 +54,7 @@ impl Channel {
             *self.durable.lock() = Position { last: Some(last.id), seq: last.seq };
             // No receivers is not an error: nobody is watching this session right now.
             let _ = self.bus.send(events);
+            let _ = self.changes.send(self.session);
         }
     }
 }
@@ -58,11 +62,22 @@ impl Channel {
 pub struct Hub {
     channels: DashMap<Ulid, Arc<Channel>>,
     bus_capacity: usize,
+    changes: broadcast::Sender<Ulid>,
 }
+
+/// How many changed sessions the feed holds for a slow watcher before it lags.
+const CHANGES_CAPACITY: usize = 4096;
 
 impl Hub {
     pub fn new(bus_capacity: usize) -> Hub {
-        Hub { channels: DashMap::new(), bus_capacity: bus_capacity.max(1) }
+        let (changes, _) = broadcast::channel(CHANGES_CAPACITY);
+        Hub { channels: DashMap::new(), bus_capacity: bus_capacity.max(1), changes }
+    }
+
+    /// Every session whose log grows from now on, once per publish (a watcher that lags
+    /// is told so, and rereads what it shows).
+    pub fn changes(&self) -> broadcast::Receiver<Ulid> {
+        self.changes.subscribe()
     }
 
     pub fn bus_capacity(&self) -> usize {
@@ -79,7 +94,13 @@ impl Hub {
             dashmap::Entry::Vacant(entry) => {
                 let durable = load()?;
                 let (bus, _) = broadcast::channel(self.bus_capacity);
-                let channel = Arc::new(Channel { durable: Mutex::new(durable), bus, tail: Mutex::new(None) });
+                let channel = Arc::new(Channel {
+                    session,
+                    durable: Mutex::new(durable),
+                    bus,
+                    tail: Mutex::new(None),
+                    changes: self.changes.clone(),
+                });
                 entry.insert(channel.clone());
                 Ok(channel)
             }

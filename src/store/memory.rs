@@ -198,6 +198,10 @@ impl Log for MemoryLog {
         self.with_values(projection, |values| values.map(page).unwrap_or_default())
     }
 
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
+        self.inner.hub.changes()
+    }
+
     fn sweep(&self) {
         self.inner.hub.sweep();
     }

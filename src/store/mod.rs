@@ -246,6 +246,9 @@ pub trait Log: Send + Sync + 'static {
     /// A page of a projection's values.
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError>;
 
+    /// The sessions whose logs grow from now on, each as its new events are published.
+    fn changes(&self) -> broadcast::Receiver<Ulid>;
+
     /// Drops what sessions nobody watches or writes hold (their live channels).
     fn sweep(&self);
 

@@ -1,4 +1,5 @@
 mod auth;
+mod console;
 mod crash;
 mod events;
 mod harness;

@@ -309,7 +309,7 @@ pub async fn list(
         agent: query.agent_id,
         agent_version: query.agent_version,
         created: time_bounds("created_at", query.created_at.unwrap_or_default())?,
-        exclude_archived: !query.include_archived.unwrap_or(false),
+        archived: if query.include_archived.unwrap_or(false) { None } else { Some(false) },
         running: if wants("idle") == wants("running") { None } else { Some(wants("running")) },
         oldest_first,
         after,

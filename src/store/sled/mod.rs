@@ -412,6 +412,10 @@ impl Log for SledLog {
         self.scan_sync(projection, scan)
     }
 
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
+        self.inner.hub.changes()
+    }
+
     fn sweep(&self) {
         self.inner.hub.sweep();
     }

@@ -1,0 +1,538 @@
+// app.js: the turnlog observer console. Login, the session list, and one session's view
+// (live following, replay, compose). How a session is drawn is render.js's job.
+
+import { SessionRenderer, sessionRow } from './render.js';
+
+const $ = (id) => document.getElementById(id);
+
+const REFRESH_EVERY_MS = 5 * 60 * 1000;
+const MAX_REPLAY_GAP_MS = 2000;
+const RETRY_DELAYS_MS = [1000, 2000, 4000, 5000];
+
+let me = null; // whoami: {subject, admin, open, event_types}; null while logged out
+let refreshTimer = 0;
+let leaveRoute = null; // closes what the current route opened
+
+// ---------- The server ----------
+
+/** Calls the API: the parsed JSON (null for 204), or throws an Error with `status` (0: no answer). */
+async function api(method, path, body) {
+  const headers = {};
+  // The server refuses cookie-authenticated writes without it (CSRF defence).
+  if (method !== 'GET') headers['X-Turnlog-Console'] = '1';
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  let response;
+  try {
+    response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (error) {
+    throw Object.assign(new Error(`cannot reach the server (${error.message})`), { status: 0 });
+  }
+  if (response.status === 204) return null;
+  const data = await response.json().catch(() => null);
+  if (response.ok) return data;
+  if (response.status === 401 && path !== '/console/api/login') showLogin();
+  const message = data?.error?.message || `${response.status} ${response.statusText}`;
+  throw Object.assign(new Error(message), { status: response.status });
+}
+
+/** Asks whoami only for its side effect: a 401 shows the login form. */
+function checkLogin() {
+  api('GET', '/console/api/whoami').catch(() => {});
+}
+
+/**
+ * An EventSource that is reopened when the browser gives up on it. While readyState is
+ * CONNECTING the browser retries by itself (sending Last-Event-ID); once it is CLOSED (the
+ * server answered an error, e.g. while restarting) we ask `refused()` whether to go on (a
+ * session that is gone is not retried; by default: yes, after checking the login) and open
+ * a new one after 1, 2, 4, then 5 s, forever until `close`. `url()` is asked again each
+ * time, so it can carry a cursor.
+ */
+class Stream {
+  constructor({ url, types, onEvent, onOpen, onError, refused }) {
+    refused ??= async () => { checkLogin(); return true; };
+    Object.assign(this, { url, types, onEvent, onOpen, onError, refused, opens: 0, failures: 0, closed: false });
+    this.connect();
+  }
+
+  connect() {
+    const source = new EventSource(this.url());
+    this.source = source;
+    const current = () => !this.closed && source === this.source;
+    for (const type of this.types) {
+      source.addEventListener(type, (message) => current() && this.onEvent(type, JSON.parse(message.data)));
+    }
+    source.addEventListener('open', () => {
+      if (!current()) return;
+      this.failures = 0;
+      this.onOpen?.(this.opens++ > 0);
+    });
+    source.addEventListener('error', () => {
+      if (!current()) return;
+      this.onError?.();
+      if (source.readyState !== EventSource.CLOSED) return; // the browser is retrying
+      const delay = RETRY_DELAYS_MS[Math.min(this.failures++, 3)];
+      this.refused().then((again) => {
+        if (again && current()) this.timer = setTimeout(() => this.connect(), delay);
+      });
+    });
+  }
+
+  close() {
+    this.closed = true;
+    clearTimeout(this.timer);
+    this.source?.close();
+  }
+}
+
+// ---------- Login ----------
+
+function showOnly(id) {
+  for (const section of ['login', 'list-view', 'session']) $(section).hidden = section !== id;
+}
+
+async function start() {
+  try {
+    me = await api('GET', '/console/api/whoami');
+  } catch (error) {
+    if (error.status !== 401) { // (401: api() showed the login form)
+      $('fatal').textContent = `Cannot load the console: ${error.message}. Retrying…`;
+      $('fatal').hidden = false;
+      setTimeout(start, 3000);
+    }
+    return;
+  }
+  $('fatal').hidden = true;
+  $('whoami').textContent = me.subject;
+  $('whoami').title = me.admin ? 'admin' : '';
+  $('logout').hidden = me.open;
+  // The cookie lasts 30 minutes: renew it while the page is open. A 401 shows the login form.
+  clearInterval(refreshTimer);
+  if (!me.open) refreshTimer = setInterval(() => api('POST', '/console/api/refresh').catch(() => {}), REFRESH_EVERY_MS);
+  route();
+}
+
+function showLogin() {
+  leaveRoute?.();
+  leaveRoute = null;
+  me = null;
+  clearInterval(refreshTimer);
+  $('whoami').textContent = '';
+  $('logout').hidden = true;
+  showOnly('login');
+  $('key').focus();
+}
+
+$('login').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  // The key goes to the server once, in the body, and is kept nowhere.
+  const key = $('key').value;
+  $('key').value = '';
+  $('login-error').textContent = '';
+  $('login-submit').disabled = true;
+  try {
+    await api('POST', '/console/api/login', { key });
+    await start();
+  } catch (error) {
+    $('login-error').textContent = error.message;
+  } finally {
+    $('login-submit').disabled = false;
+  }
+});
+
+$('logout').addEventListener('click', async () => {
+  await api('POST', '/console/api/logout').catch(() => {}); // logged out either way
+  showLogin();
+});
+
+// ---------- Routes: #/ is the list, #/sessions/<id> a session ----------
+
+function route() {
+  if (!me) return;
+  leaveRoute?.();
+  $('fatal').hidden = true;
+  const match = /^#\/sessions\/([^/?]+)/.exec(location.hash);
+  leaveRoute = match ? enterSession(decodeURIComponent(match[1])) : enterList();
+}
+
+window.addEventListener('hashchange', route);
+
+// ---------- The session list ----------
+
+const list = {
+  stream: null, // open while the list is shown
+  next: null, // the `after` of the next page, or null
+  token: 0, // bumped by each full load (and on leaving), so older answers are dropped
+  pending: null, // stream items that came while a full load was in flight
+};
+
+function enterList() {
+  showOnly('list-view');
+  document.title = 'Sessions · turnlog';
+  list.stream = new Stream({
+    url: () => '/console/api/sessions/stream',
+    types: ['session', 'resync'],
+    onEvent: (type, item) => (type === 'resync' ? loadSessions() : applySessionItem(item)),
+    onOpen: (reopened) => reopened && loadSessions(), // changes were missed while it was down
+  });
+  loadSessions();
+  return () => {
+    list.stream.close();
+    list.stream = null;
+    list.token += 1;
+    list.pending = null;
+  };
+}
+
+function listFilters() {
+  return { agent: $('filter-agent').value.trim(), created_by: $('filter-creator').value.trim(), status: $('filter-status').value };
+}
+
+function matchesFilters(item) {
+  const { agent, created_by: creator, status } = listFilters();
+  return (!agent || item.agent === agent) && (!creator || item.created_by === creator) && (!status || item.status === status);
+}
+
+/** Loads the first page (replacing the rows), or with `more` the next one. */
+async function loadSessions({ more = false } = {}) {
+  if (!list.stream) return;
+  const token = more ? list.token : ++list.token;
+  const params = new URLSearchParams(Object.entries(listFilters()).filter(([, value]) => value));
+  if (more) params.set('after', list.next);
+  else list.pending ??= [];
+  $('more').disabled = true;
+  let page = null;
+  try {
+    page = await api('GET', `/console/api/sessions?${params}`);
+  } catch (error) {
+    if (token === list.token) $('list-error').textContent = error.message;
+  }
+  if (token !== list.token) return;
+  if (page) {
+    $('list-error').textContent = '';
+    if (!more) $('sessions').replaceChildren();
+    for (const item of page.sessions) if (!findRow(item.id)) $('sessions').append(sessionRow(item));
+    list.next = page.next ?? null;
+  }
+  $('more').hidden = list.next == null;
+  $('more').disabled = false;
+  if (!more) {
+    const pending = list.pending ?? [];
+    list.pending = null;
+    pending.forEach(applySessionItem);
+  }
+}
+
+function findRow(id) {
+  return $('sessions').querySelector(`[data-session-id="${CSS.escape(id)}"]`);
+}
+
+/** Newest first, as the server lists: by creation time, then id (ULIDs sort by time). */
+function isNewer(item, row) {
+  const [mine, theirs] = [Date.parse(item.created_at), Date.parse(row.dataset.createdAt)];
+  return mine > theirs || (mine === theirs && item.id > row.dataset.sessionId);
+}
+
+function applySessionItem(item) {
+  if (list.pending) {
+    list.pending.push(item); // applied once the load in flight has drawn its rows
+    return;
+  }
+  const row = findRow(item.id);
+  if (row) {
+    // Older than what the row shows (the last load already had this change): ignore.
+    if (Date.parse(item.updated_at) < Date.parse(row.dataset.updatedAt)) return;
+    if (matchesFilters(item)) row.replaceWith(sessionRow(item));
+    else row.remove();
+  } else if (matchesFilters(item)) {
+    // A session new to the list goes at its place (the top, for a new one). Past the last
+    // row loaded it belongs to a page not loaded yet, which #more will bring.
+    const later = [...$('sessions').children].find((other) => isNewer(item, other));
+    if (later) later.before(sessionRow(item));
+    else if (list.next == null) $('sessions').append(sessionRow(item));
+  }
+}
+
+let filterTimer = 0;
+for (const id of ['filter-agent', 'filter-creator']) {
+  $(id).addEventListener('input', () => {
+    clearTimeout(filterTimer);
+    filterTimer = setTimeout(loadSessions, 250);
+  });
+}
+$('filter-status').addEventListener('change', () => loadSessions());
+$('more').addEventListener('click', () => loadSessions({ more: true }));
+
+// ---------- A session's view ----------
+
+// `gen` is bumped on each enter and leave, so late answers meant for another view are dropped.
+const view = { id: null, gen: 0, renderer: null, stream: null };
+
+function enterSession(id) {
+  showOnly('session');
+  Object.assign(view, { id, gen: view.gen + 1 });
+  Object.assign($('session').dataset, { sessionId: id, mode: 'live' });
+  $('message').value = '';
+  $('compose-error').textContent = '';
+  view.renderer = new SessionRenderer({ conversation: $('conversation'), rows: $('events').tBodies[0], typeFilter: $('type-filter') });
+  showHeading();
+  resetReplay();
+  followLive();
+  return () => {
+    view.gen += 1;
+    stopLive();
+    resetReplay();
+  };
+}
+
+function showHeading() {
+  const title = view.renderer.title;
+  $('session-title').textContent = title || view.id;
+  $('session-id').textContent = title ? view.id : '';
+  document.title = `${title || view.id} · turnlog`;
+}
+
+function setConn(state) {
+  $('conn').dataset.state = state;
+  $('conn').textContent = state;
+}
+
+/** Follows the log live, from after the last event drawn (from the start if none). */
+function followLive() {
+  const { id, renderer } = view;
+  if (renderer.ended) return setConn('ended'); // the log ends with `terminated`: nothing will come
+  setConn('connecting');
+  view.stream = new Stream({
+    // A reopened stream resumes after the last event drawn (not the last one received).
+    url: () => `/sessions/${encodeURIComponent(id)}/events/stream${renderer.lastId ? `?after_id=${encodeURIComponent(renderer.lastId)}` : ''}`,
+    types: me.event_types ?? [],
+    onEvent: (_type, event) => {
+      if (renderer.apply(event)) drew(event);
+      if (event.type === 'terminated') {
+        stopLive();
+        setConn('ended');
+      }
+    },
+    onOpen: () => setConn('live'),
+    onError: () => setConn('reconnecting'),
+    // Why was the stream refused? A session that is not there (or not the viewer's) ends
+    // the view; a 401 shows the login form; anything else (a restart) is retried.
+    refused: async () => {
+      try {
+        await api('GET', `/sessions/${encodeURIComponent(id)}/events?limit=1`);
+        return true;
+      } catch (error) {
+        if (error.status !== 404) return error.status !== 401;
+        setConn('ended');
+        $('fatal').textContent = `Session not found: ${error.message}`;
+        $('fatal').hidden = false;
+        return false;
+      }
+    },
+  });
+}
+
+function stopLive() {
+  view.stream?.close();
+  view.stream = null;
+}
+
+function drew(event) {
+  if (event.type === 'session.created' || event.type === 'session.updated') showHeading();
+  followBottom();
+}
+
+/** Keeps the conversation scrolled to its end while the reader is there. */
+const followBottom = (() => {
+  const box = $('conversation');
+  let atBottom = true;
+  let queued = false;
+  box.addEventListener('scroll', () => { atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 48; });
+  return () => {
+    if (!atBottom || queued) return;
+    queued = true; // once per frame, however many events came
+    requestAnimationFrame(() => { queued = false; box.scrollTop = box.scrollHeight; });
+  };
+})();
+
+$('type-filter').addEventListener('change', () => view.renderer?.setTypeFilter($('type-filter').value));
+
+// ---------- Compose ----------
+
+/** Posts events to the session, showing a failure in #compose-error; true when sent. */
+async function postEvents(events) {
+  const { gen, id } = view;
+  $('compose-error').textContent = '';
+  try {
+    await api('POST', `/sessions/${encodeURIComponent(id)}/events`, { events });
+    return gen === view.gen;
+  } catch (error) {
+    if (gen === view.gen) $('compose-error').textContent = error.message;
+    return false;
+  }
+}
+
+async function sendMessage() {
+  const text = $('message').value;
+  if (!text.trim()) return;
+  $('send').disabled = true;
+  if (await postEvents([{ type: 'user.message', content: text }])) $('message').value = '';
+  $('send').disabled = false;
+}
+
+$('compose').addEventListener('submit', (event) => {
+  event.preventDefault();
+  sendMessage();
+});
+$('message').addEventListener('keydown', (event) => {
+  if (event.key !== 'Enter' || !(event.ctrlKey || event.metaKey)) return;
+  event.preventDefault();
+  sendMessage();
+});
+$('interrupt').addEventListener('click', () => postEvents([{ type: 'user.interrupt' }]));
+
+// ---------- Replay: the log from GET (every page), drawn by the same renderer ----------
+
+const replay = {
+  gen: 0, // bumped on start, exit and leave: a load that finishes later is dropped
+  events: null, // the whole log, once loaded
+  pos: 0, // how many of them are drawn
+  playing: false,
+  timer: 0,
+  nextAt: 0, // the performance.now() at which events[pos] is due
+};
+
+const inReplay = () => $('session').dataset.mode === 'replay';
+
+async function startReplay() {
+  if (inReplay()) return;
+  stopLive();
+  setConn('ended');
+  $('session').dataset.mode = 'replay';
+  const gen = ++replay.gen;
+  $('replay-status').textContent = 'loading the log…';
+  try {
+    const events = await loadLog(view.id);
+    if (gen !== replay.gen) return;
+    $('replay-status').textContent = '';
+    Object.assign(replay, { events, pos: 0 });
+    view.renderer.reset();
+    seek(0);
+  } catch (error) {
+    if (gen === replay.gen) $('replay-status').textContent = error.message;
+  }
+}
+
+async function loadLog(id) {
+  const events = [];
+  for (let after = null; ;) {
+    const params = new URLSearchParams({ limit: '1000', order: 'asc' });
+    if (after) params.set('after_id', after);
+    const page = await api('GET', `/sessions/${encodeURIComponent(id)}/events?${params}`);
+    events.push(...page.data);
+    if (!page.has_more || !page.last_id || page.last_id === after) return events;
+    after = page.last_id;
+  }
+}
+
+function exitReplay() {
+  if (!inReplay()) return;
+  if (replay.events) seek(replay.events.length); // draw the rest, then go on live from its end
+  resetReplay();
+  $('session').dataset.mode = 'live';
+  followLive();
+}
+
+function resetReplay() {
+  pause();
+  Object.assign(replay, { gen: replay.gen + 1, events: null, pos: 0 });
+  $('replay-status').textContent = '';
+  showReplayPosition();
+}
+
+/** Draws the session up to `n` events: onwards from where it is, or again from the start. */
+function seek(n) {
+  if (!replay.events) return;
+  const target = Math.max(0, Math.min(n, replay.events.length));
+  if (target < replay.pos) {
+    view.renderer.reset();
+    replay.pos = 0;
+  }
+  while (replay.pos < target) view.renderer.apply(replay.events[replay.pos++]);
+  showHeading();
+  showReplayPosition();
+  followBottom();
+}
+
+function showReplayPosition() {
+  const loaded = replay.events != null;
+  const total = replay.events?.length ?? 0;
+  Object.assign($('replay-scrub'), { max: String(total), value: String(replay.pos) });
+  for (const id of ['replay-scrub', 'replay-play', 'replay-pause']) $(id).disabled = !loaded;
+  $('replay-position').textContent = `${replay.pos} / ${total}`;
+  if (loaded && replay.pos >= total) $('replay').dataset.done = 'true';
+  else delete $('replay').dataset.done;
+  $('replay').dataset.playing = String(replay.playing);
+}
+
+const speed = () => ($('replay-speed').value === 'max' ? Infinity : Number($('replay-speed').value) || 1);
+
+/** How long to wait before drawing event i: its created_at gap, cut to 2 s, over the speed. */
+function delayBefore(i) {
+  if (i === 0 || i >= replay.events.length) return 0;
+  const gap = Date.parse(replay.events[i].created_at) - Date.parse(replay.events[i - 1].created_at);
+  return gap > 0 ? Math.min(gap, MAX_REPLAY_GAP_MS) / speed() : 0;
+}
+
+function play() {
+  if (!replay.events || replay.playing) return;
+  if (replay.pos >= replay.events.length) seek(0); // at the end: play again from the start
+  replay.playing = true;
+  replay.nextAt = performance.now() + delayBefore(replay.pos);
+  tick();
+}
+
+function pause() {
+  replay.playing = false;
+  clearTimeout(replay.timer);
+  showReplayPosition();
+}
+
+// Draws every event that is due, then sleeps until the next one is. Due times add up from
+// `nextAt` (not from when the timer fired), so a late timer catches up instead of slowing
+// the replay. At `max` it draws for ~15 ms at a time, then yields so the page can paint.
+function tick() {
+  if (!replay.playing) return;
+  const { events } = replay;
+  const fastest = speed() === Infinity;
+  const now = performance.now();
+  while (replay.pos < events.length && (fastest ? performance.now() < now + 15 : replay.nextAt <= now)) {
+    view.renderer.apply(events[replay.pos++]);
+    replay.nextAt += delayBefore(replay.pos);
+  }
+  showHeading();
+  followBottom();
+  if (replay.pos >= events.length) return pause(); // pause() shows data-done
+  showReplayPosition();
+  replay.timer = setTimeout(tick, fastest ? 0 : Math.max(0, replay.nextAt - performance.now()));
+}
+
+$('replay-start').addEventListener('click', startReplay);
+$('replay-exit').addEventListener('click', exitReplay);
+$('replay-play').addEventListener('click', play);
+$('replay-pause').addEventListener('click', pause);
+$('replay-speed').addEventListener('change', () => {
+  if (!replay.playing) return;
+  clearTimeout(replay.timer); // the new pace starts from the next event
+  replay.nextAt = performance.now() + delayBefore(replay.pos);
+  tick();
+});
+for (const type of ['input', 'change']) {
+  $('replay-scrub').addEventListener(type, () => {
+    const target = Number($('replay-scrub').value); // read first: pause() redraws the input
+    pause();
+    seek(target);
+  });
+}
+
+start();

@@ -1,0 +1,349 @@
+// render.js: how the console draws sessions.
+//
+// Everything here builds nodes with createElement and text nodes, never innerHTML, so no
+// text from the log is ever parsed as HTML.
+
+/**
+ * Makes an element. `attrs` are set as attributes (`class` and booleans handled), children
+ * are nodes or strings (appended as text, never parsed).
+ */
+export function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (value == null || value === false) continue;
+    if (name === 'class') node.className = value;
+    else node.setAttribute(name, value === true ? '' : String(value));
+  }
+  for (const child of children) if (child != null && child !== false) node.append(child);
+  return node;
+}
+
+const timeFormat = new Intl.DateTimeFormat(undefined, {
+  hour: '2-digit', minute: '2-digit', second: '2-digit', fractionalSecondDigits: 3, hour12: false,
+});
+const dateFormat = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'short' });
+const numberFormat = new Intl.NumberFormat('en-US');
+
+/** An RFC 3339 time in a local format (as it came if it does not parse). */
+function formatIso(format, iso) {
+  const time = Date.parse(iso);
+  return Number.isNaN(time) ? String(iso ?? '') : format.format(time);
+}
+
+/** The text of content blocks; a block that is not text shows as its type in brackets. */
+export function blocksText(content) {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) return '';
+  return content
+    .map((block) => (typeof block?.text === 'string' ? block.text : `[${block?.type ?? 'block'}]`))
+    .join('');
+}
+
+function pretty(value) {
+  if (value === undefined) return '';
+  return typeof value === 'string' ? value : JSON.stringify(value, null, 2);
+}
+
+// The fields every event has; the raw table's one-line preview leaves them out.
+const ENVELOPE = new Set([
+  'id', 'type', 'session_id', 'sequence_number', 'created_at', 'processed_at',
+  'schema_version', 'turn_id', 'turn_sequence_number',
+]);
+
+/** An event's own fields (without the envelope), as compact JSON. */
+function ownFields(event) {
+  return JSON.stringify(Object.fromEntries(Object.entries(event).filter(([name]) => !ENVELOPE.has(name))));
+}
+
+function clip(text, length) {
+  return text.length > length ? `${text.slice(0, length - 1)}…` : text;
+}
+
+/** Appends text to an element, growing its last text node rather than adding nodes. */
+function appendText(node, text) {
+  const last = node.lastChild;
+  if (last && last.nodeType === Node.TEXT_NODE) last.appendData(text);
+  else node.append(text);
+}
+
+const STOP_LABELS = {
+  end_turn: 'Turn ended', requires_action: 'Waiting for action', cancelled: 'Cancelled',
+  max_tokens: 'Stopped: output token limit', max_turn_requests: 'Stopped: too many model requests',
+  refusal: 'The model refused', error: 'Stopped by an error',
+};
+
+/** `tokens: 1,234 in · 56 out`, then any other counts the usage has. */
+function usageText({ input_tokens: input = 0, output_tokens: output = 0, ...others }) {
+  const parts = [`${numberFormat.format(input)} in`, `${numberFormat.format(output)} out`];
+  for (const [name, value] of Object.entries(others)) {
+    if (typeof value === 'number') parts.push(`${numberFormat.format(value)} ${name.replaceAll('_', ' ')}`);
+  }
+  return `tokens: ${parts.join(' · ')}`;
+}
+
+/** A row of the session list. */
+export function sessionRow(item) {
+  return h('li', {
+    class: 'session-row', 'data-session-id': item.id, 'data-status': item.status,
+    'data-created-at': item.created_at, 'data-updated-at': item.updated_at,
+  },
+  h('a', { href: `#/sessions/${encodeURIComponent(item.id)}` },
+    h('span', { class: item.title ? 'title' : 'title untitled' }, item.title || item.id),
+    h('span', { class: 'status' }, item.status),
+    h('span', { class: 'meta' },
+      `${item.agent} · ${item.created_by} · updated ${formatIso(dateFormat, item.updated_at)}`)));
+}
+
+/**
+ * Draws one session from its events, taken one at a time: the readable conversation and
+ * the raw events table. Live following and replay both go through `apply`, so they look
+ * the same; replaying to an earlier point is `reset` and applying again.
+ */
+export class SessionRenderer {
+  /** Draws into `conversation`, the raw table's tbody `rows`, and the `typeFilter` select. */
+  constructor({ conversation, rows, typeFilter }) {
+    Object.assign(this, { conversation, rows, typeFilter, filter: '' });
+    this.types = new Set();
+    typeFilter.replaceChildren(h('option', { value: '' }, 'all types'));
+    this.reset();
+  }
+
+  /** Forgets every event drawn (the type filter and its options stay). */
+  reset() {
+    this.lastSeq = 0;
+    this.lastId = null;
+    this.title = null;
+    this.ended = false;
+    this.tools = new Map(); // a tool call's event id, and its tool_call_id → its .tool box
+    this.texts = new Map(); // message_id → its .msg.agent while deltas grow it
+    this.thoughts = new Map(); // message_id → its details.thinking while deltas grow it
+    this.queued = new Map(); // user.message event id → its element, until a turn takes it
+    this.conversation.replaceChildren();
+    this.rows.replaceChildren();
+  }
+
+  /** Draws an event; returns false (drawing nothing) if it was drawn already. */
+  apply(event) {
+    // Exactly once: the log numbers events 1, 2, 3, ... without gaps, so an event not past
+    // the last one drawn (resent after a reconnect) is already on the page.
+    if (!(event.sequence_number > this.lastSeq)) return false;
+    this.lastSeq = event.sequence_number;
+    this.lastId = event.id;
+    this.addRow(event);
+    this.draw(event);
+    return true;
+  }
+
+  /** Shows only the raw rows of one type ('' for all); rows are hidden, never removed. */
+  setTypeFilter(type) {
+    this.filter = type;
+    for (const row of this.rows.rows) row.hidden = this.isFilteredOut(row.dataset.type);
+  }
+
+  isFilteredOut(type) { return this.filter !== '' && type !== this.filter; }
+
+  // ---- The raw events table ----
+
+  addRow(event) {
+    if (!this.types.has(event.type)) this.addType(event.type);
+    const json = h('details', {}, h('summary', {}, clip(ownFields(event), 140)));
+    // The full JSON is laid out only when someone opens it: logs can be long.
+    json.addEventListener('toggle', () => {
+      if (json.open && json.childElementCount === 1) json.append(h('pre', {}, JSON.stringify(event, null, 2)));
+    });
+    this.rows.append(h('tr', {
+      'data-event-id': event.id, 'data-seq': event.sequence_number, 'data-type': event.type, hidden: this.isFilteredOut(event.type),
+    },
+    h('td', { class: 'seq' }, String(event.sequence_number)),
+    h('td', { class: 'id' }, event.id),
+    h('td', { class: 'type' }, event.type),
+    h('td', { class: 'time', title: event.created_at }, formatIso(timeFormat, event.created_at)),
+    h('td', { class: 'json' }, json)));
+  }
+
+  addType(type) {
+    this.types.add(type);
+    const next = [...this.typeFilter.options].find((option) => option.value > type);
+    this.typeFilter.insertBefore(h('option', { value: type }, type), next ?? null);
+  }
+
+  // ---- The conversation ----
+
+  add(node) {
+    this.conversation.append(node);
+    return node;
+  }
+
+  note(kind, text) { return this.add(h('div', { class: `note ${kind}` }, text)); }
+
+  draw(e) {
+    switch (e.type) {
+      case 'session.created': return this.created(e);
+      case 'session.updated': return this.updated(e);
+      case 'session.archived': return this.note('archived', 'Session archived');
+      case 'session.deleted': return this.note('deleted', 'Session deleted');
+      case 'turn.input': return this.taken(e.event_ids ?? []);
+      case 'user.message': return this.userMessage(e);
+      case 'user.interrupt': return this.note('interrupt', 'Interrupted by the user');
+      case 'user.define_outcome': return this.note('outcome', `Outcome: ${pretty(e.outcome)}`);
+      case 'user.tool_confirmation': return this.decision(e);
+      case 'user.custom_tool_result': return this.toolResult(e, e.custom_tool_use_id);
+      case 'agent.thinking.delta': return this.thinking(e.message_id, e.delta, false);
+      case 'agent.thinking': return this.thinking(e.message_id, e.thinking, true);
+      case 'agent.message.delta': return this.agentText(e.message_id, e.delta, false);
+      case 'agent.message': return this.agentText(e.message_id, blocksText(e.content), true);
+      case 'agent.tool_use':
+      case 'agent.custom_tool_use': return this.toolCall(e);
+      case 'agent.tool_result': return this.toolResult(e, e.tool_use_id);
+      case 'agent.mcp_tools': return this.mcpTools(e.servers ?? []);
+      case 'session.status_idle': return this.turnEnd(e);
+      case 'session.error': return this.error(e);
+      case 'span.model_request_end':
+        if (e.is_error) this.note('model-error', `The request to ${e.model} failed`);
+        return undefined;
+      case 'terminated':
+        this.finishStreaming();
+        this.ended = true;
+        return this.note('terminated', `Session ended${e.reason ? `: ${e.reason}` : ''}`);
+      // Plumbing a reader does not need in the transcript; the raw table has them.
+      case 'turn.started':
+      case 'session.status_running':
+      case 'span.model_request_start':
+        return undefined;
+      default:
+        return this.add(h('pre', { class: 'raw' }, pretty(e)));
+    }
+  }
+
+  created(e) {
+    this.title = e.title ?? null;
+    let text = `Session created by ${e.created_by ?? 'someone'} with agent ${e.agent?.name ?? '?'}`;
+    if (e.tools?.length) text += ` · client tools: ${e.tools.map((tool) => tool.name).join(', ')}`;
+    if (e.title) text += ` · “${e.title}”`;
+    this.note('created', text);
+  }
+
+  updated(e) {
+    const changes = [];
+    if (e.title != null) {
+      this.title = e.title;
+      changes.push(`title “${e.title}”`);
+    }
+    if (e.agent) changes.push(`agent ${e.agent.name}`);
+    if (e.tools) changes.push(`client tools: ${e.tools.map((tool) => tool.name).join(', ') || 'none'}`);
+    if (e.metadata) changes.push(`metadata ${JSON.stringify(e.metadata)}`);
+    this.note('updated', `Session updated${changes.length ? `: ${changes.join(' · ')}` : ''}`);
+  }
+
+  userMessage(e) {
+    const node = this.add(h('div', { class: 'msg user', 'data-event-id': e.id }, blocksText(e.content)));
+    // Sent while a turn ran: it waits (processed_at null) until a later turn.input takes it.
+    node.classList.toggle('queued', e.processed_at == null);
+    if (e.processed_at == null) this.queued.set(e.id, node);
+  }
+
+  taken(eventIds) {
+    for (const id of eventIds) {
+      this.queued.get(id)?.classList.remove('queued');
+      this.queued.delete(id);
+    }
+  }
+
+  // Deltas grow the text as they come; the final event with the same message_id replaces it.
+  agentText(messageId, text, final) {
+    let node = this.texts.get(messageId);
+    if (!node) {
+      if (final && !text) return; // a message with no text (only tool calls): nothing to say
+      node = this.add(h('div', { class: 'msg agent streaming', 'data-message-id': messageId }));
+      this.texts.set(messageId, node);
+    }
+    if (!final) {
+      appendText(node, text ?? '');
+      return;
+    }
+    this.texts.delete(messageId);
+    node.classList.remove('streaming');
+    if (text) node.textContent = text;
+    else node.remove();
+  }
+
+  thinking(messageId, text, final) {
+    let box = this.thoughts.get(messageId);
+    if (!box) {
+      box = this.add(h('details', { class: 'thinking streaming', 'data-message-id': messageId },
+        h('summary', {}, 'Thinking'), h('div', { class: 'thinking-text' })));
+      this.thoughts.set(messageId, box);
+    }
+    const body = box.lastChild;
+    if (!final) {
+      appendText(body, text ?? '');
+      return;
+    }
+    this.thoughts.delete(messageId);
+    box.classList.remove('streaming');
+    body.textContent = text ?? '';
+  }
+
+  /** Ends the growing texts of a turn that stopped before their final events. */
+  finishStreaming() {
+    for (const node of [...this.texts.values(), ...this.thoughts.values()]) node.classList.remove('streaming');
+    this.texts.clear();
+    this.thoughts.clear();
+  }
+
+  toolCall(e) {
+    const custom = e.type === 'agent.custom_tool_use';
+    const head = h('div', { class: 'tool-head' }, h('span', { class: 'tool-name' }, e.name));
+    if (custom) head.append(h('span', { class: 'tag' }, 'client tool'));
+    if (e.evaluated_permission && e.evaluated_permission !== 'allow') {
+      head.append(h('span', { class: 'tag permission', 'data-permission': e.evaluated_permission },
+        e.evaluated_permission === 'ask' ? 'needs approval' : 'denied by policy'));
+    }
+    const call = h('div', { class: custom ? 'tool-call custom' : 'tool-call', 'data-event-id': e.id, 'data-tool-call-id': e.tool_call_id },
+      head, h('pre', { class: 'tool-input' }, pretty(e.input)));
+    const box = this.add(h('div', { class: 'tool' }, call));
+    this.tools.set(e.id, box);
+    if (e.tool_call_id) this.tools.set(e.tool_call_id, box);
+  }
+
+  /** Puts a result or decision under its tool call, or at the end if the call is unknown. */
+  underCall(node, callEventId, toolCallId) {
+    const box = this.tools.get(callEventId) ?? this.tools.get(toolCallId);
+    if (box) box.append(node);
+    else this.add(node);
+  }
+
+  toolResult(e, callEventId) {
+    const node = h('div', { class: e.is_error ? 'tool-result is-error' : 'tool-result', 'data-event-id': e.id },
+      h('pre', {}, blocksText(e.content)));
+    this.underCall(node, callEventId, e.tool_call_id);
+  }
+
+  decision(e) {
+    let text = e.result === 'allow' ? 'Allowed' : 'Denied';
+    if (e.deny_message) text += `: ${e.deny_message}`;
+    if (e.remember) text += ' (remembered for this tool)';
+    this.underCall(h('div', { class: 'decision', 'data-result': e.result, 'data-event-id': e.id }, text),
+      e.tool_use_id, e.tool_call_id);
+  }
+
+  mcpTools(servers) {
+    const list = servers.map((server) => `${server.server}: ${(server.tools ?? []).join(', ') || 'no tools'}`);
+    this.note('mcp', `MCP tools — ${list.join('; ') || 'none'}`);
+  }
+
+  turnEnd(e) {
+    this.finishStreaming();
+    const stop = e.stop_reason?.type ?? 'unknown';
+    const end = h('div', { class: 'turn-end' },
+      h('span', { class: 'stop', 'data-stop': stop, title: stop }, STOP_LABELS[stop] ?? stop));
+    if (e.usage) end.append(h('span', { class: 'usage' }, usageText(e.usage)));
+    this.add(end);
+  }
+
+  error(e) {
+    let text = e.code ? `${e.code}: ${e.error ?? ''}` : String(e.error ?? 'error');
+    if (e.mcp_server) text += ` (MCP server ${e.mcp_server})`;
+    this.add(h('div', { class: 'error', 'data-event-id': e.id }, text));
+  }
+}

@@ -1,0 +1,65 @@
+//! The observer console: a small web app, embedded in the binary and served at `/console`,
+//! and the few routes of its own that it needs: exchanging a key for a cookie (a browser's
+//! `EventSource` sends no headers), and a live list of the caller's sessions. Everything
+//! else it reads and sends through the native event API, as any client does.
+
+mod login;
+mod sessions;
+
+use actix_web::{web, HttpResponse};
+
+use crate::api::error::Standard;
+use crate::error::{ApiError, Code};
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/console", web::get().to(index))
+        .route("/console/", web::get().to(index))
+        .route("/console/api/whoami", web::get().to(login::whoami))
+        .route("/console/api/login", web::post().to(login::login))
+        .route("/console/api/refresh", web::post().to(login::refresh))
+        .route("/console/api/logout", web::post().to(login::logout))
+        .route("/console/api/sessions", web::get().to(sessions::list))
+        .route("/console/api/sessions/stream", web::get().to(sessions::stream))
+        .route("/console/{file}", web::get().to(asset));
+}
+
+/// The app's files, as built into the binary.
+const FILES: &[(&str, &str, &str)] = &[
+    ("index.html", "text/html; charset=utf-8", include_str!("../../../console/index.html")),
+    ("app.js", "text/javascript; charset=utf-8", include_str!("../../../console/app.js")),
+    ("render.js", "text/javascript; charset=utf-8", include_str!("../../../console/render.js")),
+    ("style.css", "text/css; charset=utf-8", include_str!("../../../console/style.css")),
+];
+
+/// Only the app's own files, scripts and connections: nothing from elsewhere, no framing.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+                   img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+async fn index() -> HttpResponse {
+    file("index.html").expect("the console has an index")
+}
+
+async fn asset(name: web::Path<String>) -> Result<HttpResponse, crate::api::Error<Standard>> {
+    file(&name).ok_or_else(|| ApiError::new(Code::NotFound, format!("the console has no file {name:?}")).into())
+}
+
+fn file(name: &str) -> Option<HttpResponse> {
+    let (_, content_type, body) = FILES.iter().find(|(file, ..)| *file == name)?;
+    Some(
+        HttpResponse::Ok()
+            .content_type(*content_type)
+            .insert_header(("cache-control", "no-cache"))
+            .insert_header(("content-security-policy", CSP))
+            .insert_header(("x-content-type-options", "nosniff"))
+            .insert_header(("referrer-policy", "no-referrer"))
+            .body(*body),
+    )
+}
+
+/// A console write must carry `X-Turnlog-Console: 1` (see [`crate::api::auth`]).
+fn from_console(req: &actix_web::HttpRequest) -> Result<(), ApiError> {
+    match req.headers().get(crate::api::auth::CONSOLE_HEADER) {
+        Some(value) if value.as_bytes() == b"1" => Ok(()),
+        _ => Err(ApiError::new(Code::Forbidden, "console requests must carry the header `X-Turnlog-Console: 1`")),
+    }
+}
