@@ -152,7 +152,13 @@ function route() {
   leaveRoute?.();
   $('fatal').hidden = true;
   const match = /^#\/sessions\/([^/?]+)/.exec(location.hash);
-  leaveRoute = match ? enterSession(decodeURIComponent(match[1])) : enterList();
+  let id = null;
+  try {
+    id = match && decodeURIComponent(match[1]);
+  } catch {
+    // a malformed address: show the list
+  }
+  leaveRoute = id ? enterSession(id) : enterList();
 }
 
 window.addEventListener('hashchange', route);
@@ -163,7 +169,7 @@ const list = {
   stream: null, // open while the list is shown
   next: null, // the `after` of the next page, or null
   token: 0, // bumped by each full load (and on leaving), so older answers are dropped
-  pending: null, // stream items that came while a full load was in flight
+  pending: null, // stream changes that came while a full load was in flight
 };
 
 function enterList() {
@@ -171,8 +177,8 @@ function enterList() {
   document.title = 'Sessions · turnlog';
   list.stream = new Stream({
     url: () => '/console/api/sessions/stream',
-    types: ['session', 'resync'],
-    onEvent: (type, item) => (type === 'resync' ? loadSessions() : applySessionItem(item)),
+    types: ['session', 'removed', 'resync'],
+    onEvent: (type, data) => (type === 'resync' ? loadSessions() : applyChange(type, data)),
     onOpen: (reopened) => reopened && loadSessions(), // changes were missed while it was down
   });
   loadSessions();
@@ -219,7 +225,7 @@ async function loadSessions({ more = false } = {}) {
   if (!more) {
     const pending = list.pending ?? [];
     list.pending = null;
-    pending.forEach(applySessionItem);
+    for (const [type, data] of pending) applyChange(type, data);
   }
 }
 
@@ -233,14 +239,20 @@ function isNewer(item, row) {
   return mine > theirs || (mine === theirs && item.id > row.dataset.sessionId);
 }
 
-function applySessionItem(item) {
+/** A change from the list's stream: a session as it now is (`session`), or deleted (`removed`). */
+function applyChange(type, data) {
   if (list.pending) {
-    list.pending.push(item); // applied once the load in flight has drawn its rows
+    list.pending.push([type, data]); // applied once the load in flight has drawn its rows
     return;
   }
+  if (type === 'removed') findRow(data.id)?.remove();
+  else applySessionItem(data);
+}
+
+function applySessionItem(item) {
   const row = findRow(item.id);
   if (row) {
-    // Older than what the row shows (the last load already had this change): ignore.
+    // An item from before the row's last update (title, archive) is stale: ignore it.
     if (Date.parse(item.updated_at) < Date.parse(row.dataset.updatedAt)) return;
     if (matchesFilters(item)) row.replaceWith(sessionRow(item));
     else row.remove();
@@ -307,6 +319,14 @@ function followLive() {
     url: () => `/sessions/${encodeURIComponent(id)}/events/stream${renderer.lastId ? `?after_id=${encodeURIComponent(renderer.lastId)}` : ''}`,
     types: me.event_types ?? [],
     onEvent: (_type, event) => {
+      // A gap means a frame was missed (of a type this page has no listener for?): reopen
+      // after the last event drawn, once per gap; if the same gap comes back, draw on.
+      if (event.sequence_number > renderer.lastSeq + 1 && view.gapAt !== renderer.lastSeq) {
+        view.gapAt = renderer.lastSeq;
+        stopLive();
+        followLive();
+        return;
+      }
       if (renderer.apply(event)) drew(event);
       if (event.type === 'terminated') {
         stopLive();

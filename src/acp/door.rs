@@ -294,7 +294,8 @@ fn refusal(status: reqwest::StatusCode, body: &Value) -> DoorError {
     match status.as_u16() {
         404 => DoorError::NotFound(message),
         400 | 413 | 422 => DoorError::Invalid(message),
-        401 | 403 => DoorError::Unauthorized(format!("the server refused the API key: {message}")),
+        401 => DoorError::Unauthorized(format!("the server refused the API key: {message}")),
+        403 => DoorError::Refused(message),
         409 if body["error"]["code"] == "turn_running" => DoorError::Busy(message),
         409 | 412 => DoorError::Refused(message),
         _ => DoorError::Unavailable(format!("the server answered {status}: {message}")),

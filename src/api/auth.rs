@@ -89,17 +89,35 @@ pub fn console_secret(dir: &Path) -> std::io::Result<[u8; 32]> {
             std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{} is not 64 hex digits", path.display()))
         }),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            // Written aside and renamed into place, so a crash never leaves half a secret.
             let secret: [u8; 32] = rand::random();
             std::fs::create_dir_all(dir)?;
+            let aside = dir.join("console.secret.new");
             let mut options = std::fs::OpenOptions::new();
-            options.write(true).create_new(true);
+            options.write(true).create(true).truncate(true);
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-            std::io::Write::write_all(&mut options.open(&path)?, hex::encode(secret).as_bytes())?;
+            let mut file = options.open(&aside)?;
+            std::io::Write::write_all(&mut file, hex::encode(secret).as_bytes())?;
+            file.sync_all()?;
+            std::fs::rename(&aside, &path)?;
             Ok(secret)
         }
         Err(error) => Err(error),
     }
+}
+
+/// How long a console login lasts at most, however often it is renewed.
+pub const CONSOLE_LOGIN_MAX: Duration = Duration::from_secs(12 * 60 * 60);
+
+/// What a console token says, once its signature is checked.
+#[derive(Debug)]
+struct Claims {
+    caller: Caller,
+    issued: u64,
+    /// Which key it came from: the first bytes of HMAC(secret, the key's hash), so that a
+    /// token reveals nothing that helps guess the key.
+    key: Vec<u8>,
 }
 
 impl Keys {
@@ -107,33 +125,50 @@ impl Keys {
     pub fn issue(&self, key: &str, ttl: Duration) -> Result<Token, ApiError> {
         let caller = self.caller(Some(key))?;
         let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        let expires = SystemTime::now() + ttl;
-        let value = self.sign(&caller.subject, unix(expires), &hash[..8]);
-        Ok(Token { value, caller, expires })
+        let claims = Claims { caller, issued: unix(SystemTime::now()), key: self.key_id(&hash)? };
+        self.token(claims, ttl)
     }
 
-    /// A new token for the same caller and key as `token`, if it is still good.
+    /// A new token for the same login as `token`, if it is still good, until
+    /// [`CONSOLE_LOGIN_MAX`] after the login.
     pub fn renew(&self, token: &str, ttl: Duration) -> Result<Token, ApiError> {
-        let (caller, key) = self.verify(token)?;
-        let expires = SystemTime::now() + ttl;
-        Ok(Token { value: self.sign(&caller.subject, unix(expires), &key), caller, expires })
+        self.token(self.verify(token)?, ttl)
     }
 
-    /// `subject.expiry.key.mac`, each part hex or decimal, so it needs no quoting.
-    fn sign(&self, subject: &str, expires: u64, key: &[u8]) -> String {
-        let payload = format!("{}.{expires}.{}", hex::encode(subject), hex::encode(key));
-        format!("{payload}.{}", hex::encode(self.mac(&payload).finalize().into_bytes()))
+    fn token(&self, claims: Claims, ttl: Duration) -> Result<Token, ApiError> {
+        let end = UNIX_EPOCH + Duration::from_secs(claims.issued) + CONSOLE_LOGIN_MAX;
+        let expires = (SystemTime::now() + ttl).min(end);
+        if expires <= SystemTime::now() {
+            return Err(ApiError::new(Code::Unauthorized, "the console login has reached its limit: log in again"));
+        }
+        // `subject.issued.expires.key.mac`, each part hex or decimal, so it needs no quoting.
+        let payload = format!(
+            "{}.{}.{}.{}",
+            hex::encode(&claims.caller.subject),
+            claims.issued,
+            unix(expires),
+            hex::encode(&claims.key)
+        );
+        let mac = hex::encode(self.mac(&payload)?.finalize().into_bytes());
+        Ok(Token { value: format!("{payload}.{mac}"), caller: claims.caller, expires })
     }
 
-    fn mac(&self, payload: &str) -> Hmac<Sha256> {
-        let secret = self.secret.as_ref().expect("console tokens need Keys::with_secret");
+    fn mac(&self, payload: &str) -> Result<Hmac<Sha256>, ApiError> {
+        let secret = self.secret.as_ref().ok_or_else(|| ApiError::new(Code::Internal, "console logins are off"))?;
         let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("any key length");
         mac.update(payload.as_bytes());
-        mac
+        Ok(mac)
     }
 
-    /// The caller a console token names and the key (its hash's first bytes) it came from.
-    fn verify(&self, token: &str) -> Result<(Caller, Vec<u8>), ApiError> {
+    fn key_id(&self, hash: &[u8; 32]) -> Result<Vec<u8>, ApiError> {
+        let mut mac = self.mac("key")?;
+        mac.update(hash);
+        Ok(mac.finalize().into_bytes()[..8].to_vec())
+    }
+
+    /// What a console token says, if it is signed, unexpired, and its key is still
+    /// configured for its subject.
+    fn verify(&self, token: &str) -> Result<Claims, ApiError> {
         let invalid =
             || ApiError::new(Code::Unauthorized, "the console session is invalid or has expired: log in again");
         if self.secret.is_none() || self.is_open() {
@@ -141,26 +176,22 @@ impl Keys {
         }
         let (payload, mac) = token.rsplit_once('.').ok_or_else(invalid)?;
         let mac = hex::decode(mac).map_err(|_| invalid())?;
-        self.mac(payload).verify_slice(&mac).map_err(|_| invalid())?;
-        let mut parts = payload.split('.');
-        let (Some(subject), Some(expires), Some(key), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(invalid());
-        };
+        self.mac(payload)?.verify_slice(&mac).map_err(|_| invalid())?;
+        let parts: Vec<&str> = payload.split('.').collect();
+        let [subject, issued, expires, key] = parts[..] else { return Err(invalid()) };
         let subject = String::from_utf8(hex::decode(subject).map_err(|_| invalid())?).map_err(|_| invalid())?;
+        let issued: u64 = issued.parse().map_err(|_| invalid())?;
         let expires: u64 = expires.parse().map_err(|_| invalid())?;
         let key = hex::decode(key).map_err(|_| invalid())?;
         if expires <= unix(SystemTime::now()) {
             return Err(invalid());
         }
-        // The key must still be configured, for the same subject.
-        let caller = self
-            .by_hash
-            .iter()
-            .find(|(hash, caller)| hash.starts_with(&key) && caller.subject == subject)
-            .map(|(_, caller)| caller.clone())
-            .ok_or_else(invalid)?;
-        Ok((caller, key))
+        for (hash, caller) in &self.by_hash {
+            if caller.subject == subject && self.key_id(hash)? == key {
+                return Ok(Claims { caller: caller.clone(), issued, key });
+            }
+        }
+        Err(invalid())
     }
 }
 
@@ -180,14 +211,24 @@ pub fn request_caller(keys: &Keys, req: &HttpRequest) -> Result<Caller, ApiError
     let Some(cookie) = req.cookie(CONSOLE_COOKIE) else {
         return keys.caller(None);
     };
-    let (caller, _) = keys.verify(cookie.value())?;
-    if !req.method().is_safe() && req.headers().get(CONSOLE_HEADER).is_none_or(|v| v.as_bytes() != b"1") {
-        return Err(ApiError::new(
+    let claims = keys.verify(cookie.value())?;
+    if !req.method().is_safe() {
+        from_console(req)?;
+    }
+    Ok(claims.caller)
+}
+
+/// A write made with the console's cookie, and every request to the console's own routes
+/// that changes something, must carry `X-Turnlog-Console: 1`: a form on another site cannot
+/// send it.
+pub fn from_console(req: &HttpRequest) -> Result<(), ApiError> {
+    match req.headers().get(CONSOLE_HEADER) {
+        Some(value) if value.as_bytes() == b"1" => Ok(()),
+        _ => Err(ApiError::new(
             Code::Forbidden,
             "a write made with the console's cookie must carry the header `X-Turnlog-Console: 1`",
-        ));
+        )),
     }
-    Ok(caller)
 }
 
 pub fn hash_key(key: &str) -> String {
@@ -241,12 +282,16 @@ mod tests {
         let keys = alice();
         let token = keys.issue("secret", Duration::from_secs(60)).unwrap();
         assert!(!token.value.contains("secret"));
-        assert_eq!(keys.verify(&token.value).unwrap().0.subject, "alice");
+        assert_eq!(keys.verify(&token.value).unwrap().caller.subject, "alice");
         let renewed = keys.renew(&token.value, Duration::from_secs(60)).unwrap();
-        assert_eq!(keys.verify(&renewed.value).unwrap().0.subject, "alice");
+        assert_eq!(keys.verify(&renewed.value).unwrap().caller.subject, "alice");
         assert_eq!(keys.issue("wrong", Duration::from_secs(60)).unwrap_err().code, Code::Unauthorized);
-        let expired = keys.issue("secret", Duration::ZERO).unwrap();
-        assert_eq!(keys.verify(&expired.value).unwrap_err().code, Code::Unauthorized);
+        // The same token, signed, but with an expiry a second ago.
+        let parts: Vec<&str> = token.value.split('.').collect();
+        let payload = format!("{}.{}.{}.{}", parts[0], parts[1], unix(SystemTime::now()) - 1, parts[3]);
+        let expired = format!("{payload}.{}", hex::encode(keys.mac(&payload).unwrap().finalize().into_bytes()));
+        assert!(keys.verify(&token.value).is_ok());
+        assert_eq!(keys.verify(&expired).unwrap_err().code, Code::Unauthorized);
     }
 
     #[test]
@@ -255,7 +300,7 @@ mod tests {
         let token = keys.issue("secret", Duration::from_secs(60)).unwrap().value;
         // Another subject in the payload, the same signature.
         let (payload, mac) = token.rsplit_once('.').unwrap();
-        let forged = format!("{}.{}.{mac}", hex::encode("bob"), payload.split_once('.').unwrap().1);
+        let forged = format!("{}.{}.{mac}", hex::encode("alicf"), payload.split_once('.').unwrap().1);
         assert_eq!(keys.verify(&forged).unwrap_err().code, Code::Unauthorized);
         // Another server's secret.
         let other = Keys::new(&[ApiKey { subject: "alice".into(), sha256: hash_key("secret"), admin: false }])
@@ -266,6 +311,25 @@ mod tests {
             .with_secret([7; 32]);
         assert!(rekeyed.verify(&token).is_err());
         assert!(keys.verify("garbage").is_err());
+    }
+
+    #[test]
+    fn a_console_login_ends_at_its_limit_however_often_it_is_renewed() {
+        let keys = alice();
+        let token = keys.issue("secret", Duration::from_secs(60)).unwrap();
+        // A login made longer ago than the limit, signed as the server would have.
+        let old = Claims {
+            issued: unix(SystemTime::now()) - CONSOLE_LOGIN_MAX.as_secs() - 1,
+            ..keys.verify(&token.value).unwrap()
+        };
+        assert_eq!(keys.token(old, Duration::from_secs(60)).unwrap_err().code, Code::Unauthorized);
+        // A renewal never reaches past the limit.
+        let recent = Claims {
+            issued: unix(SystemTime::now()) - CONSOLE_LOGIN_MAX.as_secs() + 10,
+            ..keys.verify(&token.value).unwrap()
+        };
+        let renewed = keys.token(recent, Duration::from_secs(60)).unwrap();
+        assert!(renewed.expires <= SystemTime::now() + Duration::from_secs(11));
     }
 
     #[test]

@@ -21,7 +21,9 @@ pub use catalog::Catalog;
 pub use coalesce::Coalescer;
 pub use engine::{AgentChanges, EngineSettings, Follows, Input, SessionUpdate, Submission, Submitted, WhenBusy};
 pub use follow::{FollowError, Follower};
-pub use sessions::{Activity, EventPage, EventQuery, ListFilter, Page, Sessions, TimeBounds, TurnQuery};
+pub use sessions::{
+    Activity, Changed, EventPage, EventQuery, ListFilter, Page, Sessions, Status, TimeBounds, TurnQuery,
+};
 
 pub(crate) use engine::Engine;
 pub(crate) use log::SessionLog;

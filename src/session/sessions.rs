@@ -38,6 +38,19 @@ pub struct ListFilter {
     pub limit: usize,
 }
 
+impl ListFilter {
+    /// Only sessions in `status` (any, with `None`).
+    pub fn with_status(self, status: Option<Status>) -> ListFilter {
+        let (running, archived) = match status {
+            None => (None, None),
+            Some(Status::Running) => (Some(true), Some(false)),
+            Some(Status::Idle) => (Some(false), Some(false)),
+            Some(Status::Archived) => (None, Some(true)),
+        };
+        ListFilter { running, archived, ..self }
+    }
+}
+
 /// Bounds on a time, each RFC 3339 in UTC with microseconds as stored (so they compare as
 /// text): strictly after `gt`, at or after `gte`, strictly before `lt`, at or before `lte`.
 #[derive(Debug, Clone, Default)]
@@ -102,6 +115,48 @@ pub struct Activity {
     pub running: bool,
     /// The usage of all its turns.
     pub usage: Usage,
+}
+
+/// A session's state as a list shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Running,
+    Idle,
+    /// Kept and readable; it takes no more input.
+    Archived,
+}
+
+impl Status {
+    pub fn of(summary: &SessionSummary, activity: &Activity) -> Status {
+        match (summary.archived_at.is_some(), activity.running) {
+            (true, _) => Status::Archived,
+            (false, true) => Status::Running,
+            (false, false) => Status::Idle,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Idle => "idle",
+            Status::Archived => "archived",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Status> {
+        [Status::Running, Status::Idle, Status::Archived].into_iter().find(|s| s.as_str() == text)
+    }
+}
+
+/// A changed session as one caller sees it.
+#[derive(Debug, Clone)]
+pub enum Changed {
+    /// As it stands now.
+    Shown(Box<SessionSummary>, Status),
+    /// Deleted: it leaves the caller's lists.
+    Gone(SessionId),
+    /// Not the caller's to see.
+    Hidden,
 }
 
 /// A page of a session's turns, newest first, strictly before `before`.
@@ -333,20 +388,25 @@ impl Sessions {
         }
     }
 
-    /// The caller's session `id` as it stands, with what it is doing, if the caller may
-    /// still see it: for watchers of [`Sessions::changes`].
-    pub async fn changed(
-        &self,
-        caller: &Caller,
-        id: SessionId,
-    ) -> Result<Option<(SessionSummary, Activity)>, SessionError> {
+    /// The caller's session `id` as it stands now: for watchers of [`Sessions::changes`].
+    pub async fn changed(&self, caller: &Caller, id: SessionId) -> Result<Changed, SessionError> {
         match self.log.summary(id).await? {
-            Some(summary) if !summary.deleted && caller.may_see(&summary) => {
-                let activity = self.activity(&summary).await?;
-                Ok(Some((self.redacted(summary), activity)))
+            Some(summary) if caller.may_see(&summary) && summary.deleted => Ok(Changed::Gone(id)),
+            Some(summary) if caller.may_see(&summary) => {
+                let status = Status::of(&summary, &self.activity(&summary).await?);
+                Ok(Changed::Shown(Box::new(self.redacted(summary)), status))
             }
-            _ => Ok(None),
+            _ => Ok(Changed::Hidden),
         }
+    }
+
+    /// Each session's status, for a page of them.
+    pub async fn statuses(&self, sessions: &[SessionSummary]) -> Result<Vec<Status>, SessionError> {
+        let mut statuses = Vec::with_capacity(sessions.len());
+        for summary in sessions {
+            statuses.push(Status::of(summary, &self.activity(summary).await?));
+        }
+        Ok(statuses)
     }
 
     /// Every session whose log grows from now on (anyone's: see [`Sessions::changed`]).

@@ -53,8 +53,12 @@ impl Channel {
         if let Some(last) = events.last() {
             *self.durable.lock() = Position { last: Some(last.id), seq: last.seq };
             // No receivers is not an error: nobody is watching this session right now.
+            // Deltas change neither the session nor its state: only the rest is a change.
+            let changed = events.iter().any(|event| !event.is_delta());
             let _ = self.bus.send(events);
-            let _ = self.changes.send(self.session);
+            if changed {
+                let _ = self.changes.send(self.session);
+            }
         }
     }
 }
@@ -74,8 +78,8 @@ impl Hub {
         Hub { channels: DashMap::new(), bus_capacity: bus_capacity.max(1), changes }
     }
 
-    /// Every session whose log grows from now on, once per publish (a watcher that lags
-    /// is told so, and rereads what it shows).
+    /// Every session whose log grows from now on by more than deltas, once per publish (a
+    /// watcher that lags is told so, and rereads what it shows).
     pub fn changes(&self) -> broadcast::Receiver<Ulid> {
         self.changes.subscribe()
     }

@@ -116,7 +116,9 @@ async fn a_console_cookie_stands_for_its_key_until_logout_and_writes_need_the_co
         .await
         .unwrap();
     assert_eq!(refresh.status(), 200);
-    assert!(refresh.headers().get("set-cookie").is_some(), "a refresh renews the cookie");
+    let renewed = name_value(refresh.headers()["set-cookie"].to_str().unwrap());
+    let who: Value = with_cookie(&app, &renewed, "/console/api/whoami").send().await.unwrap().json().await.unwrap();
+    assert_eq!(who["subject"], "alice", "the renewed cookie works");
     let logout = app
         .client
         .post(format!("{}/console/api/logout", app.url))
@@ -161,16 +163,22 @@ async fn the_session_stream_shows_the_callers_sessions_as_they_change() {
     app.create_session().await;
     app.use_key("alice-key");
     let session = app.create_session().await;
-    let turn = json!({"type": "user.message", "content": "/delay 50\n/words 3"});
+    // A turn of about a second: far longer than the stream's 100 ms coalescing.
+    let turn = json!({"type": "user.message", "content": "/delay 200\n/words 5"});
     assert_eq!(app.post_event(&session, turn).await.status(), 200);
-    // Frames come per change (coalesced): read until the session is idle after running.
-    let mut statuses = Vec::new();
-    while statuses.last().map(String::as_str) != Some("idle") || !statuses.iter().any(|s| s == "running") {
+    statuses_until_idle(&mut changes, &session, true).await;
+    // A deleted session leaves the list.
+    assert_eq!(app.delete(&format!("/sessions/{session}")).send().await.unwrap().status(), 204);
+    loop {
         let frame = take(&mut changes, 1, 10).await.remove(0);
-        assert_eq!(frame.event, "session");
-        assert_eq!(frame.data["id"], session.as_str(), "only alice's session: {:?}", frame.data);
-        statuses.push(frame.data["status"].as_str().unwrap().to_string());
+        if frame.event == "removed" {
+            assert_eq!(frame.data, json!({"id": session}));
+            break;
+        }
     }
+    let session = app.create_session().await;
+    assert_eq!(app.post_event(&session, json!({"type": "user.message", "content": "hi"})).await.status(), 200);
+    statuses_until_idle(&mut changes, &session, false).await;
     // The list filters by status.
     let (status, idle) = crate::helpers::get_json(&app, "/console/api/sessions?status=idle").await;
     assert_eq!((status, idle["sessions"][0]["id"].as_str()), (200, Some(session.as_str())));
@@ -179,4 +187,25 @@ async fn the_session_stream_shows_the_callers_sessions_as_they_change() {
     let (status, bad) = crate::helpers::get_json(&app, "/console/api/sessions?status=asleep").await;
     assert_eq!(status, 400);
     assert!(bad["error"]["message"].as_str().unwrap().contains("`status`"));
+}
+
+/// Reads the stream's frames until `session` is idle (after running, if `ran`: frames come
+/// per change, coalesced, so a short turn may show only its end); each frame is of
+/// `session`, alice's only one.
+async fn statuses_until_idle(
+    changes: &mut (impl futures_util::Stream<Item = crate::helpers::Sse> + Unpin),
+    session: &str,
+    ran: bool,
+) -> Vec<String> {
+    let mut statuses: Vec<String> = Vec::new();
+    let done = |statuses: &[String]| {
+        statuses.last().is_some_and(|s| s == "idle") && (!ran || statuses.iter().any(|s| s == "running"))
+    };
+    while !done(&statuses) {
+        let frame = take(changes, 1, 10).await.remove(0);
+        assert_eq!(frame.event, "session");
+        assert_eq!(frame.data["id"], session, "only alice's session: {:?}", frame.data);
+        statuses.push(frame.data["status"].as_str().unwrap().to_string());
+    }
+    statuses
 }

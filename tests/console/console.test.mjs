@@ -431,10 +431,14 @@ test("auth: login with a key, each caller sees only their sessions, an HttpOnly 
   );
   await waitInPage(
     page,
-    () => /not found|error|forbidden|denied|unauthori[sz]ed|no such/i.test(document.body.innerText),
+    () => {
+      const fatal = document.getElementById("fatal");
+      return !fatal.hidden && /^Session not found/.test(fatal.textContent);
+    },
     null,
-    "an error or 'not found' shown for bob's session",
+    "#fatal says bob's session is not found",
   );
+  assert.equal(await page.locator("#conn").getAttribute("data-state"), "ended", "the view of bob's session ends");
   assert.equal(await page.locator("#events tbody tr").count(), 0, "no event rows for bob's session");
   const html = await page.content();
   assert.deepEqual(

@@ -8,8 +8,7 @@ use actix_web::{HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::from_console;
-use crate::api::auth::{Auth, Token, CONSOLE_COOKIE, CONSOLE_TOKEN_TTL};
+use crate::api::auth::{from_console, Auth, Token, CONSOLE_COOKIE, CONSOLE_TOKEN_TTL};
 use crate::api::body::JsonBody;
 use crate::api::{Error, State};
 use crate::domain::EventBody;

@@ -55,11 +55,3 @@ fn file(name: &str) -> Option<HttpResponse> {
             .body(*body),
     )
 }
-
-/// A console write must carry `X-Turnlog-Console: 1` (see [`crate::api::auth`]).
-fn from_console(req: &actix_web::HttpRequest) -> Result<(), ApiError> {
-    match req.headers().get(crate::api::auth::CONSOLE_HEADER) {
-        Some(value) if value.as_bytes() == b"1" => Ok(()),
-        _ => Err(ApiError::new(Code::Forbidden, "console requests must carry the header `X-Turnlog-Console: 1`")),
-    }
-}

@@ -7,7 +7,8 @@ use std::time::Duration;
 use actix_web::HttpResponse;
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
-use tokio::sync::broadcast::error::RecvError;
+use serde_json::json;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use crate::api::auth::Auth;
 use crate::api::body::Query;
@@ -17,7 +18,7 @@ use crate::api::{Error, State};
 use crate::domain::SessionId;
 use crate::error::ApiError;
 use crate::projection::SessionSummary;
-use crate::session::{Activity, Caller, ListFilter, Sessions};
+use crate::session::{Caller, Changed, ListFilter, SessionError, Sessions, Status};
 
 /// Changes to one session closer together than this are sent once.
 const COALESCE: Duration = Duration::from_millis(100);
@@ -45,12 +46,7 @@ struct Item<'a> {
 }
 
 impl<'a> Item<'a> {
-    fn new(summary: &'a SessionSummary, activity: &Activity) -> Item<'a> {
-        let status = match (summary.archived_at.is_some(), activity.running) {
-            (true, _) => "archived",
-            (false, true) => "running",
-            (false, false) => "idle",
-        };
+    fn new(summary: &'a SessionSummary, status: Status) -> Item<'a> {
         Item {
             id: summary.id.to_string(),
             agent: &summary.spec.agent.name,
@@ -58,7 +54,7 @@ impl<'a> Item<'a> {
             created_at: &summary.created_at,
             updated_at: &summary.updated_at,
             title: summary.spec.title.as_deref(),
-            status,
+            status: status.as_str(),
         }
     }
 }
@@ -70,17 +66,11 @@ pub async fn list(state: State, Auth(caller, _): Auth, query: Query<ListQuery>) 
     if limit == 0 || limit > max {
         return Err(ApiError::invalid(format!("invalid query `limit`: must be between 1 and {max}")).into());
     }
-    let (running, archived) = match query.status.as_deref().unwrap_or("") {
-        "" => (None, None),
-        "running" => (Some(true), Some(false)),
-        "idle" => (Some(false), Some(false)),
-        "archived" => (None, Some(true)),
-        other => {
-            return Err(ApiError::invalid(format!(
-                "invalid query `status`: {other:?} is not running, idle or archived"
-            ))
-            .into())
-        }
+    let status = match query.status.as_deref().filter(|s| !s.is_empty()) {
+        None => None,
+        Some(text) => Some(Status::parse(text).ok_or_else(|| {
+            ApiError::invalid(format!("invalid query `status`: {text:?} is not running, idle or archived"))
+        })?),
     };
     let after = match query.after.as_deref() {
         Some(after) => Some(after.parse().map_err(|_| ApiError::invalid("invalid query `after`: not a session id"))?),
@@ -89,24 +79,22 @@ pub async fn list(state: State, Auth(caller, _): Auth, query: Query<ListQuery>) 
     let filter = ListFilter {
         agent: query.agent.filter(|a| !a.is_empty()),
         created_by: query.created_by.filter(|c| !c.is_empty()),
-        running,
-        archived,
         after,
         limit,
         ..ListFilter::default()
-    };
-    let page = state.sessions.list(&caller, &filter).await?;
-    let mut sessions = Vec::with_capacity(page.items.len());
-    for summary in &page.items {
-        sessions.push(serde_json::to_value(Item::new(summary, &state.sessions.activity(summary).await?)).unwrap());
     }
+    .with_status(status);
+    let page = state.sessions.list(&caller, &filter).await?;
+    let statuses = state.sessions.statuses(&page.items).await?;
+    let sessions: Vec<Item> =
+        page.items.iter().zip(statuses).map(|(summary, status)| Item::new(summary, status)).collect();
     let next = if page.has_more { page.items.last().map(|s| s.id.to_string()) } else { None };
-    Ok(HttpResponse::Ok().json(serde_json::json!({"sessions": sessions, "next": next})))
+    Ok(HttpResponse::Ok().json(json!({"sessions": sessions, "next": next})))
 }
 
 /// `session` with each of the caller's sessions as it changes (at most one frame per
-/// session per [`COALESCE`]), `resync` when changes were missed (the stream fell behind:
-/// the page reloads its list), and heartbeats.
+/// session per [`COALESCE`]), `removed` when one is deleted, `resync` when changes were
+/// missed (the stream fell behind: the page reloads its list), and heartbeats.
 pub async fn stream(state: State, Auth(caller, _): Auth) -> Result<HttpResponse, Error> {
     let settings = &state.settings.streams;
     let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;
@@ -117,17 +105,17 @@ pub async fn stream(state: State, Auth(caller, _): Auth) -> Result<HttpResponse,
         let _guard = guard;
         // Sent at once, so that the browser's `open` fires before the first change.
         yield Ok::<_, std::convert::Infallible>(Bytes::from_static(PING));
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
         loop {
             let first = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(heartbeat) => {
+                _ = beat.tick() => {
                     yield Ok(Bytes::from_static(PING));
                     continue;
                 }
                 first = changes.recv() => first,
             };
-            let mut changed = HashSet::new();
-            let mut lagged = false;
+            let (mut changed, mut lagged) = (HashSet::new(), false);
             match first {
                 Ok(id) => {
                     changed.insert(id);
@@ -141,24 +129,20 @@ pub async fn stream(state: State, Auth(caller, _): Auth) -> Result<HttpResponse,
                     Ok(id) => {
                         changed.insert(id);
                     }
-                    Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => lagged = true,
+                    Err(TryRecvError::Lagged(_)) => lagged = true,
                     Err(_) => break,
                 }
             }
-            if lagged {
-                let mut out = BytesMut::new();
-                frame(&mut out, None, "resync", b"{}");
-                yield Ok(out.freeze());
-                continue;
-            }
-            match frames(&sessions, &caller, changed).await {
-                Ok(Some(out)) => yield Ok(out),
-                Ok(None) => {}
+            let out = match lagged {
+                true => Ok(resync()),
+                false => frames(&sessions, &caller, changed).await,
+            };
+            match out {
+                Ok(out) if out.is_empty() => {}
+                Ok(out) => yield Ok(out),
                 Err(error) => {
                     tracing::warn!(%error, "the console's session stream could not read a session");
-                    let mut out = BytesMut::new();
-                    frame(&mut out, None, "resync", b"{}");
-                    yield Ok(out.freeze());
+                    yield Ok(resync());
                 }
             }
         }
@@ -166,18 +150,24 @@ pub async fn stream(state: State, Auth(caller, _): Auth) -> Result<HttpResponse,
     Ok(sse_response().streaming(body))
 }
 
-/// A `session` frame for each changed session the caller may see.
-async fn frames(
-    sessions: &Sessions,
-    caller: &Caller,
-    changed: HashSet<ulid::Ulid>,
-) -> Result<Option<Bytes>, crate::session::SessionError> {
+fn resync() -> Bytes {
+    let mut out = BytesMut::new();
+    frame(&mut out, None, "resync", b"{}");
+    out.freeze()
+}
+
+/// A `session` frame for each changed session the caller may see, `removed` for each deleted.
+async fn frames(sessions: &Sessions, caller: &Caller, changed: HashSet<ulid::Ulid>) -> Result<Bytes, SessionError> {
     let mut out = BytesMut::new();
     for id in changed {
-        if let Some((summary, activity)) = sessions.changed(caller, SessionId(id)).await? {
-            let json = serde_json::to_vec(&Item::new(&summary, &activity)).expect("an item serialises");
-            frame(&mut out, None, "session", &json);
+        match sessions.changed(caller, SessionId(id)).await? {
+            Changed::Shown(summary, status) => {
+                let json = serde_json::to_vec(&Item::new(&summary, status)).expect("an item serialises");
+                frame(&mut out, None, "session", &json);
+            }
+            Changed::Gone(id) => frame(&mut out, None, "removed", json!({"id": id.to_string()}).to_string().as_bytes()),
+            Changed::Hidden => {}
         }
     }
-    Ok((!out.is_empty()).then(|| out.freeze()))
+    Ok(out.freeze())
 }
