@@ -22,6 +22,7 @@ pub mod acp;
 pub mod agent;
 pub mod api;
 pub mod app;
+pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod error;

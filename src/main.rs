@@ -38,6 +38,83 @@ enum Command {
     /// Be an Agent Client Protocol agent on stdin/stdout (an editor starts it): with
     /// `--server`, a bridge to a running turnlog; without, the engine on `--data-dir`.
     Acp(AcpArgs),
+    /// Write sessions as JSON Lines exactly as stored, with their hash chains (all, the
+    /// ones named, or those a filter picks), from a data dir or a server.
+    Export {
+        /// Sessions to export (none: every session, or those the filters pick).
+        sessions: Vec<String>,
+        #[command(flatten)]
+        remote: Remote,
+        /// Only sessions of this agent.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only sessions made by this subject.
+        #[arg(long)]
+        created_by: Option<String>,
+        /// The file to write (standard output by default).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Load an export into a data dir or a server; refused if a chain does not verify or a
+    /// session exists with other events.
+    Import {
+        file: PathBuf,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Check every chain in an export FILE or in --data-dir; exit 1 at the first broken
+    /// link, which it names.
+    Verify { file: Option<PathBuf> },
+    /// Follow a session in the terminal, across drops and restarts, until it ends.
+    Tail {
+        session: String,
+        #[command(flatten)]
+        remote: Remote,
+        /// Start after this event (default: the start of the log).
+        #[arg(long)]
+        after: Option<String>,
+        /// Only these event types (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        types: Vec<String>,
+        /// Print each event's JSON on its own line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a session's events again at their original pace.
+    Replay {
+        session: String,
+        #[command(flatten)]
+        remote: Remote,
+        /// How many times faster than it happened.
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
+        /// Start at this event.
+        #[arg(long)]
+        from: Option<String>,
+        /// Only these event types (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        types: Vec<String>,
+        /// Print each event's JSON on its own line.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A server to work through instead of a data dir.
+#[derive(clap::Args)]
+struct Remote {
+    /// A running turnlog (`http://127.0.0.1:8787`).
+    #[arg(long)]
+    server: Option<String>,
+    /// Its API key (sent as `Authorization: Bearer`).
+    #[arg(long, env = "TURNLOG_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+}
+
+impl Remote {
+    fn client(&self) -> Option<turnlog::cli::Client> {
+        self.server.as_deref().map(|server| turnlog::cli::Client::new(server, self.api_key.clone()))
+    }
 }
 
 #[derive(clap::Args)]
@@ -65,6 +142,101 @@ fn main() -> anyhow::Result<()> {
             let code = acp(cli.serve, args);
             // Not waiting for the thread that still blocks reading stdin: the log is closed.
             std::process::exit(code)
+        }
+        command => std::process::exit(tool(&cli.serve, command)),
+    }
+}
+
+/// Runs an operator's command; its exit status (see [`turnlog::cli`]).
+fn tool(serve: &ServeArgs, command: Command) -> i32 {
+    use turnlog::cli::{audit, follow, Failure};
+    let name = match &command {
+        Command::Export { .. } => "export",
+        Command::Import { .. } => "import",
+        Command::Verify { .. } => "verify",
+        Command::Tail { .. } => "tail",
+        _ => "replay",
+    };
+    let data_dir = || -> Result<PathBuf, Failure> {
+        match &serve.data_dir {
+            Some(dir) => Ok(dir.clone()),
+            None => settings(serve).map(|s| s.server.data_dir).map_err(turnlog::cli::input),
+        }
+    };
+    let source = |remote: &Remote| -> Result<audit::Source, Failure> {
+        match remote.client() {
+            Some(client) => Ok(audit::Source::Server(client)),
+            None => Ok(audit::Source::DataDir(data_dir()?)),
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a runtime");
+    let result: Result<(), Failure> = runtime.block_on(async {
+        match command {
+            Command::Export { sessions, remote, agent, created_by, output } => {
+                let selection = audit::Selection { sessions, agent, created_by };
+                let source = source(&remote)?;
+                match output {
+                    None => {
+                        let mut out = std::io::stdout().lock();
+                        audit::export(&source, &selection, &mut out).await?;
+                    }
+                    // Written aside and renamed once whole, so a failed export leaves no file.
+                    Some(path) => {
+                        let aside = path.with_extension("partial");
+                        let mut file = std::fs::File::create(&aside)
+                            .map_err(|e| Failure::Input(format!("{}: {e}", aside.display())))?;
+                        let written = audit::export(&source, &selection, &mut file).await;
+                        if written.is_err() {
+                            let _ = std::fs::remove_file(&aside);
+                        }
+                        let count = written?;
+                        std::fs::rename(&aside, &path).map_err(turnlog::cli::input)?;
+                        eprintln!("turnlog export: {count} sessions to {}", path.display());
+                    }
+                }
+                Ok(())
+            }
+            Command::Import { file, remote } => {
+                for (session, imported) in audit::import(&source(&remote)?, &file).await? {
+                    let said = match imported {
+                        turnlog::store::audit::Imported::New { events } => format!("imported, {events} events"),
+                        turnlog::store::audit::Imported::Unchanged { events } => {
+                            format!("already there, the same {events} events")
+                        }
+                    };
+                    eprintln!("turnlog import: {session}: {said}");
+                }
+                Ok(())
+            }
+            Command::Verify { file } => {
+                let dir = if file.is_none() { Some(data_dir()?) } else { None };
+                let checked = audit::verify(file.as_deref(), dir.as_deref()).await?;
+                let events: u64 = checked.iter().map(|(_, n)| n).sum();
+                println!("ok: {} sessions, {events} events, every chain verifies", checked.len());
+                Ok(())
+            }
+            Command::Tail { session, remote, after, types, json } => {
+                let server = remote.server.clone().unwrap_or_else(|| "http://127.0.0.1:8787".into());
+                let client = turnlog::cli::Client::new(&server, remote.api_key.clone());
+                let mut printer = follow::Printer::new(std::io::stdout().lock(), json, types);
+                follow::tail(&client, &session, after, &mut printer).await
+            }
+            Command::Replay { session, remote, speed, from, types, json } => {
+                let from_where = match remote.client() {
+                    Some(client) => follow::From::Server(client),
+                    None => follow::From::DataDir(data_dir()?),
+                };
+                let mut printer = follow::Printer::new(std::io::stdout().lock(), json, types);
+                follow::replay(&from_where, &session, from.as_deref(), speed, &mut printer).await.map(|_| ())
+            }
+            _ => unreachable!("not an operator's command"),
+        }
+    });
+    match result {
+        Ok(()) => 0,
+        Err(failure) => {
+            eprintln!("turnlog {name}: {failure}");
+            failure.code()
         }
     }
 }

@@ -365,8 +365,18 @@ impl Log for HeldLog {
         };
         Ok(turnlog::store::Ordered::new(appended, Box::pin(held)))
     }
+    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<turnlog::store::Ordered, AppendError> {
+        self.inner.adopt(session, events)
+    }
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
         self.inner.position(session).await
+    }
+    async fn hashes(
+        &self,
+        session: SessionId,
+        range: ReadRange,
+    ) -> Result<Vec<(EventId, turnlog::store::chain::Hash)>, StoreError> {
+        self.inner.hashes(session, range).await
     }
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
         self.inner.read(session, range).await
@@ -385,6 +395,9 @@ impl Log for HeldLog {
     }
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, bytes::Bytes)>, StoreError> {
         self.inner.scan(projection, scan).await
+    }
+    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
+        self.inner.session_ids(after, limit).await
     }
     fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
         self.inner.changes()

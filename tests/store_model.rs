@@ -397,3 +397,55 @@ async fn projections_rebuild_on_the_sled_log() {
 async fn projections_rebuild_on_the_memory_log() {
     projections_rebuild_to_what_they_were(Backend::Memory).await;
 }
+
+/// Every event's chain hash links it to the one before, across restarts; a whole log
+/// adopted by another log (an import) keeps its bytes and gets the same chain; a log that
+/// already has events, or one the numbering could not have made, is refused.
+async fn the_chain_links_every_event_and_an_adopted_log_keeps_it(backend: Backend) {
+    use turnlog::store::chain;
+    let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut opened = Opened::open(backend, dir.path());
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    opened.log().append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    let outcome = |i: u64| Draft::new(None, &EventBody::UserDefineOutcome { outcome: serde_json::json!(i) });
+    for i in 0..5 {
+        opened.log().append(session, 1 + 2 * i, vec![outcome(i), outcome(i + 100)]).await.unwrap().unwrap();
+    }
+    opened = opened.restart(dir.path(), false).await;
+    opened.log().append(session, 11, vec![outcome(7)]).await.unwrap().unwrap();
+    let all = ReadRange { after: None, before: None, limit: 1000, newest_first: false };
+    let events = opened.log().read(session, all).await.unwrap();
+    let hashes = opened.log().hashes(session, all).await.unwrap();
+    assert_eq!(events.len(), 12);
+    let mut head = chain::GENESIS;
+    for (event, (id, hash)) in events.iter().zip(&hashes) {
+        head = chain::link(&head, &event.json);
+        assert_eq!((event.id, head), (*id, *hash), "event {}", event.seq);
+    }
+    let newest = ReadRange { limit: 1, newest_first: true, ..all };
+    assert_eq!(opened.log().hashes(session, newest).await.unwrap(), [(events[11].id, head)]);
+
+    let other = Opened::open(backend, other_dir.path());
+    other.log().adopt(session, events.clone()).unwrap().durable().await.unwrap().unwrap();
+    assert_eq!(stored(other.log().read(session, all).await.unwrap()), stored(events.clone()));
+    assert_eq!(other.log().hashes(session, all).await.unwrap(), hashes);
+    let again = other.log().adopt(session, events.clone()).unwrap().durable().await.unwrap();
+    assert!(matches!(again, Err(Conflict { expected: 0, .. })), "a session with events takes no import");
+    let mut gapped = events.clone();
+    gapped.remove(3);
+    let error = other.log().adopt(SessionId::generate(), gapped).err().expect("a gap is refused");
+    assert!(matches!(error, AppendError::Malformed(_)), "{error}");
+    opened.log().close().await.unwrap();
+    other.log().close().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_chain_on_the_sled_log() {
+    the_chain_links_every_event_and_an_adopted_log_keeps_it(Backend::Sled).await;
+}
+
+#[tokio::test]
+async fn the_chain_on_the_memory_log() {
+    the_chain_links_every_event_and_an_adopted_log_keeps_it(Backend::Memory).await;
+}

@@ -52,7 +52,9 @@ impl From<SessionError> for DoorError {
                 DoorError::Invalid(message)
             }
             SessionError::Busy(_) => DoorError::Busy(message),
-            SessionError::Conflict(_) | SessionError::PreviousTurn(_) => DoorError::Refused(message),
+            SessionError::Conflict(_) | SessionError::PreviousTurn(_) | SessionError::Forbidden(_) => {
+                DoorError::Refused(message)
+            }
             SessionError::ShuttingDown
             | SessionError::Retry(_)
             | SessionError::Storage(_)

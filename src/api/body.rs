@@ -40,31 +40,56 @@ impl<T: DeserializeOwned + 'static, R: Render> FromRequest for JsonBody<T, R> {
     type Future = LocalBoxFuture<'static, Result<Self, Error<R>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let limit = req.app_data::<State>().map_or(1 << 20, |s| s.settings.server.max_body_bytes);
-        let declared =
-            req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
-        let mut payload = payload.take();
-        let read = async move {
-            let too_large =
-                || ApiError::new(Code::PayloadTooLarge, format!("the body is larger than the limit of {limit} bytes"));
-            if declared.is_some_and(|n| n > limit) {
+        let read = read_limited(req, payload);
+        Box::pin(async move {
+            let body = read.await.map_err(Error::new)?;
+            if body.is_empty() {
+                return Err(Error::new(ApiError::new(
+                    Code::InvalidJson,
+                    "the body is empty; a JSON object is expected",
+                )));
+            }
+            parse_json(&body).map(|body| JsonBody(body, PhantomData)).map_err(Error::new)
+        })
+    }
+}
+
+/// A body as it came, read up to `server.max_body_bytes`.
+pub struct RawBody(pub web::Bytes);
+
+impl FromRequest for RawBody {
+    type Error = Error<Standard>;
+    type Future = LocalBoxFuture<'static, Result<Self, Error<Standard>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let read = read_limited(req, payload);
+        Box::pin(async move { read.await.map(|body| RawBody(body.freeze())).map_err(Error::new) })
+    }
+}
+
+/// Reads the body, refusing one larger than `server.max_body_bytes` (by its declared length
+/// at once, else as it comes).
+fn read_limited(req: &HttpRequest, payload: &mut Payload) -> LocalBoxFuture<'static, Result<web::BytesMut, ApiError>> {
+    let limit = req.app_data::<State>().map_or(1 << 20, |s| s.settings.server.max_body_bytes);
+    let declared =
+        req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let mut payload = payload.take();
+    Box::pin(async move {
+        let too_large =
+            || ApiError::new(Code::PayloadTooLarge, format!("the body is larger than the limit of {limit} bytes"));
+        if declared.is_some_and(|n| n > limit) {
+            return Err(too_large());
+        }
+        let mut body = web::BytesMut::new();
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk.map_err(|e| ApiError::invalid(format!("could not read the body: {e}")))?;
+            if body.len() + chunk.len() > limit {
                 return Err(too_large());
             }
-            let mut body = web::BytesMut::new();
-            while let Some(chunk) = payload.next().await {
-                let chunk = chunk.map_err(|e| ApiError::invalid(format!("could not read the body: {e}")))?;
-                if body.len() + chunk.len() > limit {
-                    return Err(too_large());
-                }
-                body.extend_from_slice(&chunk);
-            }
-            if body.is_empty() {
-                return Err(ApiError::new(Code::InvalidJson, "the body is empty; a JSON object is expected"));
-            }
-            parse_json(&body)
-        };
-        Box::pin(async move { read.await.map(|body| JsonBody(body, PhantomData)).map_err(Error::new) })
-    }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    })
 }
 
 /// A query string, with bracket arrays (`types[]=a&types[]=b`) as some clients send them.

@@ -3,6 +3,7 @@
 //! state or rules, and none reaches past the session layer.
 
 pub mod aap;
+pub mod audit;
 pub mod auth;
 pub mod body;
 pub mod console;
@@ -79,7 +80,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     ops::routes(cfg);
     console::routes(cfg);
     // The harness first: the managed view's `/v1` scope would take `/v1/agents/sessions`.
-    cfg.configure(harness::routes)
+    cfg.configure(audit::routes)
+        .configure(harness::routes)
         .configure(managed::routes)
         .configure(aap::routes)
         .configure(aap::session_routes)

@@ -210,6 +210,20 @@ pub struct SessionSpec {
     /// Where the agent runs (a catalog environment), when the client named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_id: Option<String>,
+    /// The session this one was forked from, and where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkPoint>,
+}
+
+/// Where a fork was made: the source session, the event its history runs to, and the
+/// source's chain head there (the hash of that event), so the fork names exactly what it
+/// continues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkPoint {
+    pub session_id: super::SessionId,
+    pub event_id: super::EventId,
+    pub sequence_number: u64,
+    pub hash: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

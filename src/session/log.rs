@@ -111,6 +111,11 @@ impl SessionLog {
         Ok(page.into_iter().filter_map(|(key, bytes)| Some((key, decode(projection, &bytes)?))).collect())
     }
 
+    /// The log itself, for the audit operations that work on any log.
+    pub fn raw(&self) -> &dyn Log {
+        self.log.as_ref()
+    }
+
     /// Every session whose log grows from now on.
     pub fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
         self.log.changes()
@@ -138,6 +143,7 @@ fn append_error(session: SessionId, error: AppendError) -> SessionError {
         AppendError::TooManyEvents { .. } => SessionError::Limit(error.to_string()),
         AppendError::ShuttingDown => SessionError::ShuttingDown,
         AppendError::OutOfTurn { .. } => SessionError::Storage(StoreError::new(error)),
+        AppendError::Malformed(message) => SessionError::Invalid(message),
         AppendError::Storage(message) => SessionError::Storage(StoreError::new(message)),
     }
 }

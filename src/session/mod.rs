@@ -7,6 +7,7 @@
 //! hold), the engine and its actors, the turn loop, and `log` (the one way into the log).
 
 mod actor;
+mod audit;
 pub mod catalog;
 mod coalesce;
 pub mod decide;
@@ -116,6 +117,9 @@ pub enum SessionError {
     /// Something the request needs cannot be reached now (an MCP server): try again later.
     #[error("{0}")]
     Unavailable(String),
+    /// The caller may see the session but not do this.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("the service is shutting down")]
     ShuttingDown,
     /// The session's actor stopped before it took the submission: send it again.

@@ -171,7 +171,7 @@ const SCAN_CHUNK: usize = 256;
 
 #[derive(Clone)]
 pub struct Sessions {
-    log: SessionLog,
+    pub(super) log: SessionLog,
     engine: Engine,
     agents: Arc<Agents>,
     catalog: Arc<Catalog>,

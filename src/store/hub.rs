@@ -36,6 +36,8 @@ pub struct Channel {
     pub(super) tail: Mutex<Option<Tail>>,
     /// The hub's feed of changed sessions.
     changes: broadcast::Sender<Ulid>,
+    /// The hash of the last event written, kept by a log's writer once it has loaded it.
+    pub(super) chain_head: Mutex<Option<super::chain::Hash>>,
 }
 
 impl Channel {
@@ -104,6 +106,7 @@ impl Hub {
                     bus,
                     tail: Mutex::new(None),
                     changes: self.changes.clone(),
+                    chain_head: Mutex::new(None),
                 });
                 entry.insert(channel.clone());
                 Ok(channel)

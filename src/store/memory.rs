@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use super::hub::Hub;
 use super::numbering::{Clock, Tail};
 use super::{
-    project, AppendError, Appended, Key, Log, Ordered, Position, Projection, ReadRange, Scan, StoreError, Subscription,
-    Values,
+    chain, project, AppendError, Appended, Key, Log, Ordered, Position, Projection, ReadRange, Scan, StoreError,
+    Subscription, Values,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
 
@@ -39,7 +39,19 @@ struct State {
 #[derive(Default)]
 struct Session {
     events: Vec<RawEvent>,
+    /// Each event's chain hash.
+    hashes: Vec<chain::Hash>,
     tail: Tail,
+}
+
+impl Session {
+    fn extend(&mut self, events: &[RawEvent]) {
+        for event in events {
+            let prev = self.hashes.last().unwrap_or(&chain::GENESIS);
+            self.hashes.push(chain::link(prev, &event.json));
+            self.events.push(event.clone());
+        }
+    }
 }
 
 impl Values for HashMap<&'static str, BTreeMap<Key, Bytes>> {
@@ -74,7 +86,9 @@ impl MemoryLog {
             for event in &session.events {
                 project(&inner.projections, event, &mut state.values).expect("memory never fails");
             }
-            state.sessions.insert(*id, Session { events: session.events.clone(), tail });
+            let mut reopened = Session { tail, ..Session::default() };
+            reopened.extend(&session.events);
+            state.sessions.insert(*id, reopened);
         }
         drop(state);
         reopened
@@ -100,7 +114,7 @@ impl MemoryLog {
         let staged = tail.stage(session, expected, drafts, &Clock::now(), self.inner.max_events_per_session)?;
         if let Ok(events) = &staged {
             log.tail = tail;
-            log.events.extend(events.iter().cloned());
+            log.extend(events);
             for event in events {
                 project(&self.inner.projections, event, values).expect("memory never fails");
             }
@@ -108,6 +122,27 @@ impl MemoryLog {
             channel.publish(events.clone().into());
         }
         Ok(staged)
+    }
+
+    fn adopt_now(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Appended, AppendError> {
+        let tail = Tail::adopted(&events)?;
+        let channel = self.channel(session);
+        let mut state = self.inner.state.lock();
+        if state.closed {
+            return Err(AppendError::ShuttingDown);
+        }
+        let State { sessions, values, .. } = &mut *state;
+        let log = sessions.entry(session).or_default();
+        if log.tail.position.seq > 0 {
+            return Ok(Err(super::Conflict { expected: 0, actual: log.tail.position }));
+        }
+        log.tail = tail;
+        log.extend(&events);
+        for event in &events {
+            project(&self.inner.projections, event, values).expect("memory never fails");
+        }
+        channel.publish(events.clone().into());
+        Ok(Ok(events))
     }
 
     fn channel(&self, session: SessionId) -> Arc<super::Channel> {
@@ -145,8 +180,26 @@ impl Log for MemoryLog {
         Ok(Ordered::settled(self.append_now(session, expected, &drafts)?))
     }
 
+    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
+        Ok(Ordered::settled(self.adopt_now(session, events)?))
+    }
+
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
         Ok(self.channel(session).durable())
+    }
+
+    async fn hashes(&self, session: SessionId, range: ReadRange) -> Result<Vec<(EventId, chain::Hash)>, StoreError> {
+        let state = self.inner.state.lock();
+        let Some(log) = state.sessions.get(&session) else { return Ok(Vec::new()) };
+        let events = &log.events;
+        let from = range.after.map_or(0, |after| events.partition_point(|e| e.id <= after));
+        let to = range.before.map_or(events.len(), |before| events.partition_point(|e| e.id < before)).max(from);
+        let within = (from..to).map(|i| (events[i].id, log.hashes[i]));
+        Ok(if range.newest_first {
+            within.rev().take(range.limit).collect()
+        } else {
+            within.take(range.limit).collect()
+        })
     }
 
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
@@ -196,6 +249,19 @@ impl Log for MemoryLog {
             entries.filter(|(k, _)| in_scope(k)).take(scan.limit).map(|(k, v)| (*k, v.clone())).collect()
         };
         self.with_values(projection, |values| values.map(page).unwrap_or_default())
+    }
+
+    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
+        let state = self.inner.state.lock();
+        let mut ids: Vec<SessionId> = state
+            .sessions
+            .iter()
+            .filter(|(id, s)| !s.events.is_empty() && after.is_none_or(|after| **id > after))
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids.truncate(limit);
+        Ok(ids)
     }
 
     fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {

@@ -7,6 +7,8 @@
 //! [`numbering`]; the live channels and durable watermarks in `hub`. Nothing here knows
 //! about HTTP, and no sled type leaves [`sled`].
 
+pub mod audit;
+pub mod chain;
 mod hub;
 pub mod memory;
 pub mod numbering;
@@ -78,6 +80,9 @@ pub enum AppendError {
     /// appends to an earlier turn has a bug.
     #[error("turn {turn} has ended: a later turn has started")]
     OutOfTurn { turn: String },
+    /// A whole log brought in from elsewhere is not one the numbering could have made.
+    #[error("{0}")]
+    Malformed(String),
     #[error("the log is shutting down")]
     ShuttingDown,
     #[error("storage failed: {0}")]
@@ -90,6 +95,7 @@ impl AppendError {
             AppendError::Closed => "closed",
             AppendError::TooManyEvents { .. } => "too_many_events",
             AppendError::OutOfTurn { .. } => "out_of_turn",
+            AppendError::Malformed(_) => "malformed",
             AppendError::ShuttingDown => "shutting_down",
             AppendError::Storage(_) => "storage",
         }
@@ -245,6 +251,17 @@ pub trait Log: Send + Sync + 'static {
 
     /// A page of a projection's values.
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError>;
+
+    /// The chain hashes of `session`'s durable events within `range` (as [`Log::read`]).
+    async fn hashes(&self, session: SessionId, range: ReadRange) -> Result<Vec<(EventId, chain::Hash)>, StoreError>;
+
+    /// Stores `events` (a whole log, exported from somewhere) as `session`'s log, byte for
+    /// byte, if the session has no events; sequence numbers must run 1, 2, 3, ... and ids
+    /// increase. The chain is computed anew as they are written.
+    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError>;
+
+    /// The sessions that have events, in id order, strictly after `after`.
+    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError>;
 
     /// The sessions whose logs grow from now on, each as its new events are published.
     fn changes(&self) -> broadcast::Receiver<Ulid>;

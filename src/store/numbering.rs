@@ -38,6 +38,23 @@ impl Clock {
 const RECOVER_DEPTH: usize = 256;
 
 impl Tail {
+    /// The tail after `events`, a whole log brought in from elsewhere, if the numbering
+    /// could have made it: sequence numbers 1, 2, 3, ... and ids strictly increasing.
+    pub fn adopted(events: &[RawEvent]) -> Result<Tail, AppendError> {
+        let mut last: Option<EventId> = None;
+        for (i, event) in events.iter().enumerate() {
+            if event.seq != i as u64 + 1 {
+                let message = format!("event {} has sequence number {}, not {}", event.id, event.seq, i + 1);
+                return Err(AppendError::Malformed(message));
+            }
+            if last.is_some_and(|last| event.id <= last) {
+                return Err(AppendError::Malformed(format!("event {}'s id is not after its predecessor's", event.id)));
+            }
+            last = Some(event.id);
+        }
+        Ok(Tail::recover(events.iter().rev().cloned().map(Ok::<_, std::convert::Infallible>)).expect("infallible"))
+    }
+
     /// Rebuilds a tail from a session's stored events, newest first.
     pub fn recover<E>(newest_first: impl IntoIterator<Item = Result<RawEvent, E>>) -> Result<Tail, E> {
         let mut tail = Tail::default();

@@ -97,6 +97,12 @@ impl TestApp {
         self.url = url;
     }
 
+    /// The server started again by the caller (on an address of its choosing).
+    pub fn restarted(&mut self, child: Child, url: String) {
+        self.child = child;
+        self.url = url;
+    }
+
     /// Sends later requests with this API key.
     pub fn use_key(&mut self, key: &str) {
         self.key = Some(key.to_string());

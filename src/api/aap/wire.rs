@@ -92,6 +92,7 @@ impl CreateSession {
             title: self.title,
             metadata: self.metadata,
             environment_id: None,
+            forked_from: None,
         }
     }
 }

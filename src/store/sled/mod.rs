@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::hub::Hub;
 use super::numbering::{Clock, Tail};
 use super::{
-    project, signature, AppendError, Key, Log, Ordered, Position, Projection, ReadRange, Scan, StoreError,
+    chain, project, signature, AppendError, Key, Log, Ordered, Position, Projection, ReadRange, Scan, StoreError,
     Subscription, Values,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
@@ -55,6 +55,8 @@ impl From<::sled::Error> for StoreError {
 struct Inner {
     db: ::sled::Db,
     events: ::sled::Tree,
+    /// Each event's chain hash, under the event's key.
+    chain: ::sled::Tree,
     meta: ::sled::Tree,
     projections: Vec<Arc<dyn Projection>>,
     trees: Vec<::sled::Tree>,
@@ -80,6 +82,14 @@ impl Inner {
             }
             None => Position::default(),
         })
+    }
+
+    /// The chain hash of the session's last event written (the writer's, when it has none).
+    fn chain_head(&self, session: SessionId) -> Result<chain::Hash, StoreError> {
+        match self.chain.scan_prefix(keys::session_key(session)).next_back().transpose()? {
+            Some((_, hash)) => hash_of(&hash),
+            None => Ok(chain::GENESIS),
+        }
     }
 
     /// A session's stored events, newest first (to rebuild its tail).
@@ -128,6 +138,10 @@ fn bytes_of(value: IVec) -> Bytes {
     Bytes::from_owner(value)
 }
 
+fn hash_of(value: &[u8]) -> Result<chain::Hash, StoreError> {
+    value.try_into().map_err(|_| StoreError::new("a chain hash is not 32 bytes"))
+}
+
 fn raw_event(key: &[u8], value: IVec) -> RawEvent {
     let id = keys::event_from_key(key).expect("event keys are 32 bytes");
     RawEvent::stored(id, bytes_of(value))
@@ -165,6 +179,9 @@ pub struct SledLog {
 
 const META_STATE: &[u8] = b"state";
 const META_PROJECTIONS: &[u8] = b"projections";
+/// Set once every event has its chain hash (logs written before the chain get theirs at
+/// the first open that knows it).
+const META_CHAIN: &[u8] = b"chain";
 
 impl SledLog {
     /// Opens the log, rebuilds the projections if the last run did not close cleanly (or
@@ -179,6 +196,7 @@ impl SledLog {
             None => sled_config.temporary(true).open()?,
         };
         let events = db.open_tree("events")?;
+        let chain = db.open_tree("chain")?;
         let meta = db.open_tree("meta")?;
         let trees = projections
             .iter()
@@ -186,8 +204,18 @@ impl SledLog {
             .collect::<Result<Vec<_>, _>>()?;
         let hub = Hub::new(config.bus_capacity);
         let commits = Default::default();
-        let inner =
-            Arc::new(Inner { db, events, meta, projections, trees, hub, config, failed: Mutex::new(None), commits });
+        let inner = Arc::new(Inner {
+            db,
+            events,
+            chain,
+            meta,
+            projections,
+            trees,
+            hub,
+            config,
+            failed: Mutex::new(None),
+            commits,
+        });
         SledLog::recover(&inner)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = writer::Writer::new(inner.clone(), rx);
@@ -207,10 +235,41 @@ impl SledLog {
             let count = SledLog::rebuild_projections(inner)?;
             tracing::info!(events = count, elapsed_ms = started.elapsed().as_millis() as u64, "rebuilt projections");
         }
+        // A crash may have kept a commit's events and not their hashes (they are two trees).
+        if !(clean && inner.meta.get(META_CHAIN)?.is_some()) {
+            let added = SledLog::complete_chains(inner)?;
+            if added > 0 {
+                tracing::info!(events = added, "recorded the chain hashes the log lacked");
+            }
+            inner.meta.insert(META_CHAIN, b"1".as_slice())?;
+        }
         inner.meta.insert(META_PROJECTIONS, names.as_bytes())?;
         inner.meta.insert(META_STATE, b"open".as_slice())?;
         inner.db.flush()?;
         Ok(())
+    }
+
+    /// Gives every event that has no chain hash its hash, from its predecessor's: the
+    /// events of a log written before the chain existed, or those of a commit a crash cut.
+    fn complete_chains(inner: &Inner) -> Result<u64, StoreError> {
+        let (mut added, mut session, mut head) = (0, None, chain::GENESIS);
+        for item in inner.events.iter() {
+            let (key, value) = item?;
+            let this = keys::session_from_key(&key);
+            if this != session {
+                (session, head) = (this, chain::GENESIS);
+            }
+            head = match inner.chain.get(&key)? {
+                Some(hash) => hash_of(&hash)?,
+                None => {
+                    let hash = chain::link(&head, &value);
+                    inner.chain.insert(&key, hash.as_slice())?;
+                    added += 1;
+                    hash
+                }
+            };
+        }
+        Ok(added)
     }
 
     fn rebuild_projections(inner: &Inner) -> Result<u64, StoreError> {
@@ -303,6 +362,29 @@ impl SledLog {
         }
     }
 
+    /// Queues numbered `events` for the writer while the session's tail is still locked (so
+    /// the writer takes a session's appends in the order they were numbered), then moves
+    /// the tail on.
+    fn queue(
+        &self,
+        session: SessionId,
+        channel: Arc<super::Channel>,
+        events: Vec<RawEvent>,
+        mut slot: parking_lot::MutexGuard<'_, Option<Tail>>,
+        tail: Tail,
+    ) -> Result<Ordered, AppendError> {
+        let (reply, answer) = oneshot::channel();
+        let job = writer::Job { session, channel, events: events.clone(), reply };
+        let queued = self.jobs.lock().as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
+        if !queued {
+            return Err(AppendError::ShuttingDown);
+        }
+        *slot = Some(tail);
+        drop(slot);
+        let durable = async move { answer.await.map_err(|_| AppendError::ShuttingDown)? };
+        Ok(Ordered::new(Ok(events), Box::pin(durable)))
+    }
+
     /// How many group commits (one flush each) the writer has made since the log opened.
     pub fn commits(&self) -> u64 {
         self.inner.commits.load(std::sync::atomic::Ordering::Relaxed)
@@ -364,20 +446,51 @@ impl Log for SledLog {
                 return Ok(Ordered::settled(Err(conflict)));
             }
         };
-        let (reply, answer) = oneshot::channel();
-        let job = writer::Job { session, channel: channel.clone(), events: events.clone(), reply };
-        let queued = self.jobs.lock().as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
-        if !queued {
-            return Err(AppendError::ShuttingDown);
+        self.queue(session, channel.clone(), events, slot, tail)
+    }
+
+    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
+        if let Some(error) = self.inner.failed() {
+            return Err(error);
         }
-        *slot = Some(tail);
-        drop(slot);
-        let durable = async move { answer.await.map_err(|_| AppendError::ShuttingDown)? };
-        Ok(Ordered::new(Ok(events), Box::pin(durable)))
+        let tail = Tail::adopted(&events)?;
+        let storage = |error: StoreError| AppendError::Storage(error.to_string());
+        let channel = self.inner.channel(session).map_err(storage)?;
+        let slot = channel.tail.lock();
+        let now = match *slot {
+            Some(tail) => tail,
+            None => Tail::recover(self.inner.newest_first(session)).map_err(|e| storage(e.into()))?,
+        };
+        if now.position.seq > 0 {
+            return Ok(Ordered::settled(Err(super::Conflict { expected: 0, actual: now.position })));
+        }
+        self.queue(session, channel.clone(), events, slot, tail)
     }
 
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
         Ok(self.inner.channel(session)?.durable())
+    }
+
+    async fn hashes(&self, session: SessionId, range: ReadRange) -> Result<Vec<(EventId, chain::Hash)>, StoreError> {
+        let durable = self.inner.channel(session)?.durable();
+        let Some(last) = durable.last.filter(|last| range.after.is_none_or(|after| after < *last)) else {
+            return Ok(Vec::new());
+        };
+        let (lower, mut upper) = keys::range(session, range.after, last);
+        if let Some(before) = range.before.filter(|&before| before <= last) {
+            upper = Bound::Excluded(keys::event_key(session, before));
+        }
+        let iter = self.inner.chain.range::<keys::EventKey, _>((lower, upper));
+        let take = |item: Result<(IVec, IVec), ::sled::Error>| -> Result<(EventId, chain::Hash), StoreError> {
+            let (key, hash) = item?;
+            let id = keys::event_from_key(&key).ok_or_else(|| StoreError::new("a chain key is malformed"))?;
+            Ok((id, hash_of(&hash)?))
+        };
+        if range.newest_first {
+            iter.rev().take(range.limit).map(take).collect()
+        } else {
+            iter.take(range.limit).map(take).collect()
+        }
     }
 
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
@@ -410,6 +523,25 @@ impl Log for SledLog {
 
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
         self.scan_sync(projection, scan)
+    }
+
+    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
+        // From each session's first key, skip to the next session's.
+        let mut from = after.map(|after| u128::from(after.ulid()).checked_add(1));
+        let mut ids = Vec::new();
+        while ids.len() < limit {
+            let start = match from {
+                Some(None) => break,
+                Some(Some(next)) => next.to_be_bytes().to_vec(),
+                None => Vec::new(),
+            };
+            let Some(item) = self.inner.events.range(start..).next() else { break };
+            let (key, _) = item?;
+            let session = keys::session_from_key(&key).ok_or_else(|| StoreError::new("an event key is malformed"))?;
+            ids.push(session);
+            from = Some(u128::from(session.ulid()).checked_add(1));
+        }
+        Ok(ids)
     }
 
     fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::{keys, Inner};
 use crate::domain::{RawEvent, SessionId};
 use crate::metrics;
-use crate::store::{AppendError, Channel, StoreError};
+use crate::store::{chain, AppendError, Channel, StoreError};
 
 /// An ordered append: its session's channel (held while it is in flight), its events as
 /// numbered, and who waits for them to be durable.
@@ -90,13 +90,24 @@ impl Writer {
     }
 
     fn apply_and_flush(&self, jobs: &[Job]) -> Result<(), StoreError> {
-        let mut batch = ::sled::Batch::default();
+        let (mut batch, mut hashes) = (::sled::Batch::default(), ::sled::Batch::default());
         for job in jobs {
+            // The writer alone extends chains, one job at a time, in the order numbered.
+            let mut head = job.channel.chain_head.lock();
+            let mut hash = match *head {
+                Some(hash) => hash,
+                None => self.store.chain_head(job.session)?,
+            };
             for event in &job.events {
-                batch.insert(&keys::event_key(job.session, event.id)[..], event.json.as_ref());
+                let key = keys::event_key(job.session, event.id);
+                batch.insert(&key[..], event.json.as_ref());
+                hash = chain::link(&hash, &event.json);
+                hashes.insert(&key[..], &hash[..]);
             }
+            *head = Some(hash);
         }
         self.store.events.apply_batch(batch)?;
+        self.store.chain.apply_batch(hashes)?;
         for event in jobs.iter().flat_map(|job| &job.events) {
             self.store.project(event)?;
         }

@@ -1,0 +1,175 @@
+//! Audit and time travel over HTTP: a session's chain head (`GET /sessions/{id}/audit`), its
+//! export as JSON Lines with the chain (`GET /sessions/{id}/export`), imports of such files
+//! (`POST /sessions/import`, admins only), and forks (`POST /sessions/{id}/fork`).
+
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::auth::Auth;
+use crate::api::body::{JsonBody, Query, RawBody};
+use crate::api::{Error, State};
+use crate::error::ApiError;
+use crate::store::audit::Imported;
+use crate::store::chain::Line;
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    // Before `/sessions/{session_id}`, which would take `import` for a session id.
+    cfg.route("/sessions/import", web::post().to(import))
+        .route("/sessions/{session_id}/audit", web::get().to(audit))
+        .route("/sessions/{session_id}/export", web::get().to(export))
+        .route("/sessions/{session_id}/fork", web::post().to(fork))
+        .route("/sessions/{session_id}/replay", web::get().to(replay));
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayQuery {
+    speed: Option<f64>,
+    from: Option<String>,
+}
+
+/// The session's log again as a stream of native frames, at its original pace divided by
+/// `speed` (from event `from` on), ending after the last event: a past session, as it happened.
+async fn replay(
+    state: State,
+    Auth(caller, _): Auth,
+    path: web::Path<String>,
+    query: Query<ReplayQuery>,
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
+    let speed = query.0.speed.unwrap_or(1.0);
+    if !(speed > 0.0 && speed.is_finite()) {
+        return Err(ApiError::invalid(format!("invalid query `speed`: must be a positive number, not {speed}")).into());
+    }
+    let events = state.sessions.replay(&summary, query.0.from.as_deref()).await?;
+    let time = |event: &crate::domain::RawEvent| {
+        #[derive(Deserialize)]
+        struct At {
+            created_at: chrono::DateTime<chrono::Utc>,
+        }
+        serde_json::from_slice::<At>(&event.json).ok().map(|at| at.created_at)
+    };
+    let origin = events.first().and_then(time);
+    let shutdown = state.shutdown.clone();
+    let body = async_stream::stream! {
+        let started = tokio::time::Instant::now();
+        for event in &events {
+            if let (Some(origin), Some(at)) = (origin, time(event)) {
+                let offset = (at - origin).to_std().unwrap_or_default().div_f64(speed);
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep_until(started + offset) => {}
+                }
+            }
+            let mut out = bytes::BytesMut::new();
+            crate::api::sse::native_frame(&mut out, event);
+            yield Ok::<_, std::convert::Infallible>(out.freeze());
+        }
+    };
+    Ok(crate::api::native::sse_response().streaming(body))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    #[serde(default)]
+    verify: bool,
+}
+
+async fn audit(
+    state: State,
+    Auth(caller, _): Auth,
+    path: web::Path<String>,
+    query: Query<AuditQuery>,
+) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
+    let answer = match state.sessions.audit(&summary, query.0.verify).await? {
+        Ok(head) => json!({
+            "session_id": summary.id.to_string(),
+            "sequence_number": head.seq,
+            "last_id": head.last.map(|id| id.to_string()),
+            "hash": hex::encode(head.hash),
+            "verified": query.0.verify,
+        }),
+        Err(broken) => json!({
+            "session_id": summary.id.to_string(),
+            "verified": false,
+            "broken": {
+                "sequence_number": broken.seq,
+                "what": broken.what,
+                "expected": broken.expected,
+                "found": broken.found,
+            },
+        }),
+    };
+    Ok(HttpResponse::Ok().json(answer))
+}
+
+/// The session's events exactly as stored, one JSON line each with its chain links.
+async fn export(state: State, Auth(caller, _): Auth, path: web::Path<String>) -> Result<HttpResponse, Error> {
+    let summary = state.sessions.get(&caller, &path).await?;
+    let mut export = state.sessions.export(&summary);
+    // The first page now, so that a failure is an error answer, not a cut stream.
+    let first = state.sessions.export_page(&mut export).await?;
+    let sessions = state.sessions.clone();
+    let body = async_stream::stream! {
+        let mut page = first;
+        while !page.is_empty() {
+            yield Ok::<_, std::io::Error>(web::Bytes::from(page));
+            page = match sessions.export_page(&mut export).await {
+                Ok(page) => page,
+                Err(error) => {
+                    tracing::error!(%error, "an export stopped");
+                    yield Err(std::io::Error::other(error.to_string()));
+                    break;
+                }
+            };
+        }
+    };
+    Ok(HttpResponse::Ok().content_type("application/x-ndjson").streaming(body))
+}
+
+async fn import(state: State, Auth(caller, _): Auth, body: RawBody) -> Result<HttpResponse, Error> {
+    let text = std::str::from_utf8(&body.0).map_err(|_| ApiError::invalid("the body is not UTF-8"))?;
+    let lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| Line::parse(i + 1, line))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ApiError::invalid)?;
+    if lines.is_empty() {
+        return Err(ApiError::invalid("the body has no export lines").into());
+    }
+    let done = state.sessions.import(&caller, lines).await?;
+    let sessions: Vec<_> = done
+        .into_iter()
+        .map(|(session, imported)| {
+            let (status, events) = match imported {
+                Imported::New { events } => ("imported", events),
+                Imported::Unchanged { events } => ("unchanged", events),
+            };
+            json!({"session_id": session.to_string(), "status": status, "events": events})
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "sessions": sessions })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fork {
+    at: String,
+}
+
+async fn fork(
+    state: State,
+    Auth(caller, _): Auth,
+    path: web::Path<String>,
+    body: JsonBody<Fork>,
+) -> Result<HttpResponse, Error> {
+    let source = state.sessions.get(&caller, &path).await?;
+    let fork = state.sessions.fork(&caller, &source, &body.0.at).await?;
+    tracing::info!(session_id = %fork.id, source = %source.id, "session forked");
+    Ok(HttpResponse::Created().json(json!({"sessionId": fork.id.to_string(), "forked_from": fork.spec.forked_from})))
+}

@@ -1,0 +1,238 @@
+//! `turnlog tail` (follow a session in the terminal, across drops and restarts) and
+//! `turnlog replay` (a session's events again, at their original pace).
+
+use std::io::Write;
+use std::time::Duration;
+
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use super::{input, open_data_dir, Client, Failure};
+use crate::domain::SessionId;
+use crate::store::{Log, ReadRange};
+
+/// How events are printed: raw JSON lines, or one readable line per event with text
+/// deltas joined into one line.
+pub struct Printer<W: Write> {
+    out: W,
+    json: bool,
+    types: Vec<String>,
+    /// A line of deltas is open (the message's id).
+    open: Option<String>,
+}
+
+impl<W: Write> Printer<W> {
+    pub fn new(out: W, json: bool, types: Vec<String>) -> Printer<W> {
+        Printer { out, json, types, open: None }
+    }
+
+    pub fn print(&mut self, event: &Value, raw: &str) -> std::io::Result<()> {
+        let kind = event["type"].as_str().unwrap_or("?");
+        if !self.types.is_empty() && !self.types.iter().any(|t| t == kind) {
+            return Ok(());
+        }
+        if self.json {
+            writeln!(self.out, "{raw}")?;
+            return self.out.flush();
+        }
+        let message = event["message_id"].as_str().map(str::to_string);
+        if kind.ends_with(".delta") {
+            if self.open.is_some() && self.open != message {
+                writeln!(self.out)?;
+                self.open = None;
+            }
+            if self.open.is_none() {
+                write!(self.out, "{} ", head(event))?;
+                self.open = message;
+            }
+            write!(self.out, "{}", event["delta"].as_str().unwrap_or(""))?;
+            return self.out.flush();
+        }
+        if let Some(open) = self.open.take() {
+            writeln!(self.out)?;
+            // The deltas said it already.
+            if message.as_deref() == Some(open.as_str()) {
+                return self.out.flush();
+            }
+        }
+        writeln!(self.out, "{} {}", head(event), summary(kind, event))?;
+        self.out.flush()
+    }
+}
+
+/// `#seq HH:MM:SS.mmm type`
+fn head(event: &Value) -> String {
+    let at = event["created_at"].as_str().unwrap_or("");
+    let time = at.split('T').nth(1).map_or("", |t| t.get(..12).unwrap_or(t));
+    format!("#{} {time} {}", event["sequence_number"], event["type"].as_str().unwrap_or("?"))
+}
+
+fn text(blocks: &Value) -> String {
+    let texts = blocks.as_array().into_iter().flatten().filter_map(|b| b["text"].as_str());
+    texts.collect::<Vec<_>>().join(" ")
+}
+
+fn clip(text: String, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text,
+    }
+}
+
+fn summary(kind: &str, event: &Value) -> String {
+    let line = match kind {
+        "user.message" | "agent.message" => text(&event["content"]),
+        "agent.thinking" => event["thinking"].as_str().unwrap_or("").to_string(),
+        "agent.tool_use" | "agent.custom_tool_use" => {
+            format!("{}({})", event["name"].as_str().unwrap_or("?"), event["input"])
+        }
+        "agent.tool_result" | "user.custom_tool_result" => {
+            format!("{}{}", if event["is_error"] == true { "error: " } else { "" }, text(&event["content"]))
+        }
+        "user.tool_confirmation" => format!("{} {}", event["result"].as_str().unwrap_or("?"), event["tool_use_id"]),
+        "session.status_idle" => format!(
+            "{} (in {} · out {})",
+            event["stop_reason"]["type"].as_str().unwrap_or("?"),
+            event["usage"]["input_tokens"],
+            event["usage"]["output_tokens"]
+        ),
+        "session.error" => {
+            format!("{}: {}", event["code"].as_str().unwrap_or("?"), event["error"].as_str().unwrap_or(""))
+        }
+        "terminated" => event["reason"].as_str().unwrap_or("").to_string(),
+        _ => String::new(),
+    };
+    clip(line.replace('\n', " "), 200)
+}
+
+/// Follows `session` on a server until it ends (`terminated`), reconnecting with
+/// `Last-Event-ID` after the last event printed whenever the stream drops, for as long as
+/// it takes; events come once each, in order.
+pub async fn tail<W: Write>(
+    client: &Client,
+    session: &str,
+    after: Option<String>,
+    printer: &mut Printer<W>,
+) -> Result<(), Failure> {
+    let mut last_id = after;
+    let mut last_seq = 0u64;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let mut request = client.get(&format!("/sessions/{session}/events/stream"));
+        if let Some(id) = &last_id {
+            request = request.header("Last-Event-ID", id);
+        }
+        match request.send().await {
+            Ok(response) if response.status().is_success() => {
+                delay = Duration::from_millis(100);
+                let mut events = response.bytes_stream().eventsource();
+                while let Some(frame) = events.next().await {
+                    let Ok(frame) = frame else { break };
+                    let Ok(event) = serde_json::from_str::<Value>(&frame.data) else { continue };
+                    let seq = event["sequence_number"].as_u64().unwrap_or(0);
+                    if seq <= last_seq && last_seq > 0 {
+                        continue;
+                    }
+                    printer.print(&event, &frame.data).map_err(input)?;
+                    (last_seq, last_id) = (seq, Some(frame.id));
+                    if event["type"] == "terminated" {
+                        return Ok(());
+                    }
+                }
+            }
+            // The session is not there (or not the caller's), or the cursor is unknown.
+            Ok(response) if response.status().is_client_error() => {
+                let status = response.status();
+                let body: Value = response.json().await.unwrap_or_default();
+                let message = body["error"]["message"].as_str().unwrap_or("no message");
+                return Err(Failure::Input(format!("the server answered {status}: {message}")));
+            }
+            _ => {}
+        }
+        eprintln!("turnlog tail: the stream dropped; reconnecting after {}", last_id.as_deref().unwrap_or("the start"));
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Where a replay reads a session's log from.
+pub enum From {
+    DataDir(std::path::PathBuf),
+    Server(Client),
+}
+
+/// Prints `session`'s events (from event `from` on, if given) with the gaps between their
+/// `created_at` times divided by `speed`.
+pub async fn replay<W: Write>(
+    source: &From,
+    session: &str,
+    from: Option<&str>,
+    speed: f64,
+    printer: &mut Printer<W>,
+) -> Result<usize, Failure> {
+    if !(speed > 0.0 && speed.is_finite()) {
+        return Err(Failure::Input(format!("--speed must be a positive number, not {speed}")));
+    }
+    let events = load(source, session).await?;
+    let start = match from {
+        Some(id) => events
+            .iter()
+            .position(|(event, _)| event["id"] == id)
+            .ok_or_else(|| Failure::Input(format!("no event {id} in session {session}")))?,
+        None => 0,
+    };
+    let started = tokio::time::Instant::now();
+    let origin = time_of(&events.get(start).map_or(Value::Null, |(e, _)| e.clone()));
+    for (event, raw) in &events[start..] {
+        if let (Some(origin), Some(at)) = (origin, time_of(event)) {
+            let offset = (at - origin).to_std().unwrap_or_default().div_f64(speed);
+            tokio::time::sleep_until(started + offset).await;
+        }
+        printer.print(event, raw).map_err(input)?;
+    }
+    Ok(events.len() - start)
+}
+
+fn time_of(event: &Value) -> Option<chrono::DateTime<chrono::Utc>> {
+    event["created_at"].as_str()?.parse().ok()
+}
+
+/// The session's whole log: each event parsed, and as sent.
+async fn load(source: &From, session: &str) -> Result<Vec<(Value, String)>, Failure> {
+    let mut events = Vec::new();
+    match source {
+        From::Server(client) => {
+            let mut after: Option<String> = None;
+            loop {
+                let mut query = vec![("limit", "1000".to_string()), ("order", "asc".to_string())];
+                query.extend(after.clone().map(|a| ("after_id", a)));
+                let request = client.get(&format!("/sessions/{session}/events")).query(&query);
+                let page: Value = client.ok(request).await?.json().await.map_err(input)?;
+                for event in page["data"].as_array().into_iter().flatten() {
+                    events.push((event.clone(), event.to_string()));
+                }
+                match (page["has_more"].as_bool(), page["last_id"].as_str()) {
+                    (Some(true), Some(last)) => after = Some(last.to_string()),
+                    _ => break,
+                }
+            }
+        }
+        From::DataDir(dir) => {
+            let id: SessionId =
+                session.parse().map_err(|_| Failure::Input(format!("{session:?} is not a session id")))?;
+            let log = open_data_dir(dir, false)?;
+            let range = ReadRange { after: None, before: None, limit: usize::MAX, newest_first: false };
+            let read = log.read(id, range).await;
+            log.close().await.map_err(input)?;
+            for raw in read.map_err(input)? {
+                let text = String::from_utf8_lossy(&raw.json).into_owned();
+                events.push((serde_json::from_str(&text).map_err(input)?, text));
+            }
+        }
+    }
+    if events.is_empty() {
+        return Err(Failure::Input(format!("no session {session}")));
+    }
+    Ok(events)
+}

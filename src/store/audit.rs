@@ -1,0 +1,160 @@
+//! What audit tools do with any log: export a session with its chain, verify a session's
+//! chain against its events, and bring exported sessions into a log. The command line runs
+//! these on a data dir; the server, through the session layer.
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+use super::chain::{self, Broken, Hash, Line, Verifier};
+use super::{AppendError, Log, ReadRange, StoreError};
+use crate::domain::{EventId, RawEvent, SessionId};
+
+/// Events read per step.
+const PAGE: usize = 1000;
+
+/// One session's export, page by page.
+pub struct Export {
+    session: SessionId,
+    after: Option<EventId>,
+    prev: Hash,
+}
+
+impl Export {
+    pub fn new(session: SessionId) -> Export {
+        Export { session, after: None, prev: chain::GENESIS }
+    }
+
+    /// The next page of export lines; empty at the end of the log.
+    pub async fn next(&mut self, log: &dyn Log) -> Result<Vec<u8>, StoreError> {
+        let range = ReadRange { after: self.after, before: None, limit: PAGE, newest_first: false };
+        let events = log.read(self.session, range).await?;
+        let hashes = log.hashes(self.session, range).await?;
+        let mut out = Vec::new();
+        // An append may become durable between the two reads: take what both have.
+        for (event, (id, hash)) in events.iter().zip(&hashes) {
+            if event.id != *id {
+                return Err(StoreError::new(format!(
+                    "session {}: event {} has no chain hash (run `turnlog verify`)",
+                    self.session, event.id
+                )));
+            }
+            out.extend(chain::export_line(self.session, event.seq, &self.prev, hash, &event.json));
+            (self.after, self.prev) = (Some(event.id), *hash);
+        }
+        Ok(out)
+    }
+}
+
+/// A session's chain checked against its events: the head (last sequence number, last id,
+/// hash), or the first broken link.
+pub async fn verify(log: &dyn Log, session: SessionId) -> Result<Result<Head, Broken>, StoreError> {
+    let mut verifier = Verifier::new(session);
+    let mut after = None;
+    loop {
+        let range = ReadRange { after, before: None, limit: PAGE, newest_first: false };
+        let events = log.read(session, range).await?;
+        let Some(last) = events.last() else { break };
+        // The recorded hashes of exactly this page's span of ids (an orphan hash, whose
+        // event is gone, may lie in it too).
+        let past_last = EventId(ulid::Ulid::from(u128::from(last.id.ulid()).saturating_add(1)));
+        let span = ReadRange { before: Some(past_last), limit: usize::MAX, ..range };
+        let recorded: std::collections::HashMap<EventId, Hash> = log.hashes(session, span).await?.into_iter().collect();
+        for event in &events {
+            let Some(hash) = recorded.get(&event.id) else {
+                return Ok(Err(Broken {
+                    session,
+                    seq: event.seq,
+                    what: "the chain has no hash for it",
+                    expected: "a recorded hash".into(),
+                    found: "none".into(),
+                }));
+            };
+            if let Err(broken) = verifier.next(event.seq, &event.json, hash, None) {
+                return Ok(Err(broken));
+            }
+        }
+        after = Some(last.id);
+    }
+    let (seq, hash) = verifier.head();
+    Ok(Ok(Head { seq, last: after, hash }))
+}
+
+/// A chain's head: its last sequence number and event, and that event's hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    pub seq: u64,
+    pub last: Option<EventId>,
+    pub hash: Hash,
+}
+
+/// What became of one session of an import.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Imported {
+    /// Its log was stored.
+    New { events: usize },
+    /// The log already held exactly these events.
+    Unchanged { events: usize },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("the chain is broken at {0}")]
+    Broken(Broken),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("session {0} already exists with different content")]
+    Exists(SessionId),
+    #[error(transparent)]
+    Append(#[from] AppendError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The envelope fields an import checks against its line.
+#[derive(Deserialize)]
+struct Envelope {
+    id: EventId,
+    session_id: SessionId,
+    sequence_number: u64,
+}
+
+/// Brings one session's export lines (all of them, in order) into `log`: refused unless the
+/// chain verifies and each event is the one its line says; a session the log already holds
+/// is left alone when its events are the same, and refused when they differ.
+pub async fn import(log: &dyn Log, lines: &[Line]) -> Result<Imported, ImportError> {
+    let Some(first) = lines.first() else { return Err(ImportError::Invalid("no lines to import".into())) };
+    let session = first.session_id;
+    let mut verifier = Verifier::new(session);
+    let mut events = Vec::with_capacity(lines.len());
+    for line in lines {
+        let stored = line.stored();
+        let envelope: Envelope = serde_json::from_slice(stored).map_err(|e| {
+            ImportError::Invalid(format!(
+                "session {session}, sequence number {}: not an event: {e}",
+                line.sequence_number
+            ))
+        })?;
+        if (envelope.session_id, envelope.sequence_number) != (line.session_id, line.sequence_number) {
+            return Err(ImportError::Invalid(format!(
+                "session {session}, sequence number {}: the event says session {} and sequence number {}",
+                line.sequence_number, envelope.session_id, envelope.sequence_number
+            )));
+        }
+        verifier.next(line.sequence_number, stored, &line.hash, Some(&line.prev)).map_err(ImportError::Broken)?;
+        events.push(RawEvent::stored(envelope.id, Bytes::copy_from_slice(stored)));
+    }
+    let count = events.len();
+    match log.adopt(session, events.clone())?.durable().await? {
+        Ok(_) => Ok(Imported::New { events: count }),
+        Err(_) => {
+            let range = ReadRange { after: None, before: None, limit: count + 1, newest_first: false };
+            let held = log.read(session, range).await?;
+            let same = held.len() == count && held.iter().zip(&events).all(|(a, b)| a.json == b.json);
+            if same {
+                Ok(Imported::Unchanged { events: count })
+            } else {
+                Err(ImportError::Exists(session))
+            }
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The audit tools on the real binary: export, import and verify (of files and data dirs,
+//! tampered with), tail across a SIGKILL and restart, replay's pace, and fork.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+use crate::helpers::{ids, launch, spawn_app, TestApp};
+
+fn turnlog() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnlog"));
+    command.env("RUST_LOG", "warn").kill_on_drop(true);
+    command
+}
+
+/// Runs `turnlog ARGS`: its output, once it exits.
+async fn run(args: &[&str]) -> Output {
+    let output = tokio::time::timeout(Duration::from_secs(60), turnlog().args(args).output()).await;
+    output.expect("the command ends").expect("the command runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A turn through the AAP turn API, answered once it has ended.
+async fn turn(app: &TestApp, session: &str, message: &str) -> Value {
+    let body = json!({"stream": "none", "messages": [{"role": "user", "content": message}]});
+    let response = app.post(&format!("/sessions/{session}/turns")).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// A copy of a data dir.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// The key and stored bytes of event `seq` of the only session in a data dir's events.
+fn stored_event(db: &sled::Db, seq: u64) -> (sled::IVec, Vec<u8>) {
+    let events = db.open_tree("events").unwrap();
+    let needle = format!("\"sequence_number\":{seq},");
+    events
+        .iter()
+        .map(Result::unwrap)
+        .find(|(_, value)| text(value).contains(&needle))
+        .map(|(key, value)| (key, value.to_vec()))
+        .expect("the event is stored")
+}
+
+#[tokio::test]
+async fn export_import_round_trips_and_verify_names_the_first_broken_link() {
+    let mut app = spawn_app().await;
+    let session = app.create_session().await;
+    turn(&app, &session, "/words 5").await;
+    turn(&app, &session, "hello there").await;
+    let stored = app.all_events(&session).await;
+    let (_, head) = crate::helpers::get_json(&app, &format!("/sessions/{session}/audit")).await;
+    assert_eq!(head["sequence_number"], stored.len());
+    assert_eq!(head["last_id"], stored.last().unwrap()["id"]);
+    app.terminate().await;
+    let data = app.data_dir();
+    let work = tempfile::tempdir().unwrap();
+    let exported = work.path().join("export.jsonl");
+
+    let out = run(&["export", "--data-dir", path_str(&data), "-o", path_str(&exported)]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<Value> =
+        std::fs::read_to_string(&exported).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), stored.len());
+    assert_eq!(lines.iter().map(|l| l["event"]["id"].clone()).collect::<Vec<_>>(), ids(&stored));
+    assert_eq!(lines.last().unwrap()["hash"], head["hash"], "the audit head is the last line's hash");
+    let verified = run(&["verify", path_str(&exported)]).await;
+    assert!(verified.status.success(), "{}", text(&verified.stderr));
+
+    // Into another data dir, byte for byte; a second import changes nothing.
+    let other = work.path().join("other");
+    let out = run(&["import", "--data-dir", path_str(&other), path_str(&exported)]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let again = work.path().join("again.jsonl");
+    assert!(run(&["export", "--data-dir", path_str(&other), "-o", path_str(&again)]).await.status.success());
+    assert_eq!(std::fs::read(&again).unwrap(), std::fs::read(&exported).unwrap(), "byte-identical");
+    let twice = run(&["import", "--data-dir", path_str(&other), path_str(&exported)]).await;
+    assert!(twice.status.success() && text(&twice.stderr).contains("already there"), "{}", text(&twice.stderr));
+    assert!(run(&["verify", "--data-dir", path_str(&other)]).await.status.success());
+
+    // A file with one byte changed in event 3: verify names it, import refuses it.
+    let original = std::fs::read_to_string(&exported).unwrap();
+    let mut edited: Vec<String> = original.lines().map(String::from).collect();
+    edited[2] = edited[2].replacen("/words 5", "/words 6", 1);
+    assert_ne!(edited[2], original.lines().nth(2).unwrap());
+    let tampered = work.path().join("tampered.jsonl");
+    std::fs::write(&tampered, edited.join("\n") + "\n").unwrap();
+    let out = run(&["verify", path_str(&tampered)]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(said.contains(&format!("session {session}, sequence number 3:")), "{said}");
+    assert!(said.contains(lines[2]["hash"].as_str().unwrap()), "names the hash the chain expected: {said}");
+    let refused = run(&["import", "--data-dir", path_str(&work.path().join("third")), path_str(&tampered)]).await;
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stderr));
+    // The other data dir holds the session with other events: a changed file is refused.
+    let mut other_events = original.lines().map(String::from).collect::<Vec<_>>();
+    other_events.truncate(4);
+    let shorter = work.path().join("shorter.jsonl");
+    std::fs::write(&shorter, other_events.join("\n") + "\n").unwrap();
+    let exists = run(&["import", "--data-dir", path_str(&other), path_str(&shorter)]).await;
+    assert_eq!(exists.status.code(), Some(1));
+    assert!(text(&exists.stderr).contains("already exists with different content"), "{}", text(&exists.stderr));
+    // A truncated line is bad input, named by its number.
+    let cut = work.path().join("cut.jsonl");
+    std::fs::write(&cut, &original[..original.find('\n').unwrap() + 40]).unwrap();
+    let out = run(&["verify", path_str(&cut)]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("line 2"), "{}", text(&out.stderr));
+    let out = run(&["verify", path_str(&work.path().join("missing.jsonl"))]).await;
+    assert_eq!(out.status.code(), Some(2));
+
+    // One byte flipped in one stored event of a copy of the data dir: verify finds that event.
+    let flipped = work.path().join("flipped");
+    copy_dir(&data, &flipped);
+    {
+        let db = sled::open(&flipped).unwrap();
+        let (key, mut value) = stored_event(&db, 5);
+        let at = value.len() - 3;
+        value[at] ^= 0x01;
+        db.open_tree("events").unwrap().insert(key, value).unwrap();
+        db.flush().unwrap();
+    }
+    let out = run(&["verify", "--data-dir", path_str(&flipped)]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(said.contains(&format!("session {session}, sequence number 5: its bytes")), "{said}");
+    // One event deleted from another copy: verify finds where the gap is.
+    let deleted = work.path().join("deleted");
+    copy_dir(&data, &deleted);
+    {
+        let db = sled::open(&deleted).unwrap();
+        let (key, _) = stored_event(&db, 7);
+        db.open_tree("events").unwrap().remove(key).unwrap();
+        db.flush().unwrap();
+    }
+    let out = run(&["verify", "--data-dir", path_str(&deleted)]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(said.contains(&format!("session {session}, sequence number 8: events are missing")), "{said}");
+    // The source is untouched by all of it.
+    assert!(run(&["verify", "--data-dir", path_str(&data)]).await.status.success());
+}
+
+#[tokio::test]
+async fn tail_follows_a_session_across_a_sigkill_and_restart_with_no_gap_and_no_duplicate() {
+    let mut app = spawn_app().await;
+    let session = app.create_session().await;
+    app.post_outcomes(&session, &["a".into(), "b".into()]).await;
+    let mut tail = turnlog()
+        .args(["tail", &session, "--server", &app.url, "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(tail.stdout.take().unwrap()).lines();
+    let mut seen: Vec<Value> = Vec::new();
+    while seen.len() < 3 {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await;
+        let line = line.expect("tail prints within 20 s").unwrap().expect("tail is still running");
+        seen.push(serde_json::from_str(&line).unwrap());
+    }
+    // Killed and restarted on the same port, while tail keeps trying.
+    let addr = app.url.trim_start_matches("http://").to_string();
+    app.kill().await;
+    let config = app.dir.path().join("config.toml");
+    let (child, url) = restart_on(&config, &app.data_dir(), &addr).await;
+    assert_eq!(url, app.url);
+    app.restarted(child, url);
+    app.post_outcomes(&session, &["c".into(), "d".into()]).await;
+    let log = app.all_events(&session).await;
+    // Tail has reconnected and caught up; then the session ends.
+    while seen.len() < log.len() {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await;
+        let line = line.expect("tail catches up within 20 s").unwrap().expect("tail is still running");
+        seen.push(serde_json::from_str(&line).unwrap());
+    }
+    assert_eq!(app.delete(&format!("/sessions/{session}")).send().await.unwrap().status(), 204);
+    // Tail ends with the session: everything it printed, once each, in order.
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await.unwrap().unwrap() {
+        seen.push(serde_json::from_str(&line).unwrap());
+    }
+    let out = tokio::time::timeout(Duration::from_secs(20), tail.wait_with_output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "tail ends with the session: {}", text(&out.stderr));
+    assert_eq!(ids(&seen[..log.len()]), ids(&log), "every event once, in order");
+    let ending: Vec<&str> = seen[log.len()..].iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(ending, ["session.deleted", "terminated"]);
+    let seqs: Vec<u64> = seen.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seen.len() as u64).collect::<Vec<_>>(), "no gap, no duplicate");
+    app.terminate().await;
+}
+
+/// Starts the server again on `addr`, retrying while the port is still held.
+async fn restart_on(config: &Path, data: &Path, addr: &str) -> (tokio::process::Child, String) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match launch(config, data, addr).await {
+            Ok(started) => return started,
+            Err(log) if Instant::now() < deadline => {
+                assert!(log.contains("could not listen") || log.is_empty(), "{log}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(log) => panic!("the server did not restart on {addr}: {log}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn replay_keeps_the_original_pace_divided_by_the_speed() {
+    let mut app = spawn_app().await;
+    let session = app.create_session().await;
+    turn(&app, &session, "/delay 100\n/words 12").await;
+    let events = app.all_events(&session).await;
+    let time = |e: &Value| e["created_at"].as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+    let span = (time(events.last().unwrap()) - time(&events[0])).to_std().unwrap();
+    assert!(span >= Duration::from_millis(1100), "the log spans {span:?}");
+    let mut replay = turnlog()
+        .args(["replay", &session, "--server", &app.url, "--speed", "10", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(replay.stdout.take().unwrap()).lines();
+    let (mut first, mut replayed) = (None, Vec::new());
+    while let Some(line) = lines.next_line().await.unwrap() {
+        first.get_or_insert_with(Instant::now);
+        replayed.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    let took = first.unwrap().elapsed();
+    assert!(replay.wait().await.unwrap().success());
+    assert_eq!(replayed, events, "every event, in order, as the log has it");
+    let expected = span / 10;
+    assert!(took >= expected.mul_f64(0.9), "took {took:?}, expected about {expected:?}");
+    assert!(took <= expected + Duration::from_millis(600), "took {took:?}, expected about {expected:?}");
+    let bad = run(&["replay", &session, "--server", &app.url, "--speed", "0"]).await;
+    assert_eq!(bad.status.code(), Some(2));
+
+    // The same as a stream of native frames, for any SSE client.
+    let response = app.get(&format!("/sessions/{session}/replay?speed=10")).send().await.unwrap();
+    let mut frames = crate::helpers::sse(response);
+    let (mut first, mut streamed) = (None, Vec::new());
+    while let Some(frame) = futures_util::StreamExt::next(&mut frames).await {
+        first.get_or_insert_with(Instant::now);
+        assert_eq!(frame.id, frame.data["id"].as_str().unwrap());
+        streamed.push(frame.data);
+    }
+    let took = first.unwrap().elapsed();
+    assert_eq!(streamed, events);
+    assert!(took >= expected.mul_f64(0.9) && took <= expected + Duration::from_millis(600), "took {took:?}");
+    let from = events[3]["id"].as_str().unwrap();
+    let response = app.get(&format!("/sessions/{session}/replay?speed=100&from={from}")).send().await.unwrap();
+    let later: Vec<_> = futures_util::StreamExt::collect::<Vec<_>>(crate::helpers::sse(response)).await;
+    assert_eq!(later.len(), events.len() - 3, "from event 4 on");
+    let (status, body) = crate::helpers::get_json(&app, &format!("/sessions/{session}/replay?speed=-1")).await;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"].as_str().unwrap().contains("`speed`"));
+    app.terminate().await;
+}
+
+#[tokio::test]
+async fn a_fork_has_the_history_up_to_its_point_and_goes_on_from_there() {
+    let app = spawn_app().await;
+    let source = app.create_session().await;
+    turn(&app, &source, "one").await;
+    turn(&app, &source, "two").await;
+    let before = app.all_events(&source).await;
+    let reply = before.iter().find(|e| e["type"] == "agent.message").unwrap();
+    let at = reply["id"].as_str().unwrap();
+
+    let response = app.post(&format!("/sessions/{source}/fork")).json(&json!({"at": at})).send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    let forked: Value = response.json().await.unwrap();
+    let fork = forked["sessionId"].as_str().unwrap().to_string();
+    let point = &forked["forked_from"];
+    assert_eq!((point["session_id"].as_str(), point["event_id"].as_str()), (Some(source.as_str()), Some(at)));
+    assert_eq!(point["sequence_number"], reply["sequence_number"]);
+    let export = app.get(&format!("/sessions/{source}/export")).send().await.unwrap().text().await.unwrap();
+    let line: Value =
+        export.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).find(|l| l["event"]["id"] == at).unwrap();
+    assert_eq!(point["hash"], line["hash"], "the fork names the source's chain head at its point");
+
+    turn(&app, &fork, "three").await;
+    let history = |session: String| {
+        let app = &app;
+        async move {
+            let body: Value =
+                app.get(&format!("/sessions/{session}/history?type=full")).send().await.unwrap().json().await.unwrap();
+            body["history"]["full"].as_array().unwrap().iter().map(|m| m["content"].clone()).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(history(fork.clone()).await, [json!("one"), json!("echo: one"), json!("three"), json!("echo: three")]);
+    assert_eq!(history(source.clone()).await, [json!("one"), json!("echo: one"), json!("two"), json!("echo: two")]);
+    assert_eq!(app.all_events(&source).await, before, "the source is untouched");
+    let created = &app.all_events(&fork).await[0];
+    assert_eq!(created["forked_from"], *point, "the fork's log records where it came from");
+
+    let unknown = app.post(&format!("/sessions/{source}/fork")).json(&json!({"at": "evt_nope"})).send().await.unwrap();
+    assert_eq!(unknown.status(), 400);
+    let body: Value = unknown.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("`at`"));
+}
