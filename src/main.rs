@@ -182,7 +182,9 @@ fn tool(serve: &ServeArgs, command: Command) -> i32 {
                     }
                     // Written aside and renamed once whole, so a failed export leaves no file.
                     Some(path) => {
-                        let aside = path.with_extension("partial");
+                        let mut aside = path.clone().into_os_string();
+                        aside.push(".partial");
+                        let aside = PathBuf::from(aside);
                         let mut file = std::fs::File::create(&aside)
                             .map_err(|e| Failure::Input(format!("{}: {e}", aside.display())))?;
                         let written = audit::export(&source, &selection, &mut file).await;

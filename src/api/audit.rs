@@ -11,7 +11,6 @@ use crate::api::body::{JsonBody, Query, RawBody};
 use crate::api::{Error, State};
 use crate::error::ApiError;
 use crate::store::audit::Imported;
-use crate::store::chain::Line;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     // Before `/sessions/{session_id}`, which would take `import` for a session id.
@@ -131,18 +130,14 @@ async fn export(state: State, Auth(caller, _): Auth, path: web::Path<String>) ->
 }
 
 async fn import(state: State, Auth(caller, _): Auth, body: RawBody) -> Result<HttpResponse, Error> {
+    crate::session::Sessions::may_import(&caller)?;
     let text = std::str::from_utf8(&body.0).map_err(|_| ApiError::invalid("the body is not UTF-8"))?;
-    let lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(i, line)| Line::parse(i + 1, line))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(ApiError::invalid)?;
-    if lines.is_empty() {
+    let lines = text.lines().enumerate().map(|(i, line)| Ok::<_, std::convert::Infallible>((i + 1, line.to_string())));
+    let groups = crate::store::chain::group(lines).map_err(ApiError::invalid)?;
+    if groups.is_empty() {
         return Err(ApiError::invalid("the body has no export lines").into());
     }
-    let done = state.sessions.import(&caller, lines).await?;
+    let done = state.sessions.import(&caller, groups).await?;
     let sessions: Vec<_> = done
         .into_iter()
         .map(|(session, imported)| {

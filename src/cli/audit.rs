@@ -136,29 +136,8 @@ async fn list_server(client: &Client, selection: &Selection) -> Result<Vec<Sessi
 /// An export file's lines, grouped by session (each session's lines must be together).
 fn read_file(path: &Path) -> Result<Vec<Vec<Line>>, Failure> {
     let file = std::fs::File::open(path).map_err(|e| Failure::Input(format!("{}: {e}", path.display())))?;
-    let mut groups: Vec<Vec<Line>> = Vec::new();
-    for (i, text) in std::io::BufReader::new(file).lines().enumerate() {
-        let text = text.map_err(|e| Failure::Input(format!("{}: {e}", path.display())))?;
-        if text.trim().is_empty() {
-            continue;
-        }
-        let line = Line::parse(i + 1, &text).map_err(|e| Failure::Input(format!("{}: {e}", path.display())))?;
-        match groups.last_mut() {
-            Some(group) if group[0].session_id == line.session_id => group.push(line),
-            _ => {
-                if groups.iter().any(|g| g[0].session_id == line.session_id) {
-                    return Err(Failure::Input(format!(
-                        "{}: line {}: session {}'s lines are not together",
-                        path.display(),
-                        i + 1,
-                        line.session_id
-                    )));
-                }
-                groups.push(vec![line]);
-            }
-        }
-    }
-    Ok(groups)
+    let lines = std::io::BufReader::new(file).lines().enumerate().map(|(i, line)| line.map(|line| (i + 1, line)));
+    crate::store::chain::group(lines).map_err(|e| Failure::Input(format!("{}: {e}", path.display())))
 }
 
 /// Checks every chain in an export file or a data dir; what was checked, per session (the
@@ -169,6 +148,7 @@ pub async fn verify(file: Option<&Path>, data_dir: Option<&Path>) -> Result<Vec<
         for group in read_file(file)? {
             let mut verifier = Verifier::new(group[0].session_id);
             for line in &group {
+                audit::check_line(line).map_err(Failure::Wrong)?;
                 verifier
                     .next(line.sequence_number, line.stored(), &line.hash, Some(&line.prev))
                     .map_err(|broken| Failure::Wrong(format!("broken link: {broken}")))?;
@@ -209,6 +189,10 @@ pub async fn import(target: &Source, file: &Path) -> Result<Vec<(SessionId, Impo
             let log = open_data_dir(dir, true)?;
             let mut result = Ok(());
             for group in &groups {
+                if let Err(error) = crate::session::Sessions::at_rest(group) {
+                    result = Err(Failure::Wrong(format!("refused: {error}")));
+                    break;
+                }
                 match audit::import(log.as_ref(), group).await {
                     Ok(imported) => done.push((group[0].session_id, imported)),
                     Err(error) => {

@@ -1,7 +1,7 @@
 //! The operators' commands: `export`, `import` and `verify` of logs with their hash chains,
 //! `tail` of a session in the terminal, and `replay` of one at its original pace. Each works
-//! on a data dir (opened as the server opens it; a running server holds its lock) or
-//! through a server's HTTP API. Exit status: 0 all well, 1 the chain or the data is wrong,
+//! on a data dir (a running server holds its lock; only `import` writes to one) or through
+//! a server's HTTP API. Exit status: 0 all well, 1 the chain or the data is wrong,
 //! 2 bad input (a missing file, a malformed line, an unknown session, a refused call).
 
 pub mod audit;
@@ -36,13 +36,16 @@ pub fn input(error: impl std::fmt::Display) -> Failure {
     Failure::Input(error.to_string())
 }
 
-/// The log in `dir`, opened as the server opens it (made, if `create`).
-pub fn open_data_dir(dir: &Path, create: bool) -> Result<Arc<SledLog>, Failure> {
-    if !create && !dir.exists() {
+/// The log in `dir`: to `write` (an import; made if it is not there), opened as the server
+/// opens it; else only to read, changing nothing (see [`SledLog::open_to_read`]).
+pub fn open_data_dir(dir: &Path, write: bool) -> Result<Arc<SledLog>, Failure> {
+    if !write && !dir.exists() {
         return Err(Failure::Input(format!("no data dir at {}", dir.display())));
     }
     let config = SledConfig { path: Some(dir.to_path_buf()), ..SledConfig::default() };
-    SledLog::open(config, crate::projection::all()).map(Arc::new).map_err(|e| {
+    let projections = crate::projection::all();
+    let opened = if write { SledLog::open(config, projections) } else { SledLog::open_to_read(config, projections) };
+    opened.map(Arc::new).map_err(|e| {
         Failure::Input(format!(
             "could not open the log in {} (is a server running on it? use --server): {e}",
             dir.display()

@@ -41,19 +41,32 @@ impl Sessions {
         Ok(export.next(self.log.raw()).await?)
     }
 
-    /// Brings exported sessions in, as their lines (grouped by session, in order) say: only
-    /// an admin may, since the sessions keep the subjects that made them.
-    pub async fn import(&self, caller: &Caller, lines: Vec<Line>) -> Result<Vec<(SessionId, Imported)>, SessionError> {
-        if !caller.admin {
-            return Err(SessionError::Forbidden("only an admin may import sessions".into()));
+    /// Whether the caller may import: only an admin may, since the sessions keep the
+    /// subjects that made them.
+    pub fn may_import(caller: &Caller) -> Result<(), SessionError> {
+        match caller.admin {
+            true => Ok(()),
+            false => Err(SessionError::Forbidden("only an admin may import sessions".into())),
         }
+    }
+
+    /// Brings exported sessions in, each session's lines in order (see
+    /// [`crate::store::chain::group`]); sessions before a refused one stay imported.
+    pub async fn import(
+        &self,
+        caller: &Caller,
+        groups: Vec<Vec<Line>>,
+    ) -> Result<Vec<(SessionId, Imported)>, SessionError> {
+        Sessions::may_import(caller)?;
         let mut done = Vec::new();
-        for group in group_by_session(lines)? {
+        for group in groups {
             let session = group[0].session_id;
+            Sessions::at_rest(&group)?;
             let imported = audit::import(self.log.raw(), &group).await.map_err(|error| match error {
                 ImportError::Exists(_) => SessionError::Conflict(error.to_string()),
                 ImportError::Store(error) => SessionError::Storage(error),
-                other => SessionError::Invalid(other.to_string()),
+                ImportError::Append(error) => super::log::append_error(session, error),
+                ImportError::Broken(_) | ImportError::Invalid(_) => SessionError::Invalid(error.to_string()),
             })?;
             done.push((session, imported));
         }
@@ -83,13 +96,19 @@ impl Sessions {
             .await?;
         let upto = ReadRange { after: None, before: None, limit: 1, newest_first: true };
         let past = EventId(ulid::Ulid::from(u128::from(at.ulid()).saturating_add(1)));
-        let (_, hash) = self
+        let (id, hash) = self
             .log
             .raw()
             .hashes(source.id, ReadRange { before: Some(past), ..upto })
             .await?
             .pop()
             .ok_or_else(invalid)?;
+        if id != at {
+            return Err(SessionError::Storage(crate::store::StoreError::new(format!(
+                "event {at} of session {} has no chain hash",
+                source.id
+            ))));
+        }
         // The source as stored (not redacted), so that the fork keeps its options.
         let stored = self.log.summary(source.id).await?.ok_or_else(|| SessionError::NotFound(source.id.to_string()))?;
         let mut spec = stored.spec;
@@ -123,22 +142,26 @@ impl Sessions {
     }
 }
 
-/// Lines grouped by session; a session's lines must come together.
-fn group_by_session(lines: Vec<Line>) -> Result<Vec<Vec<Line>>, SessionError> {
-    let mut groups: Vec<Vec<Line>> = Vec::new();
-    for line in lines {
-        match groups.last_mut() {
-            Some(group) if group[0].session_id == line.session_id => group.push(line),
-            _ => {
-                if groups.iter().any(|g| g[0].session_id == line.session_id) {
-                    return Err(SessionError::Invalid(format!(
-                        "session {}'s lines are not together in the file",
-                        line.session_id
-                    )));
-                }
-                groups.push(vec![line]);
+impl Sessions {
+    /// A session imported with a turn running, or with messages no turn has taken yet, would
+    /// have a turn run on it at this server's next start: it is refused until it is at rest.
+    pub fn at_rest(lines: &[Line]) -> Result<(), SessionError> {
+        use crate::projection::turns::{OpenTurn, OpenTurns};
+        use crate::store::{Key, Projection};
+        let session = lines[0].session_id;
+        let mut open: Option<Vec<u8>> = None;
+        for line in lines {
+            let Ok(event) = serde_json::from_slice::<crate::domain::Event>(line.stored()) else { continue };
+            if let Some(value) = OpenTurns.apply(Key::session(session), open.as_deref(), &event) {
+                open = Some(value);
             }
         }
+        let open: OpenTurn = open.and_then(|bytes| serde_json::from_slice(&bytes).ok()).unwrap_or_default();
+        if open.turn.is_some() || !open.queued.is_empty() {
+            return Err(SessionError::Invalid(format!(
+                "session {session} has a turn running or messages waiting for one: export it once it is idle"
+            )));
+        }
+        Ok(())
     }
-    Ok(groups)
 }

@@ -136,7 +136,7 @@ impl SessionLog {
     }
 }
 
-fn append_error(session: SessionId, error: AppendError) -> SessionError {
+pub(super) fn append_error(session: SessionId, error: AppendError) -> SessionError {
     match error {
         // A terminated log belongs to a deleted session.
         AppendError::Closed => SessionError::NotFound(session.to_string()),

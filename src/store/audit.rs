@@ -2,6 +2,8 @@
 //! chain against its events, and bring exported sessions into a log. The command line runs
 //! these on a data dir; the server, through the session layer.
 
+use std::collections::HashMap;
+
 use bytes::Bytes;
 use serde::Deserialize;
 
@@ -28,16 +30,16 @@ impl Export {
     pub async fn next(&mut self, log: &dyn Log) -> Result<Vec<u8>, StoreError> {
         let range = ReadRange { after: self.after, before: None, limit: PAGE, newest_first: false };
         let events = log.read(self.session, range).await?;
-        let hashes = log.hashes(self.session, range).await?;
+        let Some(last) = events.last() else { return Ok(Vec::new()) };
+        let recorded = recorded(log, self.session, self.after, last.id).await?;
         let mut out = Vec::new();
-        // An append may become durable between the two reads: take what both have.
-        for (event, (id, hash)) in events.iter().zip(&hashes) {
-            if event.id != *id {
-                return Err(StoreError::new(format!(
-                    "session {}: event {} has no chain hash (run `turnlog verify`)",
+        for event in &events {
+            let hash = recorded.get(&event.id).ok_or_else(|| {
+                StoreError::new(format!(
+                    "session {}: event {} has no chain hash (see `turnlog verify`)",
                     self.session, event.id
-                )));
-            }
+                ))
+            })?;
             out.extend(chain::export_line(self.session, event.seq, &self.prev, hash, &event.json));
             (self.after, self.prev) = (Some(event.id), *hash);
         }
@@ -54,11 +56,7 @@ pub async fn verify(log: &dyn Log, session: SessionId) -> Result<Result<Head, Br
         let range = ReadRange { after, before: None, limit: PAGE, newest_first: false };
         let events = log.read(session, range).await?;
         let Some(last) = events.last() else { break };
-        // The recorded hashes of exactly this page's span of ids (an orphan hash, whose
-        // event is gone, may lie in it too).
-        let past_last = EventId(ulid::Ulid::from(u128::from(last.id.ulid()).saturating_add(1)));
-        let span = ReadRange { before: Some(past_last), limit: usize::MAX, ..range };
-        let recorded: std::collections::HashMap<EventId, Hash> = log.hashes(session, span).await?.into_iter().collect();
+        let recorded = recorded(log, session, after, last.id).await?;
         for event in &events {
             let Some(hash) = recorded.get(&event.id) else {
                 return Ok(Err(Broken {
@@ -77,6 +75,19 @@ pub async fn verify(log: &dyn Log, session: SessionId) -> Result<Result<Head, Br
     }
     let (seq, hash) = verifier.head();
     Ok(Ok(Head { seq, last: after, hash }))
+}
+
+/// The recorded hashes of the events after `after` up to `last`, by id: exactly that span
+/// of ids (a hash whose event is gone may lie in it too).
+async fn recorded(
+    log: &dyn Log,
+    session: SessionId,
+    after: Option<EventId>,
+    last: EventId,
+) -> Result<HashMap<EventId, Hash>, StoreError> {
+    let past_last = EventId(ulid::Ulid::from(u128::from(last.ulid()).saturating_add(1)));
+    let span = ReadRange { after, before: Some(past_last), limit: usize::MAX, newest_first: false };
+    Ok(log.hashes(session, span).await?.into_iter().collect())
 }
 
 /// A chain's head: its last sequence number and event, and that event's hash.
@@ -118,6 +129,20 @@ struct Envelope {
     sequence_number: u64,
 }
 
+/// The id of the event on an export line, if it is an event of the session and sequence
+/// number the line says.
+pub fn check_line(line: &Line) -> Result<EventId, String> {
+    let at = format!("session {}, sequence number {}", line.session_id, line.sequence_number);
+    let envelope: Envelope = serde_json::from_slice(line.stored()).map_err(|e| format!("{at}: not an event: {e}"))?;
+    if (envelope.session_id, envelope.sequence_number) != (line.session_id, line.sequence_number) {
+        return Err(format!(
+            "{at}: the event says session {} and sequence number {}",
+            envelope.session_id, envelope.sequence_number
+        ));
+    }
+    Ok(envelope.id)
+}
+
 /// Brings one session's export lines (all of them, in order) into `log`: refused unless the
 /// chain verifies and each event is the one its line says; a session the log already holds
 /// is left alone when its events are the same, and refused when they differ.
@@ -127,21 +152,11 @@ pub async fn import(log: &dyn Log, lines: &[Line]) -> Result<Imported, ImportErr
     let mut verifier = Verifier::new(session);
     let mut events = Vec::with_capacity(lines.len());
     for line in lines {
-        let stored = line.stored();
-        let envelope: Envelope = serde_json::from_slice(stored).map_err(|e| {
-            ImportError::Invalid(format!(
-                "session {session}, sequence number {}: not an event: {e}",
-                line.sequence_number
-            ))
-        })?;
-        if (envelope.session_id, envelope.sequence_number) != (line.session_id, line.sequence_number) {
-            return Err(ImportError::Invalid(format!(
-                "session {session}, sequence number {}: the event says session {} and sequence number {}",
-                line.sequence_number, envelope.session_id, envelope.sequence_number
-            )));
-        }
-        verifier.next(line.sequence_number, stored, &line.hash, Some(&line.prev)).map_err(ImportError::Broken)?;
-        events.push(RawEvent::stored(envelope.id, Bytes::copy_from_slice(stored)));
+        let id = check_line(line).map_err(ImportError::Invalid)?;
+        verifier
+            .next(line.sequence_number, line.stored(), &line.hash, Some(&line.prev))
+            .map_err(ImportError::Broken)?;
+        events.push(RawEvent::stored(id, Bytes::copy_from_slice(line.stored())));
     }
     let count = events.len();
     match log.adopt(session, events.clone())?.durable().await? {

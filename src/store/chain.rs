@@ -69,6 +69,30 @@ impl Line {
     }
 }
 
+/// Export lines (numbered from 1) grouped by session, in order: each session's lines must
+/// come together. The error names the line and the fault.
+pub fn group<E: std::fmt::Display>(
+    lines: impl IntoIterator<Item = Result<(usize, String), E>>,
+) -> Result<Vec<Vec<Line>>, String> {
+    let mut groups: Vec<Vec<Line>> = Vec::new();
+    for item in lines {
+        let (number, text) = item.map_err(|e| e.to_string())?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let line = Line::parse(number, &text)?;
+        let same = groups.last().is_some_and(|group| group[0].session_id == line.session_id);
+        if same {
+            groups.last_mut().expect("a group").push(line);
+        } else if groups.iter().any(|g| g[0].session_id == line.session_id) {
+            return Err(format!("line {number}: session {}'s lines are not together", line.session_id));
+        } else {
+            groups.push(vec![line]);
+        }
+    }
+    Ok(groups)
+}
+
 mod hex_hash {
     use serde::{Deserialize, Deserializer};
 

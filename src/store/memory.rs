@@ -125,7 +125,7 @@ impl MemoryLog {
     }
 
     fn adopt_now(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Appended, AppendError> {
-        let tail = Tail::adopted(&events)?;
+        let tail = Tail::adopted(&events, self.inner.max_events_per_session)?;
         let channel = self.channel(session);
         let mut state = self.inner.state.lock();
         if state.closed {

@@ -39,8 +39,12 @@ const RECOVER_DEPTH: usize = 256;
 
 impl Tail {
     /// The tail after `events`, a whole log brought in from elsewhere, if the numbering
-    /// could have made it: sequence numbers 1, 2, 3, ... and ids strictly increasing.
-    pub fn adopted(events: &[RawEvent]) -> Result<Tail, AppendError> {
+    /// could have made it: sequence numbers 1, 2, 3, ..., ids strictly increasing, and no
+    /// more than `limit` events.
+    pub fn adopted(events: &[RawEvent], limit: u64) -> Result<Tail, AppendError> {
+        if events.len() as u64 > limit {
+            return Err(AppendError::TooManyEvents { limit });
+        }
         let mut last: Option<EventId> = None;
         for (i, event) in events.iter().enumerate() {
             if event.seq != i as u64 + 1 {

@@ -116,8 +116,15 @@ async fn export_import_round_trips_and_verify_names_the_first_broken_link() {
     let refused = run(&["import", "--data-dir", path_str(&work.path().join("third")), path_str(&tampered)]).await;
     assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stderr));
     // The other data dir holds the session with other events: a changed file is refused.
+    // (Cut after the first turn's end: a log that stops mid-turn is refused for that.)
     let mut other_events = original.lines().map(String::from).collect::<Vec<_>>();
-    other_events.truncate(4);
+    let first_idle = other_events.iter().position(|l| l.contains("\"type\":\"session.status_idle\"")).unwrap();
+    let mid_turn = work.path().join("mid-turn.jsonl");
+    std::fs::write(&mid_turn, other_events[..first_idle].join("\n") + "\n").unwrap();
+    let running = run(&["import", "--data-dir", path_str(&work.path().join("fourth")), path_str(&mid_turn)]).await;
+    assert_eq!(running.status.code(), Some(1));
+    assert!(text(&running.stderr).contains("has a turn running"), "{}", text(&running.stderr));
+    other_events.truncate(first_idle + 1);
     let shorter = work.path().join("shorter.jsonl");
     std::fs::write(&shorter, other_events.join("\n") + "\n").unwrap();
     let exists = run(&["import", "--data-dir", path_str(&other), path_str(&shorter)]).await;
@@ -252,7 +259,7 @@ async fn replay_keeps_the_original_pace_divided_by_the_speed() {
     assert_eq!(replayed, events, "every event, in order, as the log has it");
     let expected = span / 10;
     assert!(took >= expected.mul_f64(0.9), "took {took:?}, expected about {expected:?}");
-    assert!(took <= expected + Duration::from_millis(600), "took {took:?}, expected about {expected:?}");
+    assert!(took <= expected + Duration::from_millis(1500), "took {took:?}, expected about {expected:?}");
     let bad = run(&["replay", &session, "--server", &app.url, "--speed", "0"]).await;
     assert_eq!(bad.status.code(), Some(2));
 
@@ -267,7 +274,7 @@ async fn replay_keeps_the_original_pace_divided_by_the_speed() {
     }
     let took = first.unwrap().elapsed();
     assert_eq!(streamed, events);
-    assert!(took >= expected.mul_f64(0.9) && took <= expected + Duration::from_millis(600), "took {took:?}");
+    assert!(took >= expected.mul_f64(0.9) && took <= expected + Duration::from_millis(1500), "took {took:?}");
     let from = events[3]["id"].as_str().unwrap();
     let response = app.get(&format!("/sessions/{session}/replay?speed=100&from={from}")).send().await.unwrap();
     let later: Vec<_> = futures_util::StreamExt::collect::<Vec<_>>(crate::helpers::sse(response)).await;
@@ -319,4 +326,94 @@ async fn a_fork_has_the_history_up_to_its_point_and_goes_on_from_there() {
     assert_eq!(unknown.status(), 400);
     let body: Value = unknown.json().await.unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("`at`"));
+}
+
+/// Drops the chain hashes of events `seqs` of the only session in a copy of a data dir, and
+/// marks the log as not closed cleanly (as a crash would leave it), or, with `legacy`, drops
+/// the whole chain as a log written before the chain existed.
+fn strip_chain(dir: &Path, seqs: &[u64], legacy: bool) {
+    let db = sled::open(dir).unwrap();
+    let chain = db.open_tree("chain").unwrap();
+    if legacy {
+        chain.clear().unwrap();
+        db.open_tree("meta").unwrap().remove("chain").unwrap();
+    }
+    for &seq in seqs {
+        let (key, _) = stored_event(&db, seq);
+        chain.remove(key).unwrap();
+    }
+    db.open_tree("meta").unwrap().insert("state", "open").unwrap();
+    db.flush().unwrap();
+}
+
+/// Opens a data dir with the server (which completes what it may) and stops it.
+async fn serve_once(dir: &Path) {
+    let config = dir.with_extension("toml");
+    std::fs::write(&config, "").unwrap();
+    let (mut child, _) = launch(&config, dir, "127.0.0.1:0").await.expect("the server starts");
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    child.wait().await.unwrap();
+}
+
+#[tokio::test]
+async fn only_the_end_of_a_chain_is_completed_and_only_by_the_server() {
+    let mut app = spawn_app().await;
+    let session = app.create_session().await;
+    turn(&app, &session, "/words 4").await;
+    let count = app.all_events(&session).await.len() as u64;
+    app.terminate().await;
+    let work = tempfile::tempdir().unwrap();
+
+    // A crash cut the hashes of the last events: verify (which only reads) says so; the
+    // server's next start records them.
+    let cut = work.path().join("cut");
+    copy_dir(&app.data_dir(), &cut);
+    strip_chain(&cut, &[count - 1, count], false);
+    let out = run(&["verify", "--data-dir", path_str(&cut)]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(said.contains(&format!("sequence number {}: the chain has no hash", count - 1)), "{said}");
+    serve_once(&cut).await;
+    let out = run(&["verify", "--data-dir", path_str(&cut)]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // A hash missing in the middle is no crash's doing: it stays missing, and reported.
+    let middle = work.path().join("middle");
+    copy_dir(&app.data_dir(), &middle);
+    strip_chain(&middle, &[4], false);
+    serve_once(&middle).await;
+    let out = run(&["verify", "--data-dir", path_str(&middle)]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("sequence number 4: the chain has no hash"), "{}", text(&out.stderr));
+
+    // A log from before the chain gets one at its first start, and verifies.
+    let legacy = work.path().join("legacy");
+    copy_dir(&app.data_dir(), &legacy);
+    strip_chain(&legacy, &[], true);
+    serve_once(&legacy).await;
+    let out = run(&["verify", "--data-dir", path_str(&legacy)]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[tokio::test]
+async fn only_an_admin_may_import() {
+    let config = format!(
+        "[auth]\nkeys = [\n  {{ subject = \"alice\", sha256 = \"{}\" }},\n  {{ subject = \"ops\", sha256 = \"{}\", admin = true }},\n]\n",
+        turnlog::api::auth::hash_key("alice-key"),
+        turnlog::api::auth::hash_key("ops-key")
+    );
+    let mut app = crate::helpers::spawn_with(&config).await;
+    app.use_key("alice-key");
+    let session = app.create_session().await;
+    let export = app.get(&format!("/sessions/{session}/export")).send().await.unwrap().text().await.unwrap();
+    let refused = app.post("/sessions/import").body(export.clone()).send().await.unwrap();
+    assert_eq!(refused.status(), 403);
+    app.use_key("ops-key");
+    let answer: Value = app.post("/sessions/import").body(export).send().await.unwrap().json().await.unwrap();
+    assert_eq!(answer["sessions"][0]["status"], "unchanged", "{answer}");
+    let bad = app.post("/sessions/import").body("{\"session_id\":").send().await.unwrap();
+    assert_eq!(bad.status(), 400);
+    let body: Value = bad.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().starts_with("line 1:"), "{body}");
 }

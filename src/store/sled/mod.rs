@@ -65,6 +65,8 @@ struct Inner {
     failed: Mutex<Option<AppendError>>,
     /// Group commits made since the log was opened.
     commits: std::sync::atomic::AtomicU64,
+    /// Opened to write (not only to read, see [`SledLog::open_to_read`]).
+    writable: bool,
 }
 
 impl Inner {
@@ -84,12 +86,40 @@ impl Inner {
         })
     }
 
-    /// The chain hash of the session's last event written (the writer's, when it has none).
+    /// The chain hash of the session's last stored event, recording the hashes its last
+    /// events lack first (see [`Inner::complete_chain`]).
     fn chain_head(&self, session: SessionId) -> Result<chain::Hash, StoreError> {
-        match self.chain.scan_prefix(keys::session_key(session)).next_back().transpose()? {
-            Some((_, hash)) => hash_of(&hash),
+        self.complete_chain(session)?;
+        match self.events.scan_prefix(keys::session_key(session)).next_back().transpose()? {
+            Some((key, _)) => match self.chain.get(&key)? {
+                Some(hash) => hash_of(&hash),
+                None => Err(StoreError::new(format!("session {session}: its last event has no chain hash"))),
+            },
             None => Ok(chain::GENESIS),
         }
+    }
+
+    /// Records the hashes of the events at the end of the session's log that have none
+    /// (back to the last one that has, or the start); the number recorded.
+    fn complete_chain(&self, session: SessionId) -> Result<u64, StoreError> {
+        let mut missing = Vec::new();
+        let mut head = chain::GENESIS;
+        for item in self.events.scan_prefix(keys::session_key(session)).rev() {
+            let (key, _) = item?;
+            match self.chain.get(&key)? {
+                Some(hash) => {
+                    head = hash_of(&hash)?;
+                    break;
+                }
+                None => missing.push(key),
+            }
+        }
+        for key in missing.iter().rev() {
+            let value = self.events.get(key)?.ok_or_else(|| StoreError::new("an event vanished"))?;
+            head = chain::link(&head, &value);
+            self.chain.insert(key, head.as_slice())?;
+        }
+        Ok(missing.len() as u64)
     }
 
     /// A session's stored events, newest first (to rebuild its tail).
@@ -169,6 +199,8 @@ fn open_locked(config: &::sled::Config) -> Result<::sled::Db, ::sled::Error> {
     }
 }
 
+type KeyRange = (Bound<keys::EventKey>, Bound<keys::EventKey>);
+
 /// The durable log in sled.
 #[derive(Clone)]
 pub struct SledLog {
@@ -187,6 +219,17 @@ impl SledLog {
     /// Opens the log, rebuilds the projections if the last run did not close cleanly (or
     /// kept another set of them), and starts the writer.
     pub fn open(config: SledConfig, projections: Vec<Arc<dyn Projection>>) -> Result<SledLog, StoreError> {
+        SledLog::open_as(config, projections, true)
+    }
+
+    /// Opens the log to read it as it is, for audit tools: nothing is recovered, rebuilt or
+    /// completed, no writer runs (appends answer `ShuttingDown`), and closing marks nothing.
+    /// (sled itself may still tidy its own files as it opens them.)
+    pub fn open_to_read(config: SledConfig, projections: Vec<Arc<dyn Projection>>) -> Result<SledLog, StoreError> {
+        SledLog::open_as(config, projections, false)
+    }
+
+    fn open_as(config: SledConfig, projections: Vec<Arc<dyn Projection>>, write: bool) -> Result<SledLog, StoreError> {
         let sled_config = ::sled::Config::new()
             .cache_capacity(config.cache_capacity_bytes)
             .flush_every_ms(None)
@@ -215,7 +258,11 @@ impl SledLog {
             config,
             failed: Mutex::new(None),
             commits,
+            writable: write,
         });
+        if !write {
+            return Ok(SledLog { inner, jobs: Arc::new(Mutex::new(None)), writer: Arc::new(Mutex::new(None)) });
+        }
         SledLog::recover(&inner)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = writer::Writer::new(inner.clone(), rx);
@@ -249,25 +296,26 @@ impl SledLog {
         Ok(())
     }
 
-    /// Gives every event that has no chain hash its hash, from its predecessor's: the
-    /// events of a log written before the chain existed, or those of a commit a crash cut.
+    /// Gives the events at the end of each session's log that have no chain hash theirs,
+    /// from their predecessor's: a whole log written before the chain existed, or the end of
+    /// a commit a crash cut between the two trees. A missing hash with hashed events after
+    /// it is not a crash's doing: it is left for `verify` to report.
     fn complete_chains(inner: &Inner) -> Result<u64, StoreError> {
-        let (mut added, mut session, mut head) = (0, None, chain::GENESIS);
-        for item in inner.events.iter() {
-            let (key, value) = item?;
-            let this = keys::session_from_key(&key);
-            if this != session {
-                (session, head) = (this, chain::GENESIS);
-            }
-            head = match inner.chain.get(&key)? {
-                Some(hash) => hash_of(&hash)?,
-                None => {
-                    let hash = chain::link(&head, &value);
-                    inner.chain.insert(&key, hash.as_slice())?;
-                    added += 1;
-                    hash
-                }
+        let mut added = 0;
+        let mut after: Option<SessionId> = None;
+        loop {
+            let from = match after {
+                Some(session) => match u128::from(session.ulid()).checked_add(1) {
+                    Some(next) => next.to_be_bytes().to_vec(),
+                    None => break,
+                },
+                None => Vec::new(),
             };
+            let Some(item) = inner.events.range(from..).next() else { break };
+            let (key, _) = item?;
+            let session = keys::session_from_key(&key).ok_or_else(|| StoreError::new("an event key is malformed"))?;
+            added += inner.complete_chain(session)?;
+            after = Some(session);
         }
         Ok(added)
     }
@@ -285,18 +333,24 @@ impl SledLog {
         Ok(count)
     }
 
-    fn read_sync(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
+    /// The keys of `range` within what is durable of the session's log, if any.
+    fn durable_keys(&self, session: SessionId, range: ReadRange) -> Result<Option<KeyRange>, StoreError> {
         let durable = self.inner.channel(session)?.durable();
         // Nothing durable yet, or nothing durable after `after` (an append of its own the
         // caller knows is ordered, not yet flushed).
         let Some(last) = durable.last.filter(|last| range.after.is_none_or(|after| after < *last)) else {
-            return Ok(Vec::new());
+            return Ok(None);
         };
         let (lower, mut upper) = keys::range(session, range.after, last);
         if let Some(before) = range.before.filter(|&before| before <= last) {
             upper = Bound::Excluded(keys::event_key(session, before));
         }
-        let iter = self.inner.events.range::<keys::EventKey, _>((lower, upper));
+        Ok(Some((lower, upper)))
+    }
+
+    fn read_sync(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
+        let Some(keys) = self.durable_keys(session, range)? else { return Ok(Vec::new()) };
+        let iter = self.inner.events.range::<keys::EventKey, _>(keys);
         let take = |item: Result<(IVec, IVec), ::sled::Error>| item.map(|(k, v)| raw_event(&k, v));
         let events: Result<Vec<_>, _> = if range.newest_first {
             iter.rev().take(range.limit).map(take).collect()
@@ -399,6 +453,9 @@ impl SledLog {
     /// Stops the writer after it has written everything queued, marks the log clean (if
     /// asked and nothing failed) and flushes.
     fn stop(&self, clean: bool) -> Result<(), StoreError> {
+        if !self.inner.writable {
+            return Ok(());
+        }
         self.jobs.lock().take();
         if let Some(handle) = self.writer.lock().take() {
             let _ = handle.join();
@@ -453,7 +510,7 @@ impl Log for SledLog {
         if let Some(error) = self.inner.failed() {
             return Err(error);
         }
-        let tail = Tail::adopted(&events)?;
+        let tail = Tail::adopted(&events, self.inner.config.max_events_per_session)?;
         let storage = |error: StoreError| AppendError::Storage(error.to_string());
         let channel = self.inner.channel(session).map_err(storage)?;
         let slot = channel.tail.lock();
@@ -472,15 +529,8 @@ impl Log for SledLog {
     }
 
     async fn hashes(&self, session: SessionId, range: ReadRange) -> Result<Vec<(EventId, chain::Hash)>, StoreError> {
-        let durable = self.inner.channel(session)?.durable();
-        let Some(last) = durable.last.filter(|last| range.after.is_none_or(|after| after < *last)) else {
-            return Ok(Vec::new());
-        };
-        let (lower, mut upper) = keys::range(session, range.after, last);
-        if let Some(before) = range.before.filter(|&before| before <= last) {
-            upper = Bound::Excluded(keys::event_key(session, before));
-        }
-        let iter = self.inner.chain.range::<keys::EventKey, _>((lower, upper));
+        let Some(keys) = self.durable_keys(session, range)? else { return Ok(Vec::new()) };
+        let iter = self.inner.chain.range::<keys::EventKey, _>(keys);
         let take = |item: Result<(IVec, IVec), ::sled::Error>| -> Result<(EventId, chain::Hash), StoreError> {
             let (key, hash) = item?;
             let id = keys::event_from_key(&key).ok_or_else(|| StoreError::new("a chain key is malformed"))?;
