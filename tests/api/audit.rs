@@ -145,7 +145,9 @@ async fn export_import_round_trips_and_verify_names_the_first_broken_link() {
     {
         let db = sled::open(&flipped).unwrap();
         let (key, mut value) = stored_event(&db, 5);
-        let at = value.len() - 3;
+        // In the event's JSON, before the chain hash and the zero byte stored after it.
+        let at = value.len() - 33 - 3;
+        assert_eq!(value[value.len() - 34], b'}');
         value[at] ^= 0x01;
         db.open_tree("events").unwrap().insert(key, value).unwrap();
         db.flush().unwrap();
@@ -328,19 +330,23 @@ async fn a_fork_has_the_history_up_to_its_point_and_goes_on_from_there() {
     assert!(body["error"]["message"].as_str().unwrap().contains("`at`"));
 }
 
-/// Drops the chain hashes of events `seqs` of the only session in a copy of a data dir, and
-/// marks the log as not closed cleanly (as a crash would leave it), or, with `legacy`, drops
-/// the whole chain as a log written before the chain existed.
+/// Drops the chain hashes of events `seqs` of the only session in a copy of a data dir
+/// (each is stored after its event's JSON, with a zero byte), and marks the log as not
+/// closed cleanly, as a crash would leave it; with `legacy`, drops every hash, as in a log
+/// written before the chain existed.
 fn strip_chain(dir: &Path, seqs: &[u64], legacy: bool) {
     let db = sled::open(dir).unwrap();
-    let chain = db.open_tree("chain").unwrap();
+    let events = db.open_tree("events").unwrap();
+    let unseal = |value: &[u8]| value[..value.len() - 33].to_vec();
     if legacy {
-        chain.clear().unwrap();
+        for (key, value) in events.iter().map(Result::unwrap) {
+            events.insert(key, unseal(&value)).unwrap();
+        }
         db.open_tree("meta").unwrap().remove("chain").unwrap();
     }
     for &seq in seqs {
-        let (key, _) = stored_event(&db, seq);
-        chain.remove(key).unwrap();
+        let (key, value) = stored_event(&db, seq);
+        events.insert(key, unseal(&value)).unwrap();
     }
     db.open_tree("meta").unwrap().insert("state", "open").unwrap();
     db.flush().unwrap();
@@ -365,8 +371,8 @@ async fn only_the_end_of_a_chain_is_completed_and_only_by_the_server() {
     app.terminate().await;
     let work = tempfile::tempdir().unwrap();
 
-    // A crash cut the hashes of the last events: verify (which only reads) says so; the
-    // server's next start records them.
+    // The last events have no hashes (an older binary appended them): verify (which only
+    // reads) says so; the server's next start records them.
     let cut = work.path().join("cut");
     copy_dir(&app.data_dir(), &cut);
     strip_chain(&cut, &[count - 1, count], false);

@@ -55,8 +55,6 @@ impl From<::sled::Error> for StoreError {
 struct Inner {
     db: ::sled::Db,
     events: ::sled::Tree,
-    /// Each event's chain hash, under the event's key.
-    chain: ::sled::Tree,
     meta: ::sled::Tree,
     projections: Vec<Arc<dyn Projection>>,
     trees: Vec<::sled::Tree>,
@@ -91,8 +89,8 @@ impl Inner {
     fn chain_head(&self, session: SessionId) -> Result<chain::Hash, StoreError> {
         self.complete_chain(session)?;
         match self.events.scan_prefix(keys::session_key(session)).next_back().transpose()? {
-            Some((key, _)) => match self.chain.get(&key)? {
-                Some(hash) => hash_of(&hash),
+            Some((_, value)) => match unseal(&value).1 {
+                Some(hash) => Ok(hash),
                 None => Err(StoreError::new(format!("session {session}: its last event has no chain hash"))),
             },
             None => Ok(chain::GENESIS),
@@ -105,19 +103,18 @@ impl Inner {
         let mut missing = Vec::new();
         let mut head = chain::GENESIS;
         for item in self.events.scan_prefix(keys::session_key(session)).rev() {
-            let (key, _) = item?;
-            match self.chain.get(&key)? {
+            let (key, value) = item?;
+            match unseal(&value).1 {
                 Some(hash) => {
-                    head = hash_of(&hash)?;
+                    head = hash;
                     break;
                 }
-                None => missing.push(key),
+                None => missing.push((key, value)),
             }
         }
-        for key in missing.iter().rev() {
-            let value = self.events.get(key)?.ok_or_else(|| StoreError::new("an event vanished"))?;
-            head = chain::link(&head, &value);
-            self.chain.insert(key, head.as_slice())?;
+        for (key, value) in missing.iter().rev() {
+            head = chain::link(&head, value);
+            self.events.insert(key, seal(value, &head))?;
         }
         Ok(missing.len() as u64)
     }
@@ -168,13 +165,34 @@ fn bytes_of(value: IVec) -> Bytes {
     Bytes::from_owner(value)
 }
 
-fn hash_of(value: &[u8]) -> Result<chain::Hash, StoreError> {
-    value.try_into().map_err(|_| StoreError::new("a chain hash is not 32 bytes"))
+/// What the `events` tree stores for an event: its JSON, then its chain hash and a zero
+/// byte (no JSON ends with one), so that an event and its hash are one value, written and
+/// read together. A value without them is an event the chain has not reached yet.
+pub(super) fn seal(json: &[u8], hash: &chain::Hash) -> Vec<u8> {
+    let mut value = Vec::with_capacity(json.len() + SEAL_LEN);
+    value.extend_from_slice(json);
+    value.extend_from_slice(hash);
+    value.push(0);
+    value
+}
+
+const SEAL_LEN: usize = 33;
+
+/// A stored value's JSON, and its chain hash if it has one.
+fn unseal(value: &[u8]) -> (&[u8], Option<chain::Hash>) {
+    match value.split_last() {
+        Some((0, rest)) if rest.len() >= 32 => {
+            let (json, hash) = rest.split_at(rest.len() - 32);
+            (json, Some(hash.try_into().expect("32 bytes")))
+        }
+        _ => (value, None),
+    }
 }
 
 fn raw_event(key: &[u8], value: IVec) -> RawEvent {
     let id = keys::event_from_key(key).expect("event keys are 32 bytes");
-    RawEvent::stored(id, bytes_of(value))
+    let json_len = unseal(&value).0.len();
+    RawEvent::stored(id, bytes_of(value).slice(..json_len))
 }
 
 /// How long opening waits for the directory's lock when another handle holds it.
@@ -239,7 +257,6 @@ impl SledLog {
             None => sled_config.temporary(true).open()?,
         };
         let events = db.open_tree("events")?;
-        let chain = db.open_tree("chain")?;
         let meta = db.open_tree("meta")?;
         let trees = projections
             .iter()
@@ -250,7 +267,6 @@ impl SledLog {
         let inner = Arc::new(Inner {
             db,
             events,
-            chain,
             meta,
             projections,
             trees,
@@ -282,7 +298,8 @@ impl SledLog {
             let count = SledLog::rebuild_projections(inner)?;
             tracing::info!(events = count, elapsed_ms = started.elapsed().as_millis() as u64, "rebuilt projections");
         }
-        // A crash may have kept a commit's events and not their hashes (they are two trees).
+        // A log from before the chain, or one an older binary wrote to, has events without
+        // hashes at the end of some sessions.
         if !(clean && inner.meta.get(META_CHAIN)?.is_some()) {
             let added = SledLog::complete_chains(inner)?;
             if added > 0 {
@@ -297,9 +314,9 @@ impl SledLog {
     }
 
     /// Gives the events at the end of each session's log that have no chain hash theirs,
-    /// from their predecessor's: a whole log written before the chain existed, or the end of
-    /// a commit a crash cut between the two trees. A missing hash with hashed events after
-    /// it is not a crash's doing: it is left for `verify` to report.
+    /// from their predecessor's: a whole log written before the chain existed, or what a
+    /// binary without the chain appended. A missing hash with hashed events after it was
+    /// removed by hand: it is left for `verify` to report.
     fn complete_chains(inner: &Inner) -> Result<u64, StoreError> {
         let mut added = 0;
         let mut after: Option<SessionId> = None;
@@ -530,16 +547,20 @@ impl Log for SledLog {
 
     async fn hashes(&self, session: SessionId, range: ReadRange) -> Result<Vec<(EventId, chain::Hash)>, StoreError> {
         let Some(keys) = self.durable_keys(session, range)? else { return Ok(Vec::new()) };
-        let iter = self.inner.chain.range::<keys::EventKey, _>(keys);
-        let take = |item: Result<(IVec, IVec), ::sled::Error>| -> Result<(EventId, chain::Hash), StoreError> {
-            let (key, hash) = item?;
-            let id = keys::event_from_key(&key).ok_or_else(|| StoreError::new("a chain key is malformed"))?;
-            Ok((id, hash_of(&hash)?))
+        let iter = self.inner.events.range::<keys::EventKey, _>(keys);
+        // An event without a hash has none to give.
+        let take = |item: Result<(IVec, IVec), ::sled::Error>| -> Option<Result<(EventId, chain::Hash), StoreError>> {
+            let (key, value) = match item {
+                Ok(entry) => entry,
+                Err(error) => return Some(Err(error.into())),
+            };
+            let id = keys::event_from_key(&key)?;
+            unseal(&value).1.map(|hash| Ok((id, hash)))
         };
         if range.newest_first {
-            iter.rev().take(range.limit).map(take).collect()
+            iter.rev().filter_map(take).take(range.limit).collect()
         } else {
-            iter.take(range.limit).map(take).collect()
+            iter.filter_map(take).take(range.limit).collect()
         }
     }
 

@@ -90,7 +90,7 @@ impl Writer {
     }
 
     fn apply_and_flush(&self, jobs: &[Job]) -> Result<(), StoreError> {
-        let (mut batch, mut hashes) = (::sled::Batch::default(), ::sled::Batch::default());
+        let mut batch = ::sled::Batch::default();
         for job in jobs {
             // The writer alone extends chains, one job at a time, in the order numbered.
             let mut head = job.channel.chain_head.lock();
@@ -99,15 +99,12 @@ impl Writer {
                 None => self.store.chain_head(job.session)?,
             };
             for event in &job.events {
-                let key = keys::event_key(job.session, event.id);
-                batch.insert(&key[..], event.json.as_ref());
                 hash = chain::link(&hash, &event.json);
-                hashes.insert(&key[..], &hash[..]);
+                batch.insert(&keys::event_key(job.session, event.id)[..], super::seal(&event.json, &hash));
             }
             *head = Some(hash);
         }
         self.store.events.apply_batch(batch)?;
-        self.store.chain.apply_batch(hashes)?;
         for event in jobs.iter().flat_map(|job| &job.events) {
             self.store.project(event)?;
         }
