@@ -525,3 +525,34 @@ test("filter: with the status filter on running, a session's row appears while i
   await waitFor(page, rowSelector(id, "idle"), "the session's row back, idle, once the filter is cleared", { state: "visible" });
   await lab.screenshot(page, "filter-cleared");
 });
+
+test("paging and filters: the list pages with More, newest first, and filters by agent and creator", TEST, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer();
+  const api = new Api(server);
+  // One more than a page (50), oldest first.
+  const ids = [];
+  for (let i = 0; i < 51; i += 1) ids.push(await api.createSession());
+  const newestFirst = [...ids].reverse();
+  const view = await lab.newPage();
+  const { page } = view;
+  await page.goto(`${server.url}/console#/`);
+  await until(async () => (await sessionRows(page)).length === 50, { what: "a first page of 50 rows", state: async () => (await sessionRows(page)).length });
+  assert.deepEqual((await sessionRows(page)).map((r) => r.id), newestFirst.slice(0, 50), "newest first");
+  await waitFor(page, "#more", "the More button, since a session is left", { state: "visible" });
+  await page.click("#more");
+  await until(async () => (await sessionRows(page)).length === 51, { what: "the 51st row after More", state: async () => (await sessionRows(page)).length });
+  assert.deepEqual((await sessionRows(page)).map((r) => r.id), newestFirst, "every session once, in order");
+  await waitFor(page, "#more", "no More button once all are listed", { state: "hidden" });
+  await lab.screenshot(page, "paged");
+
+  await page.fill("#filter-agent", "no-such-agent");
+  await until(async () => (await sessionRows(page)).length === 0, { what: "no rows for an agent nobody uses", state: async () => (await sessionRows(page)).length });
+  await page.fill("#filter-agent", "default");
+  await until(async () => (await sessionRows(page)).length === 50, { what: "a page of the default agent's sessions", state: async () => (await sessionRows(page)).length });
+  await page.fill("#filter-creator", "someone-else");
+  await until(async () => (await sessionRows(page)).length === 0, { what: "no rows for another creator", state: async () => (await sessionRows(page)).length });
+  await page.fill("#filter-creator", "local");
+  await until(async () => (await sessionRows(page)).length === 50, { what: "the local creator's sessions again", state: async () => (await sessionRows(page)).length });
+  await lab.screenshot(page, "filtered");
+});
