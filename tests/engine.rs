@@ -371,12 +371,8 @@ impl Log for HeldLog {
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
         self.inner.position(session).await
     }
-    async fn hashes(
-        &self,
-        session: SessionId,
-        range: ReadRange,
-    ) -> Result<Vec<(EventId, turnlog::store::chain::Hash)>, StoreError> {
-        self.inner.hashes(session, range).await
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<turnlog::store::Chained>, StoreError> {
+        self.inner.chained(session, range).await
     }
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
         self.inner.read(session, range).await

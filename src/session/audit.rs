@@ -20,15 +20,25 @@ impl Sessions {
             return Ok(audit::verify(self.log.raw(), session.id).await?);
         }
         let newest = ReadRange { after: None, before: None, limit: 1, newest_first: true };
-        let (last, hash) = self
-            .log
-            .raw()
-            .hashes(session.id, newest)
-            .await?
-            .pop()
-            .ok_or_else(|| SessionError::NotFound(session.id.to_string()))?;
-        let event = self.log.event(session.id, last).await?.ok_or_else(|| SessionError::NotFound(last.to_string()))?;
-        Ok(Ok(Head { seq: event.seq, last: Some(last), hash }))
+        let (last, hash) =
+            self.chained_at(session.id, newest).await?.ok_or_else(|| SessionError::NotFound(session.id.to_string()))?;
+        Ok(Ok(Head { seq: last.seq, last: Some(last.id), hash }))
+    }
+
+    /// The first event of `range` and its chain hash, which every event the server wrote has.
+    async fn chained_at(
+        &self,
+        session: SessionId,
+        range: ReadRange,
+    ) -> Result<Option<(crate::domain::RawEvent, crate::store::chain::Hash)>, SessionError> {
+        let Some((event, hash)) = self.log.raw().chained(session, range).await?.into_iter().next() else {
+            return Ok(None);
+        };
+        let hash = hash.ok_or_else(|| {
+            let message = format!("event {} of session {session} has no chain hash", event.id);
+            SessionError::Storage(crate::store::StoreError::new(message))
+        })?;
+        Ok(Some((event, hash)))
     }
 
     /// The session's export, page by page (see [`Export`]).
@@ -83,7 +93,10 @@ impl Sessions {
     ) -> Result<SessionSummary, SessionError> {
         let invalid = || SessionError::Invalid(format!("invalid `at`: {at:?} is not an event of this session"));
         let at: EventId = at.parse().map_err(|_| invalid())?;
-        let point = self.log.event(source.id, at).await?.ok_or_else(invalid)?;
+        // The event itself, found as the newest one up to it.
+        let past = EventId(ulid::Ulid::from(u128::from(at.ulid()).saturating_add(1)));
+        let upto = ReadRange { after: None, before: Some(past), limit: 1, newest_first: true };
+        let (point, hash) = self.chained_at(source.id, upto).await?.filter(|(e, _)| e.id == at).ok_or_else(invalid)?;
         let mut history = History::default();
         self.log
             .fold(source.id, Position::default(), |raw| {
@@ -94,21 +107,6 @@ impl Sessions {
                 }
             })
             .await?;
-        let upto = ReadRange { after: None, before: None, limit: 1, newest_first: true };
-        let past = EventId(ulid::Ulid::from(u128::from(at.ulid()).saturating_add(1)));
-        let (id, hash) = self
-            .log
-            .raw()
-            .hashes(source.id, ReadRange { before: Some(past), ..upto })
-            .await?
-            .pop()
-            .ok_or_else(invalid)?;
-        if id != at {
-            return Err(SessionError::Storage(crate::store::StoreError::new(format!(
-                "event {at} of session {} has no chain hash",
-                source.id
-            ))));
-        }
         // The source as stored (not redacted), so that the fork keeps its options.
         let stored = self.log.summary(source.id).await?.ok_or_else(|| SessionError::NotFound(source.id.to_string()))?;
         let mut spec = stored.spec;

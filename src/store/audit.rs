@@ -2,8 +2,6 @@
 //! chain against its events, and bring exported sessions into a log. The command line runs
 //! these on a data dir; the server, through the session layer.
 
-use std::collections::HashMap;
-
 use bytes::Bytes;
 use serde::Deserialize;
 
@@ -29,19 +27,16 @@ impl Export {
     /// The next page of export lines; empty at the end of the log.
     pub async fn next(&mut self, log: &dyn Log) -> Result<Vec<u8>, StoreError> {
         let range = ReadRange { after: self.after, before: None, limit: PAGE, newest_first: false };
-        let events = log.read(self.session, range).await?;
-        let Some(last) = events.last() else { return Ok(Vec::new()) };
-        let recorded = recorded(log, self.session, self.after, last.id).await?;
         let mut out = Vec::new();
-        for event in &events {
-            let hash = recorded.get(&event.id).ok_or_else(|| {
+        for (event, hash) in log.chained(self.session, range).await? {
+            let hash = hash.ok_or_else(|| {
                 StoreError::new(format!(
                     "session {}: event {} has no chain hash (see `turnlog verify`)",
                     self.session, event.id
                 ))
             })?;
-            out.extend(chain::export_line(self.session, event.seq, &self.prev, hash, &event.json));
-            (self.after, self.prev) = (Some(event.id), *hash);
+            out.extend(chain::export_line(self.session, event.seq, &self.prev, &hash, &event.json));
+            (self.after, self.prev) = (Some(event.id), hash);
         }
         Ok(out)
     }
@@ -54,11 +49,10 @@ pub async fn verify(log: &dyn Log, session: SessionId) -> Result<Result<Head, Br
     let mut after = None;
     loop {
         let range = ReadRange { after, before: None, limit: PAGE, newest_first: false };
-        let events = log.read(session, range).await?;
-        let Some(last) = events.last() else { break };
-        let recorded = recorded(log, session, after, last.id).await?;
-        for event in &events {
-            let Some(hash) = recorded.get(&event.id) else {
+        let events = log.chained(session, range).await?;
+        let Some(last) = events.last().map(|(event, _)| event.id) else { break };
+        for (event, hash) in &events {
+            let Some(hash) = hash else {
                 return Ok(Err(Broken {
                     session,
                     seq: event.seq,
@@ -71,23 +65,10 @@ pub async fn verify(log: &dyn Log, session: SessionId) -> Result<Result<Head, Br
                 return Ok(Err(broken));
             }
         }
-        after = Some(last.id);
+        after = Some(last);
     }
     let (seq, hash) = verifier.head();
     Ok(Ok(Head { seq, last: after, hash }))
-}
-
-/// The recorded hashes of the events after `after` up to `last`, by id: exactly that span
-/// of ids (a hash whose event is gone may lie in it too).
-async fn recorded(
-    log: &dyn Log,
-    session: SessionId,
-    after: Option<EventId>,
-    last: EventId,
-) -> Result<HashMap<EventId, Hash>, StoreError> {
-    let past_last = EventId(ulid::Ulid::from(u128::from(last.ulid()).saturating_add(1)));
-    let span = ReadRange { after, before: Some(past_last), limit: usize::MAX, newest_first: false };
-    Ok(log.hashes(session, span).await?.into_iter().collect())
 }
 
 /// A chain's head: its last sequence number and event, and that event's hash.

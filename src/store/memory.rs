@@ -155,6 +155,21 @@ impl MemoryLog {
         state.sessions.get(&session).map_or_else(Position::default, |s| s.tail.position)
     }
 
+    /// `take` of each of the session's events within `range`, by its index.
+    fn within<T>(&self, session: SessionId, range: ReadRange, take: impl Fn(&Session, usize) -> T) -> Vec<T> {
+        let state = self.inner.state.lock();
+        let Some(log) = state.sessions.get(&session) else { return Vec::new() };
+        let events = &log.events;
+        let from = range.after.map_or(0, |after| events.partition_point(|e| e.id <= after));
+        let to = range.before.map_or(events.len(), |before| events.partition_point(|e| e.id < before)).max(from);
+        let indices = from..to;
+        if range.newest_first {
+            indices.rev().take(range.limit).map(|i| take(log, i)).collect()
+        } else {
+            indices.take(range.limit).map(|i| take(log, i)).collect()
+        }
+    }
+
     /// `read` of the session's events (none for a session it has never seen).
     fn with_events<T>(&self, session: SessionId, read: impl FnOnce(&[RawEvent]) -> T) -> T {
         let state = self.inner.state.lock();
@@ -188,31 +203,12 @@ impl Log for MemoryLog {
         Ok(self.channel(session).durable())
     }
 
-    async fn hashes(&self, session: SessionId, range: ReadRange) -> Result<Vec<(EventId, chain::Hash)>, StoreError> {
-        let state = self.inner.state.lock();
-        let Some(log) = state.sessions.get(&session) else { return Ok(Vec::new()) };
-        let events = &log.events;
-        let from = range.after.map_or(0, |after| events.partition_point(|e| e.id <= after));
-        let to = range.before.map_or(events.len(), |before| events.partition_point(|e| e.id < before)).max(from);
-        let within = (from..to).map(|i| (events[i].id, log.hashes[i]));
-        Ok(if range.newest_first {
-            within.rev().take(range.limit).collect()
-        } else {
-            within.take(range.limit).collect()
-        })
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
+        Ok(self.within(session, range, |log, i| (log.events[i].clone(), Some(log.hashes[i]))))
     }
 
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
-        Ok(self.with_events(session, |events| {
-            let from = range.after.map_or(0, |after| events.partition_point(|e| e.id <= after));
-            let to = range.before.map_or(events.len(), |before| events.partition_point(|e| e.id < before));
-            let within = events.get(from..to.max(from)).unwrap_or_default();
-            if range.newest_first {
-                within.iter().rev().take(range.limit).cloned().collect()
-            } else {
-                within.iter().take(range.limit).cloned().collect()
-            }
-        }))
+        Ok(self.within(session, range, |log, i| log.events[i].clone()))
     }
 
     async fn event(&self, session: SessionId, id: EventId) -> Result<Option<RawEvent>, StoreError> {

@@ -62,6 +62,9 @@ impl Ordered {
     }
 }
 
+/// An event and its chain hash, if it has one.
+pub type Chained = (RawEvent, Option<chain::Hash>);
+
 /// The log did not end at the expected position: someone else appended first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conflict {
@@ -252,8 +255,8 @@ pub trait Log: Send + Sync + 'static {
     /// A page of a projection's values.
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError>;
 
-    /// The chain hashes of `session`'s durable events within `range` (as [`Log::read`]).
-    async fn hashes(&self, session: SessionId, range: ReadRange) -> Result<Vec<(EventId, chain::Hash)>, StoreError>;
+    /// [`Log::read`], each event with its chain hash (`None`: the chain has not reached it).
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<Chained>, StoreError>;
 
     /// Stores `events` (a whole log, exported from somewhere) as `session`'s log, byte for
     /// byte, if the session has no events; sequence numbers must run 1, 2, 3, ... and ids

@@ -366,9 +366,19 @@ impl SledLog {
     }
 
     fn read_sync(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
+        self.scan_events(session, range, raw_event)
+    }
+
+    /// `take` of each stored event of the session within `range` (its key and value).
+    fn scan_events<T>(
+        &self,
+        session: SessionId,
+        range: ReadRange,
+        take: impl Fn(&[u8], IVec) -> T,
+    ) -> Result<Vec<T>, StoreError> {
         let Some(keys) = self.durable_keys(session, range)? else { return Ok(Vec::new()) };
         let iter = self.inner.events.range::<keys::EventKey, _>(keys);
-        let take = |item: Result<(IVec, IVec), ::sled::Error>| item.map(|(k, v)| raw_event(&k, v));
+        let take = |item: Result<(IVec, IVec), ::sled::Error>| item.map(|(k, v)| take(&k, v));
         let events: Result<Vec<_>, _> = if range.newest_first {
             iter.rev().take(range.limit).map(take).collect()
         } else {
@@ -545,23 +555,11 @@ impl Log for SledLog {
         Ok(self.inner.channel(session)?.durable())
     }
 
-    async fn hashes(&self, session: SessionId, range: ReadRange) -> Result<Vec<(EventId, chain::Hash)>, StoreError> {
-        let Some(keys) = self.durable_keys(session, range)? else { return Ok(Vec::new()) };
-        let iter = self.inner.events.range::<keys::EventKey, _>(keys);
-        // An event without a hash has none to give.
-        let take = |item: Result<(IVec, IVec), ::sled::Error>| -> Option<Result<(EventId, chain::Hash), StoreError>> {
-            let (key, value) = match item {
-                Ok(entry) => entry,
-                Err(error) => return Some(Err(error.into())),
-            };
-            let id = keys::event_from_key(&key)?;
-            unseal(&value).1.map(|hash| Ok((id, hash)))
-        };
-        if range.newest_first {
-            iter.rev().filter_map(take).take(range.limit).collect()
-        } else {
-            iter.filter_map(take).take(range.limit).collect()
-        }
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
+        self.scan_events(session, range, |key, value| {
+            let hash = unseal(&value).1;
+            (raw_event(key, value), hash)
+        })
     }
 
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
