@@ -10,6 +10,7 @@ use crate::api::auth::Auth;
 use crate::api::body::{JsonBody, Query, RawBody};
 use crate::api::{Error, State};
 use crate::error::ApiError;
+use crate::session::Pace;
 use crate::store::audit::Imported;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
@@ -37,29 +38,14 @@ async fn replay(
     query: Query<ReplayQuery>,
 ) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
-    let speed = query.0.speed.unwrap_or(1.0);
-    if !(speed > 0.0 && speed.is_finite()) {
-        return Err(ApiError::invalid(format!("invalid query `speed`: must be a positive number, not {speed}")).into());
-    }
+    let mut pace = Pace::new(query.0.speed.unwrap_or(1.0))?;
     let events = state.sessions.replay(&summary, query.0.from.as_deref()).await?;
-    let time = |event: &crate::domain::RawEvent| {
-        #[derive(Deserialize)]
-        struct At {
-            created_at: chrono::DateTime<chrono::Utc>,
-        }
-        serde_json::from_slice::<At>(&event.json).ok().map(|at| at.created_at)
-    };
-    let origin = events.first().and_then(time);
     let shutdown = state.shutdown.clone();
     let body = async_stream::stream! {
-        let started = tokio::time::Instant::now();
         for event in &events {
-            if let (Some(origin), Some(at)) = (origin, time(event)) {
-                let offset = (at - origin).to_std().unwrap_or_default().div_f64(speed);
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep_until(started + offset) => {}
-                }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = pace.wait(event) => {}
             }
             let mut out = bytes::BytesMut::new();
             crate::api::sse::native_frame(&mut out, event);

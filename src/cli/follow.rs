@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::{input, open_data_dir, Client, Failure};
 use crate::domain::SessionId;
+use crate::session::{replay_from, Pace};
 use crate::store::{Log, ReadRange};
 
 /// How events are printed: raw JSON lines, or one readable line per event with text
@@ -159,6 +160,7 @@ pub async fn tail<W: Write>(
 /// Where a replay reads a session's log from.
 pub enum From {
     DataDir(std::path::PathBuf),
+    /// The server paces it (`GET /sessions/{id}/replay`).
     Server(Client),
 }
 
@@ -171,68 +173,39 @@ pub async fn replay<W: Write>(
     speed: f64,
     printer: &mut Printer<W>,
 ) -> Result<usize, Failure> {
-    if !(speed > 0.0 && speed.is_finite()) {
-        return Err(Failure::Input(format!("--speed must be a positive number, not {speed}")));
-    }
-    let events = load(source, session).await?;
-    let start = match from {
-        Some(id) => events
-            .iter()
-            .position(|(event, _)| event["id"] == id)
-            .ok_or_else(|| Failure::Input(format!("no event {id} in session {session}")))?,
-        None => 0,
-    };
-    let started = tokio::time::Instant::now();
-    let origin = time_of(&events.get(start).map_or(Value::Null, |(e, _)| e.clone()));
-    for (event, raw) in &events[start..] {
-        if let (Some(origin), Some(at)) = (origin, time_of(event)) {
-            let offset = (at - origin).to_std().unwrap_or_default().div_f64(speed);
-            tokio::time::sleep_until(started + offset).await;
-        }
-        printer.print(event, raw).map_err(input)?;
-    }
-    Ok(events.len() - start)
-}
-
-fn time_of(event: &Value) -> Option<chrono::DateTime<chrono::Utc>> {
-    event["created_at"].as_str()?.parse().ok()
-}
-
-/// The session's whole log: each event parsed, and as sent.
-async fn load(source: &From, session: &str) -> Result<Vec<(Value, String)>, Failure> {
-    let mut events = Vec::new();
+    let mut printed = 0;
     match source {
         From::Server(client) => {
-            let mut after: Option<String> = None;
-            loop {
-                let mut query = vec![("limit", "1000".to_string()), ("order", "asc".to_string())];
-                query.extend(after.clone().map(|a| ("after_id", a)));
-                let request = client.get(&format!("/sessions/{session}/events")).query(&query);
-                let page: Value = client.ok(request).await?.json().await.map_err(input)?;
-                for event in page["data"].as_array().into_iter().flatten() {
-                    events.push((event.clone(), event.to_string()));
-                }
-                match (page["has_more"].as_bool(), page["last_id"].as_str()) {
-                    (Some(true), Some(last)) => after = Some(last.to_string()),
-                    _ => break,
-                }
+            let mut query = vec![("speed", speed.to_string())];
+            query.extend(from.map(|from| ("from", from.to_string())));
+            let request = client.get(&format!("/sessions/{session}/replay")).query(&query);
+            let mut frames = client.ok(request).await?.bytes_stream().eventsource();
+            while let Some(frame) = frames.next().await {
+                let frame = frame.map_err(|e| Failure::Input(format!("the replay stream broke: {e}")))?;
+                let event: Value = serde_json::from_str(&frame.data).map_err(input)?;
+                printer.print(&event, &frame.data).map_err(input)?;
+                printed += 1;
             }
         }
         From::DataDir(dir) => {
+            let mut pace = Pace::new(speed).map_err(input)?;
             let id: SessionId =
                 session.parse().map_err(|_| Failure::Input(format!("{session:?} is not a session id")))?;
             let log = open_data_dir(dir, false)?;
             let range = ReadRange { after: None, before: None, limit: usize::MAX, newest_first: false };
             let read = log.read(id, range).await;
             log.close().await.map_err(input)?;
-            for raw in read.map_err(input)? {
-                let text = String::from_utf8_lossy(&raw.json).into_owned();
-                events.push((serde_json::from_str(&text).map_err(input)?, text));
+            let events = replay_from(read.map_err(input)?, from).map_err(input)?;
+            for event in &events {
+                pace.wait(event).await;
+                let text = String::from_utf8_lossy(&event.json);
+                printer.print(&serde_json::from_str(&text).map_err(input)?, &text).map_err(input)?;
+                printed += 1;
             }
         }
     }
-    if events.is_empty() {
+    if printed == 0 {
         return Err(Failure::Input(format!("no session {session}")));
     }
-    Ok(events)
+    Ok(printed)
 }

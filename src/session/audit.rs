@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{Caller, SessionError, Sessions};
 use crate::domain::event::ForkPoint;
-use crate::domain::{EventId, SessionId};
+use crate::domain::{EventId, RawEvent, SessionId};
 use crate::projection::history::History;
 use crate::projection::SessionSummary;
 use crate::store::audit::{self, Export, Head, ImportError, Imported};
@@ -30,7 +30,7 @@ impl Sessions {
         &self,
         session: SessionId,
         range: ReadRange,
-    ) -> Result<Option<(crate::domain::RawEvent, crate::store::chain::Hash)>, SessionError> {
+    ) -> Result<Option<(RawEvent, crate::store::chain::Hash)>, SessionError> {
         let Some((event, hash)) = self.log.raw().chained(session, range).await?.into_iter().next() else {
             return Ok(None);
         };
@@ -123,20 +123,50 @@ impl Sessions {
 
 impl Sessions {
     /// The session's events from event `from` on (all, without it), for a replay.
-    pub async fn replay(
-        &self,
-        session: &SessionSummary,
-        from: Option<&str>,
-    ) -> Result<Vec<crate::domain::RawEvent>, SessionError> {
+    pub async fn replay(&self, session: &SessionSummary, from: Option<&str>) -> Result<Vec<RawEvent>, SessionError> {
         let mut events = Vec::new();
         self.log.fold(session.id, Position::default(), |raw| events.push(raw.clone())).await?;
-        if let Some(from) = from {
-            let invalid = || SessionError::Invalid(format!("invalid `from`: {from:?} is not an event of this session"));
-            let id: EventId = from.parse().map_err(|_| invalid())?;
-            let start = events.iter().position(|e| e.id == id).ok_or_else(invalid)?;
-            events.drain(..start);
+        replay_from(events, from)
+    }
+}
+
+/// A log's events from event `from` on (all of them, without it).
+pub fn replay_from(mut events: Vec<RawEvent>, from: Option<&str>) -> Result<Vec<RawEvent>, SessionError> {
+    if let Some(from) = from {
+        let invalid = || SessionError::Invalid(format!("invalid `from`: {from:?} is not an event of this session"));
+        let id: EventId = from.parse().map_err(|_| invalid())?;
+        let start = events.iter().position(|e| e.id == id).ok_or_else(invalid)?;
+        events.drain(..start);
+    }
+    Ok(events)
+}
+
+/// The pace of a replay: each event is due as long after the first as it was made after
+/// it (its `created_at`), divided by the speed. Sleeping until an absolute time, not for
+/// each gap, so that a slow reader does not make the replay drift.
+pub struct Pace {
+    speed: f64,
+    origin: Option<(tokio::time::Instant, chrono::DateTime<chrono::Utc>)>,
+}
+
+impl Pace {
+    pub fn new(speed: f64) -> Result<Pace, SessionError> {
+        if !(speed > 0.0 && speed.is_finite()) {
+            return Err(SessionError::Invalid(format!("invalid `speed`: must be a positive number, not {speed}")));
         }
-        Ok(events)
+        Ok(Pace { speed, origin: None })
+    }
+
+    /// Waits until the event is due (the first one at once; one without a time, at once).
+    pub async fn wait(&mut self, event: &RawEvent) {
+        #[derive(serde::Deserialize)]
+        struct At {
+            created_at: chrono::DateTime<chrono::Utc>,
+        }
+        let Ok(At { created_at }) = serde_json::from_slice::<At>(&event.json) else { return };
+        let (started, origin) = *self.origin.get_or_insert((tokio::time::Instant::now(), created_at));
+        let offset = (created_at - origin).to_std().unwrap_or_default().div_f64(self.speed);
+        tokio::time::sleep_until(started + offset).await;
     }
 }
 

@@ -236,6 +236,20 @@ async fn restart_on(config: &Path, data: &Path, addr: &str) -> (tokio::process::
     }
 }
 
+/// Runs `turnlog replay ... --json`: the events it printed, and the time from its first line
+/// to its last (so that starting the process does not count).
+async fn replay_lines(args: &[&str]) -> (Vec<Value>, Duration) {
+    let mut replay = turnlog().args(args).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(replay.stdout.take().unwrap()).lines();
+    let (mut first, mut replayed) = (None, Vec::new());
+    while let Some(line) = lines.next_line().await.unwrap() {
+        first.get_or_insert_with(Instant::now);
+        replayed.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    assert!(replay.wait().await.unwrap().success(), "turnlog {args:?}");
+    (replayed, first.expect("a line").elapsed())
+}
+
 #[tokio::test]
 async fn replay_keeps_the_original_pace_divided_by_the_speed() {
     let mut app = spawn_app().await;
@@ -245,23 +259,11 @@ async fn replay_keeps_the_original_pace_divided_by_the_speed() {
     let time = |e: &Value| e["created_at"].as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap();
     let span = (time(events.last().unwrap()) - time(&events[0])).to_std().unwrap();
     assert!(span >= Duration::from_millis(1100), "the log spans {span:?}");
-    let mut replay = turnlog()
-        .args(["replay", &session, "--server", &app.url, "--speed", "10", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(replay.stdout.take().unwrap()).lines();
-    let (mut first, mut replayed) = (None, Vec::new());
-    while let Some(line) = lines.next_line().await.unwrap() {
-        first.get_or_insert_with(Instant::now);
-        replayed.push(serde_json::from_str::<Value>(&line).unwrap());
-    }
-    let took = first.unwrap().elapsed();
-    assert!(replay.wait().await.unwrap().success());
-    assert_eq!(replayed, events, "every event, in order, as the log has it");
     let expected = span / 10;
-    assert!(took >= expected.mul_f64(0.9), "took {took:?}, expected about {expected:?}");
-    assert!(took <= expected + Duration::from_millis(1500), "took {took:?}, expected about {expected:?}");
+    let paced = |took: Duration| took >= expected.mul_f64(0.9) && took <= expected + Duration::from_millis(1500);
+    let (replayed, took) = replay_lines(&["replay", &session, "--server", &app.url, "--speed", "10", "--json"]).await;
+    assert_eq!(replayed, events, "every event, in order, as the log has it");
+    assert!(paced(took), "took {took:?}, expected about {expected:?}");
     let bad = run(&["replay", &session, "--server", &app.url, "--speed", "0"]).await;
     assert_eq!(bad.status.code(), Some(2));
 
@@ -276,7 +278,7 @@ async fn replay_keeps_the_original_pace_divided_by_the_speed() {
     }
     let took = first.unwrap().elapsed();
     assert_eq!(streamed, events);
-    assert!(took >= expected.mul_f64(0.9) && took <= expected + Duration::from_millis(1500), "took {took:?}");
+    assert!(paced(took), "took {took:?}");
     let from = events[3]["id"].as_str().unwrap();
     let response = app.get(&format!("/sessions/{session}/replay?speed=100&from={from}")).send().await.unwrap();
     let later: Vec<_> = futures_util::StreamExt::collect::<Vec<_>>(crate::helpers::sse(response)).await;
@@ -284,7 +286,17 @@ async fn replay_keeps_the_original_pace_divided_by_the_speed() {
     let (status, body) = crate::helpers::get_json(&app, &format!("/sessions/{session}/replay?speed=-1")).await;
     assert_eq!(status, 400);
     assert!(body["error"]["message"].as_str().unwrap().contains("`speed`"));
+
+    // From a data dir, paced by the command itself.
     app.terminate().await;
+    let dir = app.data_dir();
+    let args = ["replay", &session, "--data-dir", dir.to_str().unwrap(), "--speed", "10", "--json"];
+    let (replayed, took) = replay_lines(&args).await;
+    assert_eq!(replayed, events);
+    assert!(paced(took), "took {took:?}, expected about {expected:?}");
+    let from = ["--from", events[3]["id"].as_str().unwrap()];
+    let (later, _) = replay_lines(&[&args[..], &from[..]].concat()).await;
+    assert_eq!(later, events[3..]);
 }
 
 #[tokio::test]
