@@ -98,6 +98,33 @@ impl MemoryLog {
         if drafts.is_empty() {
             return Ok(Ok(Vec::new()));
         }
+        self.write(session, |log| {
+            let mut tail = log.tail;
+            if let Some(turn) = tail.unknown_turn(drafts) {
+                let newest_first = log.events.iter().rev().cloned().map(Ok::<_, Infallible>);
+                tail.continue_turn(turn, Tail::last_in_turn(newest_first, turn).expect("infallible"));
+            }
+            let staged = tail.stage(session, expected, drafts, &Clock::now(), self.inner.max_events_per_session)?;
+            Ok(staged.map(|events| (events, tail)))
+        })
+    }
+
+    fn adopt_now(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Appended, AppendError> {
+        let tail = Tail::adopted(&events, self.inner.max_events_per_session)?;
+        self.write(session, |log| match log.tail.position.seq {
+            0 => Ok(Ok((events, tail))),
+            _ => Ok(Err(super::Conflict { expected: 0, actual: log.tail.position })),
+        })
+    }
+
+    /// Stores the events `stage` makes of the session's log, with the tail after them, as
+    /// one unit: projected and published under the state's lock, so that batches are
+    /// published in the order they were made.
+    fn write(
+        &self,
+        session: SessionId,
+        stage: impl FnOnce(&Session) -> Result<Result<(Vec<RawEvent>, Tail), super::Conflict>, AppendError>,
+    ) -> Result<Appended, AppendError> {
         // Taken before the state's lock: making a channel reads the state.
         let channel = self.channel(session);
         let mut state = self.inner.state.lock();
@@ -106,36 +133,10 @@ impl MemoryLog {
         }
         let State { sessions, values, .. } = &mut *state;
         let log = sessions.entry(session).or_default();
-        let mut tail = log.tail;
-        if let Some(turn) = tail.unknown_turn(drafts) {
-            let newest_first = log.events.iter().rev().cloned().map(Ok::<_, Infallible>);
-            tail.continue_turn(turn, Tail::last_in_turn(newest_first, turn).expect("infallible"));
-        }
-        let staged = tail.stage(session, expected, drafts, &Clock::now(), self.inner.max_events_per_session)?;
-        if let Ok(events) = &staged {
-            log.tail = tail;
-            log.extend(events);
-            for event in events {
-                project(&self.inner.projections, event, values).expect("memory never fails");
-            }
-            // Under the lock, so that batches are published in the order they were made.
-            channel.publish(events.clone().into());
-        }
-        Ok(staged)
-    }
-
-    fn adopt_now(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Appended, AppendError> {
-        let tail = Tail::adopted(&events, self.inner.max_events_per_session)?;
-        let channel = self.channel(session);
-        let mut state = self.inner.state.lock();
-        if state.closed {
-            return Err(AppendError::ShuttingDown);
-        }
-        let State { sessions, values, .. } = &mut *state;
-        let log = sessions.entry(session).or_default();
-        if log.tail.position.seq > 0 {
-            return Ok(Err(super::Conflict { expected: 0, actual: log.tail.position }));
-        }
+        let (events, tail) = match stage(log)? {
+            Ok(staged) => staged,
+            Err(conflict) => return Ok(Err(conflict)),
+        };
         log.tail = tail;
         log.extend(&events);
         for event in &events {
