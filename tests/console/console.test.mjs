@@ -161,6 +161,20 @@ test("live: a session view streams a turn as it happens, the page sends a messag
   );
   await lab.screenshot(page, "list");
 
+  // A session deleted while it is watched: its log ends with `terminated`, and the view
+  // ends there (the state `ended`), and its row leaves the list.
+  await route(page, `#/sessions/${b}`);
+  await waitFor(page, "#conn[data-state=live]", "the second session's view to be live");
+  const deleted = await api.call("DELETE", `/sessions/${b}`);
+  assert.equal(deleted.status, 204, `DELETE: ${show(deleted.body)}`);
+  await waitFor(page, "#conn[data-state=ended]", "the view to end at `terminated`");
+  const last = (await eventRows(page)).at(-1);
+  assert.equal(last.type, "terminated", "the last event drawn is `terminated`");
+  await lab.screenshot(page, "ended");
+  await route(page, "#/");
+  await waitFor(page, rowSelector(a), "the first session's row", { state: "visible" });
+  assert.deepEqual((await sessionRows(page)).map((r) => r.id), [a], "the deleted session is not listed");
+
   // Nothing came from anywhere but the server.
   const foreign = view.requests.map((r) => r.url()).filter((u) => !u.startsWith(`${server.url}/`) && !/^(data|blob):/.test(u));
   assert.deepEqual(foreign, [], "requests to other origins");
