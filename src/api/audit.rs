@@ -39,17 +39,28 @@ async fn replay(
 ) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
     let mut pace = Pace::new(query.0.speed.unwrap_or(1.0))?;
-    let events = state.sessions.replay(&summary, query.0.from.as_deref()).await?;
-    let shutdown = state.shutdown.clone();
+    let mut replay = state.sessions.replay(&summary, query.0.from.as_deref()).await?;
+    let (sessions, shutdown) = (state.sessions.clone(), state.shutdown.clone());
     let body = async_stream::stream! {
-        for event in &events {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = pace.wait(event) => {}
+        'log: loop {
+            let page = match sessions.replay_page(&mut replay).await {
+                Ok(page) if page.is_empty() => break,
+                Ok(page) => page,
+                Err(error) => {
+                    tracing::error!(%error, "a replay stopped");
+                    yield Err(std::io::Error::other(error.to_string()));
+                    break;
+                }
+            };
+            for event in &page {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 'log,
+                    _ = pace.wait(event) => {}
+                }
+                let mut out = bytes::BytesMut::new();
+                crate::api::sse::native_frame(&mut out, event);
+                yield Ok(out.freeze());
             }
-            let mut out = bytes::BytesMut::new();
-            crate::api::sse::native_frame(&mut out, event);
-            yield Ok::<_, std::convert::Infallible>(out.freeze());
         }
     };
     Ok(crate::api::native::sse_response().streaming(body))

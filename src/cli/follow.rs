@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use super::{input, open_data_dir, Client, Failure};
 use crate::domain::SessionId;
-use crate::session::{replay_from, Pace};
-use crate::store::{Log, ReadRange};
+use crate::session::{start_replay, Pace};
+use crate::store::Log;
 
 /// How events are printed: raw JSON lines, or one readable line per event with text
 /// deltas joined into one line.
@@ -192,20 +192,37 @@ pub async fn replay<W: Write>(
             let id: SessionId =
                 session.parse().map_err(|_| Failure::Input(format!("{session:?} is not a session id")))?;
             let log = open_data_dir(dir, false)?;
-            let range = ReadRange { after: None, before: None, limit: usize::MAX, newest_first: false };
-            let read = log.read(id, range).await;
+            let replayed = replay_log(log.as_ref(), id, from, &mut pace, printer).await;
             log.close().await.map_err(input)?;
-            let events = replay_from(read.map_err(input)?, from).map_err(input)?;
-            for event in &events {
-                pace.wait(event).await;
-                let text = String::from_utf8_lossy(&event.json);
-                printer.print(&serde_json::from_str(&text).map_err(input)?, &text).map_err(input)?;
-                printed += 1;
-            }
+            printed = replayed?;
         }
     }
     if printed == 0 {
         return Err(Failure::Input(format!("no session {session}")));
     }
     Ok(printed)
+}
+
+/// Prints a log's replay at `pace`, page by page; the number of events printed.
+async fn replay_log<W: Write>(
+    log: &dyn Log,
+    session: SessionId,
+    from: Option<&str>,
+    pace: &mut Pace,
+    printer: &mut Printer<W>,
+) -> Result<usize, Failure> {
+    let mut replay = start_replay(log, session, from).await.map_err(input)?;
+    let mut printed = 0;
+    loop {
+        let page = replay.next(log).await.map_err(input)?;
+        if page.is_empty() {
+            return Ok(printed);
+        }
+        for event in &page {
+            pace.wait(event).await;
+            let text = String::from_utf8_lossy(&event.json);
+            printer.print(&serde_json::from_str(&text).map_err(input)?, &text).map_err(input)?;
+            printed += 1;
+        }
+    }
 }

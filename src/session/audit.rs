@@ -8,9 +8,9 @@ use crate::domain::event::ForkPoint;
 use crate::domain::{EventId, RawEvent, SessionId};
 use crate::projection::history::History;
 use crate::projection::SessionSummary;
-use crate::store::audit::{self, Export, Head, ImportError, Imported};
+use crate::store::audit::{self, Export, Head, ImportError, Imported, Replay};
 use crate::store::chain::{Broken, Line};
-use crate::store::{Position, ReadRange};
+use crate::store::{Log, Position, ReadRange};
 
 impl Sessions {
     /// The session's chain head: its last event and that event's hash; with `verify`, the
@@ -122,23 +122,25 @@ impl Sessions {
 }
 
 impl Sessions {
-    /// The session's events from event `from` on (all, without it), for a replay.
-    pub async fn replay(&self, session: &SessionSummary, from: Option<&str>) -> Result<Vec<RawEvent>, SessionError> {
-        let mut events = Vec::new();
-        self.log.fold(session.id, Position::default(), |raw| events.push(raw.clone())).await?;
-        replay_from(events, from)
+    /// A replay of the session's log from event `from` on (from the start, without it).
+    pub async fn replay(&self, session: &SessionSummary, from: Option<&str>) -> Result<Replay, SessionError> {
+        start_replay(self.log.raw(), session.id, from).await
+    }
+
+    /// The next page of a replay: empty at the end.
+    pub async fn replay_page(&self, replay: &mut Replay) -> Result<Vec<RawEvent>, SessionError> {
+        Ok(replay.next(self.log.raw()).await?)
     }
 }
 
-/// A log's events from event `from` on (all of them, without it).
-pub fn replay_from(mut events: Vec<RawEvent>, from: Option<&str>) -> Result<Vec<RawEvent>, SessionError> {
-    if let Some(from) = from {
-        let invalid = || SessionError::Invalid(format!("invalid `from`: {from:?} is not an event of this session"));
-        let id: EventId = from.parse().map_err(|_| invalid())?;
-        let start = events.iter().position(|e| e.id == id).ok_or_else(invalid)?;
-        events.drain(..start);
-    }
-    Ok(events)
+/// A replay of `session` in `log` from event `from` on, which must be one of its events.
+pub async fn start_replay(log: &dyn Log, session: SessionId, from: Option<&str>) -> Result<Replay, SessionError> {
+    let invalid = || {
+        let from = from.unwrap_or_default();
+        SessionError::Invalid(format!("invalid `from`: {from:?} is not an event of this session"))
+    };
+    let id = from.map(|from| from.parse::<EventId>().map_err(|_| invalid())).transpose()?;
+    Replay::start(log, session, id).await?.ok_or_else(invalid)
 }
 
 /// The pace of a replay: each event is due as long after the first as it was made after

@@ -18,7 +18,7 @@ pub mod rules;
 mod sessions;
 pub mod turn;
 
-pub use audit::{replay_from, Pace};
+pub use audit::{start_replay, Pace};
 pub use catalog::Catalog;
 pub use coalesce::Coalescer;
 pub use engine::{AgentChanges, EngineSettings, Follows, Input, SessionUpdate, Submission, Submitted, WhenBusy};

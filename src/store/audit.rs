@@ -42,6 +42,36 @@ impl Export {
     }
 }
 
+/// One session's log read again page by page, from an event on: for a replay, which holds
+/// one page at a time, however long the log.
+pub struct Replay {
+    session: SessionId,
+    after: Option<EventId>,
+}
+
+impl Replay {
+    /// From event `from` (the start, without it); `None` when the log has no such event.
+    pub async fn start(log: &dyn Log, session: SessionId, from: Option<EventId>) -> Result<Option<Replay>, StoreError> {
+        let Some(from) = from else { return Ok(Some(Replay { session, after: None })) };
+        if log.event(session, from).await?.is_none() {
+            return Ok(None);
+        }
+        let before = ReadRange { after: None, before: Some(from), limit: 1, newest_first: true };
+        let after = log.read(session, before).await?.pop().map(|event| event.id);
+        Ok(Some(Replay { session, after }))
+    }
+
+    /// The next page of events; empty at the end of the log.
+    pub async fn next(&mut self, log: &dyn Log) -> Result<Vec<RawEvent>, StoreError> {
+        let range = ReadRange { after: self.after, before: None, limit: PAGE, newest_first: false };
+        let events = log.read(self.session, range).await?;
+        if let Some(last) = events.last() {
+            self.after = Some(last.id);
+        }
+        Ok(events)
+    }
+}
+
 /// A session's chain checked against its events: the head (last sequence number, last id,
 /// hash), or the first broken link.
 pub async fn verify(log: &dyn Log, session: SessionId) -> Result<Result<Head, Broken>, StoreError> {
