@@ -39,8 +39,69 @@ pub struct ServerSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSettings {
+    /// Where the log lives: embedded sled (one node), or NATS JetStream (several nodes).
+    pub backend: StoreBackend,
     pub cache_capacity_mb: u64,
     pub max_batch_events: usize,
+    pub jetstream: JetStreamSettings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    Sled,
+    Jetstream,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JetStreamSettings {
+    pub servers: Vec<String>,
+    pub replicas: usize,
+    pub stream: String,
+    pub prefix: String,
+    pub projections_bucket: String,
+    pub leases_bucket: String,
+    pub lease_ttl_secs: u64,
+    pub connect_timeout_ms: u64,
+    /// This node's name in leases (default: made up at start, unique).
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub creds_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for JetStreamSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetStreamSettings")
+            .field("servers", &self.servers)
+            .field("replicas", &self.replicas)
+            .field("stream", &self.stream)
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JetStreamSettings {
+    /// The credentials to connect with: at most one kind may be given.
+    pub fn credentials(&self) -> Result<crate::store::jetstream::Credentials, ConfigError> {
+        use crate::store::jetstream::Credentials;
+        match (&self.user, &self.password, &self.token, &self.creds_file) {
+            (None, None, None, None) => Ok(Credentials::None),
+            (Some(user), Some(password), None, None) => Ok(Credentials::UserPassword(user.clone(), password.clone())),
+            (None, None, Some(token), None) => Ok(Credentials::Token(token.clone())),
+            (None, None, None, Some(file)) => Ok(Credentials::CredsFile(file.clone())),
+            _ => Err(ConfigError::Invalid(
+                "store.jetstream: give `user` with `password`, or `token`, or `creds_file`, not several".into(),
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -122,6 +183,19 @@ impl Settings {
         }
         if self.store.max_batch_events == 0 || self.streams.replay_chunk_events == 0 {
             return invalid("store.max_batch_events and streams.replay_chunk_events must be positive");
+        }
+        if self.store.backend == StoreBackend::Jetstream {
+            let js = &self.store.jetstream;
+            if js.servers.is_empty() {
+                return invalid("store.jetstream.servers must name at least one NATS server");
+            }
+            if js.replicas != 1 && js.replicas != 3 {
+                return invalid("store.jetstream.replicas must be 1 or 3");
+            }
+            if js.lease_ttl_secs == 0 {
+                return invalid("store.jetstream.lease_ttl_secs must be positive");
+            }
+            js.credentials()?;
         }
         if self.streams.heartbeat_ms == 0 {
             return invalid("streams.heartbeat_ms must be positive");

@@ -5,12 +5,14 @@
 //!
 //! - [`domain`]: ids and events, the vocabulary of every other layer.
 //! - [`store`]: the log behind a narrow trait: the numbering rules, live buses and
-//!   watermarks, and two implementations (sled, durable; memory, for tests).
+//!   watermarks, and three implementations (sled, embedded and durable; JetStream, shared
+//!   by several nodes; memory, for tests).
 //! - [`projection`]: pure folds over the log (session index, turn index, history, turn state).
 //! - [`agent`]: agents from config, the model interface and its providers, server tools.
 //! - [`session`]: the front door to the log for views, turns and recovery: ownership,
 //!   the rules of a session's setup, the pure decision step, the turn engine, cursors and
 //!   following a log.
+//! - [`cluster`]: several nodes on one JetStream log: session leases and forwarding.
 //! - [`service`]: the service without a front end (log, agents, engine, recovery, shutdown).
 //! - [`api`]: the HTTP views, each with its own wire types and error shape.
 //! - [`app`]: the HTTP server on the service.
@@ -23,6 +25,7 @@ pub mod agent;
 pub mod api;
 pub mod app;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod domain;
 pub mod error;

@@ -45,6 +45,31 @@ pub static FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
         exponential_buckets(0.000_05, 2.0, 14).expect("buckets"),
     )
 });
+pub static JETSTREAM_PUBLISH_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "turnlog_jetstream_publish_seconds",
+        "Time from publishing an append batch to JetStream to its acknowledgement.",
+        exponential_buckets(0.000_05, 2.0, 16).expect("buckets"),
+    )
+});
+pub static JETSTREAM_CONSUMER_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "turnlog_jetstream_consumer_pending",
+            "Messages of the stream this node's consumer has not delivered yet (its lag).",
+        )
+        .expect("valid metric"),
+    )
+});
+pub static LEASE_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("turnlog_lease_changes_total", "Session leases this node took, renewed, gave up or lost."),
+            &["change"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static STREAMS_OPEN: LazyLock<IntGauge> =
     LazyLock::new(|| register(IntGauge::new("turnlog_streams_open", "SSE streams open now.").expect("valid metric")));
 pub static EVENTS_REPLAYED: LazyLock<IntCounter> =

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::agent::{tools::Tools, Agents};
-use crate::config::Settings;
+use crate::config::{Settings, StoreBackend};
+use crate::session::cluster::Cluster;
 use crate::session::{Catalog, Engine, FollowConfig, SessionLog, Sessions};
 use crate::store::sled::{SledConfig, SledLog};
 use crate::store::{Log, StoreError};
@@ -25,16 +26,25 @@ pub struct Service {
     sessions: Sessions,
     engine: Engine,
     log: Arc<dyn Log>,
-    sweeper: tokio::task::JoinHandle<()>,
+    /// The sweeper, and with other nodes the server of forwarded commands and the reaper.
+    background: Vec<tokio::task::JoinHandle<()>>,
     stop_wait: Duration,
     recovered: usize,
     turns_stopped: tokio::sync::OnceCell<()>,
 }
 
 impl Service {
-    /// Opens the durable log in `server.data_dir`, then the rest.
+    /// Opens the durable log (in `server.data_dir`, or on JetStream), then the rest.
     pub async fn open(settings: &Settings) -> Result<Service, StartError> {
         let agents = agents(settings)?;
+        if settings.store.backend == StoreBackend::Jetstream {
+            let servers = settings.store.jetstream.servers.join(", ");
+            let (log, cluster) = crate::cluster::open(settings)
+                .await
+                .map_err(|source| StartError::Store { path: format!("NATS JetStream at {servers}"), source })?;
+            tracing::info!(node = cluster.node(), servers, "the log is on JetStream");
+            return Service::start(settings, agents, Arc::new(log), Some(cluster)).await;
+        }
         let config = SledConfig {
             path: Some(settings.server.data_dir.clone()),
             cache_capacity_bytes: settings.store.cache_capacity_mb << 20,
@@ -45,15 +55,20 @@ impl Service {
         let path = settings.server.data_dir.display().to_string();
         let log =
             SledLog::open(config, crate::projection::all()).map_err(|source| StartError::Store { path, source })?;
-        Service::start(settings, agents, Arc::new(log)).await
+        Service::start(settings, agents, Arc::new(log), None).await
     }
 
     /// Builds the service on a log that is already open (the in-memory one, in tests).
     pub async fn with_log(settings: &Settings, log: Arc<dyn Log>) -> Result<Service, StartError> {
-        Service::start(settings, agents(settings)?, log).await
+        Service::start(settings, agents(settings)?, log, None).await
     }
 
-    async fn start(settings: &Settings, agents: Agents, log: Arc<dyn Log>) -> Result<Service, StartError> {
+    async fn start(
+        settings: &Settings,
+        agents: Agents,
+        log: Arc<dyn Log>,
+        cluster: Option<Arc<dyn Cluster>>,
+    ) -> Result<Service, StartError> {
         let follow = FollowConfig {
             replay_chunk: settings.streams.replay_chunk_events,
             max_backlog: settings.streams.max_backlog_events,
@@ -64,7 +79,7 @@ impl Service {
         let catalog = Catalog::open(session_log.clone(), agents.clone())
             .await
             .map_err(|error| StartError::Refused(format!("could not read the catalog: {error}")))?;
-        let engine = Engine::new(session_log.clone(), agents.clone(), settings.engine.clone());
+        let engine = Engine::new(session_log.clone(), agents.clone(), settings.engine.clone(), cluster.clone());
         let recovered = match engine.recover().await {
             Ok(0) => 0,
             Ok(closed) => {
@@ -74,9 +89,14 @@ impl Service {
             Err(error) => return Err(StartError::Refused(format!("could not close interrupted turns: {error}"))),
         };
         let sessions = Sessions::new(session_log, engine.clone(), agents, Arc::new(catalog));
-        let sweeper = tokio::spawn(sweep(log.clone()));
+        let mut background = vec![tokio::spawn(sweep(log.clone()))];
+        if cluster.is_some() {
+            let serving = engine.serve_forwarded().await.map_err(|error| StartError::Refused(error.to_string()))?;
+            let reaper = engine.clone();
+            background.extend([serving, tokio::spawn(async move { reaper.reap().await })]);
+        }
         let stop_wait = Duration::from_secs(settings.server.shutdown_timeout_secs);
-        Ok(Service { sessions, engine, log, sweeper, stop_wait, recovered, turns_stopped: Default::default() })
+        Ok(Service { sessions, engine, log, background, stop_wait, recovered, turns_stopped: Default::default() })
     }
 
     /// How many turns that the last run left running this start closed as `interrupted`.
@@ -106,7 +126,9 @@ impl Service {
     pub async fn shutdown(&self) -> Result<(), StoreError> {
         self.stop_turns().await;
         self.sessions.agents().shutdown().await;
-        self.sweeper.abort();
+        for task in &self.background {
+            task.abort();
+        }
         let started = Instant::now();
         self.log.close().await?;
         tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "log flushed and closed");

@@ -1,6 +1,10 @@
 //! The engine, given / when / then, without HTTP: given a session (and what happened in
 //! it), when this input, expect these events in the log. Every test runs on the durable
-//! sled log and on the in-memory log (`on_both_logs!` at the end).
+//! sled log, on the JetStream log (one node, a real nats-server) and on the in-memory log
+//! (`on_every_log!` at the end).
+
+#[path = "common/nats.rs"]
+mod nats;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,12 +27,19 @@ use turnlog::{Service, Settings};
 enum Backend {
     Sled,
     Memory,
+    /// On its own nats-server, one node.
+    JetStream,
 }
 
-fn open_log(backend: Backend) -> Arc<dyn Log> {
+async fn open_log(backend: Backend) -> (Arc<dyn Log>, Option<Arc<nats::Nats>>) {
     match backend {
-        Backend::Sled => Arc::new(SledLog::open(SledConfig::default(), turnlog::projection::all()).unwrap()),
-        Backend::Memory => Arc::new(MemoryLog::new(turnlog::projection::all(), 256, 1_000_000)),
+        Backend::Sled => (Arc::new(SledLog::open(SledConfig::default(), turnlog::projection::all()).unwrap()), None),
+        Backend::Memory => (Arc::new(MemoryLog::new(turnlog::projection::all(), 256, 1_000_000)), None),
+        Backend::JetStream => {
+            let nats = nats::Nats::single().await;
+            let log = nats::open_log(&nats).await;
+            (Arc::new(log), Some(Arc::new(nats)))
+        }
     }
 }
 
@@ -37,6 +48,8 @@ struct Given {
     log: Arc<dyn Log>,
     /// Held so that the service (its sweeper, its engine) lives as long as the test.
     _service: Service,
+    /// The nats-server under a JetStream log, kept as long as the test.
+    _nats: Option<Arc<nats::Nats>>,
     sessions: Sessions,
     session: SessionSummary,
 }
@@ -48,7 +61,8 @@ async fn given(backend: Backend, server_tools: &[(&str, bool)]) -> Given {
 }
 
 async fn given_with(backend: Backend, server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
-    given_on(open_log(backend), server_tools, tweak).await
+    let (log, nats) = open_log(backend).await;
+    Given { _nats: nats, ..given_on(log, server_tools, tweak).await }
 }
 
 async fn given_on(log: Arc<dyn Log>, server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
@@ -72,7 +86,7 @@ async fn given_on(log: Arc<dyn Log>, server_tools: &[(&str, bool)], tweak: impl 
     };
     let caller = Caller { subject: "t".into(), admin: false };
     let session = sessions.create(&caller, spec).await.unwrap();
-    Given { settings, log, _service: service, sessions, session }
+    Given { settings, log, _service: service, _nats: None, sessions, session }
 }
 
 fn text(t: &str) -> Input {
@@ -1063,7 +1077,7 @@ async fn a_turn_follows_the_turn_the_client_names(log: Backend) {
 }
 
 /// Each test above, once on each log.
-macro_rules! on_both_logs {
+macro_rules! on_every_log {
     ($($name:ident),* $(,)?) => {
         mod sled {
             $(#[tokio::test] async fn $name() { super::$name(super::Backend::Sled).await })*
@@ -1071,10 +1085,13 @@ macro_rules! on_both_logs {
         mod memory {
             $(#[tokio::test] async fn $name() { super::$name(super::Backend::Memory).await })*
         }
+        mod jetstream {
+            $(#[tokio::test] async fn $name() { super::$name(super::Backend::JetStream).await })*
+        }
     };
 }
 
-on_both_logs!(
+on_every_log!(
     a_message_ends_the_turn_with_a_reply,
     an_outcome_sent_during_a_turn_belongs_to_no_turn,
     thinking_comes_before_the_reply,

@@ -1,14 +1,19 @@
 //! The log against a model: random appends (some ending a session, some at a stale
 //! position), reads after random cursors in both orders, lookups by sequence number, and
 //! restarts (clean and unclean), checked against a `Vec` per session. The same test body
-//! runs on the sled log and on the in-memory log; so does the test of two writers racing
-//! for one position.
+//! runs on the sled log, on the JetStream log (against a real nats-server) and on the
+//! in-memory log; so do the tests of two writers racing for one position, of projections
+//! rebuilt, and of the chain.
+
+#[path = "common/nats.rs"]
+mod nats;
 
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use turnlog::domain::{Block, Draft, EventBody, EventId, SessionId};
 use turnlog::projection::{SessionIndex, SessionSummary};
+use turnlog::store::jetstream::JetStreamLog;
 use turnlog::store::memory::MemoryLog;
 use turnlog::store::sled::{SledConfig, SledLog};
 use turnlog::store::{AppendError, Conflict, Key, Log, Position, ReadRange};
@@ -67,22 +72,29 @@ struct Stored {
 enum Opened {
     Sled(SledLog),
     Memory(MemoryLog),
+    /// The log on its own nats-server.
+    JetStream(JetStreamLog, Arc<nats::Nats>),
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Backend {
     Sled,
     Memory,
+    JetStream,
 }
 
 impl Opened {
-    fn open(backend: Backend, dir: &std::path::Path) -> Opened {
+    async fn open(backend: Backend, dir: &std::path::Path) -> Opened {
         match backend {
             Backend::Sled => {
                 let config = SledConfig { path: Some(dir.to_path_buf()), ..SledConfig::default() };
                 Opened::Sled(SledLog::open(config, turnlog::projection::all()).expect("the log opens"))
             }
             Backend::Memory => Opened::Memory(MemoryLog::new(turnlog::projection::all(), 256, 1_000_000)),
+            Backend::JetStream => {
+                let nats = nats::Nats::single().await;
+                Opened::JetStream(nats::open_log(&nats).await, Arc::new(nats))
+            }
         }
     }
 
@@ -90,6 +102,15 @@ impl Opened {
         match self {
             Opened::Sled(log) => log,
             Opened::Memory(log) => log,
+            Opened::JetStream(log, _) => log,
+        }
+    }
+
+    fn shared(&self) -> Arc<dyn Log> {
+        match self {
+            Opened::Sled(log) => Arc::new(log.clone()),
+            Opened::Memory(log) => Arc::new(log.clone()),
+            Opened::JetStream(log, _) => Arc::new(log.clone()),
         }
     }
 
@@ -103,9 +124,20 @@ impl Opened {
                     log.close_unclean().unwrap();
                 }
                 drop(log);
-                Opened::open(Backend::Sled, dir)
+                Opened::open(Backend::Sled, dir).await
             }
             Opened::Memory(log) => Opened::Memory(log.reopen()),
+            // A node restarts on the same engine: nothing of it is kept but what JetStream
+            // holds. Unclean: it forgets the projections too, which it rebuilds from the stream.
+            Opened::JetStream(log, nats) => {
+                if clean {
+                    log.close().await.unwrap();
+                } else {
+                    log.forget_projections().await.unwrap();
+                    log.close_unclean();
+                }
+                Opened::JetStream(nats::open_log(&nats).await, nats)
+            }
         }
     }
 }
@@ -116,7 +148,7 @@ fn stored(events: Vec<turnlog::domain::RawEvent>) -> Vec<Stored> {
 
 async fn run(backend: Backend, ops: Vec<Op>) {
     let dir = tempfile::tempdir().unwrap();
-    let mut opened = Opened::open(backend, dir.path());
+    let mut opened = Opened::open(backend, dir.path()).await;
     let sessions: Vec<SessionId> = (0..SESSIONS).map(|_| SessionId::generate()).collect();
     let mut model: Vec<Vec<Stored>> = vec![Vec::new(); SESSIONS];
     let mut closed = [false; SESSIONS];
@@ -227,13 +259,23 @@ proptest! {
     }
 }
 
+proptest! {
+    // Each case starts its own nats-server.
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_jetstream_log_agrees_with_a_vec(ops in prop::collection::vec(op(), 1..50)) {
+        block_on(run(Backend::JetStream, ops));
+    }
+}
+
 /// Appends to one session ordered back to back, none waiting for the one before to be
 /// durable, are numbered in order at once and share commits; each resolves once durable,
 /// and the log holds them in the order they were made.
 #[tokio::test]
 async fn appends_to_one_session_made_in_a_row_share_commits() {
     let dir = tempfile::tempdir().unwrap();
-    let Opened::Sled(log) = Opened::open(Backend::Sled, dir.path()) else { unreachable!() };
+    let Opened::Sled(log) = Opened::open(Backend::Sled, dir.path()).await else { unreachable!() };
     let session = SessionId::generate();
     let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
     log.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
@@ -267,11 +309,8 @@ async fn appends_to_one_session_made_in_a_row_share_commits() {
 /// log is each round's winner's events in one piece, with no gap.
 async fn two_writers_race_for_one_position(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let opened = Opened::open(backend, dir.path());
-    let log: Arc<dyn Log> = match &opened {
-        Opened::Sled(log) => Arc::new(log.clone()),
-        Opened::Memory(log) => Arc::new(log.clone()),
-    };
+    let opened = Opened::open(backend, dir.path()).await;
+    let log = opened.shared();
     let session = SessionId::generate();
     let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
     log.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
@@ -330,13 +369,18 @@ async fn two_writers_race_on_the_memory_log() {
     two_writers_race_for_one_position(Backend::Memory).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_race_on_the_jetstream_log() {
+    two_writers_race_for_one_position(Backend::JetStream).await;
+}
+
 /// Every projection comes back exactly as it was when an unclean stop makes the log
 /// rebuild them from the events (and the turn index holds every turn).
 async fn projections_rebuild_to_what_they_were(backend: Backend) {
     use turnlog::domain::event::{StopInfo, StopReason};
     use turnlog::domain::{TurnId, Usage};
     let dir = tempfile::tempdir().unwrap();
-    let mut opened = Opened::open(backend, dir.path());
+    let mut opened = Opened::open(backend, dir.path()).await;
     let sessions: Vec<SessionId> = (0..3).map(|_| SessionId::generate()).collect();
     for (i, session) in sessions.iter().enumerate() {
         let log = opened.log();
@@ -398,13 +442,18 @@ async fn projections_rebuild_on_the_memory_log() {
     projections_rebuild_to_what_they_were(Backend::Memory).await;
 }
 
+#[tokio::test]
+async fn projections_rebuild_on_the_jetstream_log() {
+    projections_rebuild_to_what_they_were(Backend::JetStream).await;
+}
+
 /// Every event's chain hash links it to the one before, across restarts; a whole log
 /// adopted by another log (an import) keeps its bytes and gets the same chain; a log that
 /// already has events, or one the numbering could not have made, is refused.
 async fn the_chain_links_every_event_and_an_adopted_log_keeps_it(backend: Backend) {
     use turnlog::store::chain;
     let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut opened = Opened::open(backend, dir.path());
+    let mut opened = Opened::open(backend, dir.path()).await;
     let session = SessionId::generate();
     let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
     opened.log().append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
@@ -429,7 +478,9 @@ async fn the_chain_links_every_event_and_an_adopted_log_keeps_it(backend: Backen
     let last = opened.log().chained(session, newest).await.unwrap();
     assert_eq!((last[0].0.id, last[0].1), (events[11].id, Some(head)));
 
-    let other = Opened::open(backend, other_dir.path());
+    let other = Opened::open(backend, other_dir.path()).await;
+    // What the session layer does before a session's first append.
+    other.log().prepare(session).await.unwrap();
     other.log().adopt(session, events.clone()).unwrap().durable().await.unwrap().unwrap();
     let adopted = other.log().chained(session, all).await.unwrap();
     assert_eq!(stored(adopted.iter().map(|(e, _)| e.clone()).collect()), stored(events.clone()), "byte for byte");
@@ -438,7 +489,9 @@ async fn the_chain_links_every_event_and_an_adopted_log_keeps_it(backend: Backen
     assert!(matches!(again, Err(Conflict { expected: 0, .. })), "a session with events takes no import");
     let mut gapped = events.clone();
     gapped.remove(3);
-    let error = other.log().adopt(SessionId::generate(), gapped).err().expect("a gap is refused");
+    let fresh = SessionId::generate();
+    other.log().prepare(fresh).await.unwrap();
+    let error = other.log().adopt(fresh, gapped).err().expect("a gap is refused");
     assert!(matches!(error, AppendError::Malformed(_)), "{error}");
     opened.log().close().await.unwrap();
     other.log().close().await.unwrap();
@@ -452,6 +505,11 @@ async fn the_chain_on_the_sled_log() {
 #[tokio::test]
 async fn the_chain_on_the_memory_log() {
     the_chain_links_every_event_and_an_adopted_log_keeps_it(Backend::Memory).await;
+}
+
+#[tokio::test]
+async fn the_chain_on_the_jetstream_log() {
+    the_chain_links_every_event_and_an_adopted_log_keeps_it(Backend::JetStream).await;
 }
 
 /// A replay reads the log page by page (a thousand events at a time), from any event on,

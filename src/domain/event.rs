@@ -507,6 +507,19 @@ impl Draft {
         self.queued
     }
 
+    /// The serialised body, as [`Draft::from_body`] takes it (to hand a draft to another node).
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// A draft of a body serialised by [`Draft::new`] elsewhere; `None` if it is not one.
+    pub fn from_body(turn: Option<TurnId>, body: Bytes, queued: bool) -> Option<Draft> {
+        let rest = body.strip_prefix(TYPE_PREFIX)?;
+        let kind_end = TYPE_PREFIX.len() + rest.iter().position(|&b| b == b'"')?;
+        serde_json::from_slice::<EventBody>(&body).ok()?;
+        Some(Draft { turn, body, kind_end, queued })
+    }
+
     pub fn kind(&self) -> &str {
         std::str::from_utf8(&self.body[TYPE_PREFIX.len()..self.kind_end]).expect("utf-8")
     }

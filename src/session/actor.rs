@@ -7,8 +7,9 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::cluster::Lease;
 use super::decide::{self, decide, idle, Decision};
-use super::engine::{Closing, Command, Engine, Input, Submission, Submitted};
+use super::engine::{interrupted, Closing, Command, Engine, Input, Submission, Submitted};
 use super::log::{Durable, Writer};
 use super::turn::{self, Outcome, ToolPlan, TurnContext};
 use super::{rules, SessionError};
@@ -35,6 +36,8 @@ pub(super) struct Actor {
     after_turn: Vec<AfterTurn>,
     /// Set once the actor is done (deleted or stopped); it exits after this command.
     done: bool,
+    /// Cancelled if this node loses the session's lease: another node runs it from then on.
+    lost: CancellationToken,
 }
 
 enum AfterTurn {
@@ -59,15 +62,44 @@ impl Actor {
         session: SessionId,
         generation: u64,
         me: mpsc::WeakSender<Command>,
-        mut commands: mpsc::Receiver<Command>,
+        commands: mpsc::Receiver<Command>,
+        lease: Option<Box<dyn Lease>>,
     ) {
-        let failure = match Actor::load(engine.clone(), session, me.clone()).await {
-            Ok(actor) => return actor.run(generation, commands).await,
+        // Without a lease (one node), nothing is ever lost.
+        let lost = lease.as_ref().map(|lease| lease.lost()).unwrap_or_default();
+        Actor::serve(engine, session, generation, me, commands, lost).await;
+        if let Some(lease) = lease {
+            lease.release().await;
+        }
+    }
+
+    async fn serve(
+        engine: Engine,
+        session: SessionId,
+        generation: u64,
+        me: mpsc::WeakSender<Command>,
+        mut commands: mpsc::Receiver<Command>,
+        lost: CancellationToken,
+    ) {
+        let prepared = engine.inner.log.prepare(session).await;
+        let loaded = match prepared {
+            Ok(()) => Actor::load(engine.clone(), session, me.clone()).await,
+            Err(error) => Err(error),
+        };
+        let failure = match loaded {
+            Ok(mut actor) => {
+                actor.lost = lost;
+                actor.close_orphan().await;
+                return actor.run(generation, commands).await;
+            }
             // No such session: if the first command creates it, this actor is its one writer
             // from its first event.
             Err(SessionError::NotFound(_)) => match Actor::create(&engine, session, &mut commands).await {
                 Ok(()) => match Actor::load(engine.clone(), session, me).await {
-                    Ok(actor) => return actor.run(generation, commands).await,
+                    Ok(mut actor) => {
+                        actor.lost = lost;
+                        return actor.run(generation, commands).await;
+                    }
                     Err(error) => error,
                 },
                 Err(error) => error,
@@ -130,6 +162,7 @@ impl Actor {
             running: None,
             after_turn: Vec::new(),
             done: false,
+            lost: CancellationToken::new(),
         };
         actor.catch_up().await?;
         Ok(actor)
@@ -138,17 +171,42 @@ impl Actor {
     async fn run(mut self, generation: u64, mut commands: mpsc::Receiver<Command>) {
         let idle = self.engine.idle_after();
         while !self.done {
-            let next = if self.running.is_some() {
-                commands.recv().await
-            } else {
-                match tokio::time::timeout(idle, commands.recv()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
+            let running = self.running.is_some();
+            let next = async {
+                if running {
+                    Some(commands.recv().await)
+                } else {
+                    tokio::time::timeout(idle, commands.recv()).await.ok()
                 }
+            };
+            let next = tokio::select! {
+                biased;
+                _ = self.lost.cancelled() => {
+                    tracing::warn!(session_id = %self.session, "this node lost the session's lease; another node runs it");
+                    metrics::LEASE_CHANGES.with_label_values(&["lost"]).inc();
+                    if let Some((_, cancel)) = self.running.take() {
+                        cancel.cancel();
+                    }
+                    break;
+                }
+                next = next => match next {
+                    Some(next) => next,
+                    // Idle.
+                    None => break,
+                },
             };
             match next {
                 Some(command) => {
                     self.handle(command).await;
+                    // Another node appended to the session: what was folded here is not the
+                    // log. Leave it to a new actor, which loads it again.
+                    if self.writer.raced() {
+                        tracing::warn!(session_id = %self.session, "another node appended to this session; reloading it");
+                        if let Some((_, cancel)) = self.running.take() {
+                            cancel.cancel();
+                        }
+                        break;
+                    }
                     // Whatever left the session idle (a turn's end, an interrupt while calls
                     // waited, a wake after a restart), messages that wait get their turn.
                     if self.running.is_none() {
@@ -280,6 +338,23 @@ impl Actor {
             }
         }
         Err(SessionError::Conflict("the session's log kept changing under this request; send it again".into()))
+    }
+
+    /// Closes the turn the log shows running, as a restart does: nothing runs it, since
+    /// this actor has just started (its node stopped, or lost the session's lease).
+    async fn close_orphan(&mut self) {
+        let Phase::Running(turn) = self.state.phase else { return };
+        let closed = self.apply(|_| Ok(Decision { drafts: interrupted(turn), ..Decision::default() })).await;
+        let closed = match closed {
+            Ok((_, _, durable)) => durable.wait().await,
+            Err(error) => Err(error),
+        };
+        match closed {
+            Ok(()) => {
+                tracing::warn!(session_id = %self.session, turn_id = %turn, "closed a turn nothing runs any more")
+            }
+            Err(error) => tracing::warn!(%error, session_id = %self.session, "could not close a turn left running"),
+        }
     }
 
     fn agent(&self) -> Result<Arc<Agent>, SessionError> {

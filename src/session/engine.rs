@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::actor::Actor;
+use super::cluster::{self, Answer, Claim, Cluster, ForwardError, Lease, Remote, Request, WireDraft, WireError};
 use super::decide::idle;
 use super::log::SessionLog;
 use super::SessionError;
@@ -31,7 +32,7 @@ pub struct EngineSettings {
 }
 
 /// One piece of input for a session.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Input {
     /// Starts a turn.
     Message(Vec<Block>),
@@ -61,7 +62,7 @@ pub enum Input {
 
 /// How a session ends: deleted (its log ends with `terminated`, and every view answers 404
 /// for it), or archived (kept and readable, but it takes no more input).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Closing {
     Delete,
     Archive,
@@ -70,7 +71,7 @@ pub enum Closing {
 /// Changes a submission makes to the session before its input: `tools` and the agent's
 /// `tools` replace, its `options` merge by key, `title` replaces, and `metadata` is a
 /// patch (a `null` value deletes its key).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionUpdate {
     pub agent: Option<AgentChanges>,
     pub tools: Option<Vec<ClientTool>>,
@@ -78,7 +79,7 @@ pub struct SessionUpdate {
     pub metadata: Option<Map<String, Value>>,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AgentChanges {
     pub tools: Option<Vec<ToolTrust>>,
     pub options: Option<Map<String, Value>>,
@@ -90,7 +91,7 @@ impl SessionUpdate {
     }
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Submission {
     pub update: SessionUpdate,
     pub inputs: Vec<Input>,
@@ -105,7 +106,7 @@ pub struct Submission {
 /// The turn a new turn must follow: the session's last, whichever it is (every view but the
 /// harness), or one the client names (the harness's `previous_turn_id`), so that two
 /// clients that both saw turn A cannot both chain a turn to it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Follows {
     #[default]
     Latest,
@@ -117,7 +118,7 @@ pub enum Follows {
 /// What a user message does while a turn runs: refused (AAP, native), or stored and
 /// answered by the next turn once the running one ends (managed agents, as Anthropic's
 /// API does).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WhenBusy {
     #[default]
     Refuse,
@@ -160,10 +161,60 @@ pub(super) struct EngineInner {
     actors: DashMap<SessionId, (u64, mpsc::Sender<Command>)>,
     generation: AtomicU64,
     stopping: AtomicBool,
+    /// Other nodes on the same log, if any: a session's actor then runs where its lease is.
+    cluster: Option<Arc<dyn Cluster>>,
+    /// One claim of a session's lease at a time on this node.
+    claiming: DashMap<SessionId, Arc<tokio::sync::Mutex<()>>>,
+}
+
+/// Where a session's commands go: to its actor here, or to the node that holds its lease.
+enum Route {
+    Local(u64, mpsc::Sender<Command>),
+    Remote(String),
+}
+
+/// Where the answer to a forwarded command goes.
+enum ReplyTo {
+    Done(oneshot::Sender<Result<(), SessionError>>),
+    Submitted(oneshot::Sender<Result<Submitted, SessionError>>),
+    Nothing,
+}
+
+impl ReplyTo {
+    fn answer(self, answer: Answer) {
+        match self {
+            ReplyTo::Done(reply) => drop(reply.send(answer.into_done())),
+            ReplyTo::Submitted(reply) => drop(reply.send(answer.into_submitted())),
+            ReplyTo::Nothing => {}
+        }
+    }
+
+    fn fail(self, error: SessionError) {
+        self.answer(Answer::Failed(WireError::from_error(&error)));
+    }
+}
+
+/// How long a command forwarded to a node that does not answer waits for its lease to
+/// expire, beyond the lease's time to live.
+const FORWARD_GRACE: Duration = Duration::from_secs(5);
+
+/// The closing events of a turn that nothing runs any more (a crash, or a node that died).
+pub(super) fn interrupted(turn: TurnId) -> Vec<Draft> {
+    let error = EventBody::SessionError {
+        error: "the server stopped while this turn was running".into(),
+        code: "interrupted".into(),
+        mcp_server: None,
+    };
+    vec![Draft::new(Some(turn), &error), Draft::new(Some(turn), &idle(StopReason::Error, vec![], Usage::default()))]
 }
 
 impl Engine {
-    pub fn new(log: SessionLog, agents: Arc<Agents>, settings: EngineSettings) -> Engine {
+    pub fn new(
+        log: SessionLog,
+        agents: Arc<Agents>,
+        settings: EngineSettings,
+        cluster: Option<Arc<dyn Cluster>>,
+    ) -> Engine {
         let inner = EngineInner {
             log,
             agents,
@@ -171,6 +222,8 @@ impl Engine {
             actors: DashMap::new(),
             generation: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
+            cluster,
+            claiming: DashMap::new(),
         };
         Engine { inner: Arc::new(inner) }
     }
@@ -236,7 +289,10 @@ impl Engine {
 
     async fn send(&self, session: SessionId, mut command: Command) -> Result<(), SessionError> {
         for _ in 0..SEND_ATTEMPTS {
-            let (generation, sender) = self.actor(session)?;
+            let (generation, sender) = match self.route(session).await? {
+                Route::Local(generation, sender) => (generation, sender),
+                Route::Remote(node) => return self.forward(session, node, command).await,
+            };
             match sender.send(command).await {
                 Ok(()) => return Ok(()),
                 // The actor stopped as we sent: forget it and start a new one.
@@ -249,21 +305,196 @@ impl Engine {
         Err(SessionError::ShuttingDown)
     }
 
-    fn actor(&self, session: SessionId) -> Result<(u64, mpsc::Sender<Command>), SessionError> {
+    /// The session's actor here (started if need be, with its lease when nodes share the
+    /// log), or the node that holds its lease.
+    async fn route(&self, session: SessionId) -> Result<Route, SessionError> {
         if self.inner.stopping.load(Ordering::SeqCst) {
             return Err(SessionError::ShuttingDown);
         }
         if let Some(entry) = self.inner.actors.get(&session) {
-            return Ok(entry.clone());
+            return Ok(Route::Local(entry.0, entry.1.clone()));
         }
+        let Some(cluster) = self.inner.cluster.clone() else {
+            let (generation, sender) = self.spawn(session, None);
+            return Ok(Route::Local(generation, sender));
+        };
+        let gate = self.inner.claiming.entry(session).or_default().clone();
+        let held = gate.lock().await;
+        let route = match self.inner.actors.get(&session).map(|entry| entry.clone()) {
+            Some((generation, sender)) => Route::Local(generation, sender),
+            None => match cluster.claim(session).await? {
+                Claim::Mine(lease) => {
+                    let (generation, sender) = self.spawn(session, Some(lease));
+                    Route::Local(generation, sender)
+                }
+                Claim::Theirs(node) => Route::Remote(node),
+            },
+        };
+        drop(held);
+        self.inner.claiming.remove_if(&session, |_, gate| Arc::strong_count(gate) <= 2);
+        Ok(route)
+    }
+
+    fn spawn(&self, session: SessionId, lease: Option<Box<dyn Lease>>) -> (u64, mpsc::Sender<Command>) {
         let entry = self.inner.actors.entry(session).or_insert_with(|| {
             let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
             let (sender, receiver) = mpsc::channel(64);
             // The actor reads the session's log in its own task, not under the registry's lock.
-            tokio::spawn(Actor::start(self.clone(), session, generation, sender.downgrade(), receiver));
+            tokio::spawn(Actor::start(self.clone(), session, generation, sender.downgrade(), receiver, lease));
             (generation, sender)
         });
-        Ok(entry.clone())
+        entry.clone()
+    }
+
+    /// Hands `command` to the node that holds the session's lease and passes its answer on.
+    /// A node that is gone (or has let the session go) is asked again where the session is,
+    /// until its lease expires and this node can take it.
+    async fn forward(&self, session: SessionId, mut node: String, command: Command) -> Result<(), SessionError> {
+        let Some(cluster) = self.inner.cluster.clone() else { return Err(SessionError::ShuttingDown) };
+        let (remote, reply) = match command {
+            Command::Create(drafts, reply) => {
+                (Remote::Create(drafts.iter().map(WireDraft::from_draft).collect()), ReplyTo::Done(reply))
+            }
+            Command::Submit(submission, reply) => (Remote::Submit(submission), ReplyTo::Submitted(reply)),
+            Command::Close(closing, reply) => (Remote::Close(closing), ReplyTo::Done(reply)),
+            Command::Wake => (Remote::Wake, ReplyTo::Nothing),
+            // Only ever sent to an actor of this node.
+            Command::TurnEnded(..) | Command::Stop(_) => return Ok(()),
+        };
+        let request = cluster::encode(&Request { session, command: remote });
+        let deadline = std::time::Instant::now() + cluster.lease_ttl() + FORWARD_GRACE;
+        loop {
+            match cluster.forward(&node, request.clone()).await {
+                Ok(bytes) => match cluster::decode::<Answer>(&bytes) {
+                    Ok(Answer::Failed(WireError::NotHere)) => {}
+                    Ok(answer) => {
+                        reply.answer(answer);
+                        return Ok(());
+                    }
+                    Err(error) => {
+                        reply.fail(error);
+                        return Ok(());
+                    }
+                },
+                Err(ForwardError::Gone) => {}
+                Err(ForwardError::Failed(message)) => {
+                    reply.fail(SessionError::Unavailable(format!(
+                        "node {node}, which runs session {session}: {message}"
+                    )));
+                    return Ok(());
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                reply.fail(SessionError::Unavailable(format!(
+                    "node {node} holds session {session} and does not answer; try again later"
+                )));
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            match self.route(session).await? {
+                Route::Remote(next) => node = next,
+                Route::Local(..) => {
+                    let Request { command, .. } = cluster::decode(&request)?;
+                    let command = match (command, reply) {
+                        (Remote::Create(drafts), ReplyTo::Done(reply)) => {
+                            match drafts.into_iter().map(WireDraft::into_draft).collect::<Result<Vec<_>, _>>() {
+                                Ok(drafts) => Command::Create(drafts, reply),
+                                Err(error) => {
+                                    let _ = reply.send(Err(error));
+                                    return Ok(());
+                                }
+                            }
+                        }
+                        (Remote::Submit(submission), ReplyTo::Submitted(reply)) => Command::Submit(submission, reply),
+                        (Remote::Close(closing), ReplyTo::Done(reply)) => Command::Close(closing, reply),
+                        _ => Command::Wake,
+                    };
+                    return Box::pin(self.send(session, command)).await;
+                }
+            }
+        }
+    }
+
+    /// Answers the commands other nodes forward to this one, for sessions whose lease this
+    /// node holds (or takes); for others it answers that the session is not here.
+    pub async fn serve_forwarded(&self) -> Result<tokio::task::JoinHandle<()>, SessionError> {
+        let Some(cluster) = self.inner.cluster.clone() else { return Err(SessionError::ShuttingDown) };
+        let mut requests = cluster.serve().await?;
+        let engine = self.clone();
+        Ok(tokio::spawn(async move {
+            while let Some((request, answer)) = requests.recv().await {
+                let engine = engine.clone();
+                tokio::spawn(async move {
+                    let answered = engine.answer_forwarded(&request).await;
+                    let _ = answer.send(cluster::encode(&answered));
+                });
+            }
+        }))
+    }
+
+    async fn answer_forwarded(&self, request: &[u8]) -> Answer {
+        let failed = |error: SessionError| Answer::Failed(WireError::from_error(&error));
+        let Request { session, command } = match cluster::decode(request) {
+            Ok(request) => request,
+            Err(error) => return failed(error),
+        };
+        match self.route(session).await {
+            Ok(Route::Local(..)) => {}
+            Ok(Route::Remote(_)) => return Answer::Failed(WireError::NotHere),
+            Err(error) => return failed(error),
+        }
+        let answered = match command {
+            Remote::Create(drafts) => match drafts.into_iter().map(WireDraft::into_draft).collect() {
+                Ok(drafts) => self.create(session, drafts).await.map(|()| Answer::Done),
+                Err(error) => Err(error),
+            },
+            Remote::Submit(submission) => self.submit(session, *submission).await.map(|s| Answer::submitted(&s)),
+            Remote::Close(closing) => self.close(session, closing).await.map(|()| Answer::Done),
+            Remote::Wake => self.send(session, Command::Wake).await.map(|()| Answer::Done),
+        };
+        answered.unwrap_or_else(failed)
+    }
+
+    /// With other nodes on the log: closes the turns whose node stopped (their lease has
+    /// expired) and answers the messages that wait in sessions nobody holds, every lease
+    /// time to live, for as long as the service runs.
+    pub async fn reap(&self) {
+        let Some(cluster) = self.inner.cluster.clone() else { return };
+        let mut every = tokio::time::interval(cluster.lease_ttl());
+        loop {
+            every.tick().await;
+            if self.stopping() {
+                return;
+            }
+            let Ok(orphans) = self.open_sessions().await else { continue };
+            for session in orphans {
+                if self.inner.actors.contains_key(&session) {
+                    continue;
+                }
+                if let Ok(None) = cluster.holder(session).await {
+                    if let Err(error) = self.send(session, Command::Wake).await {
+                        tracing::warn!(%error, session_id = %session, "could not take over a session left running");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sessions with a turn open or messages waiting for one.
+    async fn open_sessions(&self) -> Result<Vec<SessionId>, SessionError> {
+        let mut sessions = Vec::new();
+        let mut after = None;
+        loop {
+            let scan = Scan { session: None, after, newest_first: false, limit: 1024 };
+            let page = self.inner.log.scan::<OpenTurn>(OpenTurns::NAME, scan).await?;
+            let Some((last, _)) = page.last() else { break };
+            after = Some(*last);
+            sessions.extend(
+                page.into_iter().filter(|(_, s)| s.turn.is_some() || !s.queued.is_empty()).map(|(k, _)| k.session),
+            );
+        }
+        sessions.dedup();
+        Ok(sessions)
     }
 
     /// Called by an actor that is about to stop: it leaves the registry only if it is
@@ -280,6 +511,11 @@ impl Engine {
     /// idle status, so no turn stays "running" forever. Runs before any actor exists; then
     /// wakes the sessions whose messages wait for a turn, which their actors answer.
     pub async fn recover(&self) -> Result<usize, SessionError> {
+        // Other nodes may be running those turns: each is closed once its lease expires
+        // (see [`Engine::reap`]).
+        if self.inner.cluster.is_some() {
+            return Ok(0);
+        }
         let log = &self.inner.log;
         let mut open = Vec::new();
         let mut waiting = Vec::new();
@@ -299,17 +535,7 @@ impl Engine {
             }
         }
         for (session, turn) in &open {
-            let drafts = || {
-                let error = EventBody::SessionError {
-                    error: "the server stopped while this turn was running".into(),
-                    code: "interrupted".into(),
-                    mcp_server: None,
-                };
-                vec![
-                    Draft::new(Some(*turn), &error),
-                    Draft::new(Some(*turn), &idle(StopReason::Error, vec![], Usage::default())),
-                ]
-            };
+            let drafts = || interrupted(*turn);
             let at = log.position(*session).await?;
             match log.append(*session, at.seq, drafts()).await {
                 Ok(Ok(_)) => {

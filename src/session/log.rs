@@ -34,9 +34,15 @@ impl SessionLog {
         expected: u64,
         drafts: Vec<Draft>,
     ) -> Result<Appended, SessionError> {
+        self.prepare(session).await?;
         let (appended, durable) = self.order(session, expected, drafts)?;
         durable.wait().await?;
         Ok(appended)
+    }
+
+    /// Makes the log ready to order appends to `session` (see [`Log::prepare`]).
+    pub async fn prepare(&self, session: SessionId) -> Result<(), SessionError> {
+        Ok(self.log.prepare(session).await?)
     }
 
     /// Orders an append at `expected`: the events (or the conflict) now, and what resolves
@@ -145,6 +151,7 @@ pub(super) fn append_error(session: SessionId, error: AppendError) -> SessionErr
         AppendError::OutOfTurn { .. } => SessionError::Storage(StoreError::new(error)),
         AppendError::Malformed(message) => SessionError::Invalid(message),
         AppendError::Storage(message) => SessionError::Storage(StoreError::new(message)),
+        AppendError::Raced(message) => SessionError::Conflict(format!("{message}; send it again")),
     }
 }
 
@@ -179,6 +186,9 @@ pub(crate) struct Writer {
     log: SessionLog,
     session: SessionId,
     state: parking_lot::Mutex<Ordering>,
+    /// Set once an append ordered here was refused because another node appended first:
+    /// what the actor folded is then not the log, and it must be loaded again.
+    raced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 struct Ordering {
@@ -192,20 +202,48 @@ struct Ordering {
 
 impl Writer {
     pub fn new(log: SessionLog, session: SessionId, at: u64) -> Writer {
-        Writer { log, session, state: parking_lot::Mutex::new(Ordering { at, last: None, unfolded: Vec::new() }) }
+        let state = parking_lot::Mutex::new(Ordering { at, last: None, unfolded: Vec::new() });
+        Writer { log, session, state, raced: Arc::default() }
     }
 
     /// Orders `drafts` after the last append: the events (or the conflict) at once, and
     /// what resolves once they are durable. Nothing may show the events to anyone before.
     pub fn order(&self, drafts: Vec<Draft>) -> Result<(Appended, Durable), SessionError> {
         let mut state = self.state.lock();
-        let (appended, durable) = self.log.order(self.session, state.at, drafts)?;
+        let ordered = self.log.log.order(self.session, state.at, drafts);
+        let (appended, done) = match ordered {
+            Ok(ordered) => ordered.split(),
+            Err(error) => {
+                self.note(&error);
+                return Err(append_error(self.session, error));
+            }
+        };
+        let raced = self.raced.clone();
+        let done = async move {
+            let result = done.await;
+            if let Err(AppendError::Raced(_)) = &result {
+                raced.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            result
+        };
+        let durable = Durable { session: self.session, done: done.boxed().shared() };
         if let Some(last) = appended.as_ref().ok().and_then(|events| events.last()) {
             state.at = last.seq;
             state.last = Some(durable.clone());
             state.unfolded.extend(appended.as_ref().into_iter().flatten().cloned());
         }
         Ok((appended, durable))
+    }
+
+    fn note(&self, error: &AppendError) {
+        if let AppendError::Raced(_) = error {
+            self.raced.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Whether another node appended to the session under this writer (see `raced`).
+    pub fn raced(&self) -> bool {
+        self.raced.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Waits until everything ordered here so far is durable.

@@ -9,6 +9,7 @@
 mod actor;
 mod audit;
 pub mod catalog;
+pub mod cluster;
 mod coalesce;
 pub mod decide;
 mod engine;

@@ -178,6 +178,11 @@ pub struct Sessions {
 }
 
 impl Sessions {
+    /// The engine underneath the log, if it is a client of one (see [`crate::store::Log::health`]).
+    pub fn health(&self) -> Option<crate::store::Health> {
+        self.log.raw().health()
+    }
+
     pub(crate) fn new(log: SessionLog, engine: Engine, agents: Arc<Agents>, catalog: Arc<Catalog>) -> Sessions {
         Sessions { log, engine, agents, catalog }
     }

@@ -170,6 +170,7 @@ pub async fn import(log: &dyn Log, lines: &[Line]) -> Result<Imported, ImportErr
         events.push(RawEvent::stored(id, Bytes::copy_from_slice(line.stored())));
     }
     let count = events.len();
+    log.prepare(session).await?;
     match log.adopt(session, events.clone())?.durable().await? {
         Ok(_) => Ok(Imported::New { events: count }),
         Err(_) => {

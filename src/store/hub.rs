@@ -49,6 +49,12 @@ impl Channel {
         self.bus.subscribe()
     }
 
+    /// Sets the watermark of a channel made before its session was read (a log that reads
+    /// asynchronously makes the channel first, so that no publish is missed meanwhile).
+    pub(super) fn set_durable(&self, position: Position) {
+        *self.durable.lock() = position;
+    }
+
     /// Called by the writer after the flush: first the watermark, then the broadcast, so
     /// a subscriber that subscribed before reading the watermark misses nothing.
     pub(super) fn publish(&self, events: Batch) {
@@ -84,6 +90,11 @@ impl Hub {
     /// watcher that lags is told so, and rereads what it shows).
     pub fn changes(&self) -> broadcast::Receiver<Ulid> {
         self.changes.subscribe()
+    }
+
+    /// The sender of the feed, for a log that learns of changes elsewhere.
+    pub(super) fn changes_sender(&self) -> broadcast::Sender<Ulid> {
+        self.changes.clone()
     }
 
     pub fn bus_capacity(&self) -> usize {

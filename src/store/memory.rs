@@ -235,17 +235,7 @@ impl Log for MemoryLog {
     }
 
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
-        let in_scope = |key: &Key| scan.session.is_none_or(|s| key.session == s);
-        let page = |values: &BTreeMap<Key, Bytes>| -> Vec<(Key, Bytes)> {
-            let entries: Box<dyn Iterator<Item = (&Key, &Bytes)>> = match (scan.newest_first, scan.after) {
-                (false, Some(after)) => Box::new(values.range(after..).filter(move |(k, _)| **k != after)),
-                (false, None) => Box::new(values.iter()),
-                (true, Some(after)) => Box::new(values.range(..after).rev()),
-                (true, None) => Box::new(values.iter().rev()),
-            };
-            entries.filter(|(k, _)| in_scope(k)).take(scan.limit).map(|(k, v)| (*k, v.clone())).collect()
-        };
-        self.with_values(projection, |values| values.map(page).unwrap_or_default())
+        self.with_values(projection, |values| values.map(|values| super::page(values, scan)).unwrap_or_default())
     }
 
     async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {

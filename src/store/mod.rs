@@ -10,6 +10,7 @@
 pub mod audit;
 pub mod chain;
 mod hub;
+pub mod jetstream;
 pub mod memory;
 pub mod numbering;
 pub mod sled;
@@ -88,6 +89,10 @@ pub enum AppendError {
     Malformed(String),
     #[error("the log is shutting down")]
     ShuttingDown,
+    /// Another node appended to the session first (or this one has not loaded it to
+    /// append): nothing was stored, and the appender must load the session again.
+    #[error("{0}")]
+    Raced(String),
     #[error("storage failed: {0}")]
     Storage(String),
 }
@@ -100,6 +105,7 @@ impl AppendError {
             AppendError::OutOfTurn { .. } => "out_of_turn",
             AppendError::Malformed(_) => "malformed",
             AppendError::ShuttingDown => "shutting_down",
+            AppendError::Raced(_) => "raced",
             AppendError::Storage(_) => "storage",
         }
     }
@@ -156,6 +162,18 @@ pub struct Scan {
     pub after: Option<Key>,
     pub newest_first: bool,
     pub limit: usize,
+}
+
+/// A page of projected values kept in memory in key order, as [`Log::scan`] answers it.
+fn page(values: &std::collections::BTreeMap<Key, Bytes>, scan: Scan) -> Vec<(Key, Bytes)> {
+    let in_scope = |key: &Key| scan.session.is_none_or(|s| key.session == s);
+    let entries: Box<dyn Iterator<Item = (&Key, &Bytes)>> = match (scan.newest_first, scan.after) {
+        (false, Some(after)) => Box::new(values.range(after..).filter(move |(k, _)| **k != after)),
+        (false, None) => Box::new(values.iter()),
+        (true, Some(after)) => Box::new(values.range(..after).rev()),
+        (true, None) => Box::new(values.iter().rev()),
+    };
+    entries.filter(|(k, _)| in_scope(k)).take(scan.limit).map(|(k, v)| (*k, v.clone())).collect()
 }
 
 /// A projection: values folded from the events it wants, kept beside the log. `apply` is
@@ -217,6 +235,13 @@ fn project(projections: &[Arc<dyn Projection>], event: &RawEvent, values: &mut i
     Ok(())
 }
 
+/// The engine underneath a log that is a client of one, for `/healthz`.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Health {
+    pub engine: &'static str,
+    pub connected: bool,
+}
+
 /// A session log store. Appends to one session are ordered by the calls to
 /// [`Log::append`]; reads never see an event before it is durable.
 #[async_trait::async_trait]
@@ -232,6 +257,12 @@ pub trait Log: Send + Sync + 'static {
     fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> AppendFuture {
         let ordered = self.order(session, expected, drafts);
         Box::pin(async move { ordered?.durable().await })
+    }
+
+    /// Makes ready to order appends to `session` (a log shared by several nodes loads its
+    /// end from the engine). The session layer calls it before a session's first append.
+    async fn prepare(&self, _session: SessionId) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// The session's durable position.
@@ -274,4 +305,10 @@ pub trait Log: Send + Sync + 'static {
 
     /// Writes what is queued and closes; later appends answer `ShuttingDown`.
     async fn close(&self) -> Result<(), StoreError>;
+
+    /// The engine underneath and whether it is reachable, for a log that is a client of
+    /// one (`None`: the log is embedded).
+    fn health(&self) -> Option<Health> {
+        None
+    }
 }

@@ -1,0 +1,254 @@
+//! Several nodes on one JetStream log: the NATS side of [`crate::session::cluster`].
+//!
+//! A session's lease is an entry of a key-value bucket whose values expire after the
+//! lease's time to live (the bucket's `max_age`): a node takes it with a create that fails
+//! if the key exists, renews it with a revision-checked update every third of the time to
+//! live, and gives it up with a revision-checked delete. A node that dies stops renewing,
+//! and the entry expires. Commands for a session go to its holder as NATS requests on
+//! `<prefix>.node.<node>`; no answerer means the node is gone.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::SessionId;
+use crate::metrics;
+use crate::session::cluster::{Claim, Cluster, ForwardError, Forwarded, Lease};
+use crate::session::SessionError;
+use crate::store::StoreError;
+
+pub struct NatsCluster {
+    client: async_nats::Client,
+    leases: kv::Store,
+    node: String,
+    prefix: String,
+    ttl: Duration,
+}
+
+/// How long a forwarded command waits for its answer.
+const FORWARD_WAIT: Duration = Duration::from_secs(30);
+
+fn unavailable(context: &str, error: impl std::fmt::Display) -> SessionError {
+    SessionError::Unavailable(format!("{context}: {error}"))
+}
+
+impl NatsCluster {
+    /// Opens (or makes) the leases bucket; refuses one made with another time to live,
+    /// since nodes must agree on when a lease expires.
+    pub async fn open(
+        js: &jetstream::Context,
+        client: async_nats::Client,
+        settings: &crate::config::JetStreamSettings,
+        node: String,
+    ) -> Result<NatsCluster, StoreError> {
+        let ttl = Duration::from_secs(settings.lease_ttl_secs);
+        let bucket = &settings.leases_bucket;
+        let leases = crate::store::jetstream::open_bucket(js, bucket, ttl, settings.replicas).await?;
+        let status = leases.status().await.map_err(|e| StoreError::new(format!("the leases bucket {bucket}: {e}")))?;
+        if status.max_age() != ttl {
+            return Err(StoreError::new(format!(
+                "the leases bucket {bucket} expires entries after {:?}, and this node's store.jetstream.lease_ttl_secs \
+                 is {}: all nodes must use the same",
+                status.max_age(),
+                settings.lease_ttl_secs
+            )));
+        }
+        Ok(NatsCluster { client, leases, node, prefix: settings.prefix.clone(), ttl })
+    }
+
+    fn subject(&self, node: &str) -> String {
+        format!("{}.node.{node}", self.prefix)
+    }
+
+    fn lease(&self, session: SessionId, revision: u64) -> Box<dyn Lease> {
+        metrics::LEASE_CHANGES.with_label_values(&["acquired"]).inc();
+        let lost = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let key = session.ulid().to_string();
+        let renewal =
+            renew(self.leases.clone(), key.clone(), self.node.clone(), revision, self.ttl, lost.clone(), stop.clone());
+        let task = tokio::spawn(renewal);
+        Box::new(NatsLease { leases: self.leases.clone(), key, lost, stop, task: Some(task) })
+    }
+}
+
+/// Renews the lease every third of its time to live until stopped; if another node took it
+/// or it could not be renewed before it expired, it is lost.
+async fn renew(
+    leases: kv::Store,
+    key: String,
+    node: String,
+    mut revision: u64,
+    ttl: Duration,
+    lost: CancellationToken,
+    stop: CancellationToken,
+) -> u64 {
+    let mut every = tokio::time::interval(ttl / 3);
+    every.tick().await;
+    let mut renewed = Instant::now();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return revision,
+            _ = every.tick() => {}
+        }
+        match leases.update(&key, Bytes::from(node.clone()), revision).await {
+            Ok(next) => {
+                revision = next;
+                renewed = Instant::now();
+            }
+            Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                tracing::warn!(session = %key, "another node took this node's lease");
+                lost.cancel();
+                return revision;
+            }
+            Err(error) => {
+                tracing::warn!(%error, session = %key, "could not renew a lease");
+                if renewed.elapsed() >= ttl {
+                    lost.cancel();
+                    return revision;
+                }
+            }
+        }
+    }
+}
+
+struct NatsLease {
+    leases: kv::Store,
+    key: String,
+    lost: CancellationToken,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<u64>>,
+}
+
+impl Drop for NatsLease {
+    fn drop(&mut self) {
+        // Given up without a release: it expires.
+        self.stop.cancel();
+    }
+}
+
+#[async_trait::async_trait]
+impl Lease for NatsLease {
+    fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    async fn release(mut self: Box<Self>) {
+        self.stop.cancel();
+        let Some(task) = self.task.take() else { return };
+        let Ok(revision) = task.await else { return };
+        if self.lost.is_cancelled() {
+            return;
+        }
+        match self.leases.delete_expect_revision(&self.key, Some(revision)).await {
+            Ok(()) => metrics::LEASE_CHANGES.with_label_values(&["released"]).inc(),
+            Err(error) => tracing::warn!(%error, session = %self.key, "could not give a lease up; it expires"),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Cluster for NatsCluster {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn lease_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    async fn claim(&self, session: SessionId) -> Result<Claim, SessionError> {
+        let key = session.ulid().to_string();
+        for _ in 0..4 {
+            match self.leases.create(&key, Bytes::from(self.node.clone())).await {
+                Ok(revision) => return Ok(Claim::Mine(self.lease(session, revision))),
+                Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {}
+                Err(error) => return Err(unavailable("could not take a session's lease", error)),
+            }
+            let entry = self.leases.entry(&key).await.map_err(|e| unavailable("could not read a lease", e))?;
+            let Some(entry) = entry.filter(|entry| entry.operation == kv::Operation::Put) else { continue };
+            let holder = String::from_utf8_lossy(&entry.value).into_owned();
+            if holder != self.node {
+                return Ok(Claim::Theirs(holder));
+            }
+            // This node's own, from an actor that has just stopped or from before a restart.
+            if let Ok(revision) = self.leases.update(&key, entry.value.clone(), entry.revision).await {
+                metrics::LEASE_CHANGES.with_label_values(&["taken_back"]).inc();
+                return Ok(Claim::Mine(self.lease(session, revision)));
+            }
+        }
+        Err(SessionError::Unavailable(format!("session {session}'s lease keeps changing hands; try again")))
+    }
+
+    async fn holder(&self, session: SessionId) -> Result<Option<String>, SessionError> {
+        let entry = self.leases.entry(session.ulid().to_string()).await.map_err(|e| unavailable("a lease", e))?;
+        Ok(entry
+            .filter(|entry| entry.operation == kv::Operation::Put)
+            .map(|entry| String::from_utf8_lossy(&entry.value).into_owned()))
+    }
+
+    async fn forward(&self, node: &str, request: Bytes) -> Result<Bytes, ForwardError> {
+        let asked = self.client.request(self.subject(node), request);
+        match tokio::time::timeout(FORWARD_WAIT, asked).await {
+            Ok(Ok(message)) => Ok(message.payload),
+            Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders => Err(ForwardError::Gone),
+            Ok(Err(error)) => Err(ForwardError::Failed(error.to_string())),
+            Err(_) => Err(ForwardError::Failed(format!("no answer in {FORWARD_WAIT:?}"))),
+        }
+    }
+
+    async fn serve(&self) -> Result<mpsc::Receiver<Forwarded>, SessionError> {
+        let subject = self.subject(&self.node);
+        let mut requests =
+            self.client.subscribe(subject).await.map_err(|e| unavailable("could not take forwarded commands", e))?;
+        let (sender, receiver) = mpsc::channel(1024);
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            while let Some(message) = requests.next().await {
+                let Some(reply) = message.reply else { continue };
+                let (answer, answered) = oneshot::channel::<Bytes>();
+                if sender.send((message.payload, answer)).await.is_err() {
+                    return;
+                }
+                let client = client.clone();
+                tokio::spawn(async move {
+                    if let Ok(answer) = answered.await {
+                        if let Err(error) = client.publish(reply, answer).await {
+                            tracing::warn!(%error, "could not answer a forwarded command");
+                        }
+                    }
+                });
+            }
+        });
+        Ok(receiver)
+    }
+}
+
+/// Opens the log on JetStream and the cluster on the same connection.
+pub async fn open(
+    settings: &crate::config::Settings,
+) -> Result<(crate::store::jetstream::JetStreamLog, Arc<NatsCluster>), StoreError> {
+    let js = &settings.store.jetstream;
+    let credentials = js.credentials().map_err(StoreError::new)?;
+    let config = crate::store::jetstream::JetStreamConfig {
+        servers: js.servers.clone(),
+        replicas: js.replicas,
+        stream: js.stream.clone(),
+        prefix: js.prefix.clone(),
+        projections_bucket: js.projections_bucket.clone(),
+        credentials,
+        connect_timeout: Duration::from_millis(js.connect_timeout_ms),
+        max_events_per_session: settings.limits.max_events_per_session,
+        bus_capacity: settings.streams.bus_capacity,
+        max_batch_bytes: settings.server.max_body_bytes,
+    };
+    let log = crate::store::jetstream::JetStreamLog::open(config, crate::projection::all()).await?;
+    let node = js.node.clone().unwrap_or_else(|| format!("node-{}", ulid::Ulid::new()));
+    let cluster = NatsCluster::open(&log.context(), log.client(), js, node).await?;
+    Ok((log, Arc::new(cluster)))
+}

@@ -1,0 +1,202 @@
+//! Sessions shared by several nodes on one log: each session's actor runs on one node at a
+//! time, the one holding the session's lease; any other node forwards the session's
+//! commands to it. The engine sees this narrow seam ([`Cluster`]); the NATS implementation
+//! is [`crate::cluster`].
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::engine::{Closing, Submission, Submitted};
+use super::SessionError;
+use crate::domain::{Draft, EventId, RawEvent, SessionId, TurnId};
+use crate::store::StoreError;
+
+/// What a node learns when it asks for a session's lease.
+pub enum Claim {
+    /// This node holds it now: it runs the session's actor until it gives it up or loses it.
+    Mine(Box<dyn Lease>),
+    /// Another node holds it.
+    Theirs(String),
+}
+
+#[async_trait::async_trait]
+pub trait Lease: Send + Sync {
+    /// Cancelled when the lease is lost (another node took it, or it could not be renewed
+    /// in time): the actor must stop at once.
+    fn lost(&self) -> CancellationToken;
+    /// Gives the lease up (the actor has stopped).
+    async fn release(self: Box<Self>);
+}
+
+#[derive(Debug)]
+pub enum ForwardError {
+    /// No node answers for that name: it is gone, and its leases expire.
+    Gone,
+    Failed(String),
+}
+
+/// A request forwarded to this node, and where its answer goes.
+pub type Forwarded = (Bytes, oneshot::Sender<Bytes>);
+
+#[async_trait::async_trait]
+pub trait Cluster: Send + Sync + 'static {
+    fn node(&self) -> &str;
+    fn lease_ttl(&self) -> Duration;
+    /// Takes the session's lease if nobody holds it (or this node's earlier life does).
+    async fn claim(&self, session: SessionId) -> Result<Claim, SessionError>;
+    /// The node holding the session's lease, if any.
+    async fn holder(&self, session: SessionId) -> Result<Option<String>, SessionError>;
+    /// Sends a request to the node and waits for its answer.
+    async fn forward(&self, node: &str, request: Bytes) -> Result<Bytes, ForwardError>;
+    /// The requests other nodes forward to this one.
+    async fn serve(&self) -> Result<mpsc::Receiver<Forwarded>, SessionError>;
+}
+
+/// A command for a session's actor, as it crosses to another node.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct Request {
+    pub session: SessionId,
+    pub command: Remote,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum Remote {
+    Create(Vec<WireDraft>),
+    Submit(Box<Submission>),
+    Close(Closing),
+    Wake,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct WireDraft {
+    turn: Option<TurnId>,
+    body: String,
+    queued: bool,
+}
+
+impl WireDraft {
+    pub fn from_draft(draft: &Draft) -> WireDraft {
+        let body = String::from_utf8_lossy(draft.body()).into_owned();
+        WireDraft { turn: draft.turn, body, queued: draft.is_queued() }
+    }
+
+    pub fn into_draft(self) -> Result<Draft, SessionError> {
+        Draft::from_body(self.turn, Bytes::from(self.body), self.queued)
+            .ok_or_else(|| SessionError::Invalid("a forwarded event is not one turnlog makes".into()))
+    }
+}
+
+/// The actor's answer, as it crosses back.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum Answer {
+    Done,
+    Submitted { events: Vec<(EventId, String)>, turn: Option<TurnId> },
+    Failed(WireError),
+}
+
+impl Answer {
+    pub fn submitted(submitted: &Submitted) -> Answer {
+        let events = submitted
+            .events
+            .iter()
+            .map(|event| (event.id, String::from_utf8_lossy(&event.json).into_owned()))
+            .collect();
+        Answer::Submitted { events, turn: submitted.turn }
+    }
+
+    pub fn into_submitted(self) -> Result<Submitted, SessionError> {
+        match self {
+            Answer::Submitted { events, turn } => {
+                let events = events.into_iter().map(|(id, json)| RawEvent::stored(id, Bytes::from(json))).collect();
+                Ok(Submitted { events, turn })
+            }
+            Answer::Failed(error) => Err(error.into_error()),
+            Answer::Done => Err(SessionError::Storage(StoreError::new("a forwarded submission was answered as done"))),
+        }
+    }
+
+    pub fn into_done(self) -> Result<(), SessionError> {
+        match self {
+            Answer::Failed(error) => Err(error.into_error()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A [`SessionError`] as it crosses back (a storage failure by its message).
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum WireError {
+    NotFound(String),
+    TurnNotFound {
+        turn: String,
+        session: String,
+    },
+    CatalogNotFound(String),
+    UnknownCursor(String),
+    Conflict(String),
+    Busy(String),
+    PreviousTurn(String),
+    Invalid(String),
+    Limit(String),
+    Unavailable(String),
+    Forbidden(String),
+    ShuttingDown,
+    Storage(String),
+    /// The node does not hold the session's lease (any more): ask again where it is.
+    NotHere,
+}
+
+impl WireError {
+    pub fn from_error(error: &SessionError) -> WireError {
+        match error {
+            SessionError::NotFound(s) => WireError::NotFound(s.clone()),
+            SessionError::TurnNotFound { turn, session } => {
+                WireError::TurnNotFound { turn: turn.clone(), session: session.clone() }
+            }
+            SessionError::CatalogNotFound(s) => WireError::CatalogNotFound(s.clone()),
+            SessionError::UnknownCursor(s) => WireError::UnknownCursor(s.clone()),
+            SessionError::Conflict(s) => WireError::Conflict(s.clone()),
+            SessionError::Busy(s) => WireError::Busy(s.clone()),
+            SessionError::PreviousTurn(s) => WireError::PreviousTurn(s.clone()),
+            SessionError::Invalid(s) => WireError::Invalid(s.clone()),
+            SessionError::Limit(s) => WireError::Limit(s.clone()),
+            SessionError::Unavailable(s) => WireError::Unavailable(s.clone()),
+            SessionError::Forbidden(s) => WireError::Forbidden(s.clone()),
+            SessionError::ShuttingDown => WireError::ShuttingDown,
+            // The remote engine resends a returned submission itself: never seen here.
+            SessionError::Retry(_) => WireError::NotHere,
+            SessionError::Storage(e) => WireError::Storage(e.to_string()),
+        }
+    }
+
+    fn into_error(self) -> SessionError {
+        match self {
+            WireError::NotFound(s) => SessionError::NotFound(s),
+            WireError::TurnNotFound { turn, session } => SessionError::TurnNotFound { turn, session },
+            WireError::CatalogNotFound(s) => SessionError::CatalogNotFound(s),
+            WireError::UnknownCursor(s) => SessionError::UnknownCursor(s),
+            WireError::Conflict(s) => SessionError::Conflict(s),
+            WireError::Busy(s) => SessionError::Busy(s),
+            WireError::PreviousTurn(s) => SessionError::PreviousTurn(s),
+            WireError::Invalid(s) => SessionError::Invalid(s),
+            WireError::Limit(s) => SessionError::Limit(s),
+            WireError::Unavailable(s) => SessionError::Unavailable(s),
+            WireError::Forbidden(s) => SessionError::Forbidden(s),
+            WireError::ShuttingDown => SessionError::ShuttingDown,
+            WireError::Storage(s) => SessionError::Storage(StoreError::new(s)),
+            WireError::NotHere => SessionError::Unavailable("the session moved between nodes; send it again".into()),
+        }
+    }
+}
+
+pub(super) fn encode<T: Serialize>(value: &T) -> Bytes {
+    Bytes::from(serde_json::to_vec(value).expect("forwarded values serialise"))
+}
+
+pub(super) fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, SessionError> {
+    serde_json::from_slice(bytes).map_err(|error| SessionError::Invalid(format!("a forwarded message: {error}")))
+}

@@ -1,0 +1,170 @@
+//! The projections in a JetStream key-value bucket, and each node's copy of them.
+//!
+//! A projected value lives under `<projection>.<session>` (or `<projection>.<session>.<item>`);
+//! `_projected.<session>` holds the last sequence number folded into the session's values,
+//! and `_meta.signature` the set of projections the bucket was built for. The node that
+//! appends to a session folds its events and puts the values; every node watches the
+//! bucket and keeps a copy in memory, from which it answers lookups and pages in key order.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_nats::jetstream::kv;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use parking_lot::RwLock;
+use tokio::sync::watch;
+
+use crate::domain::SessionId;
+use crate::store::{Key, Projection, StoreError, Values};
+
+pub const SIGNATURE: &str = "_meta.signature";
+
+pub fn value_key(projection: &str, key: Key) -> String {
+    match key.item {
+        Some(item) => format!("{projection}.{}.{item}", key.session.ulid()),
+        None => format!("{projection}.{}", key.session.ulid()),
+    }
+}
+
+pub fn watermark_key(session: SessionId) -> String {
+    format!("_projected.{}", session.ulid())
+}
+
+fn parse_key(key: &str) -> Option<(&str, Key)> {
+    let mut parts = key.split('.');
+    let projection = parts.next()?;
+    let session = SessionId(parts.next()?.parse::<ulid::Ulid>().ok()?);
+    let item = match parts.next() {
+        Some(item) => Some(item.parse::<ulid::Ulid>().ok()?),
+        None => None,
+    };
+    (parts.next().is_none() && !projection.starts_with('_')).then_some((projection, Key { session, item }))
+}
+
+/// A node's copy of the projections bucket.
+pub struct Mirror {
+    values: RwLock<HashMap<String, BTreeMap<Key, Bytes>>>,
+    /// The bucket's revision this copy has applied.
+    applied: watch::Sender<u64>,
+    /// Sessions whose summary changed, for the service's feed of changed sessions.
+    sessions_projection: &'static str,
+}
+
+impl Mirror {
+    pub fn new(sessions_projection: &'static str) -> Arc<Mirror> {
+        Arc::new(Mirror { values: RwLock::default(), applied: watch::channel(0).0, sessions_projection })
+    }
+
+    pub fn get(&self, projection: &str, key: Key) -> Option<Bytes> {
+        self.values.read().get(projection)?.get(&key).cloned()
+    }
+
+    /// A page in key order, as [`crate::store::Log::scan`] answers it.
+    pub fn scan(&self, projection: &str, scan: crate::store::Scan) -> Vec<(Key, Bytes)> {
+        let values = self.values.read();
+        values.get(projection).map(|values| crate::store::page(values, scan)).unwrap_or_default()
+    }
+
+    /// Waits until the copy has applied the bucket up to `revision`.
+    pub async fn applied(&self, revision: u64) {
+        let mut applied = self.applied.subscribe();
+        let _ = applied.wait_for(|applied| *applied >= revision).await;
+    }
+
+    /// Applies one entry of the bucket's watch; answers the session whose summary changed.
+    fn apply(&self, entry: &kv::Entry) -> Option<SessionId> {
+        let changed = match parse_key(&entry.key) {
+            Some((projection, key)) => {
+                let mut values = self.values.write();
+                match entry.operation {
+                    kv::Operation::Put => {
+                        values.entry(projection.to_string()).or_default().insert(key, entry.value.clone());
+                    }
+                    kv::Operation::Delete | kv::Operation::Purge => {
+                        if let Some(values) = values.get_mut(projection) {
+                            values.remove(&key);
+                        }
+                    }
+                }
+                (projection == self.sessions_projection).then_some(key.session)
+            }
+            None => None,
+        };
+        self.applied.send_if_modified(|applied| {
+            let moved = entry.revision > *applied;
+            *applied = (*applied).max(entry.revision);
+            moved
+        });
+        changed
+    }
+
+    /// Keeps the copy current from the bucket's watch, from its current values on; calls
+    /// `changed` for each session whose summary changes. Answers once the copy holds the
+    /// bucket as it stood (its last revision, `upto`).
+    pub async fn follow(
+        self: &Arc<Mirror>,
+        bucket: &kv::Store,
+        upto: u64,
+        changed: impl Fn(SessionId) + Send + 'static,
+    ) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+        let mut watch = bucket.watch_with_history(">").await.map_err(StoreError::new)?;
+        let mirror = self.clone();
+        let task = tokio::spawn(async move {
+            while let Some(entry) = watch.next().await {
+                match entry {
+                    Ok(entry) => {
+                        if let Some(session) = mirror.apply(&entry) {
+                            changed(session);
+                        }
+                    }
+                    Err(error) => tracing::warn!(%error, "the projections watch failed; it resumes"),
+                }
+            }
+            tracing::warn!("the projections watch ended");
+        });
+        self.applied(upto).await;
+        Ok(task)
+    }
+}
+
+/// Projected values as [`crate::store::project`] folds a batch: read from what this batch
+/// already changed, then from the node's copy; written to the batch's puts.
+pub struct Staged<'a> {
+    pub mirror: &'a Mirror,
+    pub puts: BTreeMap<String, Vec<u8>>,
+    pub projections: &'a [Arc<dyn Projection>],
+}
+
+impl Values for Staged<'_> {
+    fn get(&mut self, projection: &'static str, key: Key) -> Result<Option<Bytes>, StoreError> {
+        if let Some(value) = self.puts.get(&value_key(projection, key)) {
+            return Ok(Some(Bytes::copy_from_slice(value)));
+        }
+        Ok(self.mirror.get(projection, key))
+    }
+
+    fn put(&mut self, projection: &'static str, key: Key, value: Vec<u8>) -> Result<(), StoreError> {
+        if !self.projections.iter().any(|p| p.name() == projection) {
+            return Err(crate::store::unknown_projection(projection));
+        }
+        self.puts.insert(value_key(projection, key), value);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_the_projection_the_session_and_the_item() {
+        let session = SessionId::generate();
+        let item = ulid::Ulid::new();
+        let key = Key { session, item: Some(item) };
+        assert_eq!(parse_key(&value_key("turns", key)), Some(("turns", key)));
+        assert_eq!(parse_key(&value_key("sessions", Key::session(session))), Some(("sessions", Key::session(session))));
+        assert_eq!(parse_key(&watermark_key(session)), None, "bookkeeping keys are not values");
+        assert_eq!(parse_key("sessions.not-an-id"), None);
+    }
+}

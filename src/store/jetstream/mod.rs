@@ -1,0 +1,1034 @@
+//! The log on NATS JetStream, for several turnlog nodes on one log: one stream holds every
+//! session's events, one subject per session (`<prefix>.events.<session>`), one message per
+//! append batch ([`wire`]), so a batch is stored whole or not at all. An append names the
+//! stream sequence of the session's last message (`Nats-Expected-Last-Subject-Sequence`):
+//! if another node appended first, JetStream refuses it and nothing is stored. It is
+//! acknowledged once JetStream has stored it (on a quorum of replicas with R3).
+//!
+//! The numbering rules are the same as sled's ([`crate::store::numbering`]), applied by the
+//! node that appends, which must have [`Log::prepare`]d the session (loaded its tail from
+//! the stream). The session layer holds a lease per session so that one node appends at a
+//! time; the expected sequence is the fence if two ever do.
+//!
+//! Each node runs one ordered consumer on the whole stream: every message, from any node,
+//! reaches the sessions this node has loaded through the in-process hub (their watermark,
+//! index and live bus), the one path to subscribers and to the node's own acknowledgements.
+//! A loaded session keeps an index of its messages (read once from their headers) and its
+//! most recent messages; older events are fetched from the stream by sequence.
+//!
+//! Projections live in a key-value bucket ([`mirror`]).
+
+mod mirror;
+pub mod wire;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer, kv, stream};
+use bytes::Bytes;
+use dashmap::DashMap;
+use futures_util::{StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, watch};
+
+use self::mirror::Mirror;
+use self::wire::Entry;
+use super::hub::{Channel, Hub};
+use super::numbering::{Clock, Tail};
+use super::{
+    chain, project, signature, AppendError, Conflict, Key, Log, Ordered, Position, Projection, ReadRange, Scan,
+    StoreError, Subscription,
+};
+use crate::domain::{Draft, EventId, RawEvent, SessionId};
+use crate::metrics;
+
+/// How a node reaches the engine and where it keeps things there.
+#[derive(Debug, Clone)]
+pub struct JetStreamConfig {
+    pub servers: Vec<String>,
+    /// 1, or 3 for a quorum of three servers.
+    pub replicas: usize,
+    pub stream: String,
+    /// Subjects are `<prefix>.events.<session>`.
+    pub prefix: String,
+    pub projections_bucket: String,
+    pub credentials: Credentials,
+    pub connect_timeout: Duration,
+    pub max_events_per_session: u64,
+    pub bus_capacity: usize,
+    /// The largest append (bytes of JSON) the service takes: the engine must carry it.
+    pub max_batch_bytes: usize,
+}
+
+#[derive(Clone, Default)]
+pub enum Credentials {
+    #[default]
+    None,
+    UserPassword(String, String),
+    Token(String),
+    CredsFile(std::path::PathBuf),
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Credentials::None => "None",
+            Credentials::UserPassword(..) => "UserPassword(..)",
+            Credentials::Token(_) => "Token(..)",
+            Credentials::CredsFile(_) => "CredsFile(..)",
+        })
+    }
+}
+
+/// Messages of a loaded session kept decoded, newest last.
+const RECENT_MESSAGES: usize = 256;
+/// Messages fetched from the stream at once by a read.
+const FETCH_AHEAD: usize = 16;
+/// How many times a publish whose answer was lost is sent again (the message id makes a
+/// second copy a duplicate, which JetStream answers with the first one's sequence).
+const PUBLISH_ATTEMPTS: usize = 3;
+
+/// How long an append waits for this node to see what JetStream stored.
+const APPLY_WAIT: Duration = Duration::from_secs(30);
+
+type Hashed = Arc<[(RawEvent, chain::Hash)]>;
+
+struct Inner {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    stream: stream::Stream,
+    bucket: kv::Store,
+    config: JetStreamConfig,
+    hub: Hub,
+    sessions: DashMap<SessionId, Arc<Session>>,
+    projections: Vec<Arc<dyn Projection>>,
+    mirror: Arc<Mirror>,
+    closed: AtomicBool,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Publishes in flight, to wait for at close.
+    publishing: watch::Sender<usize>,
+}
+
+/// A session this node has loaded.
+struct Session {
+    id: SessionId,
+    channel: Arc<Channel>,
+    loaded: tokio::sync::OnceCell<()>,
+    state: Mutex<SessionState>,
+    /// The stream sequence of the last message applied here.
+    applied: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct SessionState {
+    loaded: bool,
+    /// Messages the consumer delivered while the session was loading.
+    early: Vec<(Entry, Hashed)>,
+    index: Vec<Entry>,
+    recent: VecDeque<(u64, Hashed)>,
+    /// Appends ordered here and not yet published, oldest first.
+    queue: Vec<Job>,
+    publishing: bool,
+    /// The subject's last stream sequence as this node's appends know it (`None`: not
+    /// prepared, or another node appended: prepare again).
+    expect: Option<u64>,
+}
+
+struct Job {
+    events: Vec<(RawEvent, chain::Hash)>,
+    reply: oneshot::Sender<Result<(), AppendError>>,
+}
+
+/// The log on JetStream.
+#[derive(Clone)]
+pub struct JetStreamLog {
+    inner: Arc<Inner>,
+}
+
+fn store_error(context: &str, error: impl std::fmt::Display) -> StoreError {
+    StoreError::new(format!("{context}: {error}"))
+}
+
+impl JetStreamLog {
+    /// Connects, makes (or checks) the stream and the bucket, brings the projections up to
+    /// date and starts following the stream. Fails with a clear reason when the engine
+    /// cannot be reached or does not fit the configuration; never falls back to anything.
+    pub async fn open(
+        config: JetStreamConfig,
+        projections: Vec<Arc<dyn Projection>>,
+    ) -> Result<JetStreamLog, StoreError> {
+        if config.servers.is_empty() {
+            return Err(StoreError::new("store.jetstream.servers names no server"));
+        }
+        if config.replicas != 1 && config.replicas != 3 {
+            return Err(StoreError::new(format!("store.jetstream.replicas is {}: it must be 1 or 3", config.replicas)));
+        }
+        let client = connect(&config).await?;
+        let max_payload = client.server_info().max_payload;
+        // The batch, its envelopes and framing must fit one message.
+        let needed = config.max_batch_bytes + config.max_batch_bytes / 4 + 64 * 1024;
+        if max_payload < needed {
+            return Err(StoreError::new(format!(
+                "the NATS server takes messages of at most {max_payload} bytes (max_payload); one append of \
+                 server.max_body_bytes needs {needed}: raise max_payload or lower server.max_body_bytes"
+            )));
+        }
+        let js = jetstream::new(client.clone());
+        let subjects = format!("{}.events.*", config.prefix);
+        let stream_config = stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![subjects.clone()],
+            storage: stream::StorageType::File,
+            num_replicas: config.replicas,
+            max_message_size: max_payload as i32,
+            duplicate_window: Duration::from_secs(120),
+            allow_direct: true,
+            ..Default::default()
+        };
+        let stream = js
+            .get_or_create_stream(stream_config)
+            .await
+            .map_err(|e| store_error(&format!("could not open the JetStream stream {}", config.stream), e))?;
+        let info = stream.cached_info();
+        if info.config.subjects != vec![subjects.clone()] || info.config.num_replicas != config.replicas {
+            return Err(StoreError::new(format!(
+                "the JetStream stream {} exists with subjects {:?} and {} replicas; this node is configured for \
+                 {subjects:?} and {}",
+                config.stream, info.config.subjects, info.config.num_replicas, config.replicas
+            )));
+        }
+        let start = info.state.last_sequence + 1;
+        let bucket = open_bucket(&js, &config.projections_bucket, Duration::ZERO, config.replicas).await?;
+        let sessions_projection = crate::projection::SessionIndex::NAME;
+        let inner = Arc::new(Inner {
+            client,
+            js,
+            stream,
+            bucket,
+            hub: Hub::new(config.bus_capacity),
+            config,
+            sessions: DashMap::new(),
+            projections,
+            mirror: Mirror::new(sessions_projection),
+            closed: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+            publishing: watch::channel(0).0,
+        });
+        let log = JetStreamLog { inner };
+        log.rebuild_if_needed().await?;
+        let upto = log.bucket_revision().await?;
+        let changes = log.inner.hub.changes_sender();
+        let watch = log
+            .inner
+            .mirror
+            .follow(&log.inner.bucket, upto, move |session| {
+                let _ = changes.send(session.ulid());
+            })
+            .await?;
+        let consumer = log.follow(start).await?;
+        log.inner.tasks.lock().extend([watch, consumer]);
+        Ok(log)
+    }
+
+    async fn bucket_revision(&self) -> Result<u64, StoreError> {
+        let name = format!("KV_{}", self.inner.config.projections_bucket);
+        let mut stream = self.inner.js.get_stream(&name).await.map_err(|e| store_error("the bucket's stream", e))?;
+        let info = stream.info().await.map_err(|e| store_error("the bucket's stream", e))?;
+        Ok(info.state.last_sequence)
+    }
+
+    /// The client, for the session layer's leases and forwarding over the same connection.
+    pub fn client(&self) -> async_nats::Client {
+        self.inner.client.clone()
+    }
+
+    pub fn context(&self) -> jetstream::Context {
+        self.inner.js.clone()
+    }
+
+    fn subject(&self, session: SessionId) -> String {
+        format!("{}.events.{}", self.inner.config.prefix, session.ulid())
+    }
+
+    fn session_of(&self, subject: &str) -> Option<SessionId> {
+        let rest = subject.strip_prefix(&self.inner.config.prefix)?.strip_prefix(".events.")?;
+        rest.parse::<ulid::Ulid>().ok().map(SessionId)
+    }
+
+    /// Follows the whole stream from `start`: one consumer for the node.
+    async fn follow(&self, start: u64) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+        let inner = &self.inner;
+        let consumer = inner
+            .stream
+            .create_consumer(consumer::push::OrderedConfig {
+                deliver_subject: inner.client.new_inbox(),
+                filter_subject: format!("{}.events.*", inner.config.prefix),
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: start },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| store_error("could not follow the stream", e))?;
+        let mut messages = consumer.messages().await.map_err(|e| store_error("could not follow the stream", e))?;
+        let log = self.clone();
+        Ok(tokio::spawn(async move {
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(message) => log.delivered(message),
+                    Err(error) => tracing::warn!(%error, "the stream's consumer failed; it resumes"),
+                }
+            }
+            if !log.inner.closed.load(Ordering::SeqCst) {
+                tracing::error!("the stream's consumer ended");
+            }
+        }))
+    }
+
+    /// One message of the stream, from any node: to the session, if this node has it loaded.
+    fn delivered(&self, message: jetstream::Message) {
+        let Ok(info) = message.info() else { return };
+        let (stream_seq, pending) = (info.stream_sequence, info.pending);
+        metrics::JETSTREAM_CONSUMER_PENDING.set(pending as i64);
+        let Some(session) = self.session_of(message.subject.as_str()) else { return };
+        let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) else { return };
+        let decoded = wire::entry(stream_seq, message.headers.as_ref())
+            .and_then(|entry| Ok((entry, Hashed::from(wire::decode(&message.payload)?))));
+        match decoded {
+            Ok((entry, events)) => loaded.apply(entry, events),
+            Err(error) => {
+                tracing::error!(%error, stream_seq, session_id = %session, "a message of the stream is not turnlog's")
+            }
+        }
+    }
+
+    /// The session, loaded: its index read from the stream, its watermark at its last message.
+    async fn session(&self, id: SessionId) -> Result<Arc<Session>, StoreError> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(StoreError::new("the log is closed"));
+        }
+        let session = self
+            .inner
+            .sessions
+            .entry(id)
+            .or_insert_with(|| {
+                let channel = self.inner.hub.channel(id.ulid(), || Ok::<_, StoreError>(Position::default()));
+                Arc::new(Session {
+                    id,
+                    channel: channel.expect("a new channel"),
+                    loaded: tokio::sync::OnceCell::new(),
+                    state: Mutex::default(),
+                    applied: watch::channel(0).0,
+                })
+            })
+            .clone();
+        session.loaded.get_or_try_init(|| self.load(&session)).await?;
+        Ok(session)
+    }
+
+    async fn load(&self, session: &Arc<Session>) -> Result<(), StoreError> {
+        let subject = self.subject(session.id);
+        let last = match self.inner.stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => Some(message),
+            Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
+            Err(error) => return Err(store_error(&format!("could not read session {}", session.id), error)),
+        };
+        let mut index = Vec::new();
+        let mut recent = VecDeque::new();
+        if let Some(last) = last {
+            let upto = last.sequence;
+            let headers = Some(&last.headers);
+            let entry = wire::entry(upto, headers).map_err(StoreError::new)?;
+            let events = Hashed::from(wire::decode(&last.payload).map_err(StoreError::new)?);
+            index = self.index(&subject, upto).await?;
+            if index.last() != Some(&entry) {
+                return Err(StoreError::new(format!(
+                    "session {}: its index does not end at its last message",
+                    session.id
+                )));
+            }
+            recent.push_back((upto, events));
+        }
+        session.loaded_with(index, recent);
+        Ok(())
+    }
+
+    /// The entries of the subject's messages up to stream sequence `upto`, from their headers.
+    async fn index(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
+        let consumer = self
+            .inner
+            .stream
+            .create_consumer(consumer::push::OrderedConfig {
+                deliver_subject: self.inner.client.new_inbox(),
+                filter_subject: subject.to_string(),
+                headers_only: true,
+                deliver_policy: consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| store_error("could not index a session", e))?;
+        let mut messages = consumer.messages().await.map_err(|e| store_error("could not index a session", e))?;
+        let mut index = Vec::new();
+        while let Some(message) = messages.next().await {
+            let message = message.map_err(|e| store_error("could not index a session", e))?;
+            let info = message.info().map_err(|e| store_error("could not index a session", e))?;
+            let stream_seq = info.stream_sequence;
+            index.push(wire::entry(stream_seq, message.headers.as_ref()).map_err(StoreError::new)?);
+            if stream_seq >= upto {
+                break;
+            }
+        }
+        Ok(index)
+    }
+
+    /// A message's events, from the session's recent ones or the stream.
+    async fn message(&self, session: &Session, stream_seq: u64) -> Result<Hashed, StoreError> {
+        if let Some(events) = session.recent(stream_seq) {
+            return Ok(events);
+        }
+        let message = self
+            .inner
+            .stream
+            .get_raw_message(stream_seq)
+            .await
+            .map_err(|e| store_error(&format!("could not read message {stream_seq}"), e))?;
+        Ok(Hashed::from(wire::decode(&message.payload).map_err(StoreError::new)?))
+    }
+
+    /// The events of `session` within `range`, each with its hash, never past its watermark.
+    async fn within(&self, id: SessionId, range: ReadRange) -> Result<Vec<(RawEvent, chain::Hash)>, StoreError> {
+        let session = self.session(id).await?;
+        let durable = session.channel.durable();
+        let in_range = |event: &RawEvent| {
+            event.seq <= durable.seq
+                && range.after.is_none_or(|after| event.id > after)
+                && range.before.is_none_or(|before| event.id < before)
+        };
+        let mut entries: Vec<Entry> = {
+            let state = session.state.lock();
+            state
+                .index
+                .iter()
+                .filter(|entry| {
+                    entry.first_seq <= durable.seq
+                        && range.after.is_none_or(|after| entry.last_id > after)
+                        && range.before.is_none_or(|before| entry.first_id < before)
+                })
+                .copied()
+                .collect()
+        };
+        if range.newest_first {
+            entries.reverse();
+        }
+        let mut found = Vec::new();
+        for chunk in entries.chunks(FETCH_AHEAD) {
+            let fetches = chunk.iter().map(|entry| self.message(&session, entry.stream_seq));
+            let messages = futures_util::future::try_join_all(fetches).await?;
+            for events in messages {
+                let mut events: Vec<(RawEvent, chain::Hash)> =
+                    events.iter().filter(|(event, _)| in_range(event)).cloned().collect();
+                if range.newest_first {
+                    events.reverse();
+                }
+                found.extend(events);
+                if found.len() >= range.limit {
+                    found.truncate(range.limit);
+                    return Ok(found);
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The events of the message holding the session's event that `find` picks.
+    async fn find(
+        &self,
+        id: SessionId,
+        pick: impl Fn(&Entry) -> bool,
+        matches: impl Fn(&RawEvent) -> bool,
+    ) -> Result<Option<RawEvent>, StoreError> {
+        let session = self.session(id).await?;
+        let durable = session.channel.durable();
+        let entry = session.state.lock().index.iter().find(|entry| pick(entry)).copied();
+        let Some(entry) = entry.filter(|entry| entry.first_seq <= durable.seq) else { return Ok(None) };
+        let events = self.message(&session, entry.stream_seq).await?;
+        Ok(events.iter().map(|(event, _)| event).find(|event| matches(event) && event.seq <= durable.seq).cloned())
+    }
+
+    /// Orders `events` (numbered under the session's tail lock, with their hashes) for the
+    /// session's publisher.
+    fn queue(&self, session: &Arc<Session>, events: Vec<(RawEvent, chain::Hash)>) -> Result<Ordered, AppendError> {
+        let (reply, answer) = oneshot::channel();
+        let appended: Vec<RawEvent> = events.iter().map(|(event, _)| event.clone()).collect();
+        let start = {
+            let mut state = session.state.lock();
+            state.queue.push(Job { events, reply });
+            !std::mem::replace(&mut state.publishing, true)
+        };
+        if start {
+            self.inner.publishing.send_modify(|n| *n += 1);
+            let log = self.clone();
+            let session = session.clone();
+            tokio::spawn(async move {
+                log.publish_queued(&session).await;
+                log.inner.publishing.send_modify(|n| *n -= 1);
+            });
+        }
+        let durable = async move { answer.await.map_err(|_| AppendError::ShuttingDown)? };
+        Ok(Ordered::new(Ok(appended), Box::pin(durable)))
+    }
+
+    /// Publishes what is queued for the session, all of it as one message each time, until
+    /// nothing is left.
+    async fn publish_queued(&self, session: &Arc<Session>) {
+        loop {
+            let (jobs, expect) = {
+                let mut state = session.state.lock();
+                if state.queue.is_empty() {
+                    state.publishing = false;
+                    return;
+                }
+                (std::mem::take(&mut state.queue), state.expect)
+            };
+            let events: Vec<(RawEvent, chain::Hash)> = jobs.iter().flat_map(|job| job.events.iter().cloned()).collect();
+            let result = match expect {
+                Some(expect) => self.publish(session, expect, &events).await,
+                None => Err(raced(session.id)),
+            };
+            if let Err(error) = &result {
+                // The tail and the chain head counted these events: load them again before
+                // the next append, and refuse what was ordered after these.
+                *session.channel.tail.lock() = None;
+                *session.channel.chain_head.lock() = None;
+                session.state.lock().expect = None;
+                tracing::warn!(%error, session_id = %session.id, events = events.len(), "an append was not stored");
+            }
+            for job in jobs {
+                let _ = job.reply.send(result.clone());
+            }
+        }
+    }
+
+    /// One message, at the subject's expected last sequence; then its projections; answers
+    /// once this node has applied both (so that its reads see them).
+    async fn publish(
+        &self,
+        session: &Arc<Session>,
+        expect: u64,
+        events: &[(RawEvent, chain::Hash)],
+    ) -> Result<(), AppendError> {
+        let storage =
+            |context: &str, error: &dyn std::fmt::Display| AppendError::Storage(format!("{context}: {error}"));
+        let (mut headers, payload) = wire::encode(events);
+        headers.insert("Nats-Expected-Last-Subject-Sequence", expect.to_string().as_str());
+        headers.insert("Nats-Msg-Id", format!("{}:{}", session.id.ulid(), events[0].0.seq).as_str());
+        let subject = self.subject(session.id);
+        let started = Instant::now();
+        let mut attempt = 0;
+        let ack = loop {
+            attempt += 1;
+            let sent = self.inner.js.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await;
+            let acked = match sent {
+                Ok(ack) => ack.await,
+                Err(error) => Err(error),
+            };
+            match acked {
+                Ok(ack) => break ack,
+                Err(error) => {
+                    use jetstream::context::PublishErrorKind as Kind;
+                    let retry = matches!(error.kind(), Kind::TimedOut | Kind::BrokenPipe);
+                    if error.kind() == Kind::WrongLastSequence {
+                        metrics::APPENDS_REFUSED.with_label_values(&["raced"]).inc();
+                        return Err(raced(session.id));
+                    }
+                    if !retry || attempt >= PUBLISH_ATTEMPTS {
+                        return Err(storage("JetStream did not store the append", &error));
+                    }
+                }
+            }
+        };
+        metrics::JETSTREAM_PUBLISH_SECONDS.observe(started.elapsed().as_secs_f64());
+        session.state.lock().expect = Some(ack.sequence);
+        let revision = self.project(session.id, events).await.map_err(|e| storage("the projections", &e))?;
+        let mut applied = session.applied.subscribe();
+        let seen = async {
+            let _ = applied.wait_for(|applied| *applied >= ack.sequence).await;
+            self.inner.mirror.applied(revision).await;
+        };
+        if tokio::time::timeout(APPLY_WAIT, seen).await.is_err() {
+            return Err(AppendError::Storage(format!(
+                "stored as stream message {}, but this node's consumer did not deliver it within {APPLY_WAIT:?}",
+                ack.sequence
+            )));
+        }
+        metrics::EVENTS_APPENDED.inc_by(events.len() as u64);
+        Ok(())
+    }
+
+    /// Folds `events` into the projections and puts what changed, then the session's
+    /// watermark; answers the bucket's revision after the last put.
+    async fn project(&self, session: SessionId, events: &[(RawEvent, chain::Hash)]) -> Result<u64, StoreError> {
+        let mut staged =
+            mirror::Staged { mirror: &self.inner.mirror, puts: BTreeMap::new(), projections: &self.inner.projections };
+        for (event, _) in events {
+            project(&self.inner.projections, event, &mut staged)?;
+        }
+        let last = events.last().map_or(0, |(event, _)| event.seq);
+        let mut puts: Vec<(String, Bytes)> = staged.puts.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect();
+        puts.push((mirror::watermark_key(session), Bytes::from(last.to_string())));
+        let bucket = &self.inner.bucket;
+        let revisions = futures_util::future::try_join_all(puts.into_iter().map(|(key, value)| async move {
+            bucket.put(&key, value).await.map_err(|e| store_error(&format!("could not put {key}"), e))
+        }))
+        .await?;
+        Ok(revisions.into_iter().max().unwrap_or(0))
+    }
+
+    /// Makes the projections of `session` whole up to its last event, if the node that
+    /// appended last stopped before it put them.
+    async fn repair(&self, session: &Arc<Session>) -> Result<(), StoreError> {
+        let at = session.channel.durable().seq;
+        let key = mirror::watermark_key(session.id);
+        let projected = match self.inner.bucket.get(&key).await.map_err(|e| store_error("the watermark", e))? {
+            Some(value) => std::str::from_utf8(&value).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0),
+            None => 0,
+        };
+        if projected >= at {
+            return Ok(());
+        }
+        let after = match projected {
+            0 => None,
+            seq => self.event_at(session.id, seq).await?.map(|event| event.id),
+        };
+        let events =
+            self.within(session.id, ReadRange { after, before: None, limit: usize::MAX, newest_first: false }).await?;
+        tracing::warn!(session_id = %session.id, from = projected, to = at, "projecting events the last writer left unprojected");
+        let revision = self.project(session.id, &events).await?;
+        self.inner.mirror.applied(revision).await;
+        Ok(())
+    }
+
+    /// Rebuilds every projection from the stream when the bucket was made for another set
+    /// of them (or is new).
+    async fn rebuild_if_needed(&self) -> Result<(), StoreError> {
+        let names = signature(&self.inner.projections);
+        let bucket = &self.inner.bucket;
+        let stored = bucket.get(mirror::SIGNATURE).await.map_err(|e| store_error("the projections' signature", e))?;
+        if stored.as_deref() == Some(names.as_bytes()) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let mut keys = bucket.keys().await.map_err(|e| store_error("the projections' keys", e))?;
+        while let Some(key) = keys.try_next().await.map_err(|e| store_error("the projections' keys", e))? {
+            bucket.purge(&key).await.map_err(|e| store_error("clearing the projections", e))?;
+        }
+        let empty = Mirror::new(crate::projection::SessionIndex::NAME);
+        let mut staged = mirror::Staged { mirror: &empty, puts: BTreeMap::new(), projections: &self.inner.projections };
+        let mut watermarks: BTreeMap<String, u64> = BTreeMap::new();
+        let mut count = 0u64;
+        let last =
+            self.inner.stream.clone().info().await.map_err(|e| store_error("the stream", e))?.state.last_sequence;
+        if last > 0 {
+            let consumer = self
+                .inner
+                .stream
+                .create_consumer(consumer::push::OrderedConfig {
+                    deliver_subject: self.inner.client.new_inbox(),
+                    filter_subject: format!("{}.events.*", self.inner.config.prefix),
+                    deliver_policy: consumer::DeliverPolicy::All,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| store_error("could not read the stream", e))?;
+            let mut messages = consumer.messages().await.map_err(|e| store_error("could not read the stream", e))?;
+            while let Some(message) = messages.next().await {
+                let message = message.map_err(|e| store_error("could not read the stream", e))?;
+                let stream_seq =
+                    message.info().map_err(|e| store_error("could not read the stream", e))?.stream_sequence;
+                if let Some(session) = self.session_of(message.subject.as_str()) {
+                    for (event, _) in wire::decode(&message.payload).map_err(StoreError::new)? {
+                        project(&self.inner.projections, &event, &mut staged)?;
+                        watermarks.insert(mirror::watermark_key(session), event.seq);
+                        count += 1;
+                    }
+                }
+                if stream_seq >= last {
+                    break;
+                }
+            }
+        }
+        let puts = staged.puts.into_iter().map(|(k, v)| (k, Bytes::from(v)));
+        let marks = watermarks.into_iter().map(|(k, v)| (k, Bytes::from(v.to_string())));
+        for (key, value) in puts.chain(marks) {
+            bucket.put(&key, value).await.map_err(|e| store_error(&format!("could not put {key}"), e))?;
+        }
+        bucket
+            .put(mirror::SIGNATURE, Bytes::from(names))
+            .await
+            .map_err(|e| store_error("the projections' signature", e))?;
+        tracing::info!(
+            events = count,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "rebuilt projections from the stream"
+        );
+        Ok(())
+    }
+
+    /// The tail and the chain head of a session this node is about to append to, from
+    /// its last events.
+    async fn load_tail(&self, session: &Arc<Session>) -> Result<(), StoreError> {
+        let mut newest_first = Vec::new();
+        let mut before = None;
+        // Back to the last event of a turn (or the start): the tail knows the turn then.
+        loop {
+            let range = ReadRange { after: None, before, limit: 256, newest_first: true };
+            let page = self.within(session.id, range).await?;
+            let Some((last, _)) = page.last() else { break };
+            before = Some(last.id);
+            let found = page.iter().any(|(event, _)| event.turn().is_some());
+            newest_first.extend(page);
+            if found {
+                break;
+            }
+        }
+        let mut tail =
+            Tail::recover(newest_first.iter().map(|(event, _)| Ok::<_, std::convert::Infallible>(event.clone())))
+                .expect("infallible");
+        if tail.turn.is_none() {
+            if let Some((turn, number)) = newest_first.iter().find_map(|(event, _)| event.turn()) {
+                tail.continue_turn(turn, number);
+            }
+        }
+        let head = newest_first.first().map_or(chain::GENESIS, |(_, hash)| *hash);
+        let expect = session.state.lock().index.last().map_or(0, |entry| entry.stream_seq);
+        *session.channel.tail.lock() = Some(tail);
+        *session.channel.chain_head.lock() = Some(head);
+        session.state.lock().expect = Some(expect);
+        Ok(())
+    }
+
+    /// Numbers and hashes under the session's tail lock, then queues: shared by appends
+    /// and adoptions.
+    fn order_with(
+        &self,
+        session: SessionId,
+        stage: impl FnOnce(&mut Tail) -> Result<Result<Vec<RawEvent>, Conflict>, AppendError>,
+    ) -> Result<Ordered, AppendError> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(AppendError::ShuttingDown);
+        }
+        let not_prepared = || raced(session);
+        let loaded = self.inner.sessions.get(&session).map(|s| s.clone());
+        let session = loaded.filter(|s| s.loaded.initialized()).ok_or_else(not_prepared)?;
+        let mut slot = session.channel.tail.lock();
+        let mut tail = slot.ok_or_else(not_prepared)?;
+        let events = match stage(&mut tail).inspect_err(|error| {
+            metrics::APPENDS_REFUSED.with_label_values(&[error.reason()]).inc();
+        })? {
+            Ok(events) => events,
+            Err(conflict) => {
+                metrics::APPENDS_REFUSED.with_label_values(&["conflict"]).inc();
+                return Ok(Ordered::settled(Err(conflict)));
+            }
+        };
+        if events.is_empty() {
+            return Ok(Ordered::settled(Ok(events)));
+        }
+        let size: usize = events.iter().map(|event| event.json.len()).sum();
+        if size > self.inner.config.max_batch_bytes + self.inner.config.max_batch_bytes / 4 {
+            return Err(AppendError::Storage(format!("an append of {size} bytes is more than one message carries")));
+        }
+        let mut head_slot = session.channel.chain_head.lock();
+        let mut head = head_slot.ok_or_else(not_prepared)?;
+        let hashed: Vec<(RawEvent, chain::Hash)> = events
+            .into_iter()
+            .map(|event| {
+                head = chain::link(&head, &event.json);
+                (event, head)
+            })
+            .collect();
+        let ordered = self.queue(&session, hashed)?;
+        *head_slot = Some(head);
+        *slot = Some(tail);
+        Ok(ordered)
+    }
+
+    /// Stops at once, as a crash would: nothing in flight is waited for.
+    pub fn close_unclean(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        for task in self.inner.tasks.lock().drain(..) {
+            task.abort();
+        }
+    }
+
+    /// Drops the bucket's record of which projections it holds, so that the next node to
+    /// open the log rebuilds them all from the stream (as after a change of projections).
+    pub async fn forget_projections(&self) -> Result<(), StoreError> {
+        self.inner.bucket.purge(mirror::SIGNATURE).await.map_err(|e| store_error("the projections' signature", e))
+    }
+
+    /// Whether the client is connected to a server now.
+    pub fn connected(&self) -> bool {
+        self.inner.client.connection_state() == async_nats::connection::State::Connected
+    }
+}
+
+/// Opens (or makes) a key-value bucket keeping one value per key, expiring values after
+/// `max_age` (zero: never). The bucket's stream is made as the client's `create_key_value`
+/// makes it, without the account query that nats-server 2.9 answers in a form this client
+/// does not read.
+pub async fn open_bucket(
+    js: &jetstream::Context,
+    bucket: &str,
+    max_age: Duration,
+    replicas: usize,
+) -> Result<kv::Store, StoreError> {
+    let config = stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_age,
+        storage: stream::StorageType::File,
+        num_replicas: replicas,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: stream::DiscardPolicy::New,
+        duplicate_window: if max_age.is_zero() {
+            Duration::from_secs(120)
+        } else {
+            max_age.min(Duration::from_secs(120))
+        },
+        ..Default::default()
+    };
+    js.get_or_create_stream(config)
+        .await
+        .map_err(|e| store_error(&format!("could not open the bucket {bucket}"), e))?;
+    js.get_key_value(bucket).await.map_err(|e| store_error(&format!("could not open the bucket {bucket}"), e))
+}
+
+fn raced(session: SessionId) -> AppendError {
+    AppendError::Raced(format!("another node appended to session {session} first; nothing was stored"))
+}
+
+async fn connect(config: &JetStreamConfig) -> Result<async_nats::Client, StoreError> {
+    let mut options = async_nats::ConnectOptions::new()
+        .name("turnlog")
+        .connection_timeout(config.connect_timeout)
+        .max_reconnects(None);
+    options = match &config.credentials {
+        Credentials::None => options,
+        Credentials::UserPassword(user, password) => options.user_and_password(user.clone(), password.clone()),
+        Credentials::Token(token) => options.token(token.clone()),
+        Credentials::CredsFile(path) => options
+            .credentials_file(path)
+            .await
+            .map_err(|e| store_error(&format!("could not read the credentials file {}", path.display()), e))?,
+    };
+    let servers: Vec<async_nats::ServerAddr> = config
+        .servers
+        .iter()
+        .map(|server| server.parse().map_err(|e| store_error(&format!("the server address {server:?}"), e)))
+        .collect::<Result<_, _>>()?;
+    let connecting = options.connect(servers);
+    match tokio::time::timeout(config.connect_timeout + Duration::from_secs(1), connecting).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(error)) => {
+            Err(store_error(&format!("could not connect to NATS at {}", config.servers.join(", ")), error))
+        }
+        Err(_) => Err(StoreError::new(format!("no answer from NATS at {} in time", config.servers.join(", ")))),
+    }
+}
+
+impl Session {
+    fn loaded_with(&self, index: Vec<Entry>, recent: VecDeque<(u64, Hashed)>) {
+        let mut state = self.state.lock();
+        let upto = index.last().map_or(0, |entry| entry.stream_seq);
+        if let Some(last) = index.last() {
+            self.channel.set_durable(Position { last: Some(last.last_id), seq: last.last_seq() });
+        }
+        state.index = index;
+        state.recent = recent;
+        state.loaded = true;
+        self.applied.send_replace(upto);
+        for (entry, events) in std::mem::take(&mut state.early) {
+            if entry.stream_seq > upto {
+                self.publish(&mut state, entry, events);
+            }
+        }
+    }
+
+    fn apply(&self, entry: Entry, events: Hashed) {
+        let mut state = self.state.lock();
+        if !state.loaded {
+            state.early.push((entry, events));
+            return;
+        }
+        if state.index.last().is_some_and(|last| last.stream_seq >= entry.stream_seq) {
+            return;
+        }
+        self.publish(&mut state, entry, events);
+    }
+
+    /// A message that follows what the session has: indexed, kept, and published.
+    fn publish(&self, state: &mut SessionState, entry: Entry, events: Hashed) {
+        let durable = self.channel.durable().seq;
+        if entry.first_seq != durable + 1 {
+            tracing::error!(session_id = %self.id, durable, first = entry.first_seq,
+                "a message of the stream does not follow the session's last; not applied");
+            return;
+        }
+        // Another node appended: what this node ordered is stale; load the tail again first.
+        if self.channel.tail.lock().is_some_and(|tail| tail.position.seq < entry.last_seq()) {
+            *self.channel.tail.lock() = None;
+            *self.channel.chain_head.lock() = None;
+            state.expect = None;
+        }
+        state.index.push(entry);
+        state.recent.push_back((entry.stream_seq, events.clone()));
+        if state.recent.len() > RECENT_MESSAGES {
+            state.recent.pop_front();
+        }
+        let batch: super::Batch = events.iter().map(|(event, _)| event.clone()).collect();
+        self.channel.publish(batch);
+        self.applied.send_replace(entry.stream_seq);
+    }
+
+    fn recent(&self, stream_seq: u64) -> Option<Hashed> {
+        let state = self.state.lock();
+        let at = state.recent.binary_search_by_key(&stream_seq, |(seq, _)| *seq).ok()?;
+        Some(state.recent[at].1.clone())
+    }
+}
+
+#[async_trait::async_trait]
+impl Log for JetStreamLog {
+    fn order(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> Result<Ordered, AppendError> {
+        if drafts.is_empty() {
+            return Ok(Ordered::settled(Ok(Vec::new())));
+        }
+        let limit = self.inner.config.max_events_per_session;
+        self.order_with(session, |tail| {
+            if let Some(turn) = tail.unknown_turn(&drafts) {
+                // Not the session's last turn: an earlier one, which takes nothing more.
+                tail.continue_turn(turn, 0);
+            }
+            tail.stage(session, expected, &drafts, &Clock::now(), limit)
+        })
+    }
+
+    fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> super::AppendFuture {
+        let log = self.clone();
+        Box::pin(async move {
+            log.prepare(session).await.map_err(|e| AppendError::Storage(e.to_string()))?;
+            log.order(session, expected, drafts)?.durable().await
+        })
+    }
+
+    async fn prepare(&self, session: SessionId) -> Result<(), StoreError> {
+        let loaded = self.session(session).await?;
+        if loaded.channel.tail.lock().is_none() {
+            self.load_tail(&loaded).await?;
+            self.repair(&loaded).await?;
+        }
+        Ok(())
+    }
+
+    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
+        let adopted = Tail::adopted(&events, self.inner.config.max_events_per_session)?;
+        self.order_with(session, |tail| {
+            if tail.position.seq > 0 {
+                return Ok(Err(Conflict { expected: 0, actual: tail.position }));
+            }
+            *tail = adopted;
+            Ok(Ok(events))
+        })
+    }
+
+    async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
+        Ok(self.session(session).await?.channel.durable())
+    }
+
+    async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
+        Ok(self.within(session, range).await?.into_iter().map(|(event, _)| event).collect())
+    }
+
+    async fn event(&self, session: SessionId, id: EventId) -> Result<Option<RawEvent>, StoreError> {
+        self.find(session, |entry| entry.first_id <= id && id <= entry.last_id, |event| event.id == id).await
+    }
+
+    async fn event_at(&self, session: SessionId, seq: u64) -> Result<Option<RawEvent>, StoreError> {
+        self.find(session, |entry| entry.first_seq <= seq && seq <= entry.last_seq(), |event| event.seq == seq).await
+    }
+
+    async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
+        let channel = self.session(session).await?.channel.clone();
+        let live = channel.subscribe();
+        let at = channel.durable();
+        Ok(Subscription { channel, live, at })
+    }
+
+    async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
+        if !self.inner.projections.iter().any(|p| p.name() == projection) {
+            return Err(super::unknown_projection(projection));
+        }
+        Ok(self.inner.mirror.get(projection, key))
+    }
+
+    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
+        if !self.inner.projections.iter().any(|p| p.name() == projection) {
+            return Err(super::unknown_projection(projection));
+        }
+        Ok(self.inner.mirror.scan(projection, scan))
+    }
+
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
+        Ok(self.within(session, range).await?.into_iter().map(|(event, hash)| (event, Some(hash))).collect())
+    }
+
+    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
+        let filter = format!("{}.events.*", self.inner.config.prefix);
+        let subjects = self.inner.stream.info_with_subjects(filter).await.map_err(|e| store_error("the stream", e))?;
+        let mut ids: Vec<SessionId> = subjects
+            .map_ok(|(subject, _)| self.session_of(&subject))
+            .try_filter_map(|id| std::future::ready(Ok(id)))
+            .try_collect()
+            .await
+            .map_err(|e| store_error("the stream's subjects", e))?;
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids.into_iter().filter(|id| after.is_none_or(|after| *id > after)).take(limit).collect())
+    }
+
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
+        self.inner.hub.changes()
+    }
+
+    fn sweep(&self) {
+        self.inner.sessions.retain(|_, session| {
+            let state = session.state.lock();
+            // Held by the map and the hub only, with nothing in flight.
+            let busy = state.publishing || !state.queue.is_empty() || Arc::strong_count(&session.channel) > 2;
+            busy || Arc::strong_count(session) > 1
+        });
+        self.inner.hub.sweep();
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        let mut publishing = self.inner.publishing.subscribe();
+        let drained = publishing.wait_for(|n| *n == 0);
+        if tokio::time::timeout(Duration::from_secs(10), drained).await.is_err() {
+            tracing::warn!("appends still in flight to JetStream at close");
+        }
+        for task in self.inner.tasks.lock().drain(..) {
+            task.abort();
+        }
+        self.inner.client.flush().await.map_err(|e| store_error("flushing the NATS connection", e))?;
+        Ok(())
+    }
+
+    fn health(&self) -> Option<super::Health> {
+        Some(super::Health { engine: "jetstream", connected: self.connected() })
+    }
+}
