@@ -20,6 +20,7 @@ use crate::domain::SessionId;
 use crate::metrics;
 use crate::session::cluster::{Claim, Cluster, ForwardError, Forwarded, Lease};
 use crate::session::SessionError;
+use crate::store::jetstream::patiently;
 use crate::store::StoreError;
 
 pub struct NatsCluster {
@@ -165,12 +166,17 @@ impl Cluster for NatsCluster {
     async fn claim(&self, session: SessionId) -> Result<Claim, SessionError> {
         let key = session.ulid().to_string();
         for _ in 0..4 {
-            match self.leases.create(&key, Bytes::from(self.node.clone())).await {
+            let exists = |e: &kv::CreateError| e.kind() == kv::CreateErrorKind::AlreadyExists;
+            let created =
+                patiently("a lease", || self.leases.create(&key, Bytes::from(self.node.clone())), exists).await;
+            match created {
                 Ok(revision) => return Ok(Claim::Mine(self.lease(session, revision))),
                 Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {}
                 Err(error) => return Err(unavailable("could not take a session's lease", error)),
             }
-            let entry = self.leases.entry(&key).await.map_err(|e| unavailable("could not read a lease", e))?;
+            let entry = patiently("a lease", || self.leases.entry(&key), |_| false)
+                .await
+                .map_err(|e| unavailable("could not read a lease", e))?;
             let Some(entry) = entry.filter(|entry| entry.operation == kv::Operation::Put) else { continue };
             let holder = String::from_utf8_lossy(&entry.value).into_owned();
             if holder != self.node {
@@ -186,7 +192,9 @@ impl Cluster for NatsCluster {
     }
 
     async fn holder(&self, session: SessionId) -> Result<Option<String>, SessionError> {
-        let entry = self.leases.entry(session.ulid().to_string()).await.map_err(|e| unavailable("a lease", e))?;
+        let key = session.ulid().to_string();
+        let entry =
+            patiently("a lease", || self.leases.entry(&key), |_| false).await.map_err(|e| unavailable("a lease", e))?;
         Ok(entry
             .filter(|entry| entry.operation == kv::Operation::Put)
             .map(|entry| String::from_utf8_lossy(&entry.value).into_owned()))

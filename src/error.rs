@@ -88,6 +88,8 @@ impl From<SessionError> for ApiError {
             SessionError::ShuttingDown | SessionError::Retry(_) | SessionError::Unavailable(_) => {
                 ApiError::new(Code::Unavailable, message)
             }
+            // The engine under a shared log is out of reach for now: try again.
+            SessionError::Storage(cause) if cause.is_unavailable() => ApiError::new(Code::Unavailable, message),
             SessionError::Storage(cause) => ApiError::internal(cause),
         }
     }
@@ -97,6 +99,9 @@ impl From<FollowError> for ApiError {
     fn from(error: FollowError) -> ApiError {
         match error {
             FollowError::Backlog { .. } => ApiError::new(Code::Conflict, error.to_string()),
+            FollowError::Storage(cause) if cause.is_unavailable() => {
+                ApiError::new(Code::Unavailable, cause.to_string())
+            }
             FollowError::Storage(cause) => ApiError::internal(cause),
         }
     }

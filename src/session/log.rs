@@ -151,6 +151,7 @@ pub(super) fn append_error(session: SessionId, error: AppendError) -> SessionErr
         AppendError::OutOfTurn { .. } => SessionError::Storage(StoreError::new(error)),
         AppendError::Malformed(message) => SessionError::Invalid(message),
         AppendError::Storage(message) => SessionError::Storage(StoreError::new(message)),
+        AppendError::Unavailable(message) => SessionError::Unavailable(message),
         AppendError::Raced(message) => SessionError::Conflict(format!("{message}; send it again")),
     }
 }

@@ -95,6 +95,10 @@ pub enum AppendError {
     Raced(String),
     #[error("storage failed: {0}")]
     Storage(String),
+    /// The engine under a shared log did not store it (out of reach, or failing over):
+    /// nothing was acknowledged, and the caller may try again.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl AppendError {
@@ -106,6 +110,7 @@ impl AppendError {
             AppendError::Malformed(_) => "malformed",
             AppendError::ShuttingDown => "shutting_down",
             AppendError::Raced(_) => "raced",
+            AppendError::Unavailable(_) => "unavailable",
             AppendError::Storage(_) => "storage",
         }
     }
@@ -113,12 +118,26 @@ impl AppendError {
 
 /// A failure of the storage underneath; its `Debug` carries the cause.
 #[derive(Debug, thiserror::Error)]
-#[error("storage failed: {0}")]
-pub struct StoreError(#[source] Box<dyn std::error::Error + Send + Sync>);
+#[error("storage failed: {cause}")]
+pub struct StoreError {
+    #[source]
+    cause: Box<dyn std::error::Error + Send + Sync>,
+    unavailable: bool,
+}
 
 impl StoreError {
     pub fn new(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
-        StoreError(cause.into())
+        StoreError { cause: cause.into(), unavailable: false }
+    }
+
+    /// The engine a shared log is a client of could not be reached, or did not answer in
+    /// time: nothing is known to be wrong with the log, and the caller may try again.
+    pub fn unavailable(cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
+        StoreError { cause: cause.into(), unavailable: true }
+    }
+
+    pub fn is_unavailable(&self) -> bool {
+        self.unavailable
     }
 }
 

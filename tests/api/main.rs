@@ -1,11 +1,14 @@
 mod audit;
 mod auth;
+mod cluster;
 mod console;
 mod crash;
 mod events;
 mod harness;
 mod helpers;
 mod managed;
+#[path = "../common/nats.rs"]
+mod nats;
 mod ops;
 mod sessions;
 mod stream;

@@ -45,6 +45,9 @@ fn parse_key(key: &str) -> Option<(&str, Key)> {
 /// A node's copy of the projections bucket.
 pub struct Mirror {
     values: RwLock<HashMap<String, BTreeMap<Key, Bytes>>>,
+    /// The bucket's revision of each value held (or removed), so that an older one, from
+    /// the watch or from this node's own puts, never replaces a newer one.
+    revisions: RwLock<HashMap<String, u64>>,
     /// The bucket's revision this copy has applied.
     applied: watch::Sender<u64>,
     /// Sessions whose summary changed, for the service's feed of changed sessions.
@@ -53,7 +56,12 @@ pub struct Mirror {
 
 impl Mirror {
     pub fn new(sessions_projection: &'static str) -> Arc<Mirror> {
-        Arc::new(Mirror { values: RwLock::default(), applied: watch::channel(0).0, sessions_projection })
+        Arc::new(Mirror {
+            values: RwLock::default(),
+            revisions: RwLock::default(),
+            applied: watch::channel(0).0,
+            sessions_projection,
+        })
     }
 
     pub fn get(&self, projection: &str, key: Key) -> Option<Bytes> {
@@ -74,29 +82,47 @@ impl Mirror {
 
     /// Applies one entry of the bucket's watch; answers the session whose summary changed.
     fn apply(&self, entry: &kv::Entry) -> Option<SessionId> {
-        let changed = match parse_key(&entry.key) {
-            Some((projection, key)) => {
-                let mut values = self.values.write();
-                match entry.operation {
-                    kv::Operation::Put => {
-                        values.entry(projection.to_string()).or_default().insert(key, entry.value.clone());
-                    }
-                    kv::Operation::Delete | kv::Operation::Purge => {
-                        if let Some(values) = values.get_mut(projection) {
-                            values.remove(&key);
-                        }
-                    }
-                }
-                (projection == self.sessions_projection).then_some(key.session)
-            }
-            None => None,
+        let value = match entry.operation {
+            kv::Operation::Put => Some(entry.value.clone()),
+            kv::Operation::Delete | kv::Operation::Purge => None,
         };
+        let changed = self.set(&entry.key, value, entry.revision);
         self.applied.send_if_modified(|applied| {
             let moved = entry.revision > *applied;
             *applied = (*applied).max(entry.revision);
             moved
         });
         changed
+    }
+
+    /// Holds what this node has just put at `revision`, without waiting for the watch to
+    /// bring it back (the watch may be recovering from a lost server meanwhile).
+    pub fn put(&self, key: &str, value: Bytes, revision: u64) {
+        self.set(key, Some(value), revision);
+    }
+
+    /// Sets (or removes) the value under a bucket key if `revision` is newer than the one
+    /// held; answers the session whose summary changed.
+    fn set(&self, bucket_key: &str, value: Option<Bytes>, revision: u64) -> Option<SessionId> {
+        let (projection, key) = parse_key(bucket_key)?;
+        let mut revisions = self.revisions.write();
+        let held = revisions.entry(bucket_key.to_string()).or_default();
+        if revision <= *held {
+            return None;
+        }
+        *held = revision;
+        let mut values = self.values.write();
+        match value {
+            Some(value) => {
+                values.entry(projection.to_string()).or_default().insert(key, value);
+            }
+            None => {
+                if let Some(values) = values.get_mut(projection) {
+                    values.remove(&key);
+                }
+            }
+        }
+        (projection == self.sessions_projection).then_some(key.session)
     }
 
     /// Keeps the copy current from the bucket's watch, from its current values on; calls

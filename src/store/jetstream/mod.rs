@@ -86,12 +86,6 @@ impl std::fmt::Debug for Credentials {
 const RECENT_MESSAGES: usize = 256;
 /// Messages fetched from the stream at once by a read.
 const FETCH_AHEAD: usize = 16;
-/// How many times a publish whose answer was lost is sent again (the message id makes a
-/// second copy a duplicate, which JetStream answers with the first one's sequence).
-const PUBLISH_ATTEMPTS: usize = 3;
-
-/// How long an append waits for this node to see what JetStream stored.
-const APPLY_WAIT: Duration = Duration::from_secs(30);
 
 type Hashed = Arc<[(RawEvent, chain::Hash)]>;
 
@@ -117,8 +111,6 @@ struct Session {
     channel: Arc<Channel>,
     loaded: tokio::sync::OnceCell<()>,
     state: Mutex<SessionState>,
-    /// The stream sequence of the last message applied here.
-    applied: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -147,8 +139,35 @@ pub struct JetStreamLog {
     inner: Arc<Inner>,
 }
 
+/// How long a request to JetStream is sent again while it fails: a server failing over (a
+/// stream or bucket electing a new leader, a client reconnecting) answers nothing for a
+/// few seconds.
+const FAILOVER_WAIT: Duration = Duration::from_secs(8);
+
+/// `request` until it succeeds, fails with an answer (`answered`), or [`FAILOVER_WAIT`]
+/// has passed.
+pub async fn patiently<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    mut request: impl FnMut() -> F,
+    answered: impl Fn(&E) -> bool,
+) -> Result<T, E> {
+    let deadline = Instant::now() + FAILOVER_WAIT;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match request().await {
+            Err(error) if !answered(&error) && Instant::now() < deadline => {
+                tracing::debug!(%error, what, "a JetStream request failed; sending it again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            result => return result,
+        }
+    }
+}
+
+/// A failure of a request to JetStream: the engine may be failing over, so try again.
 fn store_error(context: &str, error: impl std::fmt::Display) -> StoreError {
-    StoreError::new(format!("{context}: {error}"))
+    StoreError::unavailable(format!("{context}: {error}"))
 }
 
 impl JetStreamLog {
@@ -318,7 +337,6 @@ impl JetStreamLog {
                     channel: channel.expect("a new channel"),
                     loaded: tokio::sync::OnceCell::new(),
                     state: Mutex::default(),
-                    applied: watch::channel(0).0,
                 })
             })
             .clone();
@@ -328,7 +346,10 @@ impl JetStreamLog {
 
     async fn load(&self, session: &Arc<Session>) -> Result<(), StoreError> {
         let subject = self.subject(session.id);
-        let last = match self.inner.stream.get_last_raw_message_by_subject(&subject).await {
+        let no_message = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
+        let stream = &self.inner.stream;
+        let last = patiently("last message", || stream.get_last_raw_message_by_subject(&subject), no_message).await;
+        let last = match last {
             Ok(message) => Some(message),
             Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
             Err(error) => return Err(store_error(&format!("could not read session {}", session.id), error)),
@@ -355,6 +376,10 @@ impl JetStreamLog {
 
     /// The entries of the subject's messages up to stream sequence `upto`, from their headers.
     async fn index(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
+        patiently("a session's index", || self.index_once(subject, upto), |_| false).await
+    }
+
+    async fn index_once(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
         let consumer = self
             .inner
             .stream
@@ -386,10 +411,8 @@ impl JetStreamLog {
         if let Some(events) = session.recent(stream_seq) {
             return Ok(events);
         }
-        let message = self
-            .inner
-            .stream
-            .get_raw_message(stream_seq)
+        let stream = &self.inner.stream;
+        let message = patiently("a message", || stream.get_raw_message(stream_seq), |_| false)
             .await
             .map_err(|e| store_error(&format!("could not read message {stream_seq}"), e))?;
         Ok(Hashed::from(wire::decode(&message.payload).map_err(StoreError::new)?))
@@ -510,7 +533,7 @@ impl JetStreamLog {
     }
 
     /// One message, at the subject's expected last sequence; then its projections; answers
-    /// once this node has applied both (so that its reads see them).
+    /// once this node holds both (so that its reads see them).
     async fn publish(
         &self,
         session: &Arc<Session>,
@@ -521,46 +544,44 @@ impl JetStreamLog {
             |context: &str, error: &dyn std::fmt::Display| AppendError::Storage(format!("{context}: {error}"));
         let (mut headers, payload) = wire::encode(events);
         headers.insert("Nats-Expected-Last-Subject-Sequence", expect.to_string().as_str());
-        headers.insert("Nats-Msg-Id", format!("{}:{}", session.id.ulid(), events[0].0.seq).as_str());
+        // The batch's own first event id: a publish sent again is recognised as this batch,
+        // never confused with another batch at the same position.
+        headers.insert("Nats-Msg-Id", events[0].0.id.ulid().to_string().as_str());
         let subject = self.subject(session.id);
         let started = Instant::now();
-        let mut attempt = 0;
-        let ack = loop {
-            attempt += 1;
-            let sent = self.inner.js.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await;
-            let acked = match sent {
-                Ok(ack) => ack.await,
-                Err(error) => Err(error),
-            };
-            match acked {
-                Ok(ack) => break ack,
-                Err(error) => {
-                    use jetstream::context::PublishErrorKind as Kind;
-                    let retry = matches!(error.kind(), Kind::TimedOut | Kind::BrokenPipe);
-                    if error.kind() == Kind::WrongLastSequence {
-                        metrics::APPENDS_REFUSED.with_label_values(&["raced"]).inc();
-                        return Err(raced(session.id));
-                    }
-                    if !retry || attempt >= PUBLISH_ATTEMPTS {
-                        return Err(storage("JetStream did not store the append", &error));
-                    }
-                }
+        use jetstream::context::PublishErrorKind as Kind;
+        let js = &self.inner.js;
+        let send = || async {
+            let sent = js.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await?;
+            sent.await
+        };
+        // Sent again while the engine fails over: the message id makes a second copy of a
+        // publish whose answer was lost a duplicate, answered with the first one's sequence.
+        let answered = |e: &jetstream::context::PublishError| {
+            matches!(e.kind(), Kind::WrongLastSequence | Kind::WrongLastMessageId | Kind::MaxPayloadExceeded)
+        };
+        let ack = match patiently("an append", send, answered).await {
+            Ok(ack) => ack,
+            Err(error) if error.kind() == Kind::WrongLastSequence => {
+                metrics::APPENDS_REFUSED.with_label_values(&["raced"]).inc();
+                return Err(raced(session.id));
             }
+            Err(error) => return Err(storage("JetStream did not store the append", &error)),
         };
         metrics::JETSTREAM_PUBLISH_SECONDS.observe(started.elapsed().as_secs_f64());
         session.state.lock().expect = Some(ack.sequence);
-        let revision = self.project(session.id, events).await.map_err(|e| storage("the projections", &e))?;
-        let mut applied = session.applied.subscribe();
-        let seen = async {
-            let _ = applied.wait_for(|applied| *applied >= ack.sequence).await;
-            self.inner.mirror.applied(revision).await;
+        // Applied here at once, not when this node's consumer brings it back (it may be
+        // recovering from a lost server): JetStream took it right after the message this
+        // node last had, so it follows what the session holds.
+        let entry = Entry {
+            stream_seq: ack.sequence,
+            first_seq: events[0].0.seq,
+            count: events.len() as u64,
+            first_id: events[0].0.id,
+            last_id: events[events.len() - 1].0.id,
         };
-        if tokio::time::timeout(APPLY_WAIT, seen).await.is_err() {
-            return Err(AppendError::Storage(format!(
-                "stored as stream message {}, but this node's consumer did not deliver it within {APPLY_WAIT:?}",
-                ack.sequence
-            )));
-        }
+        session.apply(entry, Hashed::from(events.to_vec()));
+        self.project(session.id, events).await.map_err(|e| storage("the projections", &e))?;
         metrics::EVENTS_APPENDED.inc_by(events.len() as u64);
         Ok(())
     }
@@ -576,9 +597,14 @@ impl JetStreamLog {
         let last = events.last().map_or(0, |(event, _)| event.seq);
         let mut puts: Vec<(String, Bytes)> = staged.puts.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect();
         puts.push((mirror::watermark_key(session), Bytes::from(last.to_string())));
-        let bucket = &self.inner.bucket;
+        let (bucket, mirror) = (&self.inner.bucket, &self.inner.mirror);
         let revisions = futures_util::future::try_join_all(puts.into_iter().map(|(key, value)| async move {
-            bucket.put(&key, value).await.map_err(|e| store_error(&format!("could not put {key}"), e))
+            // A put is idempotent: one whose answer was lost (a server failing over) is sent again.
+            let revision = patiently("a projection", || bucket.put(&key, value.clone()), |_| false)
+                .await
+                .map_err(|e| store_error(&format!("could not put {key}"), e))?;
+            mirror.put(&key, value, revision);
+            Ok::<_, StoreError>(revision)
         }))
         .await?;
         Ok(revisions.into_iter().max().unwrap_or(0))
@@ -603,8 +629,7 @@ impl JetStreamLog {
         let events =
             self.within(session.id, ReadRange { after, before: None, limit: usize::MAX, newest_first: false }).await?;
         tracing::warn!(session_id = %session.id, from = projected, to = at, "projecting events the last writer left unprojected");
-        let revision = self.project(session.id, &events).await?;
-        self.inner.mirror.applied(revision).await;
+        self.project(session.id, &events).await?;
         Ok(())
     }
 
@@ -850,7 +875,6 @@ impl Session {
         state.index = index;
         state.recent = recent;
         state.loaded = true;
-        self.applied.send_replace(upto);
         for (entry, events) in std::mem::take(&mut state.early) {
             if entry.stream_seq > upto {
                 self.publish(&mut state, entry, events);
@@ -859,7 +883,21 @@ impl Session {
     }
 
     fn apply(&self, entry: Entry, events: Hashed) {
+        // Another node appended: what this node ordered is stale; load the tail again first.
+        // (The tail's lock before the state's, as an append takes them.)
+        let stale = {
+            let mut tail = self.channel.tail.lock();
+            let stale = tail.is_some_and(|tail| tail.position.seq < entry.last_seq());
+            if stale {
+                *tail = None;
+                *self.channel.chain_head.lock() = None;
+            }
+            stale
+        };
         let mut state = self.state.lock();
+        if stale {
+            state.expect = None;
+        }
         if !state.loaded {
             state.early.push((entry, events));
             return;
@@ -878,12 +916,6 @@ impl Session {
                 "a message of the stream does not follow the session's last; not applied");
             return;
         }
-        // Another node appended: what this node ordered is stale; load the tail again first.
-        if self.channel.tail.lock().is_some_and(|tail| tail.position.seq < entry.last_seq()) {
-            *self.channel.tail.lock() = None;
-            *self.channel.chain_head.lock() = None;
-            state.expect = None;
-        }
         state.index.push(entry);
         state.recent.push_back((entry.stream_seq, events.clone()));
         if state.recent.len() > RECENT_MESSAGES {
@@ -891,7 +923,6 @@ impl Session {
         }
         let batch: super::Batch = events.iter().map(|(event, _)| event.clone()).collect();
         self.channel.publish(batch);
-        self.applied.send_replace(entry.stream_seq);
     }
 
     fn recent(&self, stream_seq: u64) -> Option<Hashed> {
@@ -972,7 +1003,20 @@ impl Log for JetStreamLog {
         if !self.inner.projections.iter().any(|p| p.name() == projection) {
             return Err(super::unknown_projection(projection));
         }
-        Ok(self.inner.mirror.get(projection, key))
+        if let Some(value) = self.inner.mirror.get(projection, key) {
+            return Ok(Some(value));
+        }
+        // Not in this node's copy: perhaps made on another node a moment ago, and the
+        // watch has not brought it yet. The bucket itself has the answer.
+        let bucket_key = mirror::value_key(projection, key);
+        let bucket = &self.inner.bucket;
+        let entry = patiently("a projection", || bucket.entry(&bucket_key), |_| false)
+            .await
+            .map_err(|e| store_error("could not read a projection", e))?;
+        Ok(entry.filter(|entry| entry.operation == kv::Operation::Put).map(|entry| {
+            self.inner.mirror.put(&bucket_key, entry.value.clone(), entry.revision);
+            entry.value
+        }))
     }
 
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {

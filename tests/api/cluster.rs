@@ -1,0 +1,282 @@
+//! Several nodes on one log: three nats-servers in a cluster (streams with three replicas)
+//! and three turnlog nodes (the real binary) on it. A session made on one node is listed
+//! and streamed on the others, appends through all three interleave with no gap, a node
+//! killed mid-turn is taken over once its lease expires, and a nats-server killed under
+//! load loses nothing acknowledged.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use super::helpers::{ids, post_json, spawn_with, sse, take, Sse, TestApp};
+use super::nats::Nats;
+
+/// A lease expires this long after its node stops renewing it.
+const LEASE_TTL_SECS: u64 = 2;
+
+struct Cluster {
+    nats: Nats,
+    nodes: Vec<TestApp>,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let nats = Nats::cluster().await;
+        let mut nodes = Vec::new();
+        for name in ["a", "b", "c"] {
+            let config = format!(
+                "[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {}\nreplicas = 3\nnode = \"{name}\"\n\
+                 lease_ttl_secs = {LEASE_TTL_SECS}\n",
+                nats.toml_servers()
+            );
+            nodes.push(spawn_with(&config).await);
+        }
+        Cluster { nats, nodes }
+    }
+}
+
+/// Waits until `check` holds, failing after `secs` seconds with `what`.
+async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {secs} s: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn listed(node: &TestApp, session: &str) -> bool {
+    let list: Value = node.get("/sessions?limit=100").send().await.unwrap().json().await.unwrap();
+    list["sessions"].as_array().unwrap().iter().any(|s| s["sessionId"] == session)
+}
+
+/// Every event of the session through `node`, once it answers: while a server fails over,
+/// a read may be refused for a moment (503), never answered wrong.
+async fn read_all(node: &TestApp, session: &str) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let response = node.get(&format!("/sessions/{session}/events?limit=1000")).send().await.unwrap();
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or_default();
+        if status == 200 {
+            assert_eq!(body["has_more"], false, "one page holds this test's events");
+            return body["data"].as_array().unwrap().clone();
+        }
+        assert!(status == 503 && Instant::now() < deadline, "a read was refused with {status}: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn assert_gapless(events: &[Value]) {
+    let numbers: Vec<u64> = events.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, (1..=events.len() as u64).collect::<Vec<_>>(), "sequence numbers 1, 2, 3, ... with no gap");
+    let unique: BTreeSet<&str> = events.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(unique.len(), events.len(), "no event twice");
+}
+
+/// Reads a stream until an event of type `kind`, failing after `secs` seconds.
+async fn until(stream: &mut (impl futures_util::Stream<Item = Sse> + Unpin), kind: &str, secs: u64) -> Vec<Sse> {
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Ok(Some(event)) => {
+                let done = event.data["type"] == kind;
+                seen.push(event);
+                if done {
+                    return seen;
+                }
+            }
+            Ok(None) => panic!("the stream ended before {kind}"),
+            Err(_) => {
+                panic!("no {kind} within {secs} s; saw {:?}", seen.iter().map(|e| &e.data["type"]).collect::<Vec<_>>())
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_list_stream_and_append_to_one_session() {
+    let cluster = Cluster::start().await;
+    let [a, b, c] = &cluster.nodes[..] else { unreachable!() };
+
+    // Made on A, listed on B and C.
+    let session = a.create_session().await;
+    for node in [b, c] {
+        eventually(5, "the session is listed on every node", || listed(node, &session)).await;
+    }
+
+    // A turn driven through A streams live to observers on B and C.
+    let mut on_b = sse(b.stream(&session, None, None).await);
+    let mut on_c = sse(c.stream(&session, None, None).await);
+    let path = format!("/sessions/{session}/turns");
+    let (status, body) =
+        post_json(a, &path, json!({"stream": "none", "messages": [{"role": "user", "content": "hello"}]})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["messages"][0]["content"], "echo: hello");
+    let log = a.all_events(&session).await;
+    for (node, stream) in [("B", &mut on_b), ("C", &mut on_c)] {
+        let seen: Vec<String> = take(stream, log.len(), 10).await.into_iter().map(|e| e.id).collect();
+        assert_eq!(seen, ids(&log), "node {node} streamed the turn's events exactly once, in order");
+    }
+
+    // Appends through all three nodes at once, to the one session.
+    let mut writers = Vec::new();
+    for (n, node) in cluster.nodes.iter().enumerate() {
+        let (url, client, session) = (node.url.clone(), node.client.clone(), session.clone());
+        writers.push(tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            for i in 0..15 {
+                let event = json!({"type": "user.define_outcome", "outcome": format!("{n}-{i}")});
+                let response = client
+                    .post(format!("{url}/sessions/{session}/events"))
+                    .json(&json!({"events": [event]}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+                let body: Value = response.json().await.unwrap();
+                acknowledged.extend(body["data"].as_array().unwrap().iter().cloned());
+            }
+            acknowledged
+        }));
+    }
+    let mut acknowledged = Vec::new();
+    for writer in writers {
+        acknowledged.extend(writer.await.unwrap());
+    }
+    assert_eq!(acknowledged.len(), 45);
+    let all = c.all_events(&session).await;
+    assert_gapless(&all);
+    for event in &acknowledged {
+        assert!(all.contains(event), "an acknowledged event is in the log as acknowledged: {event}");
+    }
+    // The observers saw them all too.
+    let rest = all.len() - log.len();
+    let seen: Vec<String> = take(&mut on_b, rest, 10).await.into_iter().map(|e| e.id).collect();
+    assert_eq!(seen, ids(&all[log.len()..]));
+
+    // An observer that drops off node B resumes on node A by Last-Event-ID, exactly.
+    let middle = all[all.len() / 2]["id"].as_str().unwrap().to_string();
+    let mut resumed = sse(a.stream(&session, None, Some(&middle)).await);
+    let after: Vec<String> =
+        take(&mut resumed, all.len() / 2 + all.len() % 2 - 1, 10).await.into_iter().map(|e| e.id).collect();
+    assert_eq!(after, ids(&all[all.len() / 2 + 1..]));
+    let health: Value = b.get("/healthz").send().await.unwrap().json().await.unwrap();
+    assert_eq!(health, json!({"status": "ok", "store": "jetstream", "connected": true}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_turn_is_taken_over_once_its_lease_expires() {
+    let mut cluster = Cluster::start().await;
+    let session = cluster.nodes[0].create_session().await;
+    let mut on_b = sse(cluster.nodes[1].stream(&session, None, None).await);
+    let (url, client, turn_session) = (cluster.nodes[0].url.clone(), cluster.nodes[0].client.clone(), session.clone());
+    let long = json!({"stream": "delta", "messages": [{"role": "user", "content": "/words 2000\n/delay 20"}]});
+    let running = tokio::spawn(async move {
+        // The answer is cut off with its node; only the log matters here.
+        let _ = client.post(format!("{url}/sessions/{turn_session}/turns")).json(&long).send().await;
+    });
+    until(&mut on_b, "agent.message.delta", 10).await;
+    cluster.nodes[0].kill().await;
+    let killed = Instant::now();
+    running.abort();
+
+    // Another node closes the turn once A's lease has expired, as a restart would.
+    let closing = until(&mut on_b, "session.status_idle", 10 + 3 * LEASE_TTL_SECS).await;
+    let error = closing.iter().find(|e| e.data["type"] == "session.error").expect("the turn's end says why");
+    assert_eq!(error.data["code"], "interrupted");
+    assert!(killed.elapsed() >= Duration::from_secs(1), "not before the lease could expire");
+
+    // And the session goes on through B.
+    let b = &cluster.nodes[1];
+    let path = format!("/sessions/{session}/turns");
+    let (status, body) =
+        post_json(b, &path, json!({"stream": "none", "messages": [{"role": "user", "content": "after"}]})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["messages"][0]["content"], "echo: after");
+    let all = cluster.nodes[2].all_events(&session).await;
+    assert_gapless(&all);
+    assert_eq!(all.last().unwrap()["type"], "session.status_idle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_server_killed_under_load_loses_nothing_acknowledged() {
+    let mut cluster = Cluster::start().await;
+    let session = cluster.nodes[0].create_session().await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let acks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut writers = Vec::new();
+    for (n, node) in cluster.nodes.iter().enumerate() {
+        let (url, client, session, stop) = (node.url.clone(), node.client.clone(), session.clone(), stop.clone());
+        let acks = acks.clone();
+        writers.push(tokio::spawn(async move {
+            let (mut acknowledged, mut refused) = (Vec::new(), std::collections::BTreeMap::<String, usize>::new());
+            let mut i = 0;
+            while !stop.is_cancelled() {
+                let event = json!({"type": "user.define_outcome", "outcome": format!("{n}-{i}")});
+                i += 1;
+                let sent = client
+                    .post(format!("{url}/sessions/{session}/events"))
+                    .json(&json!({"events": [event]}))
+                    .timeout(Duration::from_secs(30))
+                    .send()
+                    .await;
+                match sent {
+                    Ok(response) if response.status() == 200 => {
+                        let body: Value = response.json().await.unwrap();
+                        acknowledged.push((Instant::now(), body["data"][0].clone()));
+                        acks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    // Refused while the engine fails over: not acknowledged, so not owed.
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        let text = response.text().await.unwrap_or_default();
+                        *refused.entry(format!("{status} {}", &text[..text.len().min(120)])).or_insert(0) += 1;
+                    }
+                    Err(error) => *refused.entry(error.to_string()).or_insert(0) += 1,
+                }
+            }
+            (acknowledged, refused)
+        }));
+    }
+    let count = || acks.load(std::sync::atomic::Ordering::SeqCst);
+    eventually(10, "appends are acknowledged", || std::future::ready(count() >= 30)).await;
+    cluster.nats.kill(1);
+    let killed = Instant::now();
+    let before = count();
+    eventually(30, "appends go on after a server was killed", || std::future::ready(count() >= before + 30)).await;
+    let recovered_in = killed.elapsed();
+    stop.cancel();
+    let (mut acknowledged, mut refused) = (Vec::new(), std::collections::BTreeMap::<String, usize>::new());
+    for writer in writers {
+        let (acks, refusals) = writer.await.unwrap();
+        acknowledged.extend(acks);
+        for (why, n) in refusals {
+            *refused.entry(why).or_insert(0) += n;
+        }
+    }
+    eprintln!(
+        "{} acknowledged, refused: {refused:#?}; 30 more acknowledged {recovered_in:?} after the kill",
+        acknowledged.len()
+    );
+    // Every node comes to hold every acknowledged event (a node whose consumer was on the
+    // killed server catches up once it has followed the stream again).
+    for node in &cluster.nodes {
+        let mut all = Vec::new();
+        let has_all = |all: &Vec<Value>| acknowledged.iter().all(|(_, event)| all.contains(event));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !has_all(&all) {
+            assert!(Instant::now() < deadline, "node {} lacks acknowledged events", node.url);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            all = read_all(node, &session).await;
+            assert_gapless(&all);
+        }
+    }
+}
