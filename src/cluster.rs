@@ -8,7 +8,7 @@
 //! `<prefix>.node.<node>`; no answerer means the node is gone.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
@@ -78,8 +78,9 @@ impl NatsCluster {
     }
 }
 
-/// Renews the lease every third of its time to live until stopped; if another node took it
-/// or it could not be renewed before it expired, it is lost.
+/// Renews the lease every third of its time to live until stopped. It is lost if another
+/// node took it, or when it may have expired: a time to live after the last renewal that
+/// succeeded was sent (less a margin), whatever a renewal in flight is doing.
 async fn renew(
     leases: kv::Store,
     key: String,
@@ -91,29 +92,38 @@ async fn renew(
 ) -> u64 {
     let mut every = tokio::time::interval(ttl / 3);
     every.tick().await;
-    let mut renewed = Instant::now();
+    let margin = ttl / 5;
+    // The lease was taken just before this started.
+    let mut valid_until = tokio::time::Instant::now() + ttl - margin;
+    let expired = |revision| {
+        tracing::warn!(session = %key, "this node could not renew its lease in time");
+        lost.cancel();
+        revision
+    };
     loop {
         tokio::select! {
             _ = stop.cancelled() => return revision,
+            _ = tokio::time::sleep_until(valid_until) => return expired(revision),
             _ = every.tick() => {}
         }
-        match leases.update(&key, Bytes::from(node.clone()), revision).await {
+        let sent = tokio::time::Instant::now();
+        let update = leases.update(&key, Bytes::from(node.clone()), revision);
+        let answer = tokio::select! {
+            _ = stop.cancelled() => return revision,
+            _ = tokio::time::sleep_until(valid_until) => return expired(revision),
+            answer = update => answer,
+        };
+        match answer {
             Ok(next) => {
                 revision = next;
-                renewed = Instant::now();
+                valid_until = sent + ttl - margin;
             }
             Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                 tracing::warn!(session = %key, "another node took this node's lease");
                 lost.cancel();
                 return revision;
             }
-            Err(error) => {
-                tracing::warn!(%error, session = %key, "could not renew a lease");
-                if renewed.elapsed() >= ttl {
-                    lost.cancel();
-                    return revision;
-                }
-            }
+            Err(error) => tracing::warn!(%error, session = %key, "could not renew a lease; trying again"),
         }
     }
 }

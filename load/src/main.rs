@@ -34,6 +34,10 @@ struct Cli {
     /// Where the temporary data dirs go (default: the system temp dir).
     #[arg(long, global = true)]
     data_root: Option<PathBuf>,
+    /// TOML read over the harness's own settings by every server it starts: e.g. a
+    /// `[store] backend = "jetstream"` section, to measure the log on JetStream.
+    #[arg(long, global = true)]
+    server_config: Option<PathBuf>,
     /// Also write the results as JSON to this file.
     #[arg(long, global = true)]
     json: Option<PathBuf>,
@@ -76,6 +80,7 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<bool> {
     // Many scenarios hold thousands of sockets; a server we start inherits the limit.
     scenarios::connections::raise_fd_limit();
+    let launcher = launcher(&cli)?;
     let scenarios = match cli.command {
         Command::Scenario(scenario) => vec![scenario],
         Command::All { quick, skip, only } => {
@@ -92,7 +97,6 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 .collect()
         }
     };
-    let launcher = launcher(&cli.url, cli.server_pid, &cli.server_bin, cli.no_build, &cli.data_root)?;
     let ctx = Ctx { launcher, quiet: cli.quiet };
     let reports = scenarios::run_all(&ctx, scenarios).await;
     print(&reports, cli.json.as_deref())?;
@@ -119,13 +123,8 @@ fn print(reports: &[Report], json: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn launcher(
-    url: &Option<String>,
-    pid: Option<u32>,
-    bin: &Option<PathBuf>,
-    no_build: bool,
-    data_root: &Option<PathBuf>,
-) -> anyhow::Result<Launcher> {
+fn launcher(cli: &Cli) -> anyhow::Result<Launcher> {
+    let Cli { url, server_pid: pid, server_bin: bin, no_build, data_root, server_config, .. } = cli;
     if let Some(url) = url {
         let parsed = reqwest::Url::parse(url).with_context(|| format!("--url {url}"))?;
         let loopback = match parsed.host() {
@@ -137,13 +136,17 @@ fn launcher(
         if parsed.scheme() != "http" || !loopback {
             bail!("--url must be a loopback http:// address (127.0.0.1, localhost or [::1]), not {url}");
         }
-        return Ok(Launcher::External { url: url.clone(), pid });
+        return Ok(Launcher::External { url: url.clone(), pid: *pid });
     }
     let path = match bin {
         Some(bin) => bin.clone(),
-        None => server_binary(no_build)?,
+        None => server_binary(*no_build)?,
     };
-    Ok(Launcher::Binary { path, data_root: data_root.clone().unwrap_or_else(std::env::temp_dir) })
+    let extra = match server_config {
+        Some(file) => std::fs::read_to_string(file).with_context(|| format!("--server-config {}", file.display()))?,
+        None => String::new(),
+    };
+    Ok(Launcher::Binary { path, data_root: data_root.clone().unwrap_or_else(std::env::temp_dir), extra })
 }
 
 /// `turnlog` next to this binary (target/release or target/debug), built first with the

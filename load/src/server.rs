@@ -18,8 +18,9 @@ const SERVER_CONFIG: &str = "[streams]\nmax_streams_per_subject = 1000000\n";
 /// How to get a server for a scenario.
 #[derive(Debug, Clone)]
 pub enum Launcher {
-    /// Start this binary, once per scenario, with a fresh data dir under `data_root`.
-    Binary { path: PathBuf, data_root: PathBuf },
+    /// Start this binary, once per scenario, with a fresh data dir under `data_root` and
+    /// `extra` (TOML) read over the harness's settings.
+    Binary { path: PathBuf, data_root: PathBuf, extra: String },
     /// Use a server that is already running; `pid` (when known) is read for RSS and CPU.
     External { url: String, pid: Option<u32> },
 }
@@ -38,7 +39,7 @@ impl Launcher {
             Launcher::External { url, pid } => {
                 Ok(Server { url: url.trim_end_matches('/').to_string(), pid: *pid, child: None, dir: None })
             }
-            Launcher::Binary { path, data_root } => spawn(path, data_root).await,
+            Launcher::Binary { path, data_root, extra } => spawn(path, data_root, extra).await,
         }
     }
 
@@ -50,14 +51,14 @@ impl Launcher {
     }
 }
 
-async fn spawn(bin: &Path, data_root: &Path) -> anyhow::Result<Server> {
+async fn spawn(bin: &Path, data_root: &Path, extra: &str) -> anyhow::Result<Server> {
     std::fs::create_dir_all(data_root)?;
     let dir = tempfile::Builder::new()
         .prefix("turnlog-load-")
         .tempdir_in(data_root)
         .context("creating the server's data dir")?;
     let config = dir.path().join("config.toml");
-    std::fs::write(&config, SERVER_CONFIG)?;
+    std::fs::write(&config, format!("{SERVER_CONFIG}{extra}"))?;
     let log = std::fs::File::create(dir.path().join("server.log"))?;
     let mut child = Command::new(bin)
         .args(["serve", "--addr", "127.0.0.1:0", "--config"])

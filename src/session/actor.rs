@@ -106,6 +106,7 @@ impl Actor {
             },
             Err(error) => error,
         };
+        engine.inner.log.release(session);
         engine.retire(session, generation);
         commands.close();
         while let Ok(command) = commands.try_recv() {
@@ -218,6 +219,8 @@ impl Actor {
         }
         // Idle or done: leave the registry, then bounce whatever was already queued so that
         // it goes to the next actor; nothing is running, so nothing else can arrive.
+        // What this actor prepared goes before another actor can start and prepare again.
+        self.engine.inner.log.release(self.session);
         self.engine.retire(self.session, generation);
         commands.close();
         while let Ok(command) = commands.try_recv() {

@@ -321,18 +321,19 @@ impl Engine {
         let gate = self.inner.claiming.entry(session).or_default().clone();
         let held = gate.lock().await;
         let route = match self.inner.actors.get(&session).map(|entry| entry.clone()) {
-            Some((generation, sender)) => Route::Local(generation, sender),
-            None => match cluster.claim(session).await? {
-                Claim::Mine(lease) => {
+            Some((generation, sender)) => Ok(Route::Local(generation, sender)),
+            None => match cluster.claim(session).await {
+                Ok(Claim::Mine(lease)) => {
                     let (generation, sender) = self.spawn(session, Some(lease));
-                    Route::Local(generation, sender)
+                    Ok(Route::Local(generation, sender))
                 }
-                Claim::Theirs(node) => Route::Remote(node),
+                Ok(Claim::Theirs(node)) => Ok(Route::Remote(node)),
+                Err(error) => Err(error),
             },
         };
         drop(held);
         self.inner.claiming.remove_if(&session, |_, gate| Arc::strong_count(gate) <= 2);
-        Ok(route)
+        route
     }
 
     fn spawn(&self, session: SessionId, lease: Option<Box<dyn Lease>>) -> (u64, mpsc::Sender<Command>) {

@@ -35,27 +35,31 @@ impl SessionLog {
         drafts: Vec<Draft>,
     ) -> Result<Appended, SessionError> {
         self.prepare(session).await?;
-        let (appended, durable) = self.order(session, expected, drafts)?;
-        durable.wait().await?;
-        Ok(appended)
+        // Another node appended first: a conflict like any other, at where the log now ends.
+        let raced = || async {
+            self.prepare(session).await?;
+            Ok(Err(crate::store::Conflict { expected, actual: self.position(session).await? }))
+        };
+        let ordered = match self.log.order(session, expected, drafts) {
+            Ok(ordered) => ordered,
+            Err(AppendError::Raced(_)) => return raced().await,
+            Err(error) => return Err(append_error(session, error)),
+        };
+        match ordered.durable().await {
+            Ok(appended) => Ok(appended),
+            Err(AppendError::Raced(_)) => raced().await,
+            Err(error) => Err(append_error(session, error)),
+        }
     }
 
-    /// Makes the log ready to order appends to `session` (see [`Log::prepare`]).
+    /// Makes the log ready to order appends to `session` (see [`Log::prepare`]); also what a
+    /// writer on this node does when it stops ([`Log::release`]).
     pub async fn prepare(&self, session: SessionId) -> Result<(), SessionError> {
         Ok(self.log.prepare(session).await?)
     }
 
-    /// Orders an append at `expected`: the events (or the conflict) now, and what resolves
-    /// once they are durable.
-    pub fn order(
-        &self,
-        session: SessionId,
-        expected: u64,
-        drafts: Vec<Draft>,
-    ) -> Result<(Appended, Durable), SessionError> {
-        let ordered = self.log.order(session, expected, drafts).map_err(|error| append_error(session, error))?;
-        let (appended, done) = ordered.split();
-        Ok((appended, Durable { session, done: done.shared() }))
+    pub fn release(&self, session: SessionId) {
+        self.log.release(session);
     }
 
     /// Waits until the session's log is durable up to `seq` (after a conflict with an

@@ -284,6 +284,10 @@ pub trait Log: Send + Sync + 'static {
         Ok(())
     }
 
+    /// This node's writer of `session` has stopped: what `prepare` loaded may go (the
+    /// session's next writer, here or elsewhere, prepares again).
+    fn release(&self, _session: SessionId) {}
+
     /// The session's durable position.
     async fn position(&self, session: SessionId) -> Result<Position, StoreError>;
 

@@ -126,6 +126,8 @@ struct SessionState {
     /// The subject's last stream sequence as this node's appends know it (`None`: not
     /// prepared, or another node appended: prepare again).
     expect: Option<u64>,
+    /// The projections of some stored events were not put: repair before the next append.
+    unprojected: bool,
 }
 
 struct Job {
@@ -138,6 +140,9 @@ struct Job {
 pub struct JetStreamLog {
     inner: Arc<Inner>,
 }
+
+/// How long a node waits for a consumer to index a session before it walks the messages.
+const CONSUMER_WAIT: Duration = Duration::from_secs(3);
 
 /// How long a request to JetStream is sent again while it fails: a server failing over (a
 /// stream or bucket electing a new leader, a client reconnecting) answers nothing for a
@@ -314,7 +319,9 @@ impl JetStreamLog {
         let decoded = wire::entry(stream_seq, message.headers.as_ref())
             .and_then(|entry| Ok((entry, Hashed::from(wire::decode(&message.payload)?))));
         match decoded {
-            Ok((entry, events)) => loaded.apply(entry, events),
+            Ok((entry, events)) => {
+                loaded.apply(entry, events);
+            }
             Err(error) => {
                 tracing::error!(%error, stream_seq, session_id = %session, "a message of the stream is not turnlog's")
             }
@@ -375,8 +382,27 @@ impl JetStreamLog {
     }
 
     /// The entries of the subject's messages up to stream sequence `upto`, from their headers.
+    /// Read with a consumer on the subject's headers; if that does not answer in time (a
+    /// server failing over may leave a new consumer unplaced for a while), by walking the
+    /// subject's messages one request at a time, which only needs the stream's leader.
     async fn index(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
-        patiently("a session's index", || self.index_once(subject, upto), |_| false).await
+        match tokio::time::timeout(CONSUMER_WAIT, self.index_once(subject, upto)).await {
+            Ok(Ok(index)) => return Ok(index),
+            Ok(Err(error)) => tracing::warn!(%error, subject, "indexing a session by consumer failed; walking it"),
+            Err(_) => tracing::warn!(subject, "indexing a session by consumer took too long; walking it"),
+        }
+        let stream = &self.inner.stream;
+        let mut index = Vec::new();
+        let mut from = 1;
+        while from <= upto {
+            let next = || stream.raw_message_builder().sequence(from).next_by_subject(subject.to_string()).send();
+            let message = patiently("a session's message", next, |_| false)
+                .await
+                .map_err(|e| store_error("could not index a session", e))?;
+            index.push(wire::entry(message.sequence, Some(&message.headers)).map_err(StoreError::new)?);
+            from = message.sequence + 1;
+        }
+        Ok(index)
     }
 
     async fn index_once(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
@@ -580,8 +606,16 @@ impl JetStreamLog {
             first_id: events[0].0.id,
             last_id: events[events.len() - 1].0.id,
         };
-        session.apply(entry, Hashed::from(events.to_vec()));
-        self.project(session.id, events).await.map_err(|e| storage("the projections", &e))?;
+        if !session.apply(entry, Hashed::from(events.to_vec())) {
+            // Never expected: JetStream took it after a message this node does not hold.
+            return Err(raced(session.id));
+        }
+        // The events are stored and published: the append stands. Projections this node
+        // could not put yet are put again, in order, before the session's next ones.
+        if let Err(error) = self.project(session.id, events).await {
+            tracing::error!(%error, session_id = %session.id, "the projections of stored events were not put; repairing");
+            session.state.lock().unprojected = true;
+        }
         metrics::EVENTS_APPENDED.inc_by(events.len() as u64);
         Ok(())
     }
@@ -595,8 +629,7 @@ impl JetStreamLog {
             project(&self.inner.projections, event, &mut staged)?;
         }
         let last = events.last().map_or(0, |(event, _)| event.seq);
-        let mut puts: Vec<(String, Bytes)> = staged.puts.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect();
-        puts.push((mirror::watermark_key(session), Bytes::from(last.to_string())));
+        let puts: Vec<(String, Bytes)> = staged.puts.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect();
         let (bucket, mirror) = (&self.inner.bucket, &self.inner.mirror);
         let revisions = futures_util::future::try_join_all(puts.into_iter().map(|(key, value)| async move {
             // A put is idempotent: one whose answer was lost (a server failing over) is sent again.
@@ -607,7 +640,13 @@ impl JetStreamLog {
             Ok::<_, StoreError>(revision)
         }))
         .await?;
-        Ok(revisions.into_iter().max().unwrap_or(0))
+        // Only once every value is in: the watermark says they all are.
+        let key = mirror::watermark_key(session);
+        let value = Bytes::from(last.to_string());
+        let watermark = patiently("a watermark", || bucket.put(&key, value.clone()), |_| false)
+            .await
+            .map_err(|e| store_error("could not put the watermark", e))?;
+        Ok(revisions.into_iter().max().unwrap_or(0).max(watermark))
     }
 
     /// Makes the projections of `session` whole up to its last event, if the node that
@@ -725,7 +764,16 @@ impl JetStreamLog {
             }
         }
         let head = newest_first.first().map_or(chain::GENESIS, |(_, hash)| *hash);
-        let expect = session.state.lock().index.last().map_or(0, |entry| entry.stream_seq);
+        // The message that ends where the tail does, as read: the consumer may have indexed
+        // a later one meanwhile, which the tail does not count.
+        let at = tail.position.seq;
+        let expect = match at {
+            0 => Some(0),
+            _ => session.state.lock().index.iter().rev().find(|entry| entry.last_seq() == at).map(|e| e.stream_seq),
+        };
+        let Some(expect) = expect else {
+            return Err(StoreError::unavailable(format!("session {}: its index moved as it was read", session.id)));
+        };
         *session.channel.tail.lock() = Some(tail);
         *session.channel.chain_head.lock() = Some(head);
         session.state.lock().expect = Some(expect);
@@ -882,7 +930,9 @@ impl Session {
         }
     }
 
-    fn apply(&self, entry: Entry, events: Hashed) {
+    /// Takes a message of the stream: false if it does not follow what the session holds
+    /// (nor was already held).
+    fn apply(&self, entry: Entry, events: Hashed) -> bool {
         // Another node appended: what this node ordered is stale; load the tail again first.
         // (The tail's lock before the state's, as an append takes them.)
         let stale = {
@@ -900,21 +950,21 @@ impl Session {
         }
         if !state.loaded {
             state.early.push((entry, events));
-            return;
+            return true;
         }
         if state.index.last().is_some_and(|last| last.stream_seq >= entry.stream_seq) {
-            return;
+            return true;
         }
-        self.publish(&mut state, entry, events);
+        self.publish(&mut state, entry, events)
     }
 
     /// A message that follows what the session has: indexed, kept, and published.
-    fn publish(&self, state: &mut SessionState, entry: Entry, events: Hashed) {
+    fn publish(&self, state: &mut SessionState, entry: Entry, events: Hashed) -> bool {
         let durable = self.channel.durable().seq;
         if entry.first_seq != durable + 1 {
             tracing::error!(session_id = %self.id, durable, first = entry.first_seq,
                 "a message of the stream does not follow the session's last; not applied");
-            return;
+            return false;
         }
         state.index.push(entry);
         state.recent.push_back((entry.stream_seq, events.clone()));
@@ -923,6 +973,7 @@ impl Session {
         }
         let batch: super::Batch = events.iter().map(|(event, _)| event.clone()).collect();
         self.channel.publish(batch);
+        true
     }
 
     fn recent(&self, stream_seq: u64) -> Option<Hashed> {
@@ -959,10 +1010,25 @@ impl Log for JetStreamLog {
     async fn prepare(&self, session: SessionId) -> Result<(), StoreError> {
         let loaded = self.session(session).await?;
         if loaded.channel.tail.lock().is_none() {
+            // Fold onto the projections as they stand in the bucket, not as this node's copy
+            // had them (another node may have appended to the session until a moment ago).
+            let upto = self.bucket_revision().await?;
+            if tokio::time::timeout(FAILOVER_WAIT, self.inner.mirror.applied(upto)).await.is_err() {
+                return Err(StoreError::unavailable("this node's copy of the projections is behind the bucket"));
+            }
             self.load_tail(&loaded).await?;
             self.repair(&loaded).await?;
         }
         Ok(())
+    }
+
+    fn release(&self, session: SessionId) {
+        if let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) {
+            // The tail's lock before the state's, as an append takes them.
+            *loaded.channel.tail.lock() = None;
+            *loaded.channel.chain_head.lock() = None;
+            loaded.state.lock().expect = None;
+        }
     }
 
     fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
@@ -1050,10 +1116,12 @@ impl Log for JetStreamLog {
 
     fn sweep(&self) {
         self.inner.sessions.retain(|_, session| {
+            // A writer here has it prepared (until it releases it).
+            let prepared = session.channel.tail.lock().is_some();
             let state = session.state.lock();
             // Held by the map and the hub only, with nothing in flight.
             let busy = state.publishing || !state.queue.is_empty() || Arc::strong_count(&session.channel) > 2;
-            busy || Arc::strong_count(session) > 1
+            prepared || busy || Arc::strong_count(session) > 1
         });
         self.inner.hub.sweep();
     }
