@@ -1,6 +1,7 @@
 //! Several nodes on one log: three nats-servers in a cluster (streams with three replicas)
 //! and three turnlog nodes (the real binary) on it. A session made on one node is listed
-//! and streamed on the others, appends through all three interleave with no gap, a node
+//! and streamed on the others, appends through all three interleave with no gap, an
+//! interrupt sent to one node stops the turn running on another, a node
 //! killed mid-turn is taken over once its lease expires, and a nats-server killed under
 //! load loses nothing acknowledged.
 
@@ -179,6 +180,20 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
     let after: Vec<String> =
         take(&mut resumed, all.len() / 2 + all.len() % 2 - 1, 10).await.into_iter().map(|e| e.id).collect();
     assert_eq!(after, ids(&all[all.len() / 2 + 1..]));
+    // A turn running on A (which holds the session) is interrupted through C.
+    let (url, client, turn_session) = (a.url.clone(), a.client.clone(), session.clone());
+    let long = json!({"stream": "delta", "messages": [{"role": "user", "content": "/words 2000\n/delay 20"}]});
+    let running = tokio::spawn(async move {
+        client.post(format!("{url}/sessions/{turn_session}/turns")).json(&long).send().await.unwrap().text().await
+    });
+    until(&mut on_b, "agent.message.delta", 10).await;
+    let interrupted = c.post_event(&session, json!({"type": "user.interrupt"})).await;
+    assert_eq!(interrupted.status(), 200, "{}", interrupted.text().await.unwrap());
+    let ended = until(&mut on_b, "session.status_idle", 10).await;
+    assert_eq!(ended.last().unwrap().data["stop_reason"]["type"], "cancelled", "the turn on A stopped");
+    let answer = tokio::time::timeout(Duration::from_secs(10), running).await.unwrap().unwrap().unwrap();
+    assert!(answer.contains("turn_stop"), "A's client saw its turn end: {answer}");
+
     let health: Value = b.get("/healthz").send().await.unwrap().json().await.unwrap();
     assert_eq!(health, json!({"status": "ok", "store": "jetstream", "connected": true}));
 }
