@@ -18,7 +18,7 @@ use crate::agent::{Agent, Agents};
 use crate::domain::catalog::{AgentDefinition, Environment, McpServerDecl, McpToolset, CATALOG};
 use crate::domain::event::{timestamp_now, ClientTool};
 use crate::domain::ids::prefixed;
-use crate::domain::{Draft, EventBody};
+use crate::domain::{Draft, Event, EventBody};
 use crate::projection::catalog::{catalog_key, AgentVersions, CatalogAgents, CatalogEnvironments};
 use crate::store::{Key, Scan};
 
@@ -95,6 +95,9 @@ impl Catalog {
     /// Opens the catalog and teaches the registry every stored agent version.
     pub(crate) async fn open(log: SessionLog, agents: Arc<Agents>) -> Result<Catalog, SessionError> {
         let catalog = Catalog { log, agents, writing: tokio::sync::Mutex::new(()) };
+        // Followed from before the scan, so that nothing made meanwhile is missed.
+        let follower = catalog.log.live(CATALOG).await?;
+        tokio::spawn(learn(follower, catalog.agents.clone()));
         let mut after = None;
         loop {
             let scan = Scan { session: Some(CATALOG), after, newest_first: false, limit: SCAN_CHUNK };
@@ -508,4 +511,29 @@ pub fn apply_patch(metadata: &mut Map<String, Value>, patch: Map<String, Value>)
 
 fn not_found(kind: &str, id: &str) -> SessionError {
     SessionError::CatalogNotFound(format!("{kind} {id}"))
+}
+
+/// Teaches the registry the agent versions the catalog's log gains from now on, whichever
+/// node made them (with several nodes on one log, another node's agents run here too).
+async fn learn(mut follower: super::Follower, agents: Arc<Agents>) {
+    loop {
+        let events = match follower.next().await {
+            Ok(Some(events)) => events,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%error, "the catalog's follower stopped; agents made elsewhere are not learned");
+                return;
+            }
+        };
+        for event in events {
+            let Ok(Event { body: EventBody::CatalogAgent { agent }, .. }) = event.decode() else { continue };
+            let known = agents.get_version(&agent.id, Some(agent.version));
+            if known.is_some_and(|known| known.definition.as_ref() == Some(&agent)) {
+                continue;
+            }
+            if let Err(error) = agents.define(&agent) {
+                tracing::warn!(agent = %agent.id, version = agent.version, %error, "a stored agent cannot run here");
+            }
+        }
+    }
 }

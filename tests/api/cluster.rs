@@ -1,7 +1,8 @@
 //! Several nodes on one log: three nats-servers in a cluster (streams with three replicas)
 //! and three turnlog nodes (the real binary) on it. A session made on one node is listed
 //! and streamed on the others, appends through all three interleave with no gap, an
-//! interrupt sent to one node stops the turn running on another, a node
+//! interrupt sent to one node stops the turn running on another, an agent made on one node
+//! runs on another, a node
 //! killed mid-turn is taken over once its lease expires, and a nats-server killed under
 //! load loses nothing acknowledged.
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use super::helpers::{ids, post_json, spawn_with, sse, take, Sse, TestApp};
+use super::helpers::{ids, launch, post_json, spawn_with, sse, take, Sse, TestApp};
 use super::nats::Nats;
 
 /// A lease expires this long after its node stops renewing it.
@@ -194,6 +195,30 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
     let answer = tokio::time::timeout(Duration::from_secs(10), running).await.unwrap().unwrap().unwrap();
     assert!(answer.contains("turn_stop"), "A's client saw its turn end: {answer}");
 
+    // An agent made through A's managed-agents API runs a session made on B.
+    let (status, env) = post_json(a, "/v1/environments", json!({"name": "e"})).await;
+    assert_eq!(status, 200, "{env}");
+    let (status, agent) = post_json(a, "/v1/agents", json!({"name": "made on a", "model": "scripted"})).await;
+    assert_eq!(status, 200, "{agent}");
+    let body = json!({"agent": agent["id"], "environment_id": env["id"]});
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let made = loop {
+        let (status, made) = post_json(b, "/v1/sessions", body.clone()).await;
+        if status == 200 {
+            break made;
+        }
+        assert!(Instant::now() < deadline, "node B never knew the agent made on A: {status} {made}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let managed = made["id"].as_str().unwrap().to_string();
+    let mut watched = sse(c.stream(&managed, None, None).await);
+    let message = json!({"type": "user.message", "content": [{"type": "text", "text": "on b"}]});
+    let (status, sent) = post_json(b, &format!("/v1/sessions/{managed}/events"), json!({"events": [message]})).await;
+    assert_eq!(status, 200, "{sent}");
+    let turn = until(&mut watched, "session.status_idle", 10).await;
+    let reply = turn.iter().find(|e| e.data["type"] == "agent.message").expect("the agent answered");
+    assert_eq!(reply.data["content"][0]["text"], "echo: on b");
+
     let health: Value = b.get("/healthz").send().await.unwrap().json().await.unwrap();
     assert_eq!(health, json!({"status": "ok", "store": "jetstream", "connected": true}));
 }
@@ -313,4 +338,34 @@ async fn a_nats_server_killed_under_load_loses_nothing_acknowledged() {
             assert_gapless(&all);
         }
     }
+}
+
+#[tokio::test]
+async fn a_node_says_when_the_engine_is_out_of_reach() {
+    // At start: a clear refusal naming the servers, never a fallback to sled.
+    let dir = tempfile::tempdir().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = dir.path().join("config.toml");
+    let servers = format!("[\"nats://127.0.0.1:{closed}\"]");
+    std::fs::write(
+        &config,
+        format!("[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {servers}\nconnect_timeout_ms = 500\n"),
+    )
+    .unwrap();
+    let refused =
+        launch(&config, &dir.path().join("data"), "127.0.0.1:0").await.expect_err("no start without the engine");
+    assert!(refused.contains(&format!("nats://127.0.0.1:{closed}")), "{refused}");
+
+    // Running: /healthz says so while the node is cut off, and recovers with the server.
+    let mut nats = Nats::single().await;
+    let config = format!("[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {}\n", nats.toml_servers());
+    let node = spawn_with(&config).await;
+    let health = || async { node.get("/healthz").send().await.unwrap().status().as_u16() };
+    assert_eq!(health().await, 200);
+    nats.kill(0);
+    eventually(10, "/healthz answers 503 without the engine", || async { health().await == 503 }).await;
+    nats.restart(0).await;
+    eventually(20, "/healthz answers 200 with the engine back", || async { health().await == 200 }).await;
+    let session = node.create_session().await;
+    assert_eq!(node.all_events(&session).await.len(), 1, "the node works again");
 }
