@@ -224,6 +224,12 @@ fn signature(projections: &[Arc<dyn Projection>]) -> String {
 trait Values {
     fn get(&mut self, projection: &'static str, key: Key) -> Result<Option<Bytes>, StoreError>;
     fn put(&mut self, projection: &'static str, key: Key, value: Vec<u8>) -> Result<(), StoreError>;
+    /// Whether the value under `key` already has the event numbered `seq` folded in (a log
+    /// that may fold an event twice, after a crash between two puts, keeps that per value;
+    /// the next `put` is the one for `seq`).
+    fn folded(&mut self, _projection: &'static str, _key: Key, _seq: u64) -> bool {
+        false
+    }
 }
 
 /// Folds one event into every projection that wants it.
@@ -245,6 +251,9 @@ fn project(projections: &[Arc<dyn Projection>], event: &RawEvent, values: &mut i
             },
         };
         for key in projection.keys(event) {
+            if values.folded(projection.name(), key, event.sequence_number) {
+                continue;
+            }
             let current = values.get(projection.name(), key)?;
             if let Some(value) = projection.apply(key, current.as_deref(), event) {
                 values.put(projection.name(), key, value)?;

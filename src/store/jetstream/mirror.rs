@@ -27,6 +27,22 @@ pub fn value_key(projection: &str, key: Key) -> String {
     }
 }
 
+/// A value as stored: the last event folded into it, then the projection's own bytes.
+pub fn stamp(seq: u64, value: &[u8]) -> Bytes {
+    let mut stored = Vec::with_capacity(8 + value.len());
+    stored.extend_from_slice(&seq.to_be_bytes());
+    stored.extend_from_slice(value);
+    Bytes::from(stored)
+}
+
+/// A stored value's sequence number and the projection's own bytes.
+pub fn unstamp(stored: Bytes) -> (u64, Bytes) {
+    match stored.get(..8) {
+        Some(seq) => (u64::from_be_bytes(seq.try_into().expect("8 bytes")), stored.slice(8..)),
+        None => (0, stored),
+    }
+}
+
 pub fn watermark_key(session: SessionId) -> String {
     format!("_projected.{}", session.ulid())
 }
@@ -46,8 +62,9 @@ fn parse_key(key: &str) -> Option<(&str, Key)> {
 pub struct Mirror {
     values: RwLock<HashMap<String, BTreeMap<Key, Bytes>>>,
     /// The bucket's revision of each value held (or removed), so that an older one, from
-    /// the watch or from this node's own puts, never replaces a newer one.
-    revisions: RwLock<HashMap<String, u64>>,
+    /// the watch or from this node's own puts, never replaces a newer one; and the last
+    /// event folded into it.
+    revisions: RwLock<HashMap<String, (u64, u64)>>,
     /// The bucket's revision this copy has applied.
     applied: watch::Sender<u64>,
     /// Sessions whose summary changed, for the service's feed of changed sessions.
@@ -66,6 +83,11 @@ impl Mirror {
 
     pub fn get(&self, projection: &str, key: Key) -> Option<Bytes> {
         self.values.read().get(projection)?.get(&key).cloned()
+    }
+
+    /// The last event folded into the value under `key` (0: none).
+    pub fn folded(&self, projection: &str, key: Key) -> u64 {
+        self.revisions.read().get(&value_key(projection, key)).map_or(0, |(_, seq)| *seq)
     }
 
     /// A page in key order, as [`crate::store::Log::scan`] answers it.
@@ -101,19 +123,20 @@ impl Mirror {
         self.set(key, Some(value), revision);
     }
 
-    /// Sets (or removes) the value under a bucket key if `revision` is newer than the one
-    /// held; answers the session whose summary changed.
-    fn set(&self, bucket_key: &str, value: Option<Bytes>, revision: u64) -> Option<SessionId> {
+    /// Sets (or removes) the value under a bucket key (as stored: with its sequence number)
+    /// if `revision` is newer than the one held; answers the session whose summary changed.
+    fn set(&self, bucket_key: &str, stored: Option<Bytes>, revision: u64) -> Option<SessionId> {
         let (projection, key) = parse_key(bucket_key)?;
         let mut revisions = self.revisions.write();
         let held = revisions.entry(bucket_key.to_string()).or_default();
-        if revision <= *held {
+        if revision <= held.0 {
             return None;
         }
-        *held = revision;
+        let value = stored.map(unstamp);
+        *held = (revision, value.as_ref().map_or(0, |(seq, _)| *seq));
         let mut values = self.values.write();
         match value {
-            Some(value) => {
+            Some((_, value)) => {
                 values.entry(projection.to_string()).or_default().insert(key, value);
             }
             None => {
@@ -155,16 +178,30 @@ impl Mirror {
 }
 
 /// Projected values as [`crate::store::project`] folds a batch: read from what this batch
-/// already changed, then from the node's copy; written to the batch's puts.
+/// already changed, then from the node's copy; written to the batch's puts, each with the
+/// event it folds in.
 pub struct Staged<'a> {
     pub mirror: &'a Mirror,
-    pub puts: BTreeMap<String, Vec<u8>>,
+    pub puts: BTreeMap<String, (u64, Vec<u8>)>,
     pub projections: &'a [Arc<dyn Projection>],
+    /// The event being folded.
+    pub seq: u64,
+}
+
+impl<'a> Staged<'a> {
+    pub fn new(mirror: &'a Mirror, projections: &'a [Arc<dyn Projection>]) -> Staged<'a> {
+        Staged { mirror, puts: BTreeMap::new(), projections, seq: 0 }
+    }
+
+    /// The puts, as stored.
+    pub fn stored(self) -> Vec<(String, Bytes)> {
+        self.puts.into_iter().map(|(key, (seq, value))| (key, stamp(seq, &value))).collect()
+    }
 }
 
 impl Values for Staged<'_> {
     fn get(&mut self, projection: &'static str, key: Key) -> Result<Option<Bytes>, StoreError> {
-        if let Some(value) = self.puts.get(&value_key(projection, key)) {
+        if let Some((_, value)) = self.puts.get(&value_key(projection, key)) {
             return Ok(Some(Bytes::copy_from_slice(value)));
         }
         Ok(self.mirror.get(projection, key))
@@ -174,8 +211,17 @@ impl Values for Staged<'_> {
         if !self.projections.iter().any(|p| p.name() == projection) {
             return Err(crate::store::unknown_projection(projection));
         }
-        self.puts.insert(value_key(projection, key), value);
+        self.puts.insert(value_key(projection, key), (self.seq, value));
         Ok(())
+    }
+
+    fn folded(&mut self, projection: &'static str, key: Key, seq: u64) -> bool {
+        self.seq = seq;
+        let held = match self.puts.get(&value_key(projection, key)) {
+            Some((held, _)) => *held,
+            None => self.mirror.folded(projection, key),
+        };
+        held >= seq
     }
 }
 
@@ -192,5 +238,30 @@ mod tests {
         assert_eq!(parse_key(&value_key("sessions", Key::session(session))), Some(("sessions", Key::session(session))));
         assert_eq!(parse_key(&watermark_key(session)), None, "bookkeeping keys are not values");
         assert_eq!(parse_key("sessions.not-an-id"), None);
+    }
+
+    #[test]
+    fn a_value_folded_again_is_left_as_it_is() {
+        let projections = crate::projection::all();
+        let mirror = Mirror::new("sessions");
+        let session = SessionId::generate();
+        let created = crate::domain::EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+        let drafts = [crate::domain::Draft::new(None, &created)];
+        let events = crate::store::numbering::Tail::default()
+            .stage(session, 0, &drafts, &crate::store::numbering::Clock::now(), 10)
+            .unwrap()
+            .unwrap();
+        let mut staged = Staged::new(&mirror, &projections);
+        crate::store::project(&projections, &events[0], &mut staged).unwrap();
+        let stored = staged.stored();
+        assert!(!stored.is_empty());
+        for (revision, (key, value)) in stored.iter().enumerate() {
+            assert_eq!(unstamp(value.clone()).0, 1, "{key} has event 1 folded in");
+            mirror.put(key, value.clone(), revision as u64 + 1);
+        }
+        let mut again = Staged::new(&mirror, &projections);
+        crate::store::project(&projections, &events[0], &mut again).unwrap();
+        assert!(again.puts.is_empty(), "nothing to put: every value has event 1 already");
+        assert!(projections.iter().any(|p| p.name() == "sessions"));
     }
 }

@@ -623,13 +623,12 @@ impl JetStreamLog {
     /// Folds `events` into the projections and puts what changed, then the session's
     /// watermark; answers the bucket's revision after the last put.
     async fn project(&self, session: SessionId, events: &[(RawEvent, chain::Hash)]) -> Result<u64, StoreError> {
-        let mut staged =
-            mirror::Staged { mirror: &self.inner.mirror, puts: BTreeMap::new(), projections: &self.inner.projections };
+        let mut staged = mirror::Staged::new(&self.inner.mirror, &self.inner.projections);
         for (event, _) in events {
             project(&self.inner.projections, event, &mut staged)?;
         }
         let last = events.last().map_or(0, |(event, _)| event.seq);
-        let puts: Vec<(String, Bytes)> = staged.puts.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect();
+        let puts = staged.stored();
         let (bucket, mirror) = (&self.inner.bucket, &self.inner.mirror);
         let revisions = futures_util::future::try_join_all(puts.into_iter().map(|(key, value)| async move {
             // A put is idempotent: one whose answer was lost (a server failing over) is sent again.
@@ -687,7 +686,7 @@ impl JetStreamLog {
             bucket.purge(&key).await.map_err(|e| store_error("clearing the projections", e))?;
         }
         let empty = Mirror::new(crate::projection::SessionIndex::NAME);
-        let mut staged = mirror::Staged { mirror: &empty, puts: BTreeMap::new(), projections: &self.inner.projections };
+        let mut staged = mirror::Staged::new(&empty, &self.inner.projections);
         let mut watermarks: BTreeMap<String, u64> = BTreeMap::new();
         let mut count = 0u64;
         let last =
@@ -721,7 +720,7 @@ impl JetStreamLog {
                 }
             }
         }
-        let puts = staged.puts.into_iter().map(|(k, v)| (k, Bytes::from(v)));
+        let puts = staged.stored().into_iter();
         let marks = watermarks.into_iter().map(|(k, v)| (k, Bytes::from(v.to_string())));
         for (key, value) in puts.chain(marks) {
             bucket.put(&key, value).await.map_err(|e| store_error(&format!("could not put {key}"), e))?;
@@ -1081,7 +1080,7 @@ impl Log for JetStreamLog {
             .map_err(|e| store_error("could not read a projection", e))?;
         Ok(entry.filter(|entry| entry.operation == kv::Operation::Put).map(|entry| {
             self.inner.mirror.put(&bucket_key, entry.value.clone(), entry.revision);
-            entry.value
+            mirror::unstamp(entry.value).1
         }))
     }
 
