@@ -219,6 +219,18 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
     let reply = turn.iter().find(|e| e.data["type"] == "agent.message").expect("the agent answered");
     assert_eq!(reply.data["content"][0]["text"], "echo: on b");
 
+    // What a node exports about the engine: publishes timed, leases taken, the consumer's lag.
+    let mut publishes = 0.0;
+    let mut leases = 0.0;
+    for node in &cluster.nodes {
+        publishes += node.metric("turnlog_jetstream_publish_seconds_count").await;
+        leases += node.metric("turnlog_lease_changes_total{change=\"acquired\"}").await;
+        let text = node.get("/metrics").send().await.unwrap().text().await.unwrap();
+        assert!(text.contains("turnlog_jetstream_consumer_pending"), "the consumer's lag is exported");
+    }
+    assert!(publishes >= 45.0, "every append's publish is timed ({publishes})");
+    assert!(leases >= 2.0, "the two sessions' leases were taken ({leases})");
+
     let health: Value = b.get("/healthz").send().await.unwrap().json().await.unwrap();
     assert_eq!(health, json!({"status": "ok", "store": "jetstream", "connected": true}));
 }
