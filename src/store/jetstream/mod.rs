@@ -12,9 +12,11 @@
 //!
 //! Each node runs one ordered consumer on the whole stream: every message, from any node,
 //! reaches the sessions this node has loaded through the in-process hub (their watermark,
-//! index and live bus), the one path to subscribers and to the node's own acknowledgements.
-//! A loaded session keeps an index of its messages (read once from their headers) and its
-//! most recent messages; older events are fetched from the stream by sequence.
+//! index and live bus), the path to every subscriber. A node's own append is applied when
+//! JetStream acknowledges it (it follows what the session holds, by the expected sequence),
+//! and the consumer's copy of it is then skipped by its stream sequence. A loaded session
+//! keeps an index of its messages (read once from their headers) and its most recent
+//! messages; older events are fetched from the stream by sequence.
 //!
 //! Projections live in a key-value bucket ([`mirror`]).
 
