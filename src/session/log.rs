@@ -171,11 +171,18 @@ fn decode<T: DeserializeOwned>(projection: &str, bytes: &[u8]) -> Option<T> {
 pub(crate) struct Durable {
     session: SessionId,
     done: Shared<BoxFuture<'static, Result<(), AppendError>>>,
+    /// The writer's flag, set if the append turns out to have raced another node's.
+    raced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Durable {
     pub async fn wait(self) -> Result<(), SessionError> {
-        self.done.await.map_err(|error| append_error(self.session, error))
+        self.done.await.map_err(|error| {
+            if let AppendError::Raced(_) = error {
+                self.raced.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            append_error(self.session, error)
+        })
     }
 }
 
@@ -223,15 +230,7 @@ impl Writer {
                 return Err(append_error(self.session, error));
             }
         };
-        let raced = self.raced.clone();
-        let done = async move {
-            let result = done.await;
-            if let Err(AppendError::Raced(_)) = &result {
-                raced.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-            result
-        };
-        let durable = Durable { session: self.session, done: done.boxed().shared() };
+        let durable = Durable { session: self.session, done: done.shared(), raced: self.raced.clone() };
         if let Some(last) = appended.as_ref().ok().and_then(|events| events.last()) {
             state.at = last.seq;
             state.last = Some(durable.clone());

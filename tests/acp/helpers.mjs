@@ -16,6 +16,7 @@ import { performance } from "node:perf_hooks";
 import { Writable } from "node:stream";
 import { StringDecoder } from "node:string_decoder";
 import * as acp from "@agentclientprotocol/sdk";
+import { stdoutLines } from "../common/lines.mjs";
 
 export { acp };
 export const m = acp.methods;
@@ -642,21 +643,6 @@ export function comparable(items) {
 
 // ---------- raw stdio (for malformed input only) ----------
 
-/** The child's stdout as it arrives, split into lines (a last unterminated line too, at its end). */
-function stdoutLines(child) {
-  const lines = [];
-  const decoder = new StringDecoder("utf8");
-  let pending = "";
-  child.stdout.on("data", (chunk) => {
-    const parts = (pending + decoder.write(chunk)).split("\n");
-    pending = parts.pop();
-    lines.push(...parts);
-  });
-  child.stdout.on("end", () => {
-    if (pending) lines.push(pending);
-  });
-  return lines;
-}
 
 /** A `turnlog acp` process spoken to with raw lines, no SDK. */
 export function rawAgent(lab, args) {

@@ -12,9 +12,9 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
-import { StringDecoder } from "node:string_decoder";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
+import { stdoutLines } from "../common/lines.mjs";
 
 export const REPO = fileURLToPath(new URL("../../", import.meta.url));
 export const BIN = process.env.TURNLOG_BIN ? path.resolve(process.env.TURNLOG_BIN) : path.join(REPO, "target/debug/turnlog");
@@ -266,14 +266,7 @@ export class Server {
         resolve({ code: null, signal: null, error });
       });
     });
-    const lines = [];
-    const decoder = new StringDecoder("utf8");
-    let pending = "";
-    child.stdout.on("data", (chunk) => {
-      const parts = (pending + decoder.write(chunk)).split("\n");
-      pending = parts.pop();
-      lines.push(...parts);
-    });
+    const lines = stdoutLines(child);
 
     let exit;
     child.exited.then((e) => {

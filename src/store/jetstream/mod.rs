@@ -455,22 +455,29 @@ impl JetStreamLog {
                 && range.after.is_none_or(|after| event.id > after)
                 && range.before.is_none_or(|before| event.id < before)
         };
-        let mut entries: Vec<Entry> = {
+        // The messages that may hold events of the range, in the order read, as many as
+        // `limit` events need (the first may hold some outside the range).
+        let entries: Vec<Entry> = {
             let state = session.state.lock();
-            state
-                .index
-                .iter()
-                .filter(|entry| {
-                    entry.first_seq <= durable.seq
-                        && range.after.is_none_or(|after| entry.last_id > after)
-                        && range.before.is_none_or(|before| entry.first_id < before)
+            let index = &state.index;
+            let from = range.after.map_or(0, |after| index.partition_point(|e| e.last_id <= after));
+            let to =
+                index.partition_point(|e| e.first_seq <= durable.seq && range.before.is_none_or(|b| e.first_id < b));
+            let within = &index[from..to.max(from)];
+            let ordered: Box<dyn Iterator<Item = &Entry>> =
+                if range.newest_first { Box::new(within.iter().rev()) } else { Box::new(within.iter()) };
+            let mut events = 0u64;
+            let mut first = None;
+            ordered
+                .take_while(|entry| {
+                    let spare = *first.get_or_insert(entry.count);
+                    let more = events < (range.limit as u64).saturating_add(spare);
+                    events += entry.count;
+                    more
                 })
                 .copied()
                 .collect()
         };
-        if range.newest_first {
-            entries.reverse();
-        }
         let mut found = Vec::new();
         for chunk in entries.chunks(FETCH_AHEAD) {
             let fetches = chunk.iter().map(|entry| self.message(&session, entry.stream_seq));
@@ -491,16 +498,20 @@ impl JetStreamLog {
         Ok(found)
     }
 
-    /// The events of the message holding the session's event that `find` picks.
+    /// The event `matches` picks, from the first message of the index that `before` is
+    /// false for (the index is in log order, so `before` is a partition of it).
     async fn find(
         &self,
         id: SessionId,
-        pick: impl Fn(&Entry) -> bool,
+        before: impl Fn(&Entry) -> bool,
         matches: impl Fn(&RawEvent) -> bool,
     ) -> Result<Option<RawEvent>, StoreError> {
         let session = self.session(id).await?;
         let durable = session.channel.durable();
-        let entry = session.state.lock().index.iter().find(|entry| pick(entry)).copied();
+        let entry = {
+            let state = session.state.lock();
+            state.index.get(state.index.partition_point(|entry| before(entry))).copied()
+        };
         let Some(entry) = entry.filter(|entry| entry.first_seq <= durable.seq) else { return Ok(None) };
         let events = self.message(&session, entry.stream_seq).await?;
         Ok(events.iter().map(|(event, _)| event).find(|event| matches(event) && event.seq <= durable.seq).cloned())
@@ -1052,11 +1063,11 @@ impl Log for JetStreamLog {
     }
 
     async fn event(&self, session: SessionId, id: EventId) -> Result<Option<RawEvent>, StoreError> {
-        self.find(session, |entry| entry.first_id <= id && id <= entry.last_id, |event| event.id == id).await
+        self.find(session, |entry| entry.last_id < id, |event| event.id == id).await
     }
 
     async fn event_at(&self, session: SessionId, seq: u64) -> Result<Option<RawEvent>, StoreError> {
-        self.find(session, |entry| entry.first_seq <= seq && seq <= entry.last_seq(), |event| event.seq == seq).await
+        self.find(session, |entry| entry.last_seq() < seq, |event| event.seq == seq).await
     }
 
     async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
