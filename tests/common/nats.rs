@@ -34,8 +34,27 @@ fn binary() -> PathBuf {
     found.expect("nats-server not found: `scripts/test` installs Debian's nats-server package (or set NATS_SERVER)")
 }
 
+/// A port that is free now, chosen below Linux's ephemeral range (32768 and up), so that the
+/// outgoing connections of other tests running at the same time cannot take it before
+/// nats-server binds it. Another test may still pick the same one: `start` and `restart`
+/// try again when a server finds its port taken.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use rand::Rng;
+    loop {
+        let port = rand::rng().random_range(10_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// How many times a server is started again after it found its port taken.
+const ATTEMPTS: usize = 5;
+
+enum NotReady {
+    /// The server exited because one of its ports was in use: worth another try.
+    PortTaken,
+    Failed(String),
 }
 
 impl Nats {
@@ -50,6 +69,33 @@ impl Nats {
     }
 
     async fn start(count: usize) -> Nats {
+        for _ in 1..ATTEMPTS {
+            let mut nats = Nats::configure(count);
+            match nats.all_ready().await {
+                Ok(()) => return nats,
+                Err(NotReady::PortTaken) => continue,
+                Err(NotReady::Failed(why)) => panic!("{why}"),
+            }
+        }
+        let mut nats = Nats::configure(count);
+        if let Err(NotReady::Failed(why)) = nats.all_ready().await {
+            panic!("{why}");
+        }
+        nats
+    }
+
+    async fn all_ready(&mut self) -> Result<(), NotReady> {
+        for i in 0..self.servers.len() {
+            self.spawn(i);
+        }
+        for i in 0..self.servers.len() {
+            self.ready(i).await?;
+        }
+        Ok(())
+    }
+
+    /// Fresh ports and store dirs for `count` servers, none started yet.
+    fn configure(count: usize) -> Nats {
         let dir = tempfile::tempdir().unwrap();
         let routes: Vec<u16> = (0..count).map(|_| free_port()).collect();
         let mut servers = Vec::new();
@@ -72,14 +118,7 @@ impl Nats {
             let log = dir.path().join(format!("n{i}.log"));
             servers.push(Server { child: None, port, http, config: path, log });
         }
-        let mut nats = Nats { servers, dir };
-        for i in 0..count {
-            nats.spawn(i);
-        }
-        for i in 0..count {
-            nats.ready(i).await;
-        }
-        nats
+        Nats { servers, dir }
     }
 
     fn spawn(&mut self, i: usize) {
@@ -96,26 +135,33 @@ impl Nats {
     }
 
     /// Waits until server `i` answers that JetStream is ready (with a cluster: that it has a
-    /// metadata leader).
-    async fn ready(&self, i: usize) {
-        let server = &self.servers[i];
+    /// metadata leader), or finds that it exited.
+    async fn ready(&mut self, i: usize) -> Result<(), NotReady> {
+        let clustered = self.servers.len() > 1;
+        let server = &mut self.servers[i];
         let deadline = Instant::now() + Duration::from_secs(30);
         let client = reqwest::Client::new();
         loop {
             let jsz = client.get(format!("http://127.0.0.1:{}/jsz", server.http)).send().await;
             if let Ok(response) = jsz {
                 let body: serde_json::Value = response.json().await.unwrap_or_default();
-                let clustered = self.servers.len() > 1;
                 let leader = body["meta_cluster"]["leader"].as_str().is_some_and(|l| !l.is_empty());
                 if body["config"].is_object() && (!clustered || leader) {
-                    return;
+                    return Ok(());
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "nats-server {i} is not ready: {}",
-                std::fs::read_to_string(&server.log).unwrap_or_default()
-            );
+            let log = || std::fs::read_to_string(&server.log).unwrap_or_default();
+            let exited = server.child.as_mut().is_some_and(|child| child.try_wait().unwrap().is_some());
+            if exited {
+                server.child = None;
+                if log().contains("address already in use") {
+                    return Err(NotReady::PortTaken);
+                }
+                return Err(NotReady::Failed(format!("nats-server {i} exited: {}", log())));
+            }
+            if Instant::now() >= deadline {
+                return Err(NotReady::Failed(format!("nats-server {i} is not ready: {}", log())));
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -138,10 +184,21 @@ impl Nats {
         }
     }
 
-    /// Starts server `i` again on its store dir.
+    /// Starts server `i` again on its store dir and ports. A port released by the kill may
+    /// be held for a moment by another test's server starting up; then this waits and tries
+    /// again.
     pub async fn restart(&mut self, i: usize) {
-        self.spawn(i);
-        self.ready(i).await;
+        for attempt in 1..=ATTEMPTS {
+            self.spawn(i);
+            match self.ready(i).await {
+                Ok(()) => return,
+                Err(NotReady::PortTaken) if attempt < ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(NotReady::PortTaken) => panic!("nats-server {i}: its port stayed taken"),
+                Err(NotReady::Failed(why)) => panic!("{why}"),
+            }
+        }
     }
 }
 
