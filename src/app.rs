@@ -11,6 +11,7 @@ use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpServer};
 use tokio_util::sync::CancellationToken;
+use utoipa_actix_web::AppExt;
 
 use crate::api::{self, AppState, StreamCounter};
 use crate::config::Settings;
@@ -66,11 +67,15 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
+        let routes = web::Data::new(api::openapi::Routes::new(&api::openapi::document(settings.limits.max_page_size)));
         let server = HttpServer::new(move || {
             App::new()
-                .app_data(state.clone())
-                .wrap(from_fn(observe))
+                .into_utoipa_app()
                 .configure(api::routes)
+                .into_app()
+                .app_data(state.clone())
+                .app_data(routes.clone())
+                .wrap(from_fn(observe))
                 .default_service(web::to(api::no_route::<api::error::Standard>))
         })
         // Small SSE frames must not wait for the peer's delayed ACK (about 40 ms a frame).

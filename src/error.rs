@@ -12,6 +12,9 @@ macro_rules! codes {
         pub enum Code { $($variant,)* }
 
         impl Code {
+            /// Every code, for the OpenAPI document's error answers.
+            pub const ALL: &'static [Code] = &[$(Code::$variant,)*];
+
             /// The HTTP status.
             pub fn status(self) -> u16 {
                 match self { $(Code::$variant => $status,)* }
@@ -34,6 +37,7 @@ codes! {
     Unauthorized => (401, "authentication_error", "unauthorized"),
     Forbidden => (403, "permission_error", "forbidden"),
     NotFound => (404, "not_found_error", "not_found"),
+    MethodNotAllowed => (405, "invalid_request_error", "method_not_allowed"),
     SessionNotFound => (404, "not_found_error", "session_not_found"),
     UnknownCursor => (409, "invalid_request_error", "unknown_cursor"),
     Conflict => (409, "invalid_request_error", "conflict"),

@@ -2,9 +2,10 @@
 //! export as JSON Lines with the chain (`GET /sessions/{id}/export`), imports of such files
 //! (`POST /sessions/import`, admins only), and forks (`POST /sessions/{id}/fork`).
 
-use actix_web::{web, HttpResponse};
+use actix_web::{get, post, web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::api::auth::Auth;
 use crate::api::body::{JsonBody, Query, RawBody};
@@ -13,16 +14,13 @@ use crate::error::ApiError;
 use crate::session::Pace;
 use crate::store::audit::Imported;
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
+pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
     // Before `/sessions/{session_id}`, which would take `import` for a session id.
-    cfg.route("/sessions/import", web::post().to(import))
-        .route("/sessions/{session_id}/audit", web::get().to(audit))
-        .route("/sessions/{session_id}/export", web::get().to(export))
-        .route("/sessions/{session_id}/fork", web::post().to(fork))
-        .route("/sessions/{session_id}/replay", web::get().to(replay));
+    cfg.service(import).service(audit).service(export).service(fork).service(replay);
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayQuery {
     speed: Option<f64>,
@@ -31,6 +29,13 @@ pub struct ReplayQuery {
 
 /// The session's log again as a stream of native frames, at its original pace divided by
 /// `speed` (from event `from` on), ending after the last event: a past session, as it happened.
+#[utoipa::path(
+    tag = "audit",
+    operation_id = "sessions_replay",
+    params(("session_id" = String, Path, description = "The session's id"), ReplayQuery),
+    responses((status = 200, description = "The log as native SSE frames, then the end", body = String, content_type = "text/event-stream")),
+)]
+#[get("/sessions/{session_id}/replay")]
 async fn replay(
     state: State,
     Auth(caller, _): Auth,
@@ -66,13 +71,22 @@ async fn replay(
     Ok(crate::api::native::sse_response().streaming(body))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AuditQuery {
     #[serde(default)]
     verify: bool,
 }
 
+/// The head of the session's hash chain; with `verify=true`, the whole chain checked.
+#[utoipa::path(
+    tag = "audit",
+    operation_id = "sessions_audit",
+    params(("session_id" = String, Path, description = "The session's id"), AuditQuery),
+    responses((status = 200, description = "The chain head, or the first broken link", body = Object)),
+)]
+#[get("/sessions/{session_id}/audit")]
 async fn audit(
     state: State,
     Auth(caller, _): Auth,
@@ -103,6 +117,13 @@ async fn audit(
 }
 
 /// The session's events exactly as stored, one JSON line each with its chain links.
+#[utoipa::path(
+    tag = "audit",
+    operation_id = "sessions_export",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "JSON Lines", body = String, content_type = "application/x-ndjson")),
+)]
+#[get("/sessions/{session_id}/export")]
 async fn export(state: State, Auth(caller, _): Auth, path: web::Path<String>) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
     let mut export = state.sessions.export(&summary);
@@ -126,6 +147,15 @@ async fn export(state: State, Auth(caller, _): Auth, path: web::Path<String>) ->
     Ok(HttpResponse::Ok().content_type("application/x-ndjson").streaming(body))
 }
 
+/// Loads an export (admins only); refuses a file whose chain does not verify, or a session
+/// that exists with other content.
+#[utoipa::path(
+    tag = "audit",
+    operation_id = "sessions_import",
+    request_body(description = "An export, as JSON Lines", content((String = "application/x-ndjson"), (String = "text/plain"))),
+    responses((status = 200, description = "`{\"sessions\": [{session_id, status, events}]}`", body = Object)),
+)]
+#[post("/sessions/import")]
 async fn import(state: State, Auth(caller, _): Auth, body: RawBody) -> Result<HttpResponse, Error> {
     crate::session::Sessions::may_import(&caller)?;
     let text = std::str::from_utf8(&body.0).map_err(|_| ApiError::invalid("the body is not UTF-8"))?;
@@ -148,12 +178,22 @@ async fn import(state: State, Auth(caller, _): Auth, body: RawBody) -> Result<Ht
     Ok(HttpResponse::Ok().json(json!({ "sessions": sessions })))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Fork {
+    /// The id of the last event the fork keeps.
     at: String,
 }
 
+/// A new session whose history is this one's up to event `at`.
+#[utoipa::path(
+    tag = "audit",
+    operation_id = "sessions_fork",
+    params(("session_id" = String, Path, description = "The session's id")),
+    request_body(content = Fork, example = json!({"at": "evt_01JD0000000000000000000000"})),
+    responses((status = 201, description = "`{\"sessionId\", \"forked_from\"}`", body = Object)),
+)]
+#[post("/sessions/{session_id}/fork")]
 async fn fork(
     state: State,
     Auth(caller, _): Auth,
@@ -161,7 +201,8 @@ async fn fork(
     body: JsonBody<Fork>,
 ) -> Result<HttpResponse, Error> {
     let source = state.sessions.get(&caller, &path).await?;
-    let fork = state.sessions.fork(&caller, &source, &body.0.at).await?;
-    tracing::info!(session_id = %fork.id, source = %source.id, "session forked");
-    Ok(HttpResponse::Created().json(json!({"sessionId": fork.id.to_string(), "forked_from": fork.spec.forked_from})))
+    let forked = state.sessions.fork(&caller, &source, &body.0.at).await?;
+    tracing::info!(session_id = %forked.id, source = %source.id, "session forked");
+    let answer = json!({"sessionId": forked.id.to_string(), "forked_from": forked.spec.forked_from});
+    Ok(HttpResponse::Created().json(answer))
 }

@@ -86,9 +86,20 @@ impl<R: Render> From<FollowError> for Error<R> {
     }
 }
 
-/// Any request no route matched: a JSON 404 in view `R`'s shape rather than an empty body.
-pub async fn no_route<R: Render>(req: actix_web::HttpRequest) -> Result<HttpResponse, Error<R>> {
-    Err(ApiError::new(Code::NotFound, format!("no route for {} {}", req.method(), req.path())).into())
+/// Any request no route matched, in view `R`'s shape: 405 with `Allow` when its path is a
+/// route's that takes other methods, else 404.
+pub async fn no_route<R: Render>(req: actix_web::HttpRequest) -> HttpResponse {
+    let routes = req.app_data::<actix_web::web::Data<super::openapi::Routes>>();
+    let allowed = routes.map(|routes| routes.allowed(req.path())).unwrap_or_default();
+    if allowed.is_empty() {
+        return R::render(&ApiError::new(Code::NotFound, format!("no route for {} {}", req.method(), req.path())));
+    }
+    let allow: Vec<&str> = allowed.iter().map(|m| m.as_str()).collect();
+    let message = format!("{} does not take {}: it takes {}", req.path(), req.method(), allow.join(", "));
+    let mut response = R::render(&ApiError::new(Code::MethodNotAllowed, message));
+    let value = actix_web::http::header::HeaderValue::from_str(&allow.join(", ")).expect("method names are ASCII");
+    response.headers_mut().insert(actix_web::http::header::ALLOW, value);
+    response
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod error;
 pub mod harness;
 pub mod managed;
 pub mod native;
+pub mod openapi;
 pub mod ops;
 pub mod sse;
 
@@ -75,9 +76,11 @@ impl Drop for StreamGuard {
     }
 }
 
-/// Every route of every view.
-pub fn routes(cfg: &mut web::ServiceConfig) {
+/// Every route of every view, each documented in the OpenAPI document by being registered
+/// here ([`openapi`]).
+pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
     ops::routes(cfg);
+    cfg.service(openapi::serve);
     console::routes(cfg);
     // The harness first: the managed view's `/v1` scope would take `/v1/agents/sessions`.
     cfg.configure(audit::routes)
@@ -86,5 +89,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .configure(aap::routes)
         .configure(aap::session_routes)
         .configure(native::session_routes)
-        .service(web::scope("/api/v1/cloud").configure(aap::session_routes).configure(native::session_routes));
+        .service(
+            utoipa_actix_web::scope("/api/v1/cloud").configure(aap::session_routes).configure(native::session_routes),
+        );
 }

@@ -1,13 +1,23 @@
 //! Operator routes: `/healthz` and `/metrics`.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{get, web, HttpResponse};
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(healthz)).route("/metrics", web::get().to(metrics));
+pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
+    cfg.service(healthz).service(metrics);
 }
 
 /// `{"status": "ok"}`; with the log on an engine (JetStream), also the engine and whether
 /// this node is connected to it, and 503 while it is not.
+#[utoipa::path(
+    tag = "ops",
+    operation_id = "healthz",
+    security(()),
+    responses(
+        (status = 200, description = "Serving", body = Object),
+        (status = 503, description = "The log's engine is out of reach", body = Object),
+    ),
+)]
+#[get("/healthz")]
 async fn healthz(state: web::Data<super::AppState>) -> HttpResponse {
     match state.sessions.health() {
         None => HttpResponse::Ok().json(serde_json::json!({"status": "ok", "store": "sled"})),
@@ -22,6 +32,14 @@ async fn healthz(state: web::Data<super::AppState>) -> HttpResponse {
     }
 }
 
+/// Prometheus metrics, in the text format.
+#[utoipa::path(
+    tag = "ops",
+    operation_id = "metrics",
+    security(()),
+    responses((status = 200, description = "Metrics", body = String, content_type = "text/plain")),
+)]
+#[get("/metrics")]
 async fn metrics() -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(crate::metrics::render())
 }

@@ -9,7 +9,9 @@ mod helpers;
 mod managed;
 #[path = "../common/nats.rs"]
 mod nats;
+mod openapi;
 mod ops;
 mod sessions;
+mod soak;
 mod stream;
 mod turns;

@@ -2,7 +2,7 @@
 //! both are the full history, exactly: tool permissions never appear, and it may end with
 //! tool calls that still wait for the client.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{get, web, HttpResponse};
 use serde_json::json;
 
 use super::wire::{HistoryQuery, MessageOut};
@@ -11,6 +11,15 @@ use crate::api::body::Query;
 use crate::api::{Error, State};
 use crate::error::{ApiError, Code};
 
+/// The session's history as AAP messages (`compacted` and `full` are the same: nothing is
+/// compacted).
+#[utoipa::path(
+    tag = "aap",
+    operation_id = "sessions_history",
+    params(("session_id" = String, Path, description = "The session's id"), HistoryQuery),
+    responses((status = 200, description = "`{\"messages\": [...]}`", body = Object)),
+)]
+#[get("/sessions/{session_id}/history")]
 pub async fn history(
     state: State,
     Auth(caller, _): Auth,

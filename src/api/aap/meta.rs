@@ -2,12 +2,20 @@
 //! and capabilities. No key needed, as the protocol allows; agents made through an API are
 //! listed to the subject that made them.
 
-use actix_web::HttpResponse;
+use actix_web::{get, HttpResponse};
 use serde_json::{json, Value};
 
 use crate::agent::Agent;
 use crate::api::State;
 
+/// The protocol version and the agents the caller may use (no key needed).
+#[utoipa::path(
+    tag = "aap",
+    operation_id = "meta",
+    security((), ("bearer" = []), ("api_key" = [])),
+    responses((status = 200, description = "`{\"version\": 3, \"agents\": [...]}`", body = Object)),
+)]
+#[get("/meta")]
 pub async fn meta(state: State, req: actix_web::HttpRequest) -> HttpResponse {
     let agents = state.sessions.agents();
     // No key is needed here; agents made through an API show only to who may use them.

@@ -8,25 +8,13 @@ mod sessions;
 mod turns;
 pub mod wire;
 
-use actix_web::web;
+use utoipa_actix_web::service_config::ServiceConfig;
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/meta", web::get().to(meta::meta))
-        .route("/sessions/{session_id}/history", web::get().to(history::history))
-        .route("/sessions/{session_id}/turns", web::post().to(turns::post));
+pub fn routes(cfg: &mut ServiceConfig) {
+    cfg.service(meta::meta).service(history::history).service(turns::post);
 }
 
 /// Routes that also answer under `/api/v1/cloud`.
-pub fn session_routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/sessions")
-            .name("sessions")
-            .route(web::post().to(sessions::create))
-            .route(web::get().to(sessions::list)),
-    )
-    .service(
-        web::resource("/sessions/{session_id}")
-            .route(web::get().to(sessions::get))
-            .route(web::delete().to(sessions::delete)),
-    );
+pub fn session_routes(cfg: &mut ServiceConfig) {
+    cfg.service(sessions::create).service(sessions::list).service(sessions::get).service(sessions::delete);
 }

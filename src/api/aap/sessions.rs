@@ -1,6 +1,6 @@
 //! `POST /sessions`, `GET /sessions`, `GET /sessions/{id}`, `DELETE /sessions/{id}`.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{delete, get, post, web, HttpResponse};
 
 use super::wire::{CreateSession, Created, ListQuery, SessionInfo, SessionList};
 use crate::api::auth::Auth;
@@ -9,12 +9,28 @@ use crate::api::{Error, State};
 use crate::error::ApiError;
 use crate::session::{ListFilter, TimeBounds};
 
+/// Creates a session for an agent, optionally with seed history and client tools.
+#[utoipa::path(
+    tag = "aap",
+    operation_id = "sessions_create",
+    request_body(content = CreateSession, example = json!({"agent": {"name": "default"}, "title": "a session"})),
+    responses((status = 201, description = "The new session's id", body = Created)),
+)]
+#[post("/sessions")]
 pub async fn create(state: State, Auth(caller, _): Auth, body: JsonBody<CreateSession>) -> Result<HttpResponse, Error> {
     let summary = state.sessions.create(&caller, body.0.into_spec()).await?;
     tracing::info!(session_id = %summary.id, agent = %summary.spec.agent.name, "session created");
     Ok(HttpResponse::Created().json(Created { session_id: summary.id.to_string() }))
 }
 
+/// The caller's sessions, newest first, a page at a time.
+#[utoipa::path(
+    tag = "aap",
+    operation_id = "sessions_list",
+    params(ListQuery),
+    responses((status = 200, description = "A page of sessions; `next` continues it", body = SessionList)),
+)]
+#[get("/sessions")]
 pub async fn list(state: State, Auth(caller, _): Auth, query: Query<ListQuery>) -> Result<HttpResponse, Error> {
     let query = query.0;
     let max = state.settings.limits.max_page_size;
@@ -43,11 +59,27 @@ pub async fn list(state: State, Auth(caller, _): Auth, query: Query<ListQuery>) 
     Ok(HttpResponse::Ok().json(SessionList { sessions: page.items.iter().map(SessionInfo::from).collect(), next }))
 }
 
+/// One session: its agent, client tools, title and metadata.
+#[utoipa::path(
+    tag = "aap",
+    operation_id = "sessions_get",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "The session", body = SessionInfo)),
+)]
+#[get("/sessions/{session_id}")]
 pub async fn get(state: State, Auth(caller, _): Auth, path: web::Path<String>) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(SessionInfo::from(&summary)))
 }
 
+/// Deletes a session and its log; a running turn is stopped first.
+#[utoipa::path(
+    tag = "aap",
+    operation_id = "sessions_delete",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses((status = 204, description = "Deleted")),
+)]
+#[delete("/sessions/{session_id}")]
 pub async fn delete(state: State, Auth(caller, _): Auth, path: web::Path<String>) -> Result<HttpResponse, Error> {
     state.sessions.delete(&caller, &path).await?;
     tracing::info!(session_id = %path, "session deleted");

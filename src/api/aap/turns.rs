@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use actix_web::{web, HttpResponse};
+use actix_web::{post, web, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 
@@ -18,6 +18,20 @@ use crate::error::ApiError;
 use crate::projection::history::History;
 use crate::session::{Caller, Follower, Input, Submission};
 
+/// Runs a turn: the answer as one JSON body (`stream: none`) or as SSE (`delta`, `message`).
+#[utoipa::path(
+    tag = "aap",
+    operation_id = "sessions_turn",
+    params(("session_id" = String, Path, description = "The session's id")),
+    request_body(content = TurnRequest, example = json!({"messages": [{"role": "user", "content": "hello"}]})),
+    responses(
+        (status = 200, description = "The turn", content(
+            (AgentResponse = "application/json"),
+            (String = "text/event-stream"),
+        )),
+    ),
+)]
+#[post("/sessions/{session_id}/turns")]
 pub async fn post(
     state: State,
     Auth(caller, _): Auth,

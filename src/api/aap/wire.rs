@@ -2,17 +2,20 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
 
 use crate::domain::event::{AgentSpec, ClientTool, SessionSpec, ToolTrust};
 use crate::domain::{Message, Part};
 use crate::projection::SessionSummary;
 use crate::session::{AgentChanges, SessionUpdate};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateSession {
     pub agent: AgentRequest,
+    /// Seed history: AAP messages (`role` system, user, assistant, tool, tool_permission).
     #[serde(default)]
+    #[schema(value_type = Vec<serde_json::Value>)]
     pub messages: Vec<MessageIn>,
     #[serde(default)]
     pub tools: Vec<ToolSpec>,
@@ -23,7 +26,7 @@ pub struct CreateSession {
     pub metadata: Map<String, Value>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct AgentRequest {
     pub name: String,
     #[serde(default)]
@@ -32,7 +35,7 @@ pub struct AgentRequest {
     pub options: Map<String, Value>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct ToolTrustRequest {
     pub name: String,
     #[serde(default)]
@@ -46,7 +49,7 @@ impl ToolTrustRequest {
 }
 
 /// A tool the client declares and runs itself.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ToolSpec {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,13 +100,13 @@ impl CreateSession {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Created {
     pub session_id: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionInfo {
     pub session_id: String,
@@ -118,10 +121,11 @@ pub struct SessionInfo {
     pub created_by: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct AgentInfo {
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<serde_json::Value>>)]
     pub tools: Option<Vec<ToolTrust>>,
     #[serde(skip_serializing_if = "Map::is_empty")]
     pub options: Map<String, Value>,
@@ -145,14 +149,15 @@ impl From<&SessionSummary> for SessionInfo {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SessionList {
     pub sessions: Vec<SessionInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// The `next` of the previous page.
     pub after: Option<String>,
@@ -328,13 +333,25 @@ impl From<&Message> for MessageOut {
     }
 }
 
+/// An optional object, refused as anything else: serde would read a struct from an array.
+fn object<'de, D: serde::Deserializer<'de>, T: serde::de::DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
+    use serde::de::Error;
+    match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(value @ Value::Object(_)) => serde_json::from_value(value).map(Some).map_err(D::Error::custom),
+        Some(other) => Err(D::Error::custom(format!("expected an object, got {other}"))),
+    }
+}
+
 /// `POST /sessions/{id}/turns`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct TurnRequest {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub agent: Option<AgentUpdate>,
     #[serde(default)]
     pub stream: StreamMode,
+    /// One user message, or the results and permissions for every waiting tool call.
+    #[schema(value_type = Vec<serde_json::Value>)]
     pub messages: Vec<MessageIn>,
     #[serde(default)]
     pub tools: Option<Vec<ToolSpec>>,
@@ -354,7 +371,7 @@ impl TurnRequest {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct AgentUpdate {
     #[serde(default)]
     pub tools: Option<Vec<ToolTrustRequest>>,
@@ -362,7 +379,7 @@ pub struct AgentUpdate {
     pub options: Option<Map<String, Value>>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum StreamMode {
     Delta,
@@ -372,14 +389,17 @@ pub enum StreamMode {
 }
 
 /// The JSON answer of a turn with `stream: "none"`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentResponse {
+    #[schema(value_type = String)]
     pub stop_reason: &'static str,
+    #[schema(value_type = Vec<serde_json::Value>)]
     pub messages: Vec<MessageOut>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct HistoryQuery {
     #[serde(rename = "type")]
     pub kind: Option<String>,

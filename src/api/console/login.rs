@@ -4,9 +4,10 @@
 use std::time::SystemTime;
 
 use actix_web::cookie::{time, Cookie, SameSite};
-use actix_web::{HttpRequest, HttpResponse};
+use actix_web::{get, post, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
+use utoipa::ToSchema;
 
 use crate::api::auth::{from_console, Auth, Token, CONSOLE_COOKIE, CONSOLE_TOKEN_TTL};
 use crate::api::body::JsonBody;
@@ -14,12 +15,20 @@ use crate::api::{Error, State};
 use crate::domain::EventBody;
 use crate::error::{ApiError, Code};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Login {
+    /// An API key.
     key: String,
 }
 
+/// Who the caller is, and whether the server runs without keys.
+#[utoipa::path(
+    tag = "console",
+    operation_id = "console_whoami",
+    responses((status = 200, description = "`{subject, admin, open, event_types}`", body = Object)),
+)]
+#[get("/console/api/whoami")]
 pub async fn whoami(state: State, Auth(caller, _): Auth) -> HttpResponse {
     HttpResponse::Ok().json(json!({
         "subject": caller.subject,
@@ -29,6 +38,17 @@ pub async fn whoami(state: State, Auth(caller, _): Auth) -> HttpResponse {
     }))
 }
 
+/// Exchanges a key for the console's HttpOnly, SameSite=Strict cookie. Needs the header
+/// `X-Turnlog-Console: 1`.
+#[utoipa::path(
+    tag = "console",
+    operation_id = "console_login",
+    security(()),
+    params(("X-Turnlog-Console" = String, Header, description = "`1`")),
+    request_body(content = Login, example = json!({"key": "an API key"})),
+    responses((status = 200, description = "`{subject, admin, expires_at}`, with the cookie", body = Object)),
+)]
+#[post("/console/api/login")]
 pub async fn login(state: State, req: HttpRequest, body: JsonBody<Login>) -> Result<HttpResponse, Error> {
     from_console(&req)?;
     if state.auth.is_open() {
@@ -40,6 +60,15 @@ pub async fn login(state: State, req: HttpRequest, body: JsonBody<Login>) -> Res
     Ok(with_cookie(&req, token))
 }
 
+/// Renews the console's cookie. Needs the header `X-Turnlog-Console: 1`.
+#[utoipa::path(
+    tag = "console",
+    operation_id = "console_refresh",
+    security(("console" = [])),
+    params(("X-Turnlog-Console" = String, Header, description = "`1`")),
+    responses((status = 200, description = "`{subject, admin, expires_at}`, with a new cookie", body = Object)),
+)]
+#[post("/console/api/refresh")]
 pub async fn refresh(state: State, req: HttpRequest) -> Result<HttpResponse, Error> {
     from_console(&req)?;
     let Some(cookie) = req.cookie(CONSOLE_COOKIE) else {
@@ -49,6 +78,15 @@ pub async fn refresh(state: State, req: HttpRequest) -> Result<HttpResponse, Err
     Ok(with_cookie(&req, token))
 }
 
+/// Clears the console's cookie. Needs the header `X-Turnlog-Console: 1`.
+#[utoipa::path(
+    tag = "console",
+    operation_id = "console_logout",
+    security(()),
+    params(("X-Turnlog-Console" = String, Header, description = "`1`")),
+    responses((status = 204, description = "The cookie, cleared")),
+)]
+#[post("/console/api/logout")]
 pub async fn logout(req: HttpRequest) -> Result<HttpResponse, Error> {
     from_console(&req)?;
     let mut gone = cookie(&req, String::new());

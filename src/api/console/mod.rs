@@ -6,21 +6,21 @@
 mod login;
 mod sessions;
 
-use actix_web::{web, HttpResponse};
+use actix_web::{get, web, HttpResponse};
 
 use crate::api::error::Standard;
 use crate::error::{ApiError, Code};
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/console", web::get().to(index))
-        .route("/console/", web::get().to(index))
-        .route("/console/api/whoami", web::get().to(login::whoami))
-        .route("/console/api/login", web::post().to(login::login))
-        .route("/console/api/refresh", web::post().to(login::refresh))
-        .route("/console/api/logout", web::post().to(login::logout))
-        .route("/console/api/sessions", web::get().to(sessions::list))
-        .route("/console/api/sessions/stream", web::get().to(sessions::stream))
-        .route("/console/{file}", web::get().to(asset));
+pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
+    cfg.service(index)
+        .service(index_slash)
+        .service(login::whoami)
+        .service(login::login)
+        .service(login::refresh)
+        .service(login::logout)
+        .service(sessions::list)
+        .service(sessions::stream)
+        .service(asset);
 }
 
 /// The app's files, as built into the binary.
@@ -35,10 +35,41 @@ const FILES: &[(&str, &str, &str)] = &[
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
                    img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
+/// The console's page.
+#[utoipa::path(
+    tag = "console",
+    operation_id = "console",
+    security(()),
+    responses((status = 200, description = "The page", body = String, content_type = "text/html")),
+)]
+#[get("/console")]
 async fn index() -> HttpResponse {
     file("index.html").expect("the console has an index")
 }
 
+/// The console's page.
+#[utoipa::path(
+    tag = "console",
+    operation_id = "console_slash",
+    security(()),
+    responses((status = 200, description = "The page", body = String, content_type = "text/html")),
+)]
+#[get("/console/")]
+async fn index_slash() -> HttpResponse {
+    file("index.html").expect("the console has an index")
+}
+
+/// One of the console's files.
+#[utoipa::path(
+    tag = "console",
+    operation_id = "console_file",
+    security(()),
+    params(("file" = String, Path, description = "`index.html`, `app.js`, `render.js` or `style.css`")),
+    responses((status = 200, description = "The file", content(
+        (String = "text/html"), (String = "text/javascript"), (String = "text/css"),
+    ))),
+)]
+#[get("/console/{file}")]
 async fn asset(name: web::Path<String>) -> Result<HttpResponse, crate::api::Error<Standard>> {
     file(&name).ok_or_else(|| ApiError::new(Code::NotFound, format!("the console has no file {name:?}")).into())
 }

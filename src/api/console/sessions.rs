@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use actix_web::HttpResponse;
+use actix_web::{get, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -23,7 +23,8 @@ use crate::session::{Caller, Changed, ListFilter, SessionError, Sessions, Status
 /// Changes to one session closer together than this are sent once.
 const COALESCE: Duration = Duration::from_millis(100);
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     agent: Option<String>,
@@ -59,6 +60,14 @@ impl<'a> Item<'a> {
     }
 }
 
+/// A page of the caller's sessions with their status, newest first.
+#[utoipa::path(
+    tag = "console",
+    operation_id = "console_sessions",
+    params(ListQuery),
+    responses((status = 200, description = "`{sessions, next}`", body = Object)),
+)]
+#[get("/console/api/sessions")]
 pub async fn list(state: State, Auth(caller, _): Auth, query: Query<ListQuery>) -> Result<HttpResponse, Error> {
     let query = query.0;
     let max = state.settings.limits.max_page_size;
@@ -95,6 +104,13 @@ pub async fn list(state: State, Auth(caller, _): Auth, query: Query<ListQuery>) 
 /// `session` with each of the caller's sessions as it changes (at most one frame per
 /// session per [`COALESCE`]), `removed` when one is deleted, `resync` when changes were
 /// missed (the stream fell behind: the page reloads its list), and heartbeats.
+/// Each of the caller's sessions as it changes, as SSE.
+#[utoipa::path(
+    tag = "console",
+    operation_id = "console_sessions_stream",
+    responses((status = 200, description = "Session changes", body = String, content_type = "text/event-stream")),
+)]
+#[get("/console/api/sessions/stream")]
 pub async fn stream(state: State, Auth(caller, _): Auth) -> Result<HttpResponse, Error> {
     let settings = &state.settings.streams;
     let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;

@@ -24,14 +24,19 @@ use crate::error::{ApiError, Code};
 /// a 409 on its own.
 pub struct Harness;
 
+/// The status the harness answers a code with.
+pub fn status(code: Code) -> StatusCode {
+    match code {
+        Code::UnknownCursor => StatusCode::BAD_REQUEST,
+        Code::Busy | Code::PreviousTurn => StatusCode::PRECONDITION_FAILED,
+        Code::Conflict => StatusCode::UNPROCESSABLE_ENTITY,
+        _ => super::error::status(&crate::error::ApiError::new(code, "")),
+    }
+}
+
 impl Render for Harness {
     fn render(error: &ApiError) -> HttpResponse {
-        let status = match error.code {
-            Code::UnknownCursor => StatusCode::BAD_REQUEST,
-            Code::Busy | Code::PreviousTurn => StatusCode::PRECONDITION_FAILED,
-            Code::Conflict => StatusCode::UNPROCESSABLE_ENTITY,
-            _ => super::error::status(error),
-        };
+        let status = status(error.code);
         let body = json!({"error": {"message": error.message, "type": error.code.kind(), "code": error.code.code()}});
         HttpResponse::build(status).json(body)
     }
@@ -44,21 +49,19 @@ type Query<T> = super::body::Query<T, Harness>;
 
 /// Under `/v1/agents/sessions`; registered before the managed-agents view's `/v1` scope,
 /// whose `/v1/agents/{agent_id}` would take these paths otherwise.
-pub fn routes(cfg: &mut web::ServiceConfig) {
+pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
     cfg.service(
-        web::scope("/v1/agents/sessions")
-            .service(web::resource("").route(web::get().to(sessions::list)).route(web::post().to(sessions::create)))
-            .route("/{session_id}", web::get().to(sessions::get))
-            .route("/{session_id}/cancel", web::post().to(sessions::cancel))
-            .route("/{session_id}/events", web::get().to(sessions::events))
-            .service(
-                web::resource("/{session_id}/turns")
-                    .route(web::get().to(turns::list))
-                    .route(web::post().to(turns::create)),
-            )
-            .route("/{session_id}/turns/{turn_id}", web::get().to(turns::get))
-            .route("/{session_id}/turns/{turn_id}/subscribe", web::post().to(turns::subscribe))
-            .route("/{session_id}/turns/{turn_id}/events", web::get().to(turns::events))
+        utoipa_actix_web::scope("/v1/agents/sessions")
+            .service(sessions::list)
+            .service(sessions::create)
+            .service(sessions::get)
+            .service(sessions::cancel)
+            .service(sessions::events)
+            .service(turns::list)
+            .service(turns::create)
+            .service(turns::get)
+            .service(turns::subscribe)
+            .service(turns::events)
             .default_service(web::to(super::no_route::<Harness>)),
     );
 }

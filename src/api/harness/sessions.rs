@@ -1,6 +1,6 @@
 //! Sessions: create, list, get and cancel, and a session's events across its turns.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{get, post, web, HttpResponse};
 use serde_json::{json, Value};
 
 use super::turns::{folded, previous};
@@ -15,6 +15,13 @@ use crate::projection::TurnSummary;
 use crate::session::rules::configured_tools;
 use crate::session::{Caller, Input, ListFilter, Submission, TimeBounds, TurnQuery};
 
+#[utoipa::path(
+    tag = "harness",
+    operation_id = "harness_sessions_create",
+    request_body(content = CreateSession, example = json!({"agent_name": "default"})),
+    responses((status = 200, description = "The session", body = Object)),
+)]
+#[post("")]
 pub async fn create(
     state: State,
     Auth(caller, _): Auth<Harness>,
@@ -41,6 +48,13 @@ fn known_agent(state: &State, caller: &Caller, name: &str) -> Result<(), ApiErro
     }
 }
 
+#[utoipa::path(
+    tag = "harness",
+    operation_id = "harness_sessions_list",
+    params(ListSessions),
+    responses((status = 200, description = "`{data, pagination}`", body = Object)),
+)]
+#[get("")]
 pub async fn list(
     state: State,
     Auth(caller, _): Auth<Harness>,
@@ -71,6 +85,13 @@ pub async fn list(
     Ok(page(found.items.iter().map(wire::session).collect(), limit, next))
 }
 
+#[utoipa::path(
+    tag = "harness",
+    operation_id = "harness_sessions_get",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "The session", body = Object)),
+)]
+#[get("/{session_id}")]
 pub async fn get(state: State, Auth(caller, _): Auth<Harness>, path: web::Path<String>) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(json!({"data": wire::session(&summary)})))
@@ -79,6 +100,13 @@ pub async fn get(state: State, Auth(caller, _): Auth<Harness>, path: web::Path<S
 /// Cancels the running turn, answering once its end is recorded, so that a new turn may
 /// start at once. Idempotent: with nothing running (or a turn that waits for the client,
 /// which the harness sees as ended) it does nothing.
+#[utoipa::path(
+    tag = "harness",
+    operation_id = "harness_sessions_cancel",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "The session", body = Object)),
+)]
+#[post("/{session_id}/cancel")]
 pub async fn cancel(
     state: State,
     Auth(caller, _): Auth<Harness>,
@@ -97,6 +125,13 @@ pub async fn cancel(
 /// it said and did (whole messages, no deltas), and its `turn.done`, as `{turn_id, event}`.
 /// From `last_turn_id` (or the last turn) back; a turn that still runs is left out (its
 /// stream has its events). The page token names the last event given.
+#[utoipa::path(
+    tag = "harness",
+    operation_id = "harness_sessions_events",
+    params(("session_id" = String, Path, description = "The session's id"), ListSessionEvents),
+    responses((status = 200, description = "`{data, pagination}`", body = Object)),
+)]
+#[get("/{session_id}/events")]
 pub async fn events(
     state: State,
     Auth(caller, _): Auth<Harness>,

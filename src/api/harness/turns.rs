@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use bytes::BytesMut;
 use serde_json::{json, Value};
 
@@ -21,6 +21,14 @@ use crate::session::{Cursor, EventQuery, Follower, SessionError, Submission, Tur
 /// `POST /turns`: the turn starts from its input and streams (SSE) unless `stream` is
 /// false, when the answer is the running turn. The turn is the session's: a client that
 /// goes away does not stop it.
+#[utoipa::path(
+    tag = "harness",
+    operation_id = "harness_turns_create",
+    params(("session_id" = String, Path, description = "The session's id")),
+    request_body(content = CreateTurn, example = json!({"input": [{"type": "user.message", "content": [{"type": "text", "text": "hello"}]}], "stream": false})),
+    responses((status = 200, description = "The turn as SSE (`stream: true`), or the running turn", content((Object = "application/json"), (String = "text/event-stream")))),
+)]
+#[post("/{session_id}/turns")]
 pub async fn create(
     state: State,
     Auth(caller, _): Auth<Harness>,
@@ -59,6 +67,13 @@ pub async fn create(
 }
 
 /// The session's turns, newest first.
+#[utoipa::path(
+    tag = "harness",
+    operation_id = "harness_turns_list",
+    params(("session_id" = String, Path, description = "The session's id"), ListTurns),
+    responses((status = 200, description = "`{data, pagination}`", body = Object)),
+)]
+#[get("/{session_id}/turns")]
 pub async fn list(
     state: State,
     Auth(caller, _): Auth<Harness>,
@@ -84,6 +99,13 @@ pub async fn list(
     Ok(page(data, limit, next))
 }
 
+#[utoipa::path(
+    tag = "harness",
+    operation_id = "harness_turns_get",
+    params(("session_id" = String, Path, description = "The session's id"), ("turn_id" = String, Path, description = "The turn's id")),
+    responses((status = 200, description = "The turn", body = Object)),
+)]
+#[get("/{session_id}/turns/{turn_id}")]
 pub async fn get(
     state: State,
     Auth(caller, _): Auth<Harness>,
@@ -100,6 +122,14 @@ pub async fn get(
 /// The turn's stream from its start, or after a sequence number: `Last-Event-Id` if sent,
 /// else the body's `after_sequence_number` (exclusive). Any turn, running or not: a
 /// finished one replays to its `turn.done`.
+#[utoipa::path(
+    tag = "harness",
+    operation_id = "harness_turns_subscribe",
+    params(("session_id" = String, Path, description = "The session's id"), ("turn_id" = String, Path, description = "The turn's id"), ("Last-Event-Id" = Option<String>, Header, description = "Resume after this sequence number")),
+    request_body(content = Subscribe, example = json!({})),
+    responses((status = 200, description = "The turn's events as SSE, with integer sequence numbers", body = String, content_type = "text/event-stream")),
+)]
+#[post("/{session_id}/turns/{turn_id}/subscribe")]
 pub async fn subscribe(
     state: State,
     Auth(caller, _): Auth<Harness>,
@@ -153,6 +183,13 @@ async fn known_number(state: &State, summary: &SessionSummary, turn: &TurnSummar
 /// A finished turn's events: whole messages, tool responses and the actions it waits for
 /// (no `turn.created`/`turn.done`, no deltas), oldest first unless `order=desc`. The page
 /// token is the last event's sequence number.
+#[utoipa::path(
+    tag = "harness",
+    operation_id = "harness_turns_events",
+    params(("session_id" = String, Path, description = "The session's id"), ("turn_id" = String, Path, description = "The turn's id"), ListTurnEvents),
+    responses((status = 200, description = "`{data, pagination}`", body = Object)),
+)]
+#[get("/{session_id}/turns/{turn_id}/events")]
 pub async fn events(
     state: State,
     Auth(caller, _): Auth<Harness>,
@@ -209,9 +246,9 @@ pub(super) async fn folded(
     turn: &TurnSummary,
     previous: Option<TurnId>,
 ) -> Result<(TurnFold, Vec<Item>), SessionError> {
-    let events: Vec<RawEvent> = state.sessions.turn_events(summary, turn, 0, usize::MAX).await?;
-    let mut fold = fold_of(state, summary, turn.id, previous, &events).await?;
-    let items = events.iter().flat_map(|event| fold.push(event)).collect();
+    let stored: Vec<RawEvent> = state.sessions.turn_events(summary, turn, 0, usize::MAX).await?;
+    let mut fold = fold_of(state, summary, turn.id, previous, &stored).await?;
+    let items = stored.iter().flat_map(|event| fold.push(event)).collect();
     Ok((fold, items))
 }
 

@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 use serde_json::{json, Value};
+use utoipa::{IntoParams, ToSchema};
 
 use super::fold::{subject, THREAD};
 use crate::domain::{Block, TurnId};
@@ -10,7 +11,7 @@ use crate::error::ApiError;
 use crate::projection::SessionSummary;
 use crate::session::{Follows, Input};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
     pub agent_name: String,
@@ -18,7 +19,8 @@ pub struct CreateSession {
     pub title: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListSessions {
     pub agent_name: String,
     pub limit: Option<usize>,
@@ -28,10 +30,12 @@ pub struct ListSessions {
     pub end_timestamp: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTurn {
+    /// Input items: messages, tool results, approvals.
     #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
     pub input: Option<Vec<Value>>,
     #[serde(default)]
     pub previous_turn_id: Option<String>,
@@ -43,27 +47,30 @@ fn streamed() -> bool {
     true
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Subscribe {
     #[serde(default)]
     pub after_sequence_number: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListTurns {
     pub limit: Option<usize>,
     pub page_token: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListTurnEvents {
     pub limit: Option<usize>,
     pub order: Option<String>,
     pub page_token: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListSessionEvents {
     pub limit: Option<usize>,
     pub last_turn_id: Option<String>,

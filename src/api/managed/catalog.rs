@@ -2,7 +2,7 @@
 //! stored in turnlog's log like everything else. An agent made here is a real turnlog
 //! agent: the AAP `/meta` lists it, and its `model` picks a model from the server's config.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{delete, get, post, web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -16,27 +16,19 @@ use crate::error::ApiError;
 use crate::session::catalog::{AgentChange, CatalogFilter, EnvironmentChange, NewAgent, NewEnvironment};
 use crate::session::{Page, SessionError};
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(web::resource("/agents").route(web::post().to(create_agent)).route(web::get().to(list_agents)))
-        .service(
-            web::resource("/agents/{agent_id}")
-                .route(web::get().to(retrieve_agent))
-                .route(web::post().to(update_agent)),
-        )
-        .route("/agents/{agent_id}/archive", web::post().to(archive_agent))
-        .route("/agents/{agent_id}/versions", web::get().to(agent_versions))
-        .service(
-            web::resource("/environments")
-                .route(web::post().to(create_environment))
-                .route(web::get().to(list_environments)),
-        )
-        .service(
-            web::resource("/environments/{environment_id}")
-                .route(web::get().to(retrieve_environment))
-                .route(web::post().to(update_environment))
-                .route(web::delete().to(delete_environment)),
-        )
-        .route("/environments/{environment_id}/archive", web::post().to(archive_environment));
+pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
+    cfg.service(create_agent)
+        .service(list_agents)
+        .service(retrieve_agent)
+        .service(update_agent)
+        .service(archive_agent)
+        .service(agent_versions)
+        .service(create_environment)
+        .service(list_environments)
+        .service(retrieve_environment)
+        .service(update_environment)
+        .service(delete_environment)
+        .service(archive_environment);
 }
 
 /// What an agent may be given here. Fields this server has nothing to do with are refused
@@ -205,6 +197,13 @@ fn model(model: Value) -> Result<String, ApiError> {
     }
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_agents_create",
+    request_body(content = Object, description = "`{name, model, system?, tools?, mcp_servers?, metadata?}`", example = json!({"name": "helper", "model": "scripted"})),
+    responses((status = 200, description = "The agent", body = Object)),
+)]
+#[post("/agents")]
 async fn create_agent(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -230,6 +229,14 @@ async fn create_agent(
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_agents_update",
+    params(("agent_id" = String, Path, description = "The agent's id")),
+    request_body(content = Object, description = "`{version, ...changes}`", example = json!({"version": 1, "description": "changed"})),
+    responses((status = 200, description = "The agent's new version", body = Object)),
+)]
+#[post("/agents/{agent_id}")]
 async fn update_agent(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -263,6 +270,13 @@ pub struct VersionQuery {
     version: Option<u32>,
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_agents_retrieve",
+    params(("agent_id" = String, Path, description = "The agent's id"), ("version" = Option<u32>, Query)),
+    responses((status = 200, description = "The agent", body = Object)),
+)]
+#[get("/agents/{agent_id}")]
 async fn retrieve_agent(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -274,6 +288,13 @@ async fn retrieve_agent(
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_agents_archive",
+    params(("agent_id" = String, Path, description = "The agent's id")),
+    responses((status = 200, description = "The agent, archived", body = Object)),
+)]
+#[post("/agents/{agent_id}/archive")]
 async fn archive_agent(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -308,6 +329,13 @@ fn catalog_page<T>(found: Page<T>, render: impl Fn(&T) -> Value, id: impl Fn(&T)
     page(found.items.iter().map(render).collect(), next)
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_agents_list",
+    params(("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page"), ("include_archived" = Option<bool>, Query), ("created_at[gt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[gte]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lte]" = Option<String>, Query, description = "RFC 3339")),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+)]
+#[get("/agents")]
 async fn list_agents(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -318,6 +346,13 @@ async fn list_agents(
     Ok(catalog_page(found, wire::agent, |a| a.id.clone()))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_agents_versions",
+    params(("agent_id" = String, Path, description = "The agent's id"), ("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page")),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+)]
+#[get("/agents/{agent_id}/versions")]
 async fn agent_versions(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -364,6 +399,13 @@ fn scope(scope: &Option<String>) -> Result<(), ApiError> {
     }
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_environments_create",
+    request_body(content = Object, description = "`{name, config?}`", example = json!({"name": "env"})),
+    responses((status = 200, description = "The environment", body = Object)),
+)]
+#[post("/environments")]
 async fn create_environment(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -384,6 +426,14 @@ async fn create_environment(
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_environments_update",
+    params(("environment_id" = String, Path, description = "The environment's id")),
+    request_body(content = Object, description = "`{name?, config?}`", example = json!({"name": "renamed"})),
+    responses((status = 200, description = "The environment", body = Object)),
+)]
+#[post("/environments/{environment_id}")]
 async fn update_environment(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -405,6 +455,13 @@ async fn update_environment(
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_environments_retrieve",
+    params(("environment_id" = String, Path, description = "The environment's id")),
+    responses((status = 200, description = "The environment", body = Object)),
+)]
+#[get("/environments/{environment_id}")]
 async fn retrieve_environment(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -414,6 +471,13 @@ async fn retrieve_environment(
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_environments_archive",
+    params(("environment_id" = String, Path, description = "The environment's id")),
+    responses((status = 200, description = "The environment, archived", body = Object)),
+)]
+#[post("/environments/{environment_id}/archive")]
 async fn archive_environment(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -423,6 +487,13 @@ async fn archive_environment(
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_environments_delete",
+    params(("environment_id" = String, Path, description = "The environment's id")),
+    responses((status = 200, description = "`{type: environment_deleted, id}`", body = Object)),
+)]
+#[delete("/environments/{environment_id}")]
 async fn delete_environment(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -432,6 +503,13 @@ async fn delete_environment(
     Ok(HttpResponse::Ok().json(json!({"type": "environment_deleted", "id": path.as_str()})))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_environments_list",
+    params(("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page"), ("include_archived" = Option<bool>, Query), ("created_at[gt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[gte]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lte]" = Option<String>, Query, description = "RFC 3339")),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+)]
+#[get("/environments")]
 async fn list_environments(
     state: State,
     Auth(caller, _): Auth<Managed>,

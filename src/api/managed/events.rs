@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use bytes::BytesMut;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -27,6 +27,14 @@ pub struct SendEvents {
     events: Vec<Value>,
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_events_send",
+    params(("session_id" = String, Path, description = "The session's id")),
+    request_body(content = Object, description = "`{events: [user events]}`", example = json!({"events": [{"type": "user.define_outcome", "description": "done", "rubric": {"type": "text", "content": "done"}}]})),
+    responses((status = 200, description = "`{data: [events as sent]}`", body = Object)),
+)]
+#[post("/sessions/{session_id}/events")]
 pub async fn send(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -207,6 +215,13 @@ pub struct ListQuery {
     created_at: Option<TimeQuery>,
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_events_list",
+    params(("session_id" = String, Path, description = "The session's id"), ("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("order" = Option<String>, Query, description = "`asc` or `desc`"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page"), ("types[]" = Option<Vec<String>>, Query), ("created_at[gt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[gte]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lte]" = Option<String>, Query, description = "RFC 3339")),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+)]
+#[get("/sessions/{session_id}/events")]
 pub async fn list(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -222,12 +237,13 @@ pub async fn list(
         wire::TYPES.iter().filter(|t| shown(t)).map(|t| wire::log_kind(t).to_string()).collect();
     kinds.sort();
     kinds.dedup();
-    if kinds.is_empty() {
-        return Ok(page(Vec::new(), None));
-    }
+    // Every part of the query is checked, even when the types asked for leave nothing to show.
     let cursor = query.page.as_deref().map(Cursor::event).transpose()?;
     let (after, before) = if newest_first { (None, cursor) } else { (cursor, None) };
     let created = time_bounds("created_at", query.created_at.unwrap_or_default())?;
+    if kinds.is_empty() {
+        return Ok(page(Vec::new(), None));
+    }
     let events = EventQuery { after, before, limit, newest_first, kinds, created };
     let found = state.sessions.events(&summary, events).await?;
     let next = found.has_more.then(|| found.events.last().map(|e| e.id.to_string())).flatten();
@@ -243,6 +259,13 @@ pub struct StreamQuery {
     after_id: Option<String>,
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_events_stream",
+    params(("session_id" = String, Path, description = "The session's id"), ("event_deltas[]" = Option<Vec<String>>, Query), ("after_id" = Option<String>, Query), ("Last-Event-ID" = Option<String>, Header)),
+    responses((status = 200, description = "Events as SSE", body = String, content_type = "text/event-stream")),
+)]
+#[get("/sessions/{session_id}/events/stream")]
 pub async fn stream(
     state: State,
     Auth(caller, _): Auth<Managed>,

@@ -35,25 +35,18 @@ use super::auth::Auth;
 type Json<T> = super::body::JsonBody<T, Managed>;
 type Query<T> = super::body::Query<T, Managed>;
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
+pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
     cfg.service(
-        web::scope("/v1")
-            .service(
-                web::resource("/sessions").route(web::post().to(sessions::create)).route(web::get().to(sessions::list)),
-            )
-            .service(
-                web::resource("/sessions/{session_id}")
-                    .route(web::get().to(sessions::retrieve))
-                    .route(web::post().to(sessions::update))
-                    .route(web::delete().to(sessions::delete)),
-            )
-            .route("/sessions/{session_id}/archive", web::post().to(sessions::archive))
-            .service(
-                web::resource("/sessions/{session_id}/events")
-                    .route(web::post().to(events::send))
-                    .route(web::get().to(events::list)),
-            )
-            .route("/sessions/{session_id}/events/stream", web::get().to(events::stream))
+        utoipa_actix_web::scope("/v1")
+            .service(sessions::create)
+            .service(sessions::list)
+            .service(sessions::retrieve)
+            .service(sessions::update)
+            .service(sessions::delete)
+            .service(sessions::archive)
+            .service(events::send)
+            .service(events::list)
+            .service(events::stream)
             .configure(catalog::routes)
             .default_service(web::to(super::no_route::<Managed>)),
     );

@@ -2,7 +2,7 @@
 //! custom tools, plus initial events), retrieve, update (a metadata patch), list, archive
 //! and delete.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{delete, get, post, web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -56,6 +56,13 @@ struct AgentRef {
     skills: Option<Vec<Value>>,
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_sessions_create",
+    request_body(content = Object, description = "`{agent, environment_id, title?, metadata?, initial_events?}`", example = json!({"agent": "AGENT_ID", "environment_id": "ENVIRONMENT_ID"})),
+    responses((status = 200, description = "The session", body = Object)),
+)]
+#[post("/sessions")]
 pub async fn create(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -193,6 +200,13 @@ pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<Va
     Ok(wire::session(summary, agent.as_ref(), activity))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_sessions_retrieve",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "The session", body = Object)),
+)]
+#[get("/sessions/{session_id}")]
 pub async fn retrieve(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -226,6 +240,14 @@ struct AgentUpdate {
     mcp_servers: Option<Vec<Value>>,
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_sessions_update",
+    params(("session_id" = String, Path, description = "The session's id")),
+    request_body(content = Object, description = "`{title?, metadata?, agent?: {tools?, mcp_servers?}}`", example = json!({"title": "renamed"})),
+    responses((status = 200, description = "The session", body = Object)),
+)]
+#[post("/sessions/{session_id}")]
 pub async fn update(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -249,6 +271,13 @@ pub async fn update(
     Ok(HttpResponse::Ok().json(render(&state, &summary).await?))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_sessions_archive",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "The session, archived", body = Object)),
+)]
+#[post("/sessions/{session_id}/archive")]
 pub async fn archive(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -259,6 +288,13 @@ pub async fn archive(
     Ok(HttpResponse::Ok().json(render(&state, &summary).await?))
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_sessions_delete",
+    params(("session_id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "`{type: session_deleted, id}`", body = Object)),
+)]
+#[delete("/sessions/{session_id}")]
 pub async fn delete(
     state: State,
     Auth(caller, _): Auth<Managed>,
@@ -281,6 +317,13 @@ pub struct ListQuery {
     agent_version: Option<u32>,
 }
 
+#[utoipa::path(
+    tag = "managed",
+    operation_id = "managed_sessions_list",
+    params(("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("order" = Option<String>, Query, description = "`asc` or `desc`"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page"), ("statuses[]" = Option<Vec<String>>, Query, description = "idle, running, rescheduling, terminated"), ("include_archived" = Option<bool>, Query), ("created_at[gt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[gte]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lte]" = Option<String>, Query, description = "RFC 3339"), ("agent_id" = Option<String>, Query), ("agent_version" = Option<u32>, Query)),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+)]
+#[get("/sessions")]
 pub async fn list(
     state: State,
     Auth(caller, _): Auth<Managed>,

@@ -1,7 +1,7 @@
 //! `GET /sessions/{id}/events` (a page of the log) and `POST /sessions/{id}/events`
 //! (user events, answered once durable).
 
-use actix_web::{web, HttpResponse};
+use actix_web::{get, post, web, HttpResponse};
 use bytes::{BufMut, BytesMut};
 
 use super::wire::{user_event, ListQuery, PostEvents};
@@ -13,6 +13,15 @@ use crate::domain::{Draft, EventBody, RawEvent};
 use crate::error::{ApiError, Code};
 use crate::session::{Cursor, EventQuery, Input, Submission};
 
+/// Appends user events; answered once they are durable, with the events as stored.
+#[utoipa::path(
+    tag = "native",
+    operation_id = "events_post",
+    params(("session_id" = String, Path, description = "The session's id")),
+    request_body(content = PostEvents, example = json!({"events": [{"type": "user.define_outcome", "outcome": "done"}]})),
+    responses((status = 200, description = "`{\"data\": [stored events]}`", body = Object)),
+)]
+#[post("/sessions/{session_id}/events")]
 pub async fn post(
     state: State,
     Auth(caller, _): Auth,
@@ -69,6 +78,14 @@ fn input(body: EventBody) -> Input {
     }
 }
 
+/// A page of the session's log, exactly as stored.
+#[utoipa::path(
+    tag = "native",
+    operation_id = "events_list",
+    params(("session_id" = String, Path, description = "The session's id"), ListQuery),
+    responses((status = 200, description = "`{\"data\": [events], \"has_more\", ...}`", body = Object)),
+)]
+#[get("/sessions/{session_id}/events")]
 pub async fn list(
     state: State,
     Auth(caller, _): Auth,

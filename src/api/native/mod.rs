@@ -7,13 +7,8 @@ pub mod wire;
 
 pub use stream::sse_response;
 
-use actix_web::web;
+use utoipa_actix_web::service_config::ServiceConfig;
 
-pub fn session_routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/sessions/{session_id}/events")
-            .route(web::get().to(events::list))
-            .route(web::post().to(events::post)),
-    )
-    .service(web::resource("/sessions/{session_id}/events/stream").route(web::get().to(stream::stream)));
+pub fn session_routes(cfg: &mut ServiceConfig) {
+    cfg.service(events::list).service(events::post).service(stream::stream);
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{get, web, HttpRequest, HttpResponse};
 
 use super::wire::StreamQuery;
 use crate::api::auth::Auth;
@@ -12,6 +12,18 @@ use crate::api::sse::{self, Follow};
 use crate::api::{Error, State};
 use crate::session::Cursor;
 
+/// The session's events as SSE: the log after `after_id` (or `Last-Event-ID`), then live.
+#[utoipa::path(
+    tag = "native",
+    operation_id = "events_stream",
+    params(
+        ("session_id" = String, Path, description = "The session's id"),
+        StreamQuery,
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id"),
+    ),
+    responses((status = 200, description = "Events as `id:`, `event:`, `data:` frames", body = String, content_type = "text/event-stream")),
+)]
+#[get("/sessions/{session_id}/events/stream")]
 pub async fn stream(
     state: State,
     Auth(caller, _): Auth,

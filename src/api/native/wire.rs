@@ -3,14 +3,18 @@
 
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::domain::event::Confirmation;
 use crate::domain::{Block, EventBody};
 use crate::error::ApiError;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostEvents {
+    /// User events: `user.message`, `user.interrupt`, `user.define_outcome`,
+    /// `user.tool_confirmation`, `user.custom_tool_result`.
+    #[schema(value_type = Vec<Object>)]
     pub events: Vec<Value>,
 }
 
@@ -126,7 +130,8 @@ pub fn content<'de, D: Deserializer<'de>>(de: D) -> Result<Vec<Block>, D::Error>
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     pub after_id: Option<String>,
     pub before_id: Option<String>,
@@ -139,7 +144,8 @@ pub struct ListQuery {
     pub types: Vec<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct StreamQuery {
     pub after_id: Option<String>,
     pub delta_flush_interval_ms: Option<u64>,
