@@ -14,23 +14,57 @@ use super::error::{Error, Render, Standard};
 use super::State;
 use crate::error::{ApiError, Code};
 
-/// Parses JSON, naming the failing field (`events[0].content`) in the error.
+/// Parses JSON, naming the failing field (`events[0].content`) in the error. Every body is
+/// an object: serde would read a struct from an array too.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|b| *b != b'{') {
+        return Err(ApiError::invalid("invalid body: a JSON object is required"));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|error| {
-        let path = error.path().to_string();
+        let mut path = error.path().to_string();
         let inner = error.into_inner();
+        let mut message = inner.to_string();
+        // A field read by `objects` names where inside it the error is.
+        if let Some((within, rest)) = message.strip_prefix(WITHIN).and_then(|m| m.split_once("` ")) {
+            (path, message) = (format!("{path}.{within}"), rest.to_string());
+        }
         if inner.is_syntax() || inner.is_eof() {
             ApiError::new(Code::InvalidJson, format!("the body is not valid JSON: {inner}"))
         } else if path == "." {
-            ApiError::invalid(format!("invalid body: {inner}"))
+            ApiError::invalid(format!("invalid body: {message}"))
         } else {
-            ApiError::invalid(format!("invalid field `{path}`: {inner}"))
+            ApiError::invalid(format!("invalid field `{path}`: {message}"))
         }
     })?;
     de.end().map_err(|e| ApiError::new(Code::InvalidJson, format!("the body is not valid JSON: {e}")))?;
     Ok(value)
 }
+
+/// A field that holds an object, or a list of objects (or null), as the field's type reads
+/// it: serde would read a struct from an array, and `[null, null]` is no agent.
+pub fn objects<'de, D: serde::Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<T, D::Error> {
+    use serde::de::Error as _;
+    use serde::Deserialize as _;
+    use serde_json::Value;
+    let value = Value::deserialize(d)?;
+    let shaped = match &value {
+        Value::Null | Value::Object(_) => true,
+        Value::Array(items) => items.iter().all(Value::is_object),
+        _ => false,
+    };
+    if !shaped {
+        return Err(D::Error::custom(format!("expected an object or a list of objects, got {value}")));
+    }
+    serde_path_to_error::deserialize(value).map_err(|error| match error.path().to_string().as_str() {
+        "." => D::Error::custom(error.into_inner()),
+        within => D::Error::custom(format!("{WITHIN}{within}` {}", error.into_inner())),
+    })
+}
+
+/// How `objects` tells `parse_json` the path inside its field.
+const WITHIN: &str = "within `";
 
 /// A JSON body read up to `server.max_body_bytes`.
 pub struct JsonBody<T, R: Render = Standard>(pub T, pub PhantomData<fn() -> R>);

@@ -23,15 +23,15 @@ pub struct Standard;
 
 impl Render for Standard {
     fn render(error: &ApiError) -> HttpResponse {
-        HttpResponse::build(status(error)).json(serde_json::json!({
+        HttpResponse::build(status(error.code)).json(serde_json::json!({
             "type": "error",
             "error": {"type": error.code.kind(), "code": error.code.code(), "message": error.message},
         }))
     }
 }
 
-pub fn status(error: &ApiError) -> StatusCode {
-    StatusCode::from_u16(error.code.status()).expect("the code table holds valid statuses")
+pub fn status(code: Code) -> StatusCode {
+    StatusCode::from_u16(code.status()).expect("the code table holds valid statuses")
 }
 
 /// An error as the view with renderer `R` answers it.
@@ -60,7 +60,7 @@ impl<R: Render> fmt::Display for Error<R> {
 
 impl<R: Render> ResponseError for Error<R> {
     fn status_code(&self) -> StatusCode {
-        status(&self.error)
+        status(self.error.code)
     }
 
     fn error_response(&self) -> HttpResponse {
@@ -114,7 +114,7 @@ mod tests {
 
     impl Render for Plain {
         fn render(error: &ApiError) -> HttpResponse {
-            HttpResponse::build(status(error)).json(serde_json::json!({"error": {"message": error.message}}))
+            HttpResponse::build(status(error.code)).json(serde_json::json!({"error": {"message": error.message}}))
         }
     }
 

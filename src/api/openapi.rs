@@ -40,7 +40,7 @@ pub async fn serve(routes: web::Data<Routes>) -> HttpResponse {
 
 /// The document's paths as a table: which methods each path template takes.
 pub struct Routes {
-    json: String,
+    json: web::Bytes,
     templates: Vec<(Vec<Segment>, Vec<Method>)>,
 }
 
@@ -67,7 +67,8 @@ impl Routes {
                 (segments, methods)
             })
             .collect();
-        Routes { json: serde_json::to_string(api).expect("the document serialises"), templates }
+        let json = serde_json::to_vec(api).expect("the document serialises").into();
+        Routes { json, templates }
     }
 
     /// The methods `path` takes (empty when no route has that path). Where several
@@ -92,7 +93,7 @@ impl Routes {
 }
 
 /// Each operation of a path, with its method.
-pub fn operations(item: &PathItem) -> impl Iterator<Item = (Method, &Operation)> {
+fn operations(item: &PathItem) -> impl Iterator<Item = (Method, &Operation)> {
     [
         (Method::GET, &item.get),
         (Method::POST, &item.post),
@@ -169,8 +170,8 @@ fn finish(mut api: OpenApi, max_page: usize) -> OpenApi {
     api
 }
 
-/// Every error status a view can answer with: the code table, as that view maps it (never
-/// 500, which is a bug).
+/// Every error status an operation can answer with: the code table, as its view maps it
+/// (never 500, which is a bug, nor 405, which is for the methods a path does not take).
 fn error_statuses(tag: &str) -> Vec<u16> {
     let mut statuses: Vec<u16> = Code::ALL
         .iter()
@@ -178,7 +179,7 @@ fn error_statuses(tag: &str) -> Vec<u16> {
             "harness" => super::harness::status(*code).as_u16(),
             _ => code.status(),
         })
-        .filter(|status| *status != 500)
+        .filter(|status| *status != 500 && *status != 405)
         .collect();
     statuses.sort_unstable();
     statuses.dedup();

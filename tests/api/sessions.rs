@@ -100,7 +100,11 @@ async fn creating_a_session_checks_the_body() {
         (json!({}), "agent"),
         (json!({"agent": {}}), "name"),
         (json!({"agent": {"name": ""}}), "agent.name"),
-        (json!({"agent": {"name": 7}}), "agent.name"),
+        (json!({"agent": {"name": 7}}), "invalid field `agent.name`: invalid type: integer `7`"),
+        // serde reads a struct from an array; a request does not.
+        (json!([{"name": "default"}]), "a JSON object is required"),
+        (json!({"agent": ["default"]}), "invalid field `agent`: expected an object"),
+        (json!({"agent": {"name": "default"}, "tools": [["t"]]}), "invalid field `tools`"),
     ];
     for (body, field) in cases {
         let response = app.post("/sessions").json(&body).send().await.unwrap();

@@ -147,8 +147,9 @@ async fn refusals_name_what_is_wrong_and_store_nothing() {
         (json!({"messages": []}), 400, "messages"),
         (json!({"messages": [{"role": "assistant", "content": "x"}]}), 400, "messages[0].role"),
         (json!({"stream": "sideways", "messages": [{"role": "user", "content": "x"}]}), 400, "stream"),
-        // Found by schemathesis: serde would read the struct from an array.
+        // Found by schemathesis: serde would read a struct from an array.
         (json!({"agent": [null, null], "messages": [{"role": "user", "content": "x"}]}), 400, "agent"),
+        (json!({"tools": [["calculator"]], "messages": [{"role": "user", "content": "x"}]}), 400, "tools"),
         (
             json!({"tools": [{"name": "calculator"}], "messages": [{"role": "tool", "toolCallId": call, "content": "x"}]}),
             400,

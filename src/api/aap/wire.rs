@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
+use crate::api::body::objects;
 use crate::domain::event::{AgentSpec, ClientTool, SessionSpec, ToolTrust};
 use crate::domain::{Message, Part};
 use crate::projection::SessionSummary;
@@ -12,12 +13,13 @@ use crate::session::{AgentChanges, SessionUpdate};
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreateSession {
+    #[serde(deserialize_with = "objects")]
     pub agent: AgentRequest,
     /// Seed history: AAP messages (`role` system, user, assistant, tool, tool_permission).
     #[serde(default)]
     #[schema(value_type = Vec<serde_json::Value>)]
     pub messages: Vec<MessageIn>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects")]
     pub tools: Vec<ToolSpec>,
     /// Extensions of ours, for listing and audit.
     #[serde(default)]
@@ -29,7 +31,7 @@ pub struct CreateSession {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct AgentRequest {
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects")]
     pub tools: Option<Vec<ToolTrustRequest>>,
     #[serde(default)]
     pub options: Map<String, Value>,
@@ -333,27 +335,17 @@ impl From<&Message> for MessageOut {
     }
 }
 
-/// An optional object, refused as anything else: serde would read a struct from an array.
-fn object<'de, D: serde::Deserializer<'de>, T: serde::de::DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
-    use serde::de::Error;
-    match Option::<Value>::deserialize(d)? {
-        None | Some(Value::Null) => Ok(None),
-        Some(value @ Value::Object(_)) => serde_json::from_value(value).map(Some).map_err(D::Error::custom),
-        Some(other) => Err(D::Error::custom(format!("expected an object, got {other}"))),
-    }
-}
-
 /// `POST /sessions/{id}/turns`.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct TurnRequest {
-    #[serde(default, deserialize_with = "object")]
+    #[serde(default, deserialize_with = "objects")]
     pub agent: Option<AgentUpdate>,
     #[serde(default)]
     pub stream: StreamMode,
     /// One user message, or the results and permissions for every waiting tool call.
     #[schema(value_type = Vec<serde_json::Value>)]
     pub messages: Vec<MessageIn>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects")]
     pub tools: Option<Vec<ToolSpec>>,
 }
 
@@ -373,7 +365,7 @@ impl TurnRequest {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct AgentUpdate {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "objects")]
     pub tools: Option<Vec<ToolTrustRequest>>,
     #[serde(default)]
     pub options: Option<Map<String, Value>>,

@@ -30,7 +30,7 @@ pub fn status(code: Code) -> StatusCode {
         Code::UnknownCursor => StatusCode::BAD_REQUEST,
         Code::Busy | Code::PreviousTurn => StatusCode::PRECONDITION_FAILED,
         Code::Conflict => StatusCode::UNPROCESSABLE_ENTITY,
-        _ => super::error::status(&crate::error::ApiError::new(code, "")),
+        _ => super::error::status(code),
     }
 }
 

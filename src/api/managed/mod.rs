@@ -22,8 +22,8 @@ pub struct Managed;
 
 impl Render for Managed {
     fn render(error: &ApiError) -> HttpResponse {
-        let mut response = HttpResponse::build(status(error));
-        if status(error) == StatusCode::CONFLICT {
+        let mut response = HttpResponse::build(status(error.code));
+        if status(error.code) == StatusCode::CONFLICT {
             response.insert_header(("x-should-retry", "false"));
         }
         response.json(json!({"type": "error", "error": {"type": error.code.kind(), "message": error.message}}))

@@ -223,7 +223,7 @@ pub struct UpdateSession {
     title: Option<String>,
     #[serde(default)]
     metadata: Option<Map<String, Value>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::objects")]
     agent: Option<AgentUpdate>,
     #[serde(default)]
     budget: Option<Value>,
