@@ -41,9 +41,12 @@ pub static BATCH_EVENTS: LazyLock<Histogram> = LazyLock::new(|| {
 pub static FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "turnlog_writer_fsync_seconds",
-        "Time of one flush of the log.",
+        "Time to make one group commit durable (its write-ahead log record, written and synced).",
         exponential_buckets(0.000_05, 2.0, 14).expect("buckets"),
     )
+});
+pub static CHECKPOINTS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter("turnlog_writer_checkpoints_total", "Segments of the write-ahead log made durable in sled and removed.")
 });
 pub static JETSTREAM_PUBLISH_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
@@ -137,6 +140,7 @@ pub fn init() {
     LazyLock::force(&APPENDS_REFUSED);
     LazyLock::force(&BATCH_EVENTS);
     LazyLock::force(&FSYNC_SECONDS);
+    LazyLock::force(&CHECKPOINTS);
     LazyLock::force(&STREAMS_OPEN);
     LazyLock::force(&EVENTS_REPLAYED);
     LazyLock::force(&EVENTS_LIVE);

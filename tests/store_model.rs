@@ -304,6 +304,42 @@ async fn appends_to_one_session_made_in_a_row_share_commits() {
     }
 }
 
+/// A write-ahead log of small segments: each full one is checkpointed into sled and removed
+/// while appends go on, and an unclean close (the live segment left behind) loses nothing:
+/// the next open has every event, byte for byte, and the numbering goes on after them.
+/// (sled writes what it holds when its last handle drops, so replaying the segments after
+/// a real crash is shown by the SIGKILL tests in `tests/api`, not here.)
+#[tokio::test]
+async fn full_segments_are_checkpointed_and_an_unclean_close_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SledConfig { path: Some(dir.path().to_path_buf()), wal_segment_bytes: 4096, ..SledConfig::default() };
+    let log = SledLog::open(config.clone(), turnlog::projection::all()).unwrap();
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    log.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    let outcome = |i: u64| Draft::new(None, &EventBody::UserDefineOutcome { outcome: serde_json::json!({"n": i}) });
+    for i in 0..300u64 {
+        log.append(session, 1 + i, vec![outcome(i)]).await.unwrap().unwrap();
+    }
+    // About 30 segments were filled; the checkpointer removes them as it goes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while log.wal_segments() > 2 {
+        assert!(std::time::Instant::now() < deadline, "{} segments left after checkpoints", log.wal_segments());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let all = ReadRange { after: None, before: None, limit: 1000, newest_first: false };
+    let before = stored(log.read(session, all).await.unwrap());
+    assert_eq!(before.len(), 301);
+    log.close_unclean().unwrap();
+    drop(log);
+    let log = SledLog::open(config, turnlog::projection::all()).unwrap();
+    assert_eq!(stored(log.read(session, all).await.unwrap()), before);
+    let next = log.append(session, 301, vec![outcome(300)]).await.unwrap().unwrap();
+    assert_eq!(next[0].seq, 302);
+    log.close().await.unwrap();
+    assert_eq!(log.wal_segments(), 0, "a clean close leaves no write-ahead log behind");
+}
+
 /// Two writers append to one session at the same expected position at the same time,
 /// round after round: exactly one wins each round, the other gets the conflict, and the
 /// log is each round's winner's events in one piece, with no gap.

@@ -79,6 +79,10 @@ impl Drop for StreamGuard {
 /// Every route of every view, each documented in the OpenAPI document by being registered
 /// here ([`openapi`]).
 pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
+    // actix tries routes in the order they are registered, a regular expression each, so
+    // the busiest come first: the native log's appends, pages and streams, and AAP turns
+    // (no other route's path has their shapes).
+    cfg.configure(native::session_routes).configure(aap::routes);
     ops::routes(cfg);
     cfg.service(openapi::serve);
     console::routes(cfg);
@@ -86,9 +90,7 @@ pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
     cfg.configure(audit::routes)
         .configure(harness::routes)
         .configure(managed::routes)
-        .configure(aap::routes)
         .configure(aap::session_routes)
-        .configure(native::session_routes)
         .service(
             utoipa_actix_web::scope("/api/v1/cloud").configure(aap::session_routes).configure(native::session_routes),
         );

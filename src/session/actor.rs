@@ -18,9 +18,22 @@ use crate::domain::event::StopReason;
 use crate::domain::{Draft, EventBody, RawEvent, SessionId, TurnId};
 use crate::metrics;
 use crate::projection::history::History;
+use crate::projection::sessions::SessionIndex;
 use crate::projection::turns::{Phase, TurnState};
 use crate::projection::SessionSummary;
+use crate::store::Projection;
 use crate::store::{Position, StoreError};
+
+/// Kinds that none of the actor's folds (history, turn state, summary) reads, so they are
+/// not decoded: a turn's deltas and spans, and outcomes, are most of a busy log.
+/// `tests::the_folds_ignore_the_kinds_the_actor_skips` holds the folds to this list.
+const UNFOLDED: &[&str] = &[
+    "agent.message.delta",
+    "agent.thinking.delta",
+    "user.define_outcome",
+    "span.model_request_end",
+    "session.status_running",
+];
 
 pub(super) struct Actor {
     engine: Engine,
@@ -290,17 +303,22 @@ impl Actor {
     }
 
     fn fold(&mut self, raw: &RawEvent) {
+        self.seen = Position { last: Some(raw.id), seq: raw.seq };
+        if UNFOLDED.contains(&raw.kind()) {
+            return;
+        }
         match raw.decode() {
             Ok(event) => {
                 self.history.apply(&event);
                 self.state.apply(&event);
-                if let Some(next) = SessionSummary::apply(Some(self.summary.clone()), &event) {
-                    self.summary = next;
+                if SessionIndex.wants(raw.kind()) {
+                    if let Some(next) = SessionSummary::apply(Some(self.summary.clone()), &event) {
+                        self.summary = next;
+                    }
                 }
             }
             Err(error) => tracing::error!(%error, id = %raw.id, "an event of the log does not decode"),
         }
-        self.seen = Position { last: Some(raw.id), seq: raw.seq };
     }
 
     /// Reads and folds every durable event after the last one folded (at load, and after
@@ -572,5 +590,54 @@ fn stop_label(reason: StopReason) -> &'static str {
         StopReason::Refusal => "refusal",
         StopReason::Cancelled => "cancelled",
         StopReason::Error => "error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::event::Usage;
+    use crate::domain::{Event, EventId};
+
+    #[test]
+    fn the_folds_ignore_the_kinds_the_actor_skips() {
+        let bodies = [
+            EventBody::AgentMessageDelta { message_id: "msg_1".into(), delta: "a".into() },
+            EventBody::AgentThinkingDelta { message_id: "msg_1".into(), delta: "b".into() },
+            EventBody::UserDefineOutcome { outcome: serde_json::json!({"done": true}) },
+            EventBody::ModelRequestEnd {
+                span_id: "span_1".into(),
+                model: "scripted".into(),
+                usage: Usage { input_tokens: 1, output_tokens: 2 },
+                is_error: false,
+                model_request_start_id: None,
+                stop_reason: None,
+            },
+            EventBody::StatusRunning { status: "running".into() },
+        ];
+        let kinds: Vec<String> = bodies.iter().map(|b| Draft::new(None, b).kind().to_string()).collect();
+        assert_eq!(kinds, UNFOLDED, "one body of each skipped kind, in the list's order");
+        let session = SessionId(ulid::Ulid::new());
+        let turn = TurnId(ulid::Ulid::new());
+        let created = Event {
+            id: EventId(ulid::Ulid::new()),
+            session_id: session,
+            turn_id: None,
+            turn_sequence_number: None,
+            sequence_number: 1,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            processed_at: Some("2026-01-01T00:00:00Z".into()),
+            schema_version: 1,
+            body: EventBody::TurnStarted {},
+        };
+        let (mut history, mut state) = (History::default(), TurnState::default());
+        for body in bodies {
+            let event = Event { turn_id: Some(turn), body, ..created.clone() };
+            let before = (format!("{history:?}"), format!("{state:?}"));
+            history.apply(&event);
+            state.apply(&event);
+            assert_eq!(before, (format!("{history:?}"), format!("{state:?}")), "{:?} changed a fold", event.body);
+            assert!(!SessionIndex.wants(Draft::new(None, &event.body).kind()));
+        }
     }
 }

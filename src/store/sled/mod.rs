@@ -1,9 +1,10 @@
 //! The log in sled: one `events` tree keyed session ++ event, appends numbered as they are
-//! ordered and written by a group-commit writer, per-session watermarks and live buses,
-//! and one tree per projection, rebuilt from the events when the last run did not close
-//! cleanly.
+//! ordered and written by a group-commit writer (durable in a write-ahead log of its own,
+//! see [`wal`], and checkpointed into sled), per-session watermarks and live buses, and one
+//! tree per projection, rebuilt from the events when the last run did not close cleanly.
 
 mod keys;
+mod wal;
 mod writer;
 
 use std::ops::Bound;
@@ -32,6 +33,8 @@ pub struct SledConfig {
     pub max_batch_events: usize,
     pub max_events_per_session: u64,
     pub bus_capacity: usize,
+    /// A segment of the write-ahead log this long is checkpointed into sled and removed.
+    pub wal_segment_bytes: u64,
 }
 
 impl Default for SledConfig {
@@ -42,12 +45,19 @@ impl Default for SledConfig {
             max_batch_events: 8192,
             max_events_per_session: 1_000_000,
             bus_capacity: 256,
+            wal_segment_bytes: wal::SEGMENT_BYTES,
         }
     }
 }
 
 impl From<::sled::Error> for StoreError {
     fn from(error: ::sled::Error) -> StoreError {
+        StoreError::new(error)
+    }
+}
+
+impl From<std::io::Error> for StoreError {
+    fn from(error: std::io::Error) -> StoreError {
         StoreError::new(error)
     }
 }
@@ -224,7 +234,14 @@ type KeyRange = (Bound<keys::EventKey>, Bound<keys::EventKey>);
 pub struct SledLog {
     inner: Arc<Inner>,
     jobs: Arc<Mutex<Option<mpsc::UnboundedSender<writer::Job>>>>,
-    writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+    writer: Arc<Mutex<Option<Threads>>>,
+}
+
+/// The writer's thread (which answers its write-ahead log when it ends) and the
+/// checkpointer's.
+struct Threads {
+    writer: std::thread::JoinHandle<Option<wal::Wal>>,
+    checkpointer: std::thread::JoinHandle<()>,
 }
 
 const META_STATE: &[u8] = b"state";
@@ -276,22 +293,67 @@ impl SledLog {
             commits,
             writable: write,
         });
+        let wal_dir = inner.config.path.as_deref().map(wal::dir);
         if !write {
+            // What the write-ahead log holds is part of the log: read it in, in memory
+            // (sled keeps it there until something flushes it, which nothing here does).
+            if let Some(dir) = &wal_dir {
+                for commit in wal::read_all(dir)? {
+                    SledLog::replay(&inner, commit)?;
+                }
+            }
             return Ok(SledLog { inner, jobs: Arc::new(Mutex::new(None)), writer: Arc::new(Mutex::new(None)) });
         }
-        SledLog::recover(&inner)?;
+        let mut replayed = 0;
+        let (wal, ended) = match &wal_dir {
+            Some(dir) => {
+                let (wal, ended) = wal::Wal::open(dir, inner.config.wal_segment_bytes, |commit| {
+                    replayed += commit.len();
+                    SledLog::replay(&inner, commit).map_err(std::io::Error::other)
+                })?;
+                (Some(wal), ended)
+            }
+            None => (None, None),
+        };
+        if replayed > 0 {
+            tracing::info!(events = replayed, "applied the write-ahead log's commits to the store");
+        }
+        SledLog::recover(&inner, replayed > 0)?;
+        // `recover` flushed sled: what the old segments held is durable there now.
+        if let (Some(dir), Some(ended)) = (&wal_dir, ended) {
+            wal::remove_through(dir, ended)?;
+        }
         let (tx, rx) = mpsc::unbounded_channel();
-        let worker = writer::Writer::new(inner.clone(), rx);
-        let handle = std::thread::Builder::new()
+        let (checkpoints, ended) = std::sync::mpsc::channel();
+        let worker = writer::Writer::new(inner.clone(), rx, wal, checkpoints);
+        let writer = std::thread::Builder::new()
             .name("turnlog-writer".into())
             .spawn(move || worker.run())
             .expect("spawning the writer thread");
-        Ok(SledLog { inner, jobs: Arc::new(Mutex::new(Some(tx))), writer: Arc::new(Mutex::new(Some(handle))) })
+        let checkpointer = {
+            let (inner, dir) = (inner.clone(), wal_dir.unwrap_or_default());
+            std::thread::Builder::new()
+                .name("turnlog-checkpoint".into())
+                .spawn(move || writer::checkpointer(inner, dir, ended))
+                .expect("spawning the checkpoint thread")
+        };
+        let threads = Threads { writer, checkpointer };
+        Ok(SledLog { inner, jobs: Arc::new(Mutex::new(Some(tx))), writer: Arc::new(Mutex::new(Some(threads))) })
     }
 
-    fn recover(inner: &Inner) -> Result<(), StoreError> {
+    /// Writes a commit of the write-ahead log into the `events` tree again (a commit sled
+    /// already holds is written over with the same bytes).
+    fn replay(inner: &Inner, commit: wal::Commit) -> Result<(), StoreError> {
+        let mut batch = ::sled::Batch::default();
+        for (key, value) in commit {
+            batch.insert(&key[..], value);
+        }
+        Ok(inner.events.apply_batch(batch)?)
+    }
+
+    fn recover(inner: &Inner, replayed: bool) -> Result<(), StoreError> {
         let names = signature(&inner.projections);
-        let clean = inner.meta.get(META_STATE)?.as_deref() == Some(b"clean");
+        let clean = !replayed && inner.meta.get(META_STATE)?.as_deref() == Some(b"clean");
         let same = inner.meta.get(META_PROJECTIONS)?.as_deref() == Some(names.as_bytes());
         if !(clean && same) {
             let started = std::time::Instant::now();
@@ -471,25 +533,37 @@ impl SledLog {
         self.inner.commits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Closes without marking the log clean, as a crash would leave it: the next open
-    /// rebuilds the projections. For tests of recovery.
+    /// The segments of the write-ahead log on disk now (each is removed once checkpointed).
+    pub fn wal_segments(&self) -> usize {
+        self.inner.config.path.as_deref().map_or(0, |path| wal::segments(&wal::dir(path)).map_or(0, |s| s.len()))
+    }
+
+    /// Closes as a crash would leave the log: sled not flushed, the write-ahead log kept and
+    /// the log not marked clean, so the next open replays the one and rebuilds the
+    /// projections. For tests of recovery.
     pub fn close_unclean(&self) -> Result<(), StoreError> {
         self.stop(false)
     }
 
-    /// Stops the writer after it has written everything queued, marks the log clean (if
-    /// asked and nothing failed) and flushes.
+    /// Stops the writer after it has written everything queued; then, if asked and nothing
+    /// failed, flushes sled, removes the write-ahead log it has made redundant, and marks
+    /// the log clean.
     fn stop(&self, clean: bool) -> Result<(), StoreError> {
         if !self.inner.writable {
             return Ok(());
         }
         self.jobs.lock().take();
-        if let Some(handle) = self.writer.lock().take() {
-            let _ = handle.join();
+        let Some(threads) = self.writer.lock().take() else { return Ok(()) };
+        let wal = threads.writer.join().map_err(|_| StoreError::new("the writer thread panicked"))?;
+        let _ = threads.checkpointer.join();
+        if !clean || self.inner.failed().is_some() {
+            return Ok(());
         }
-        if clean && self.inner.failed().is_none() {
-            self.inner.meta.insert(META_STATE, b"clean".as_slice())?;
+        self.inner.db.flush()?;
+        if let (Some(wal), Some(path)) = (wal, &self.inner.config.path) {
+            wal::remove_through(&wal::dir(path), wal.segment())?;
         }
+        self.inner.meta.insert(META_STATE, b"clean".as_slice())?;
         self.inner.db.flush()?;
         Ok(())
     }

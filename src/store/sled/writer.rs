@@ -1,8 +1,10 @@
 //! The group-commit writer: one thread takes every append ordered so far (numbered already,
-//! in order, by [`super::SledLog`]'s `order`), applies them as one batch, folds the
-//! projections from the events in hand, flushes once, advances the watermarks, broadcasts,
-//! and only then acknowledges. Appends to one session ordered while a flush is under way
-//! wait in the queue and go into the next flush together.
+//! in order, by [`super::SledLog`]'s `order`), makes them durable as one record of the
+//! write-ahead log (one `fdatasync`), applies them to sled as one batch, folds the
+//! projections from the events in hand, advances the watermarks, broadcasts, and only then
+//! acknowledges. Appends to one session ordered while a commit is under way wait in the
+//! queue and go into the next one together. When a segment of the write-ahead log is full,
+//! the writer starts the next, and the checkpointer flushes sled and removes the old one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::wal::{self, Wal};
 use super::{keys, Inner};
 use crate::domain::{RawEvent, SessionId};
 use crate::metrics;
@@ -27,14 +30,27 @@ pub(super) struct Job {
 pub(super) struct Writer {
     store: Arc<Inner>,
     jobs: mpsc::UnboundedReceiver<Job>,
+    /// `None` for a temporary log, which nothing outlives.
+    wal: Option<Wal>,
+    /// Ended segments, for the checkpointer.
+    checkpoints: std::sync::mpsc::Sender<u64>,
+    /// The commit being made: each event's key and stored value.
+    staged: Vec<(keys::EventKey, Vec<u8>)>,
 }
 
 impl Writer {
-    pub fn new(store: Arc<Inner>, jobs: mpsc::UnboundedReceiver<Job>) -> Writer {
-        Writer { store, jobs }
+    pub fn new(
+        store: Arc<Inner>,
+        jobs: mpsc::UnboundedReceiver<Job>,
+        wal: Option<Wal>,
+        checkpoints: std::sync::mpsc::Sender<u64>,
+    ) -> Writer {
+        Writer { store, jobs, wal, checkpoints, staged: Vec::new() }
     }
 
-    pub fn run(mut self) {
+    /// Commits until every sender of jobs is gone; answers the write-ahead log, whose
+    /// segments hold what sled may not have made durable yet.
+    pub fn run(mut self) -> Option<Wal> {
         while let Some(first) = self.jobs.blocking_recv() {
             let mut count = first.events.len();
             let mut jobs = vec![first];
@@ -49,9 +65,7 @@ impl Writer {
             }
             self.commit(jobs, count);
         }
-        if let Err(error) = self.store.db.flush() {
-            tracing::error!(%error, "final flush of the log failed");
-        }
+        self.wal
     }
 
     fn commit(&mut self, jobs: Vec<Job>, count: usize) {
@@ -89,8 +103,12 @@ impl Writer {
         }
     }
 
-    fn apply_and_flush(&self, jobs: &[Job]) -> Result<(), StoreError> {
-        let mut batch = ::sled::Batch::default();
+    /// Durable in the write-ahead log first, then in sled's tree (visible to nobody past
+    /// the watermark until published), so that a commit that fails leaves sled untouched.
+    /// A crash may leave part of a commit in sled: the write-ahead log holds all of it
+    /// until a checkpoint, and the next open writes it again.
+    fn apply_and_flush(&mut self, jobs: &[Job]) -> Result<(), StoreError> {
+        self.staged.clear();
         for job in jobs {
             // The writer alone extends chains, one job at a time, in the order numbered.
             let mut head = job.channel.chain_head.lock();
@@ -100,17 +118,54 @@ impl Writer {
             };
             for event in &job.events {
                 hash = chain::link(&hash, &event.json);
-                batch.insert(&keys::event_key(job.session, event.id)[..], super::seal(&event.json, &hash));
+                self.staged.push((keys::event_key(job.session, event.id), super::seal(&event.json, &hash)));
             }
             *head = Some(hash);
         }
-        self.store.events.apply_batch(batch)?;
+        let started = Instant::now();
+        // A temporary log has none: nothing outlives it, so there is nothing to make durable.
+        if let Some(wal) = &mut self.wal {
+            wal.append(self.staged.iter().map(|(key, value)| (key, value.as_slice())))?;
+        }
+        metrics::FSYNC_SECONDS.observe(started.elapsed().as_secs_f64());
+        // One insert each, not sled's `apply_batch`: a batch is atomic in the write-ahead
+        // log already, and sled's batches each write out its IO buffer (twice) through its
+        // threadpool, which wakes all of its threads.
+        for (key, value) in self.staged.drain(..) {
+            self.store.events.insert(&key[..], value)?;
+        }
         for event in jobs.iter().flat_map(|job| &job.events) {
             self.store.project(event)?;
         }
-        let started = Instant::now();
-        self.store.db.flush()?;
-        metrics::FSYNC_SECONDS.observe(started.elapsed().as_secs_f64());
+        self.checkpoint_if_full()
+    }
+
+    /// Starts the next segment of a full write-ahead log and has the checkpointer make
+    /// what the ended one holds durable in sled.
+    fn checkpoint_if_full(&mut self) -> Result<(), StoreError> {
+        let Some(wal) = self.wal.as_mut().filter(|wal| wal.full()) else { return Ok(()) };
+        let ended = wal.rotate()?;
+        // A checkpointer that has stopped leaves the segment for the next open to replay.
+        let _ = self.checkpoints.send(ended);
         Ok(())
+    }
+}
+
+/// Flushes sled for each ended segment of the write-ahead log, then removes the segments up
+/// to it: everything they hold was applied to sled before the flush began.
+pub(super) fn checkpointer(store: Arc<Inner>, dir: std::path::PathBuf, ended: std::sync::mpsc::Receiver<u64>) {
+    while let Ok(mut segment) = ended.recv() {
+        // Segments that ended meanwhile are covered by the same flush.
+        while let Ok(later) = ended.try_recv() {
+            segment = later;
+        }
+        let done = store.db.flush().map_err(StoreError::from).and_then(|_| {
+            metrics::CHECKPOINTS.inc();
+            wal::remove_through(&dir, segment).map_err(StoreError::from)
+        });
+        if let Err(error) = done {
+            store.fail(error);
+            return;
+        }
     }
 }
