@@ -151,11 +151,13 @@ async fn observe(
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = Instant::now();
-    let method = req.method().to_string();
-    let route = req.match_pattern().unwrap_or_else(|| "unmatched".into());
     let response = next.call(req).await?;
-    let status = response.status().as_u16().to_string();
-    metrics::HTTP_REQUESTS.with_label_values(&[&method, &route, &status]).inc();
-    metrics::HTTP_SECONDS.with_label_values(&[&method, &route]).observe(started.elapsed().as_secs_f64());
+    // Asked after routing, the route is the one that matched; asked before, actix matches
+    // the path against every route again.
+    let request = response.request();
+    let route = request.match_pattern().unwrap_or_else(|| "unmatched".into());
+    let (method, status) = (request.method().as_str(), response.status());
+    metrics::HTTP_REQUESTS.with_label_values(&[method, &route, status.as_str()]).inc();
+    metrics::HTTP_SECONDS.with_label_values(&[method, &route]).observe(started.elapsed().as_secs_f64());
     Ok(response)
 }

@@ -337,7 +337,7 @@ async fn full_segments_are_checkpointed_and_an_unclean_close_loses_nothing() {
     let next = log.append(session, 301, vec![outcome(300)]).await.unwrap().unwrap();
     assert_eq!(next[0].seq, 302);
     log.close().await.unwrap();
-    assert_eq!(log.wal_segments(), 0, "a clean close leaves no write-ahead log behind");
+    assert_eq!(log.wal_bytes(), 0, "a clean close leaves nothing in the write-ahead log");
 }
 
 /// Two writers append to one session at the same expected position at the same time,

@@ -37,7 +37,7 @@ pub fn input(error: impl std::fmt::Display) -> Failure {
 }
 
 /// The log in `dir`: to `write` (an import; made if it is not there), opened as the server
-/// opens it; else only to read, changing nothing (see [`SledLog::open_to_read`]).
+/// opens it; else only to read, changing none of its events (see [`SledLog::open_to_read`]).
 pub fn open_data_dir(dir: &Path, write: bool) -> Result<Arc<SledLog>, Failure> {
     if !write && !dir.exists() {
         return Err(Failure::Input(format!("no data dir at {}", dir.display())));

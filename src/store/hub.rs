@@ -1,7 +1,7 @@
 //! One channel per active session: its durable watermark and its live bus.
 //!
-//! sled makes an applied batch visible before it is flushed, so no reader may look past
-//! the watermark, which the writer advances only after the flush. A channel exists while
+//! sled makes what the writer inserts visible before it is durable, so no reader may look
+//! past the watermark, which the writer advances only once the commit is durable. A channel exists while
 //! anyone holds it (a subscriber, or the writer while a batch is in flight), so a reader
 //! that has to create one knows that nothing is in flight for that session and can take
 //! the store's last key as durable.

@@ -97,7 +97,11 @@ impl Inner {
     /// The chain hash of the session's last stored event, recording the hashes its last
     /// events lack first (see [`Inner::complete_chain`]).
     fn chain_head(&self, session: SessionId) -> Result<chain::Hash, StoreError> {
-        self.complete_chain(session)?;
+        // The hashes recorded here are not in the write-ahead log: they must be durable
+        // before the writer links events to them.
+        if self.complete_chain(session)? > 0 {
+            self.db.flush()?;
+        }
         match self.events.scan_prefix(keys::session_key(session)).next_back().transpose()? {
             Some((_, value)) => match unseal(&value).1 {
                 Some(hash) => Ok(hash),
@@ -259,7 +263,9 @@ impl SledLog {
 
     /// Opens the log to read it as it is, for audit tools: nothing is recovered, rebuilt or
     /// completed, no writer runs (appends answer `ShuttingDown`), and closing marks nothing.
-    /// (sled itself may still tidy its own files as it opens them.)
+    /// What the write-ahead log holds is read into sled, which writes it to its own files
+    /// when it closes (the same events, byte for byte); sled may also tidy its files as it
+    /// opens them.
     pub fn open_to_read(config: SledConfig, projections: Vec<Arc<dyn Projection>>) -> Result<SledLog, StoreError> {
         SledLog::open_as(config, projections, false)
     }
@@ -295,8 +301,7 @@ impl SledLog {
         });
         let wal_dir = inner.config.path.as_deref().map(wal::dir);
         if !write {
-            // What the write-ahead log holds is part of the log: read it in, in memory
-            // (sled keeps it there until something flushes it, which nothing here does).
+            // What the write-ahead log holds is part of the log.
             if let Some(dir) = &wal_dir {
                 for commit in wal::read_all(dir)? {
                     SledLog::replay(&inner, commit)?;
@@ -342,13 +347,13 @@ impl SledLog {
     }
 
     /// Writes a commit of the write-ahead log into the `events` tree again (a commit sled
-    /// already holds is written over with the same bytes).
+    /// already holds is written over with the same bytes). The segments stay until sled
+    /// is flushed, so a crash in between replays them again.
     fn replay(inner: &Inner, commit: wal::Commit) -> Result<(), StoreError> {
-        let mut batch = ::sled::Batch::default();
         for (key, value) in commit {
-            batch.insert(&key[..], value);
+            inner.events.insert(&key[..], value)?;
         }
-        Ok(inner.events.apply_batch(batch)?)
+        Ok(())
     }
 
     fn recover(inner: &Inner, replayed: bool) -> Result<(), StoreError> {
@@ -528,7 +533,7 @@ impl SledLog {
         Ok(Ordered::new(Ok(events), Box::pin(durable)))
     }
 
-    /// How many group commits (one flush each) the writer has made since the log opened.
+    /// How many group commits (one `fdatasync` each) the writer has made since the log opened.
     pub fn commits(&self) -> u64 {
         self.inner.commits.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -538,9 +543,14 @@ impl SledLog {
         self.inner.config.path.as_deref().map_or(0, |path| wal::segments(&wal::dir(path)).map_or(0, |s| s.len()))
     }
 
-    /// Closes as a crash would leave the log: sled not flushed, the write-ahead log kept and
-    /// the log not marked clean, so the next open replays the one and rebuilds the
-    /// projections. For tests of recovery.
+    /// The bytes the write-ahead log holds now.
+    pub fn wal_bytes(&self) -> u64 {
+        self.inner.config.path.as_deref().map_or(0, |path| wal::len(&wal::dir(path)).unwrap_or(0))
+    }
+
+    /// Closes as a crash would leave the log: the write-ahead log kept and the log not marked
+    /// clean, so the next open replays the one and rebuilds the projections (sled itself
+    /// writes what it holds when its last handle drops). For tests of recovery.
     pub fn close_unclean(&self) -> Result<(), StoreError> {
         self.stop(false)
     }
@@ -560,8 +570,8 @@ impl SledLog {
             return Ok(());
         }
         self.inner.db.flush()?;
-        if let (Some(wal), Some(path)) = (wal, &self.inner.config.path) {
-            wal::remove_through(&wal::dir(path), wal.segment())?;
+        if let Some(wal) = wal {
+            wal.retire()?;
         }
         self.inner.meta.insert(META_STATE, b"clean".as_slice())?;
         self.inner.db.flush()?;

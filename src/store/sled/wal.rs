@@ -111,7 +111,7 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Every commit the segments in `dir` hold, oldest first, without changing them (a log
+/// Every commit the segments in `dir` hold, oldest first, without changing them (for a log
 /// opened to read).
 pub(super) fn read_all(dir: &Path) -> io::Result<Vec<Commit>> {
     let mut all = Vec::new();
@@ -124,25 +124,50 @@ pub(super) fn read_all(dir: &Path) -> io::Result<Vec<Commit>> {
 impl Wal {
     /// Opens the log in `dir` for appending: hands every commit its segments hold to
     /// `replay`, oldest first, then starts a new segment after them. The old segments stay
-    /// until [`Wal::remove_through`] is called for them (once `replay`'s writes are durable).
+    /// until [`remove_through`] is called for them (once `replay`'s writes are durable).
+    ///
+    /// Only the end of the last write can be torn (a segment is synced before the next one
+    /// is made): a damaged record followed by commits in a later segment is damage, not a
+    /// crash, and opening fails rather than skip what it cannot read.
     pub fn open(
         dir: &Path,
         limit: u64,
         mut replay: impl FnMut(Commit) -> io::Result<()>,
     ) -> io::Result<(Wal, Option<u64>)> {
-        fs::create_dir_all(dir)?;
+        if !dir.exists() {
+            fs::create_dir_all(dir)?;
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent)?;
+            }
+        }
         let existing = segments(dir)?;
-        for &segment in &existing {
+        for (i, &segment) in existing.iter().enumerate() {
             let path = segment_path(dir, segment);
             let (commits, valid) = read_segment(&path, segment)?;
-            for commit in commits {
-                replay(commit)?;
-            }
-            // A torn tail is cut off, so that nothing is ever read past it.
-            if fs::metadata(&path)?.len() > valid {
+            let len = fs::metadata(&path)?.len();
+            if len > valid {
+                let later: u64 = existing[i + 1..]
+                    .iter()
+                    .map(|&s| fs::metadata(segment_path(dir, s)).map(|m| m.len()))
+                    .sum::<io::Result<u64>>()?;
+                if later > 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "the write-ahead log {} is damaged at byte {valid} of {len}, and later segments hold \
+                             commits: refusing to replay past the damage",
+                            path.display()
+                        ),
+                    ));
+                }
+                // The end of a write a crash cut short: cut off, so nothing is read past it.
+                tracing::warn!(segment, bytes = len - valid, "cutting off the torn end of the write-ahead log");
                 let file = OpenOptions::new().write(true).open(&path)?;
                 file.set_len(valid)?;
                 file.sync_all()?;
+            }
+            for commit in commits {
+                replay(commit)?;
             }
         }
         let last = existing.last().copied();
@@ -156,7 +181,8 @@ impl Wal {
         Ok(Wal { dir: dir.to_path_buf(), file, segment, written: 0, limit, record: Vec::new() })
     }
 
-    /// Appends one commit and makes it durable.
+    /// Appends one commit (of at least one event: an empty record would read as the end)
+    /// and makes it durable.
     pub fn append<'a>(&mut self, events: impl Iterator<Item = (&'a [u8; KEY], &'a [u8])>) -> io::Result<()> {
         self.record.clear();
         self.record.extend_from_slice(&[0; HEADER]);
@@ -188,10 +214,21 @@ impl Wal {
         Ok(ended)
     }
 
-    /// The segment being appended to.
-    pub fn segment(&self) -> u64 {
-        self.segment
+    /// Ends the log once everything it holds is durable elsewhere (a clean close): the older
+    /// segments go and the current one is emptied but kept, so that the next open numbers
+    /// its segments after it and a number is never used twice.
+    pub fn retire(self) -> io::Result<()> {
+        if let Some(before) = self.segment.checked_sub(1) {
+            remove_through(&self.dir, before)?;
+        }
+        self.file.set_len(0)?;
+        self.file.sync_all()
     }
+}
+
+/// The bytes the segments in `dir` hold.
+pub(super) fn len(dir: &Path) -> io::Result<u64> {
+    segments(dir)?.into_iter().map(|s| fs::metadata(segment_path(dir, s)).map(|m| m.len())).sum()
 }
 
 /// Removes the segments numbered up to `last` in `dir`: what they hold is durable in sled.
@@ -205,6 +242,12 @@ pub(super) fn remove_through(dir: &Path, last: u64) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Wal {
+        fn segment(&self) -> u64 {
+            self.segment
+        }
+    }
 
     fn key(n: u8) -> [u8; KEY] {
         [n; KEY]
@@ -271,5 +314,35 @@ mod tests {
         remove_through(dir.path(), ended).unwrap();
         assert_eq!(replayed(dir.path()), vec![vec![(key(2), b"b".to_vec())]]);
         assert_eq!(read_all(dir.path()).unwrap(), vec![vec![(key(2), b"b".to_vec())]]);
+    }
+
+    #[test]
+    fn damage_before_later_commits_refuses_to_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), SEGMENT_BYTES, |_| Ok(())).unwrap();
+        wal.append([(&key(1), &b"first"[..])].into_iter()).unwrap();
+        let damaged = segment_path(dir.path(), wal.segment());
+        wal.rotate().unwrap();
+        wal.append([(&key(2), &b"second"[..])].into_iter()).unwrap();
+        let mut bytes = fs::read(&damaged).unwrap();
+        bytes[HEADER + 1] ^= 1;
+        fs::write(&damaged, bytes).unwrap();
+        let error = Wal::open(dir.path(), SEGMENT_BYTES, |_| Ok(())).err().expect("refused");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+        assert!(error.to_string().contains("damaged at byte 0"), "{error}");
+    }
+
+    #[test]
+    fn a_retired_log_replays_nothing_and_never_reuses_a_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path(), SEGMENT_BYTES, |_| Ok(())).unwrap();
+        wal.append([(&key(1), &b"a"[..])].into_iter()).unwrap();
+        wal.rotate().unwrap();
+        wal.append([(&key(2), &b"b"[..])].into_iter()).unwrap();
+        let last = wal.segment();
+        wal.retire().unwrap();
+        assert_eq!(len(dir.path()).unwrap(), 0);
+        let (wal, ended) = Wal::open(dir.path(), SEGMENT_BYTES, |_| panic!("nothing to replay")).unwrap();
+        assert_eq!((ended, wal.segment()), (Some(last), last + 1));
     }
 }

@@ -1,6 +1,6 @@
 //! The group-commit writer: one thread takes every append ordered so far (numbered already,
 //! in order, by [`super::SledLog`]'s `order`), makes them durable as one record of the
-//! write-ahead log (one `fdatasync`), applies them to sled as one batch, folds the
+//! write-ahead log (one `fdatasync`), inserts them into sled, folds the
 //! projections from the events in hand, advances the watermarks, broadcasts, and only then
 //! acknowledges. Appends to one session ordered while a commit is under way wait in the
 //! queue and go into the next one together. When a segment of the write-ahead log is full,
@@ -75,7 +75,7 @@ impl Writer {
             }
             return;
         }
-        if let Err(error) = self.apply_and_flush(&jobs) {
+        if let Err(error) = self.write(&jobs) {
             let error = self.store.fail(error);
             for job in jobs {
                 let _ = job.reply.send(Err(error.clone()));
@@ -101,13 +101,19 @@ impl Writer {
         for job in jobs {
             let _ = job.reply.send(Ok(()));
         }
+        // After the answers, so that starting a segment adds nothing to their wait.
+        if let Err(error) = self.checkpoint_if_full() {
+            self.store.fail(error);
+        }
     }
 
     /// Durable in the write-ahead log first, then in sled's tree (visible to nobody past
-    /// the watermark until published), so that a commit that fails leaves sled untouched.
-    /// A crash may leave part of a commit in sled: the write-ahead log holds all of it
-    /// until a checkpoint, and the next open writes it again.
-    fn apply_and_flush(&mut self, jobs: &[Job]) -> Result<(), StoreError> {
+    /// the watermark until published). A commit whose write-ahead record fails leaves sled
+    /// untouched; one that fails after it is durable (sled refusing an insert) is answered
+    /// as failed, and the log takes no more appends: its events come back at the next open.
+    /// A crash may leave part of a commit in sled: the write-ahead log holds all of it until
+    /// a checkpoint, and the next open writes it again.
+    fn write(&mut self, jobs: &[Job]) -> Result<(), StoreError> {
         self.staged.clear();
         for job in jobs {
             // The writer alone extends chains, one job at a time, in the order numbered.
@@ -122,12 +128,12 @@ impl Writer {
             }
             *head = Some(hash);
         }
-        let started = Instant::now();
         // A temporary log has none: nothing outlives it, so there is nothing to make durable.
-        if let Some(wal) = &mut self.wal {
+        if let Some(wal) = self.wal.as_mut().filter(|_| !self.staged.is_empty()) {
+            let started = Instant::now();
             wal.append(self.staged.iter().map(|(key, value)| (key, value.as_slice())))?;
+            metrics::FSYNC_SECONDS.observe(started.elapsed().as_secs_f64());
         }
-        metrics::FSYNC_SECONDS.observe(started.elapsed().as_secs_f64());
         // One insert each, not sled's `apply_batch`: a batch is atomic in the write-ahead
         // log already, and sled's batches each write out its IO buffer (twice) through its
         // threadpool, which wakes all of its threads.
@@ -137,7 +143,7 @@ impl Writer {
         for event in jobs.iter().flat_map(|job| &job.events) {
             self.store.project(event)?;
         }
-        self.checkpoint_if_full()
+        Ok(())
     }
 
     /// Starts the next segment of a full write-ahead log and has the checkpointer make
