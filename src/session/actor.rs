@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cluster::Lease;
 use super::decide::{self, decide, idle, Decision};
-use super::engine::{interrupted, Closing, Command, Engine, Input, Submission, Submitted};
+use super::engine::{interrupted, Closing, Command, Engine, Input, Pending, Submission, Submitted};
 use super::log::{Durable, Writer};
 use super::turn::{self, Outcome, ToolPlan, TurnContext};
 use super::{rules, SessionError};
@@ -58,7 +58,7 @@ enum AfterTurn {
     Stop(oneshot::Sender<()>),
     /// The answer to a cancel: given once the turn's end is recorded, so that the session
     /// takes a new turn as soon as the cancel is answered.
-    Answer(oneshot::Sender<Result<Submitted, SessionError>>, Submitted),
+    Answer(oneshot::Sender<Result<Pending, SessionError>>, Submitted),
 }
 
 /// How many times a decision is made again when another writer got to the log first.
@@ -256,7 +256,15 @@ impl Actor {
                     Ok((submitted, _)) if cancels && self.running.is_some() && !submitted.events.is_empty() => {
                         self.after_turn.push(AfterTurn::Answer(reply, submitted))
                     }
-                    Ok((submitted, durable)) => answer_when(durable, reply, submitted),
+                    Ok((submitted, durable)) => {
+                        // With several nodes an append can turn out to have raced another
+                        // node's, which the actor learns by its being waited for: something
+                        // must wait even if the client has gone.
+                        if self.engine.clustered() {
+                            tokio::spawn(durable.clone().wait());
+                        }
+                        drop(reply.send(Ok(Pending { submitted, durable: Some(durable) })))
+                    }
                     Err(error) => drop(reply.send(Err(error))),
                 }
             }
@@ -519,7 +527,6 @@ impl Actor {
         if let Err(error) = &ended {
             tracing::warn!(%error, session_id = %self.session, turn_id = %turn, "could not record the end of a turn");
         }
-        let mut answers = Vec::new();
         for waiting in std::mem::take(&mut self.after_turn) {
             match waiting {
                 AfterTurn::Close(closing, reply) => self.close(closing, reply).await,
@@ -527,22 +534,13 @@ impl Actor {
                     self.done = true;
                     let _ = reply.send(());
                 }
-                AfterTurn::Answer(reply, submitted) => answers.push((reply, submitted)),
-            }
-        }
-        if !answers.is_empty() {
-            tokio::spawn(async move {
-                let ended = match ended {
-                    Ok(durable) => durable.wait().await,
-                    Err(error) => Err(error),
-                };
-                for (reply, submitted) in answers {
+                AfterTurn::Answer(reply, submitted) => {
                     let _ = reply.send(match &ended {
-                        Ok(()) => Ok(submitted),
+                        Ok(durable) => Ok(Pending { submitted, durable: Some(durable.clone()) }),
                         Err(error) => Err(again(error)),
                     });
                 }
-            });
+            }
         }
     }
 }

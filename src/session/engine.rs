@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::actor::Actor;
 use super::cluster::{self, Answer, Claim, Cluster, ForwardError, Lease, Remote, Request, WireDraft, WireError};
 use super::decide::idle;
-use super::log::SessionLog;
+use super::log::{Durable, SessionLog};
 use super::SessionError;
 use crate::agent::Agents;
 use crate::domain::event::{ClientTool, StopReason, ToolTrust};
@@ -132,10 +132,32 @@ pub struct Submitted {
     pub turn: Option<TurnId>,
 }
 
+/// An actor's answer to a submission, which may not be durable yet: the caller waits for
+/// that itself (one wake from the writer, no task in between), while the actor goes on to
+/// its next command.
+pub(super) struct Pending {
+    pub submitted: Submitted,
+    pub durable: Option<Durable>,
+}
+
+impl Pending {
+    /// An answer whose events are durable already (or that stored none).
+    pub fn settled(submitted: Submitted) -> Pending {
+        Pending { submitted, durable: None }
+    }
+
+    async fn settle(self) -> Result<Submitted, SessionError> {
+        if let Some(durable) = self.durable {
+            durable.wait().await?;
+        }
+        Ok(self.submitted)
+    }
+}
+
 pub(super) enum Command {
     /// The first events of a new session (the first command its actor takes).
     Create(Vec<Draft>, oneshot::Sender<Result<(), SessionError>>),
-    Submit(Box<Submission>, oneshot::Sender<Result<Submitted, SessionError>>),
+    Submit(Box<Submission>, oneshot::Sender<Result<Pending, SessionError>>),
     TurnEnded(TurnId, super::turn::Outcome),
     /// Cancel what runs, record how it ended, then delete or archive the session.
     Close(Closing, oneshot::Sender<Result<(), SessionError>>),
@@ -176,7 +198,7 @@ enum Route {
 /// Where the answer to a forwarded command goes.
 enum ReplyTo {
     Done(oneshot::Sender<Result<(), SessionError>>),
-    Submitted(oneshot::Sender<Result<Submitted, SessionError>>),
+    Submitted(oneshot::Sender<Result<Pending, SessionError>>),
     Nothing,
 }
 
@@ -184,7 +206,7 @@ impl ReplyTo {
     fn answer(self, answer: Answer) {
         match self {
             ReplyTo::Done(reply) => drop(reply.send(answer.into_done())),
-            ReplyTo::Submitted(reply) => drop(reply.send(answer.into_submitted())),
+            ReplyTo::Submitted(reply) => drop(reply.send(answer.into_submitted().map(Pending::settled))),
             ReplyTo::Nothing => {}
         }
     }
@@ -236,7 +258,8 @@ impl Engine {
             self.send(session, Command::Submit(Box::new(submission), reply)).await?;
             match answer.await.map_err(|_| SessionError::ShuttingDown)? {
                 Err(SessionError::Retry(returned)) => submission = *returned,
-                other => return other,
+                Err(error) => return Err(error),
+                Ok(pending) => return pending.settle().await,
             }
         }
     }
@@ -281,6 +304,11 @@ impl Engine {
             tracing::warn!(wait_secs, "some turns did not stop in time; the next start closes them");
         }
         (stopped.load(Ordering::Relaxed), senders.len())
+    }
+
+    /// Whether other nodes share the log.
+    pub(super) fn clustered(&self) -> bool {
+        self.inner.cluster.is_some()
     }
 
     pub(super) fn stopping(&self) -> bool {

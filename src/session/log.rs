@@ -17,14 +17,21 @@ use crate::store::{AppendError, Appended, Key, Log, Position, ReadRange, Scan, S
 pub(crate) struct SessionLog {
     log: Arc<dyn Log>,
     pub follow: FollowConfig,
+    /// Summaries decoded lately, each with the stored bytes it was decoded from: a lookup
+    /// still reads the projection, and decodes only when its bytes have changed (every
+    /// request names a session, and decoding its summary was a tenth of an append's work).
+    summaries: Arc<dashmap::DashMap<SessionId, (bytes::Bytes, SessionSummary)>>,
 }
+
+/// Decoded summaries kept at most; past that the cache starts again.
+const SUMMARIES_KEPT: usize = 4096;
 
 /// Events read per step when a whole log is folded.
 const FOLD_CHUNK: usize = 1024;
 
 impl SessionLog {
     pub fn new(log: Arc<dyn Log>, follow: FollowConfig) -> SessionLog {
-        SessionLog { log, follow }
+        SessionLog { log, follow, summaries: Arc::default() }
     }
 
     /// Appends at `expected`: the stored events or the conflict, once durable.
@@ -132,7 +139,18 @@ impl SessionLog {
     }
 
     pub async fn summary(&self, session: SessionId) -> Result<Option<SessionSummary>, SessionError> {
-        self.projected(SessionIndex::NAME, Key::session(session)).await
+        let Some(bytes) = self.log.projected(SessionIndex::NAME, Key::session(session)).await? else {
+            return Ok(None);
+        };
+        if let Some(cached) = self.summaries.get(&session).filter(|cached| cached.0 == bytes) {
+            return Ok(Some(cached.1.clone()));
+        }
+        let Some(summary) = decode::<SessionSummary>(SessionIndex::NAME, &bytes) else { return Ok(None) };
+        if self.summaries.len() >= SUMMARIES_KEPT {
+            self.summaries.clear();
+        }
+        self.summaries.insert(session, (bytes, summary.clone()));
+        Ok(Some(summary))
     }
 
     /// A follower of `session` after `after`.
