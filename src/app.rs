@@ -63,8 +63,11 @@ impl Application {
             streams: StreamCounter::default(),
             shutdown: shutdown.clone(),
         });
+        // The log's writer thread keeps a core busy under load (it syncs, inserts and
+        // publishes every commit): one worker per core beside it. On two cores one worker
+        // also keeps a request, its session's actor and its answer on one thread.
         let workers = match settings.server.workers {
-            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1)),
             n => n,
         };
         let routes = web::Data::new(api::openapi::Routes::new(&api::openapi::document(settings.limits.max_page_size)));

@@ -1,7 +1,9 @@
 //! `turns`: turns/s and turn latency with the scripted model (no delay), in each AAP stream
 //! mode (`none`, `delta`, `message`) and through the agent harness view's turn stream
 //! (`harness`); N clients, each on its own session, each with one turn in flight. The
-//! scripted model answers `echo: <text>`.
+//! scripted model answers `echo: <text>`. Each mode starts on new sessions, so that a mode
+//! is not measured on histories the modes before it made long (how the rate falls as a
+//! history grows is in each mode's note: its first half against its second).
 //!
 //! Correctness: every turn must end with `end_turn` (`done`, for the harness) and answer
 //! exactly `echo: <text>` (the JSON messages in `none`, the concatenated `text_delta`s in
@@ -75,14 +77,15 @@ pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
     let mut server = ctx.launcher.start().await?;
     let api = Api::new(&server.url);
     let deadline = Deadline::after(p.deadline.unwrap_or(p.modes.len() as f64 * p.duration + 60.0));
-    let sessions = create_sessions(&api, p.clients.max(1), 16, ctx.quiet).await?;
     // One turn first, so a missing turn API is one clear error rather than one per client.
-    turn(&api, &sessions[0], "none", "warm up").await.context("the turn API (POST /sessions/{id}/turns)")?;
-    let mut turns_per_session = vec![0u64; sessions.len()];
-    turns_per_session[0] = 1;
+    let warm_up = create_sessions(&api, 1, 1, true).await?;
+    turn(&api, &warm_up[0], "none", "warm up").await.context("the turn API (POST /sessions/{id}/turns)")?;
+    let mut sessions_made = vec![(warm_up[0].clone(), 1u64)];
     let mut violations = Violations::default();
 
     for mode in &p.modes {
+        let sessions = create_sessions(&api, p.clients.max(1), 16, ctx.quiet).await?;
+        let mut turns_per_session = vec![0u64; sessions.len()];
         let observe = Observe::start(&server, &api).await;
         let label = format!("turns, stream {mode}");
         let bar = crate::progress::timed(ctx.quiet, Duration::from_secs_f64(p.duration), &label);
@@ -110,10 +113,11 @@ pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
             early as f64 / (elapsed / 2.0).max(1e-9),
             (turns - early) as f64 / (elapsed / 2.0).max(1e-9)
         ));
+        sessions_made.extend(sessions.into_iter().zip(turns_per_session));
     }
-    report.note(format!("{} clients, each on its own session", sessions.len()));
-    for (session, turns) in sessions.iter().zip(turns_per_session) {
-        violations.check(check_log(&api, session, turns).await);
+    report.note(format!("{} clients, each on its own session (new sessions for each mode)", p.clients.max(1)));
+    for (session, turns) in &sessions_made {
+        violations.check(check_log(&api, session, *turns).await);
     }
     report.violations.extend(violations.into_vec());
     check_alive(&mut server, &mut report);
