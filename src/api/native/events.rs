@@ -42,7 +42,7 @@ pub async fn post(
         .into());
     }
     let mut inputs = Vec::with_capacity(events.len());
-    for (i, event) in events.into_iter().enumerate() {
+    for (i, event) in events.iter().enumerate() {
         let body = user_event(i, event)?;
         let size = Draft::new(None, &body).len();
         if size > limits.max_event_bytes {

@@ -1,7 +1,11 @@
 //! What native clients send: the user event types, checked strictly (unknown fields and
 //! wrong types are refused with the field named).
 
+use std::borrow::Cow;
+
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
@@ -14,8 +18,9 @@ use crate::error::ApiError;
 pub struct PostEvents {
     /// User events: `user.message`, `user.interrupt`, `user.define_outcome`,
     /// `user.tool_confirmation`, `user.custom_tool_result`.
+    /// Kept as sent until each is read by its type, so that the body is parsed once.
     #[schema(value_type = Vec<Object>)]
-    pub events: Vec<Value>,
+    pub events: Vec<Box<RawValue>>,
 }
 
 pub const USER_EVENT_TYPES: &[&str] =
@@ -24,23 +29,32 @@ pub const USER_EVENT_TYPES: &[&str] =
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Message {
+    #[serde(rename = "type")]
+    _kind: IgnoredAny,
     #[serde(deserialize_with = "content")]
     content: Vec<Block>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Interrupt {}
+struct Interrupt {
+    #[serde(rename = "type")]
+    _kind: IgnoredAny,
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DefineOutcome {
+    #[serde(rename = "type")]
+    _kind: IgnoredAny,
     outcome: Value,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ToolConfirmation {
+    #[serde(rename = "type")]
+    _kind: IgnoredAny,
     tool_use_id: String,
     result: Confirmation,
     #[serde(default)]
@@ -52,6 +66,8 @@ struct ToolConfirmation {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CustomToolResult {
+    #[serde(rename = "type")]
+    _kind: IgnoredAny,
     custom_tool_use_id: String,
     #[serde(default, deserialize_with = "content")]
     content: Vec<Block>,
@@ -59,49 +75,58 @@ struct CustomToolResult {
     is_error: bool,
 }
 
-/// Reads event `i` of a request, naming the failing field (`events[0].content`).
-pub fn user_event(i: usize, value: Value) -> Result<EventBody, ApiError> {
-    let Value::Object(mut fields) = value else {
+/// Just an event's type, read past everything else.
+#[derive(Deserialize)]
+struct Kind<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+}
+
+/// Reads event `i` of a request, naming the failing field (`events[0].content`): its type
+/// first (a scan, nothing kept), then the event, straight into that type's fields.
+pub fn user_event(i: usize, event: &RawValue) -> Result<EventBody, ApiError> {
+    let text = event.get();
+    if !text.starts_with('{') {
         return Err(ApiError::invalid(format!("invalid field `events[{i}]`: expected an event object")));
-    };
-    let kind = match fields.remove("type") {
-        Some(Value::String(kind)) => kind,
+    }
+    let kind = match serde_json::from_str::<Kind>(text) {
+        Ok(Kind { kind: Some(kind) }) => kind,
         _ => return Err(ApiError::invalid(format!("invalid field `events[{i}].type`: a string is required"))),
     };
-    let fields = Value::Object(fields);
-    let parse = |fields| -> Result<EventBody, serde_path_to_error::Error<serde_json::Error>> {
-        Ok(match kind.as_str() {
-            "user.message" => {
-                let Message { content } = serde_path_to_error::deserialize(fields)?;
-                EventBody::UserMessage { content }
-            }
-            "user.interrupt" => {
-                let Interrupt {} = serde_path_to_error::deserialize(fields)?;
-                EventBody::UserInterrupt {}
-            }
-            "user.define_outcome" => {
-                let DefineOutcome { outcome } = serde_path_to_error::deserialize(fields)?;
-                EventBody::UserDefineOutcome { outcome }
-            }
-            "user.tool_confirmation" => {
-                let ToolConfirmation { tool_use_id, result, deny_message, remember } =
-                    serde_path_to_error::deserialize(fields)?;
-                EventBody::UserToolConfirmation { tool_use_id, result, deny_message, tool_call_id: None, remember }
-            }
-            _ => {
-                let CustomToolResult { custom_tool_use_id, content, is_error } =
-                    serde_path_to_error::deserialize(fields)?;
-                EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, tool_call_id: None }
-            }
-        })
-    };
-    if !USER_EVENT_TYPES.contains(&kind.as_str()) {
+    if !USER_EVENT_TYPES.contains(&kind.as_ref()) {
         return Err(ApiError::invalid(format!(
             "invalid field `events[{i}].type`: {kind:?} is not a user event type; expected one of {}",
             USER_EVENT_TYPES.join(", ")
         )));
     }
-    parse(fields).map_err(|error| {
+    let parse = || -> Result<EventBody, serde_path_to_error::Error<serde_json::Error>> {
+        let mut fields = serde_json::Deserializer::from_str(text);
+        Ok(match kind.as_ref() {
+            "user.message" => {
+                let Message { content, .. } = serde_path_to_error::deserialize(&mut fields)?;
+                EventBody::UserMessage { content }
+            }
+            "user.interrupt" => {
+                let Interrupt { .. } = serde_path_to_error::deserialize(&mut fields)?;
+                EventBody::UserInterrupt {}
+            }
+            "user.define_outcome" => {
+                let DefineOutcome { outcome, .. } = serde_path_to_error::deserialize(&mut fields)?;
+                EventBody::UserDefineOutcome { outcome }
+            }
+            "user.tool_confirmation" => {
+                let ToolConfirmation { tool_use_id, result, deny_message, remember, .. } =
+                    serde_path_to_error::deserialize(&mut fields)?;
+                EventBody::UserToolConfirmation { tool_use_id, result, deny_message, tool_call_id: None, remember }
+            }
+            _ => {
+                let CustomToolResult { custom_tool_use_id, content, is_error, .. } =
+                    serde_path_to_error::deserialize(&mut fields)?;
+                EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, tool_call_id: None }
+            }
+        })
+    };
+    parse().map_err(|error| {
         let path = error.path().to_string();
         let at = if path == "." { format!("events[{i}]") } else { format!("events[{i}].{path}") };
         ApiError::invalid(format!("invalid field `{at}`: {}", error.into_inner()))
@@ -158,7 +183,7 @@ mod tests {
 
     fn parse(body: &str) -> Result<Vec<EventBody>, ApiError> {
         let request: PostEvents = parse_json(body.as_bytes())?;
-        request.events.into_iter().enumerate().map(|(i, e)| user_event(i, e)).collect()
+        request.events.iter().enumerate().map(|(i, e)| user_event(i, e)).collect()
     }
 
     #[test]
