@@ -55,18 +55,34 @@ impl Channel {
         *self.durable.lock() = position;
     }
 
-    /// Called by the writer after the flush: first the watermark, then the broadcast, so
-    /// a subscriber that subscribed before reading the watermark misses nothing.
+    /// Called by the writer once the events are durable: first the watermark, then the
+    /// broadcast, so a subscriber that subscribed before reading the watermark misses
+    /// nothing.
     pub(super) fn publish(&self, events: Batch) {
+        self.advance(&events);
+        self.broadcast(events);
+    }
+
+    /// The first half of [`Channel::publish`]: the events are readable from here on.
+    pub(super) fn advance(&self, events: &[RawEvent]) {
         if let Some(last) = events.last() {
             *self.durable.lock() = Position { last: Some(last.id), seq: last.seq };
-            // No receivers is not an error: nobody is watching this session right now.
-            // Deltas change neither the session nor its state: only the rest is a change.
-            let changed = events.iter().any(|event| !event.is_delta());
-            let _ = self.bus.send(events);
-            if changed {
-                let _ = self.changes.send(self.session);
-            }
+        }
+    }
+
+    /// The second half of [`Channel::publish`], after [`Channel::advance`] for the same
+    /// events: a subscriber that read the watermark before it moved gets them here, one
+    /// that read it after has them from the log and drops these.
+    pub(super) fn broadcast(&self, events: Batch) {
+        if events.is_empty() {
+            return;
+        }
+        // No receivers is not an error: nobody is watching this session right now.
+        // Deltas change neither the session nor its state: only the rest is a change.
+        let changed = events.iter().any(|event| !event.is_delta());
+        let _ = self.bus.send(events);
+        if changed {
+            let _ = self.changes.send(self.session);
         }
     }
 }

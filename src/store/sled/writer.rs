@@ -95,11 +95,18 @@ impl Writer {
             });
             touched[slot].1.extend(job.events.iter().cloned());
         }
-        for (channel, events) in touched {
-            channel.publish(events.into());
+        // Readable first, then answered, then broadcast: an appender whose session has a
+        // thousand subscribers on the same worker is answered before their writes, not after.
+        for (channel, events) in &touched {
+            channel.advance(events);
         }
+        let channels: Vec<(Arc<Channel>, Vec<RawEvent>)> =
+            touched.into_iter().map(|(channel, events)| (channel.clone(), events)).collect();
         for job in jobs {
             let _ = job.reply.send(Ok(()));
+        }
+        for (channel, events) in channels {
+            channel.broadcast(events.into());
         }
         // After the answers, so that starting a segment adds nothing to their wait.
         if let Err(error) = self.checkpoint_if_full() {
