@@ -103,8 +103,8 @@ enum Command {
 /// A server to work through instead of a data dir.
 #[derive(clap::Args)]
 struct Remote {
-    /// A running turnlog (`http://127.0.0.1:8787`).
-    #[arg(long)]
+    /// A running turnlog (`http://127.0.0.1:8787`), instead of a data dir.
+    #[arg(long, conflicts_with = "data_dir")]
     server: Option<String>,
     /// Its API key (sent as `Authorization: Bearer`).
     #[arg(long, env = "TURNLOG_API_KEY", hide_env_values = true)]

@@ -10,6 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::api::auth::Auth;
 use crate::api::body::{JsonBody, Query, RawBody};
 use crate::api::{Error, State};
+use crate::domain::event::{AgentSpec, ToolTrust};
 use crate::error::ApiError;
 use crate::session::Pace;
 use crate::store::audit::Imported;
@@ -183,6 +184,30 @@ async fn import(state: State, Auth(caller, _): Auth, body: RawBody) -> Result<Ht
 pub struct Fork {
     /// The id of the last event the fork keeps.
     at: String,
+    /// The agent the fork goes on with (by default the source's, with its settings).
+    #[serde(default, deserialize_with = "crate::api::body::objects")]
+    #[schema(value_type = Option<Object>)]
+    agent: Option<ForkAgent>,
+}
+
+/// Another agent for a fork: its name, and the server tools enabled with their trust.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkAgent {
+    name: String,
+    #[serde(default, deserialize_with = "crate::api::body::objects")]
+    tools: Option<Vec<ForkTool>>,
+    #[serde(default)]
+    options: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A server tool enabled for the fork's agent, and whether the client trusts it.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkTool {
+    name: String,
+    #[serde(default)]
+    trust: bool,
 }
 
 /// A new session whose history is this one's up to event `at`.
@@ -190,7 +215,7 @@ pub struct Fork {
     tag = "audit",
     operation_id = "sessions_fork",
     params(("session_id" = String, Path, description = "The session's id")),
-    request_body(content = Fork, example = json!({"at": "evt_01JD0000000000000000000000"})),
+    request_body(content = Fork, example = json!({"at": "evt_01JD0000000000000000000000", "agent": {"name": "default"}})),
     responses((status = 201, description = "`{\"sessionId\", \"forked_from\"}`", body = Object)),
 )]
 #[post("/sessions/{session_id}/fork")]
@@ -201,7 +226,14 @@ async fn fork(
     body: JsonBody<Fork>,
 ) -> Result<HttpResponse, Error> {
     let source = state.sessions.get(&caller, &path).await?;
-    let forked = state.sessions.fork(&caller, &source, &body.0.at).await?;
+    let Fork { at, agent } = body.0;
+    let agent = agent.map(|a| AgentSpec {
+        name: a.name,
+        version: None,
+        tools: a.tools.map(|tools| tools.into_iter().map(|t| ToolTrust { name: t.name, trust: t.trust }).collect()),
+        options: a.options,
+    });
+    let forked = state.sessions.fork(&caller, &source, &at, agent).await?;
     tracing::info!(session_id = %forked.id, source = %source.id, "session forked");
     let answer = json!({"sessionId": forked.id.to_string(), "forked_from": forked.spec.forked_from});
     Ok(HttpResponse::Created().json(answer))

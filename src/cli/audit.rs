@@ -179,21 +179,31 @@ async fn verify_log(log: &dyn Log, checked: &mut Vec<(SessionId, u64)>) -> Resul
     }
 }
 
-/// Loads an export file; what became of each session.
+/// Loads an export file; what became of each session. The whole file is checked first
+/// (every chain, every session at rest, and on a data dir every session the log already
+/// holds), so that a file that is refused imports nothing.
 pub async fn import(target: &Source, file: &Path) -> Result<Vec<(SessionId, Imported)>, Failure> {
     let groups = read_file(file)?;
+    let mut checked = Vec::with_capacity(groups.len());
+    for group in &groups {
+        checked.push(audit::events_of(group).map_err(import_failure)?);
+        crate::session::Sessions::at_rest(group).map_err(|error| Failure::Wrong(format!("refused: {error}")))?;
+    }
     let bar = progress(groups.len() as u64, "sessions");
     let mut done = Vec::new();
     match target {
         Source::DataDir(dir) => {
             let log = open_data_dir(dir, true)?;
             let mut result = Ok(());
-            for group in &groups {
-                if let Err(error) = crate::session::Sessions::at_rest(group) {
-                    result = Err(Failure::Wrong(format!("refused: {error}")));
+            for (group, events) in groups.iter().zip(&checked) {
+                if let Err(error) = audit::compare(log.as_ref(), group[0].session_id, events).await {
+                    result = Err(import_failure(error));
                     break;
                 }
-                match audit::import(log.as_ref(), group).await {
+            }
+            let pending = if result.is_ok() { groups.iter().zip(checked).collect() } else { Vec::new() };
+            for (group, events) in pending {
+                match audit::adopt(log.as_ref(), group[0].session_id, events).await {
                     Ok(imported) => done.push((group[0].session_id, imported)),
                     Err(error) => {
                         result = Err(import_failure(error));

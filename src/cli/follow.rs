@@ -21,11 +21,17 @@ pub struct Printer<W: Write> {
     types: Vec<String>,
     /// A line of deltas is open (the message's id).
     open: Option<String>,
+    /// Messages whose deltas were printed: their whole `agent.message` or `agent.thinking`
+    /// says nothing new. (A turn interleaves a thinking block's deltas and a message's.)
+    said: Vec<String>,
 }
+
+/// Messages remembered as said by their deltas, at most.
+const SAID: usize = 16;
 
 impl<W: Write> Printer<W> {
     pub fn new(out: W, json: bool, types: Vec<String>) -> Printer<W> {
-        Printer { out, json, types, open: None }
+        Printer { out, json, types, open: None, said: Vec::new() }
     }
 
     pub fn print(&mut self, event: &Value, raw: &str) -> std::io::Result<()> {
@@ -45,17 +51,25 @@ impl<W: Write> Printer<W> {
             }
             if self.open.is_none() {
                 write!(self.out, "{} ", head(event))?;
+                if let Some(id) = &message {
+                    if self.said.len() == SAID {
+                        self.said.remove(0);
+                    }
+                    self.said.push(id.clone());
+                }
                 self.open = message;
             }
             write!(self.out, "{}", event["delta"].as_str().unwrap_or(""))?;
             return self.out.flush();
         }
-        if let Some(open) = self.open.take() {
+        if self.open.take().is_some() {
             writeln!(self.out)?;
-            // The deltas said it already.
-            if message.as_deref() == Some(open.as_str()) {
-                return self.out.flush();
-            }
+        }
+        // The deltas said it already.
+        let whole = matches!(kind, "agent.message" | "agent.thinking");
+        if let Some(at) = message.filter(|_| whole).and_then(|id| self.said.iter().position(|s| *s == id)) {
+            self.said.remove(at);
+            return self.out.flush();
         }
         writeln!(self.out, "{} {}", head(event), summary(kind, event))?;
         self.out.flush()

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{Caller, SessionError, Sessions};
-use crate::domain::event::ForkPoint;
+use crate::domain::event::{AgentSpec, ForkPoint};
 use crate::domain::{EventId, RawEvent, SessionId};
 use crate::projection::history::History;
 use crate::projection::SessionSummary;
@@ -90,6 +90,7 @@ impl Sessions {
         caller: &Caller,
         source: &SessionSummary,
         at: &str,
+        agent: Option<AgentSpec>,
     ) -> Result<SessionSummary, SessionError> {
         let invalid = || SessionError::Invalid(format!("invalid `at`: {at:?} is not an event of this session"));
         let at: EventId = at.parse().map_err(|_| invalid())?;
@@ -110,6 +111,9 @@ impl Sessions {
         // The source as stored (not redacted), so that the fork keeps its options.
         let stored = self.log.summary(source.id).await?.ok_or_else(|| SessionError::NotFound(source.id.to_string()))?;
         let mut spec = stored.spec;
+        if let Some(agent) = agent {
+            spec.agent = agent;
+        }
         spec.messages = history.messages.into_iter().map(Arc::unwrap_or_clone).collect();
         spec.forked_from = Some(ForkPoint {
             session_id: source.id,

@@ -154,13 +154,11 @@ pub fn check_line(line: &Line) -> Result<EventId, String> {
     Ok(envelope.id)
 }
 
-/// Brings one session's export lines (all of them, in order) into `log`: refused unless the
-/// chain verifies and each event is the one its line says; a session the log already holds
-/// is left alone when its events are the same, and refused when they differ.
-pub async fn import(log: &dyn Log, lines: &[Line]) -> Result<Imported, ImportError> {
+/// One session's export lines (all of them, in order) as the events to import: refused
+/// unless the chain verifies and each event is the one its line says.
+pub fn events_of(lines: &[Line]) -> Result<Vec<RawEvent>, ImportError> {
     let Some(first) = lines.first() else { return Err(ImportError::Invalid("no lines to import".into())) };
-    let session = first.session_id;
-    let mut verifier = Verifier::new(session);
+    let mut verifier = Verifier::new(first.session_id);
     let mut events = Vec::with_capacity(lines.len());
     for line in lines {
         let id = check_line(line).map_err(ImportError::Invalid)?;
@@ -169,19 +167,45 @@ pub async fn import(log: &dyn Log, lines: &[Line]) -> Result<Imported, ImportErr
             .map_err(ImportError::Broken)?;
         events.push(RawEvent::stored(id, Bytes::copy_from_slice(line.stored())));
     }
+    Ok(events)
+}
+
+/// What importing `events` into `log` would do, as it holds the session now: `None` if it
+/// has no events of it, `Unchanged` if exactly these, and `Exists` if others.
+pub async fn compare(log: &dyn Log, session: SessionId, events: &[RawEvent]) -> Result<Option<Imported>, ImportError> {
+    let count = events.len();
+    let range = ReadRange { after: None, before: None, limit: count + 1, newest_first: false };
+    let held = log.read(session, range).await?;
+    if held.is_empty() {
+        return Ok(None);
+    }
+    let same = held.len() == count && held.iter().zip(events).all(|(a, b)| a.json == b.json);
+    if same {
+        Ok(Some(Imported::Unchanged { events: count }))
+    } else {
+        Err(ImportError::Exists(session))
+    }
+}
+
+/// Brings one session's export lines (all of them, in order) into `log`: refused unless the
+/// chain verifies and each event is the one its line says; a session the log already holds
+/// is left alone when its events are the same, and refused when they differ.
+pub async fn import(log: &dyn Log, lines: &[Line]) -> Result<Imported, ImportError> {
+    let events = events_of(lines)?;
+    adopt(log, lines[0].session_id, events).await
+}
+
+/// Stores `events` (checked by [`events_of`]) as `session`'s log in `log`, or finds them
+/// there already.
+pub async fn adopt(log: &dyn Log, session: SessionId, events: Vec<RawEvent>) -> Result<Imported, ImportError> {
     let count = events.len();
     log.prepare(session).await?;
     match log.adopt(session, events.clone())?.durable().await? {
         Ok(_) => Ok(Imported::New { events: count }),
-        Err(_) => {
-            let range = ReadRange { after: None, before: None, limit: count + 1, newest_first: false };
-            let held = log.read(session, range).await?;
-            let same = held.len() == count && held.iter().zip(&events).all(|(a, b)| a.json == b.json);
-            if same {
-                Ok(Imported::Unchanged { events: count })
-            } else {
-                Err(ImportError::Exists(session))
-            }
-        }
+        Err(_) => match compare(log, session, &events).await? {
+            Some(imported) => Ok(imported),
+            // Emptied meanwhile: not something a log does; say it as it is.
+            None => Err(ImportError::Invalid(format!("session {session} changed while it was imported"))),
+        },
     }
 }
