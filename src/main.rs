@@ -97,6 +97,10 @@ enum Command {
         /// Print each event's JSON on its own line.
         #[arg(long)]
         json: bool,
+        /// Re-emit the events into a new session of the server's (printing its id), for any
+        /// client of any view to watch, instead of printing them.
+        #[arg(long, requires = "server", conflicts_with_all = ["types", "json"])]
+        into_session: bool,
     },
 }
 
@@ -223,7 +227,13 @@ fn tool(serve: &ServeArgs, command: Command) -> i32 {
                 let mut printer = follow::Printer::new(std::io::stdout().lock(), json, types);
                 follow::tail(&client, &session, after, &mut printer).await
             }
-            Command::Replay { session, remote, speed, from, types, json } => {
+            Command::Replay { session, remote, speed, from, into_session: true, .. } => {
+                let client = remote.client().ok_or_else(|| turnlog::cli::input("--into-session needs --server"))?;
+                let copy = follow::replay_into(&client, &session, from.as_deref(), speed).await?;
+                println!("{copy}");
+                Ok(())
+            }
+            Command::Replay { session, remote, speed, from, types, json, .. } => {
                 let from_where = match remote.client() {
                     Some(client) => follow::From::Server(client),
                     None => follow::From::DataDir(data_dir()?),

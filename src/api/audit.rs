@@ -17,7 +17,7 @@ use crate::store::audit::Imported;
 
 pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
     // Before `/sessions/{session_id}`, which would take `import` for a session id.
-    cfg.service(import).service(audit).service(export).service(fork).service(replay);
+    cfg.service(import).service(audit).service(export).service(fork).service(replay).service(replay_into);
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -177,6 +177,41 @@ async fn import(state: State, Auth(caller, _): Auth, body: RawBody) -> Result<Ht
         })
         .collect();
     Ok(HttpResponse::Ok().json(json!({ "sessions": sessions })))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayInto {
+    /// How much faster than the original (default 1).
+    #[serde(default)]
+    speed: Option<f64>,
+    /// The event to start at (default: the start); the history before it is the seed.
+    #[serde(default)]
+    from: Option<String>,
+}
+
+/// A new session into which this one's events are re-emitted at their original pace divided
+/// by `speed`: watch it live through any view's stream.
+#[utoipa::path(
+    tag = "audit",
+    operation_id = "sessions_replay_into",
+    params(("session_id" = String, Path, description = "The session's id")),
+    request_body(content = ReplayInto, example = json!({"speed": 10})),
+    responses((status = 201, description = "`{\"sessionId\", \"replay_of\"}`", body = Object)),
+)]
+#[post("/sessions/{session_id}/replay")]
+async fn replay_into(
+    state: State,
+    Auth(caller, _): Auth,
+    path: web::Path<String>,
+    body: JsonBody<ReplayInto>,
+) -> Result<HttpResponse, Error> {
+    let source = state.sessions.get(&caller, &path).await?;
+    let ReplayInto { speed, from } = body.0;
+    let copy = state.sessions.replay_into(&caller, &source, from.as_deref(), speed.unwrap_or(1.0)).await?;
+    tracing::info!(session_id = %copy.id, source = %source.id, "replay started");
+    let answer = json!({"sessionId": copy.id.to_string(), "replay_of": copy.spec.replay_of});
+    Ok(HttpResponse::Created().json(answer))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

@@ -171,6 +171,15 @@ pub async fn tail<W: Write>(
     }
 }
 
+/// Starts a replay of `session` into a new session of the server's
+/// (`POST /sessions/{id}/replay`): the new session's id.
+pub async fn replay_into(client: &Client, session: &str, from: Option<&str>, speed: f64) -> Result<String, Failure> {
+    let body = serde_json::json!({"speed": speed, "from": from});
+    let response = client.ok(client.post(&format!("/sessions/{session}/replay")).json(&body)).await?;
+    let answer: Value = response.json().await.map_err(input)?;
+    answer["sessionId"].as_str().map(str::to_string).ok_or_else(|| input("the server answered without a session id"))
+}
+
 /// Where a replay reads a session's log from.
 pub enum From {
     DataDir(std::path::PathBuf),

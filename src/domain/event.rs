@@ -213,6 +213,19 @@ pub struct SessionSpec {
     /// The session this one was forked from, and where.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkPoint>,
+    /// The session whose events this one re-emits, at their pace divided by `speed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<ReplayOf>,
+}
+
+/// What a replay session re-emits: the source, the event it starts at (its history before
+/// that is the replay's seed history), and the speed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayOf {
+    pub session_id: super::SessionId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<super::EventId>,
+    pub speed: f64,
 }
 
 /// Where a fork was made: the source session, the event its history runs to, and the

@@ -243,6 +243,7 @@ impl Actor {
                 Command::Close(..) | Command::TurnEnded(..) | Command::Wake => {}
                 Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
                 Command::Stop(reply) => drop(reply.send(())),
+                Command::Copy(_, reply) => drop(reply.send(Err(SessionError::ShuttingDown))),
             }
         }
     }
@@ -271,6 +272,17 @@ impl Actor {
             Command::TurnEnded(turn, outcome) => self.end_turn(turn, outcome).await,
             Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
             Command::Wake => {}
+            Command::Copy(drafts, reply) => {
+                let mut drafts = Some(drafts);
+                let copied =
+                    self.apply(|_| Ok(Decision { drafts: drafts.take().unwrap_or_default(), ..Decision::default() }));
+                match copied.await {
+                    Ok((_, events, durable)) => {
+                        tokio::spawn(async move { drop(reply.send(durable.wait().await.map(|()| events))) });
+                    }
+                    Err(error) => drop(reply.send(Err(error))),
+                }
+            }
             Command::Close(closing, reply) => match &self.running {
                 Some((_, cancel)) => {
                     cancel.cancel();
@@ -373,6 +385,10 @@ impl Actor {
     /// this actor has just started (its node stopped, or lost the session's lease).
     async fn close_orphan(&mut self) {
         let Phase::Running(turn) = self.state.phase else { return };
+        // A replay's copied turn runs nowhere: the replay goes on with it.
+        if self.engine.is_replaying(self.session) {
+            return;
+        }
         let closed = self.apply(|_| Ok(Decision { drafts: interrupted(turn), ..Decision::default() })).await;
         let closed = match closed {
             Ok((_, _, durable)) => durable.wait().await,
@@ -397,6 +413,12 @@ impl Actor {
         // one stops.
         if self.engine.stopping() {
             return Err(SessionError::ShuttingDown);
+        }
+        if self.engine.is_replaying(self.session) {
+            return Err(SessionError::Conflict(format!(
+                "session {} is replaying another session's events: it takes input once the replay is done",
+                self.session
+            )));
         }
         let tools = self.engine.inner.agents.tools.clone();
         let mut agent = None;
@@ -575,6 +597,7 @@ fn refuse(command: Command, failure: &SessionError) {
         Command::Create(_, reply) => drop(reply.send(Err(answer()))),
         Command::Close(_, reply) => drop(reply.send(Err(answer()))),
         Command::Stop(reply) => drop(reply.send(())),
+        Command::Copy(_, reply) => drop(reply.send(Err(answer()))),
         Command::TurnEnded(..) | Command::Wake => {}
     }
 }

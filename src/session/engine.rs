@@ -165,6 +165,9 @@ pub(super) enum Command {
     Stop(oneshot::Sender<()>),
     /// Nothing to do but load: the actor then answers the messages that wait.
     Wake,
+    /// Events of another session's log, re-emitted as they are (a replay session's):
+    /// appended after the session's last, answered with them once durable.
+    Copy(Vec<Draft>, oneshot::Sender<Result<Vec<RawEvent>, SessionError>>),
 }
 
 /// How many actors a command is offered to before the engine gives up (each one it finds
@@ -187,6 +190,9 @@ pub(super) struct EngineInner {
     cluster: Option<Arc<dyn Cluster>>,
     /// One claim of a session's lease at a time on this node.
     claiming: DashMap<SessionId, Arc<tokio::sync::Mutex<()>>>,
+    /// Sessions a replay is re-emitting events into now: a turn their log shows running is
+    /// the replay's, not one a stopped actor left behind.
+    replaying: DashMap<SessionId, ()>,
 }
 
 /// Where a session's commands go: to its actor here, or to the node that holds its lease.
@@ -246,6 +252,7 @@ impl Engine {
             stopping: AtomicBool::new(false),
             cluster,
             claiming: DashMap::new(),
+            replaying: DashMap::new(),
         };
         Engine { inner: Arc::new(inner) }
     }
@@ -262,6 +269,27 @@ impl Engine {
                 Ok(pending) => return pending.settle().await,
             }
         }
+    }
+
+    /// Appends events re-emitted from another log (see [`Command::Copy`]) through the
+    /// session's actor: the stored events, once durable.
+    pub(super) async fn copy(&self, session: SessionId, drafts: Vec<Draft>) -> Result<Vec<RawEvent>, SessionError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(session, Command::Copy(drafts, reply)).await?;
+        answer.await.map_err(|_| SessionError::ShuttingDown)?
+    }
+
+    /// Marks `session` as one a replay re-emits events into (or no longer, with `false`).
+    pub(super) fn replaying(&self, session: SessionId, on: bool) {
+        if on {
+            self.inner.replaying.insert(session, ());
+        } else {
+            self.inner.replaying.remove(&session);
+        }
+    }
+
+    pub(super) fn is_replaying(&self, session: SessionId) -> bool {
+        self.inner.replaying.contains_key(&session)
     }
 
     /// Starts a new session's log with `drafts` through the session's actor, so that no
@@ -387,6 +415,14 @@ impl Engine {
             Command::Submit(submission, reply) => (Remote::Submit(submission), ReplyTo::Submitted(reply)),
             Command::Close(closing, reply) => (Remote::Close(closing), ReplyTo::Done(reply)),
             Command::Wake => (Remote::Wake, ReplyTo::Nothing),
+            // A replay re-emits into a session whose actor runs on its own node; one that has
+            // moved to another node ends the replay there.
+            Command::Copy(_, reply) => {
+                let _ = reply.send(Err(SessionError::Unavailable(format!(
+                    "session {session} is held by node {node}: a replay runs where its session does"
+                ))));
+                return Ok(());
+            }
             // Only ever sent to an actor of this node.
             Command::TurnEnded(..) | Command::Stop(_) => return Ok(()),
         };

@@ -133,6 +133,11 @@ impl SessionLog {
         self.log.as_ref()
     }
 
+    /// The log itself, to hold beyond a request (a replay's task).
+    pub fn raw_arc(&self) -> Arc<dyn Log> {
+        self.log.clone()
+    }
+
     /// Every session whose log grows from now on.
     pub fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
         self.log.changes()

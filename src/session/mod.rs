@@ -15,6 +15,7 @@ pub mod decide;
 mod engine;
 mod follow;
 mod log;
+mod replay;
 pub mod rules;
 mod sessions;
 pub mod turn;

@@ -172,7 +172,7 @@ const SCAN_CHUNK: usize = 256;
 #[derive(Clone)]
 pub struct Sessions {
     pub(super) log: SessionLog,
-    engine: Engine,
+    pub(super) engine: Engine,
     agents: Arc<Agents>,
     catalog: Arc<Catalog>,
 }

@@ -671,3 +671,105 @@ async fn a_file_that_is_refused_imports_nothing() {
     let out = run(&["export", "--data-dir", path_str(&fresh)]).await;
     assert!(out.stdout.is_empty(), "nothing imported: {}", text(&out.stdout));
 }
+
+/// An event without its envelope, with the event ids its fields name changed by `ids`.
+fn body_of(event: &Value, ids: &std::collections::HashMap<String, String>) -> Value {
+    fn rename(value: &mut Value, ids: &std::collections::HashMap<String, String>) {
+        match value {
+            Value::String(text) => {
+                if let Some(new) = ids.get(text.as_str()) {
+                    *text = new.clone();
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| rename(item, ids)),
+            Value::Object(fields) => fields.values_mut().for_each(|field| rename(field, ids)),
+            _ => {}
+        }
+    }
+    let mut body = event.clone();
+    let fields = body.as_object_mut().unwrap();
+    for envelope in ["id", "session_id", "turn_id", "sequence_number", "created_at", "processed_at"] {
+        fields.remove(envelope);
+    }
+    rename(&mut body, ids);
+    body
+}
+
+#[tokio::test]
+async fn a_replay_session_re_emits_the_source_at_its_pace_for_any_client() {
+    let app = spawn_app().await;
+    let source = app.create_session().await;
+    turn(&app, &source, "/tool calculator {\"expression\": \"2+3\"}").await;
+    turn(&app, &source, "/delay 150\n/words 8").await;
+    let original = app.all_events(&source).await;
+    let time = |e: &Value| e["created_at"].as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+    let span = (time(original.last().unwrap()) - time(&original[1])).to_std().unwrap();
+    assert!(span >= Duration::from_millis(1200), "the log spans {span:?}");
+
+    let out = run(&["replay", &source, "--server", &app.url, "--into-session", "--speed", "10"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let copy = text(&out.stdout).trim().to_string();
+    let stream = app.get(&format!("/sessions/{copy}/events/stream")).send().await.unwrap();
+    let mut frames = crate::helpers::sse(stream);
+    let replayed: Vec<Value> =
+        crate::helpers::take(&mut frames, original.len(), 30).await.into_iter().map(|f| f.data).collect();
+
+    // Its own start, naming the source; then every event of the source, in new turns, with
+    // the ids they name changed to the copies'.
+    assert_eq!(replayed[0]["type"], "session.created");
+    assert_eq!(replayed[0]["replay_of"], json!({"session_id": source, "speed": 10.0}));
+    let ids: std::collections::HashMap<String, String> = original[1..]
+        .iter()
+        .zip(&replayed[1..])
+        .map(|(a, b)| (a["id"].as_str().unwrap().to_string(), b["id"].as_str().unwrap().to_string()))
+        .collect();
+    let none = std::collections::HashMap::new();
+    for (a, b) in original[1..].iter().zip(&replayed[1..]) {
+        assert_eq!(body_of(a, &ids), body_of(b, &none), "{a} copied as {b}");
+    }
+    let turns = |events: &[Value]| -> Vec<String> {
+        let mut turns: Vec<String> = events.iter().filter_map(|e| e["turn_id"].as_str().map(String::from)).collect();
+        turns.dedup();
+        turns
+    };
+    let (old, new) = (turns(&original), turns(&replayed));
+    assert_eq!(old.len(), new.len(), "a new turn for each of the source's");
+    assert!(new.iter().all(|t| !old.contains(t)));
+    let took = (time(replayed.last().unwrap()) - time(&replayed[1])).to_std().unwrap();
+    assert!(took >= (span / 10).mul_f64(0.9) && took <= span / 10 + span / 2, "took {took:?} for a span of {span:?}");
+
+    // Done, it is a session like any other: the same history, and it goes on.
+    let history = |session: &str| {
+        let app = &app;
+        let path = format!("/sessions/{session}/history?type=full");
+        async move { app.get(&path).send().await.unwrap().json::<Value>().await.unwrap()["history"]["full"].clone() }
+    };
+    assert_eq!(history(&copy).await, history(&source).await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = json!({"stream": "none", "messages": [{"role": "user", "content": "more"}]});
+    loop {
+        let response = app.post(&format!("/sessions/{copy}/turns")).json(&body).send().await.unwrap();
+        if response.status() == 200 {
+            break;
+        }
+        // Until the replay's task has let the session go.
+        assert_eq!(response.status(), 409);
+        assert!(Instant::now() < deadline, "the replay session never took input");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // While a replay runs, its session takes no input; deleting it ends the replay.
+    let slow = app.post(&format!("/sessions/{source}/replay")).json(&json!({"speed": 1})).send().await.unwrap();
+    assert_eq!(slow.status(), 201);
+    let slow = slow.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string();
+    let refused = app.post(&format!("/sessions/{slow}/turns")).json(&body).send().await.unwrap();
+    assert_eq!(refused.status(), 409);
+    assert_eq!(app.delete(&format!("/sessions/{slow}")).send().await.unwrap().status(), 204);
+    let from = original[5]["id"].as_str().unwrap();
+    let bad = app.post(&format!("/sessions/{source}/replay")).json(&json!({"speed": 0})).send().await.unwrap();
+    assert_eq!(bad.status(), 400);
+    let later = json!({"speed": 100, "from": from});
+    let partial = app.post(&format!("/sessions/{source}/replay")).json(&later).send().await.unwrap();
+    assert_eq!(partial.status(), 201);
+    assert_eq!(app.all_events(&source).await, original, "the source is untouched");
+}

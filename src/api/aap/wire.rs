@@ -98,6 +98,7 @@ impl CreateSession {
             metadata: self.metadata,
             environment_id: None,
             forked_from: None,
+            replay_of: None,
         }
     }
 }
