@@ -340,6 +340,85 @@ async fn full_segments_are_checkpointed_and_an_unclean_close_loses_nothing() {
     assert_eq!(log.wal_bytes(), 0, "a clean close leaves nothing in the write-ahead log");
 }
 
+/// Two nodes (two logs on one JetStream stream, each with its own idea of where a session
+/// ends) append to one session at the same position at the same time, round after round:
+/// JetStream's expected last subject sequence lets exactly one batch through, the other
+/// node is refused (as raced, or as a conflict if it had seen the other's append), and the
+/// log is each round's winner's batch, whole, with no gap.
+#[tokio::test]
+async fn two_nodes_race_for_one_position_on_the_jetstream_log() {
+    let nats = nats::Nats::single().await;
+    let (a, b) = (Arc::new(nats::open_log(&nats).await), Arc::new(nats::open_log(&nats).await));
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    a.prepare(session).await.unwrap();
+    a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    let batch = |node: &str, round: usize| -> Vec<Draft> {
+        let outcome =
+            |k: usize| EventBody::UserDefineOutcome { outcome: serde_json::json!(format!("{node}-{round}-{k}")) };
+        (0..3).map(|k| Draft::new(None, &outcome(k))).collect()
+    };
+    let mut winners = Vec::new();
+    let mut raced = 0;
+    for round in 0..30 {
+        // Each node takes the session as it now ends, as a node does that takes it over.
+        let mut at = 0;
+        for node in [&a, &b] {
+            node.release(session);
+            node.prepare(session).await.unwrap();
+            at = at.max(node.position(session).await.unwrap().seq);
+        }
+        let (first, second) = (batch("a", round), batch("b", round));
+        let (x, y) = (a.clone(), b.clone());
+        let racing = (
+            tokio::spawn(async move { x.append(session, at, first).await }),
+            tokio::spawn(async move { y.append(session, at, second).await }),
+        );
+        let (first, second) = (racing.0.await.unwrap(), racing.1.await.unwrap());
+        // Refused, and by JetStream itself (raced) or by the node's own view (a conflict).
+        let refused = |outcome: &Result<turnlog::store::Appended, AppendError>| match outcome {
+            Err(AppendError::Raced(_)) => Some(true),
+            Ok(Err(conflict)) if conflict.expected == at => Some(false),
+            _ => None,
+        };
+        let won = match (&first, &second) {
+            (Ok(Ok(events)), other) if refused(other).is_some() => ("a", events.clone(), refused(other) == Some(true)),
+            (other, Ok(Ok(events))) if refused(other).is_some() => ("b", events.clone(), refused(other) == Some(true)),
+            _ => panic!("round {round}: not one winner and one refusal: {first:?} / {second:?}"),
+        };
+        assert_eq!(won.1.iter().map(|e| e.seq).collect::<Vec<_>>(), [at + 1, at + 2, at + 3], "round {round}");
+        raced += usize::from(won.2);
+        winners.push(won.0);
+    }
+    assert!(raced > 0, "JetStream itself refused none of the losers: the race was never on the wire");
+    let range = ReadRange { after: None, before: None, limit: 10_000, newest_first: false };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let all = loop {
+        let all = b.read(session, range).await.unwrap();
+        if all.len() > 30 * 3 || std::time::Instant::now() > deadline {
+            break all;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(all.len(), 1 + 30 * 3, "every winning batch, on the other node too");
+    for (i, event) in all.iter().enumerate() {
+        assert_eq!(event.seq, i as u64 + 1, "no gap");
+    }
+    for (round, winner) in winners.iter().enumerate() {
+        let texts: Vec<String> = all[1 + round * 3..1 + round * 3 + 3]
+            .iter()
+            .map(|e| match e.decode().unwrap().body {
+                EventBody::UserDefineOutcome { outcome } => outcome.as_str().unwrap().to_string(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let expected: Vec<String> = (0..3).map(|k| format!("{winner}-{round}-{k}")).collect();
+        assert_eq!(texts, expected, "round {round} is one node's batch, not interleaved");
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
 /// Two writers append to one session at the same expected position at the same time,
 /// round after round: exactly one wins each round, the other gets the conflict, and the
 /// log is each round's winner's events in one piece, with no gap.

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cluster::Lease;
 use super::decide::{self, decide, idle, Decision};
-use super::engine::{interrupted, Closing, Command, Engine, Input, Pending, Submission, Submitted};
+use super::engine::{abandoned, interrupted, Closing, Command, Engine, Input, Pending, Submission, Submitted};
 use super::log::{Durable, Writer};
 use super::turn::{self, Outcome, ToolPlan, TurnContext};
 use super::{rules, SessionError};
@@ -185,7 +185,8 @@ impl Actor {
     async fn run(mut self, generation: u64, mut commands: mpsc::Receiver<Command>) {
         let idle = self.engine.idle_after();
         while !self.done {
-            let running = self.running.is_some();
+            // A replay may wait long between its copies: its session stays here meanwhile.
+            let running = self.running.is_some() || self.engine.is_replaying(self.session);
             let next = async {
                 if running {
                     Some(commands.recv().await)
@@ -244,6 +245,7 @@ impl Actor {
                 Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
                 Command::Stop(reply) => drop(reply.send(())),
                 Command::Copy(_, reply) => drop(reply.send(Err(SessionError::ShuttingDown))),
+                Command::EndReplay(reply) => drop(reply.send(Err(SessionError::ShuttingDown))),
             }
         }
     }
@@ -273,15 +275,31 @@ impl Actor {
             Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
             Command::Wake => {}
             Command::Copy(drafts, reply) => {
-                let mut drafts = Some(drafts);
-                let copied =
-                    self.apply(|_| Ok(Decision { drafts: drafts.take().unwrap_or_default(), ..Decision::default() }));
+                let copied = self.apply(|actor| {
+                    if actor.summary.deleted {
+                        return Err(SessionError::NotFound(actor.session.to_string()));
+                    }
+                    Ok(Decision { drafts: drafts.clone(), ..Decision::default() })
+                });
                 match copied.await {
                     Ok((_, events, durable)) => {
                         tokio::spawn(async move { drop(reply.send(durable.wait().await.map(|()| events))) });
                     }
                     Err(error) => drop(reply.send(Err(error))),
                 }
+            }
+            Command::EndReplay(reply) => {
+                let closed = match (&self.state.phase, &self.running) {
+                    (&Phase::Running(turn), None) if !self.summary.deleted => {
+                        let ended = abandoned(turn, "the replay ended before this turn did");
+                        match self.apply(|_| Ok(Decision { drafts: ended.clone(), ..Decision::default() })).await {
+                            Ok((_, _, durable)) => durable.wait().await,
+                            Err(error) => Err(error),
+                        }
+                    }
+                    _ => Ok(()),
+                };
+                let _ = reply.send(closed);
             }
             Command::Close(closing, reply) => match &self.running {
                 Some((_, cancel)) => {
@@ -457,18 +475,24 @@ impl Actor {
     /// Deletes (`session.deleted`, then `terminated`, after which every open stream ends)
     /// or archives (`session.archived`, once) the session; answers once that is durable.
     async fn close(&mut self, closing: Closing, reply: oneshot::Sender<Result<(), SessionError>>) {
+        // A replay into the session stops; a turn it copied and left open ends first.
+        self.engine.cancel_replay(self.session);
         let closed = self.apply(|actor| {
             if actor.summary.deleted {
                 return Err(SessionError::NotFound(actor.session.to_string()));
             }
-            let drafts = match closing {
+            let mut drafts = match (&actor.state.phase, &actor.running) {
+                (&Phase::Running(turn), None) => abandoned(turn, "the session was closed before this turn ended"),
+                _ => Vec::new(),
+            };
+            drafts.extend(match closing {
                 Closing::Delete => vec![
                     Draft::new(None, &EventBody::SessionDeleted {}),
                     Draft::new(None, &EventBody::Terminated { reason: "session deleted".into() }),
                 ],
                 Closing::Archive if actor.summary.archived_at.is_some() => Vec::new(),
                 Closing::Archive => vec![Draft::new(None, &EventBody::SessionArchived {})],
-            };
+            });
             Ok(Decision { drafts, ..Decision::default() })
         });
         match closed.await {
@@ -510,7 +534,9 @@ impl Actor {
     async fn answer_queued(&mut self) {
         self.fold_ordered();
         let waiting = self.state.phase == Phase::Idle && !self.state.queued.is_empty();
-        if !waiting || self.engine.stopping() || self.summary.deleted || self.summary.archived_at.is_some() {
+        let closed = self.summary.deleted || self.summary.archived_at.is_some();
+        // A replay's queued messages are answered by the turns it copies.
+        if !waiting || self.engine.stopping() || closed || self.engine.is_replaying(self.session) {
             return;
         }
         let Ok(agent) = self.agent() else { return };
@@ -598,6 +624,7 @@ fn refuse(command: Command, failure: &SessionError) {
         Command::Close(_, reply) => drop(reply.send(Err(answer()))),
         Command::Stop(reply) => drop(reply.send(())),
         Command::Copy(_, reply) => drop(reply.send(Err(answer()))),
+        Command::EndReplay(reply) => drop(reply.send(Err(answer()))),
         Command::TurnEnded(..) | Command::Wake => {}
     }
 }

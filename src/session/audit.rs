@@ -150,6 +150,9 @@ pub async fn start_replay(log: &dyn Log, session: SessionId, from: Option<&str>)
 /// The pace of a replay: each event is due as long after the first as it was made after
 /// it (its `created_at`), divided by the speed. Sleeping until an absolute time, not for
 /// each gap, so that a slow reader does not make the replay drift.
+/// The longest a replay waits for one event, whatever its speed.
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
 pub struct Pace {
     speed: f64,
     origin: Option<(tokio::time::Instant, chrono::DateTime<chrono::Utc>)>,
@@ -171,8 +174,10 @@ impl Pace {
         }
         let Ok(At { created_at }) = serde_json::from_slice::<At>(&event.json) else { return };
         let (started, origin) = *self.origin.get_or_insert((tokio::time::Instant::now(), created_at));
-        let offset = (created_at - origin).to_std().unwrap_or_default().div_f64(self.speed);
-        tokio::time::sleep_until(started + offset).await;
+        let gap = (created_at - origin).to_std().unwrap_or_default().as_secs_f64() / self.speed;
+        // However slow the speed asked, no wait is longer than a year (or overflows).
+        let offset = std::time::Duration::try_from_secs_f64(gap).unwrap_or(MAX_WAIT).min(MAX_WAIT);
+        tokio::time::sleep_until(started.checked_add(offset).unwrap_or(started + MAX_WAIT)).await;
     }
 }
 

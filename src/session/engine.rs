@@ -168,6 +168,8 @@ pub(super) enum Command {
     /// Events of another session's log, re-emitted as they are (a replay session's):
     /// appended after the session's last, answered with them once durable.
     Copy(Vec<Draft>, oneshot::Sender<Result<Vec<RawEvent>, SessionError>>),
+    /// A replay has ended (done, or stopped): a copied turn it left open is closed.
+    EndReplay(oneshot::Sender<Result<(), SessionError>>),
 }
 
 /// How many actors a command is offered to before the engine gives up (each one it finds
@@ -190,9 +192,9 @@ pub(super) struct EngineInner {
     cluster: Option<Arc<dyn Cluster>>,
     /// One claim of a session's lease at a time on this node.
     claiming: DashMap<SessionId, Arc<tokio::sync::Mutex<()>>>,
-    /// Sessions a replay is re-emitting events into now: a turn their log shows running is
-    /// the replay's, not one a stopped actor left behind.
-    replaying: DashMap<SessionId, ()>,
+    /// Sessions a replay is re-emitting events into now, and what stops it: a turn their
+    /// log shows running is the replay's, not one a stopped actor left behind.
+    replaying: DashMap<SessionId, tokio_util::sync::CancellationToken>,
 }
 
 /// Where a session's commands go: to its actor here, or to the node that holds its lease.
@@ -228,11 +230,13 @@ const FORWARD_GRACE: Duration = Duration::from_secs(5);
 
 /// The closing events of a turn that nothing runs any more (a crash, or a node that died).
 pub(super) fn interrupted(turn: TurnId) -> Vec<Draft> {
-    let error = EventBody::SessionError {
-        error: "the server stopped while this turn was running".into(),
-        code: "interrupted".into(),
-        mcp_server: None,
-    };
+    abandoned(turn, "the server stopped while this turn was running")
+}
+
+/// The end of a turn nothing runs any more: `session.error` (`interrupted`, saying `why`)
+/// and an idle status.
+pub(super) fn abandoned(turn: TurnId, why: &str) -> Vec<Draft> {
+    let error = EventBody::SessionError { error: why.into(), code: "interrupted".into(), mcp_server: None };
     vec![Draft::new(Some(turn), &error), Draft::new(Some(turn), &idle(StopReason::Error, vec![], Usage::default()))]
 }
 
@@ -279,12 +283,29 @@ impl Engine {
         answer.await.map_err(|_| SessionError::ShuttingDown)?
     }
 
-    /// Marks `session` as one a replay re-emits events into (or no longer, with `false`).
-    pub(super) fn replaying(&self, session: SessionId, on: bool) {
-        if on {
-            self.inner.replaying.insert(session, ());
-        } else {
-            self.inner.replaying.remove(&session);
+    /// Closes a copied turn a replay left open (see [`Command::EndReplay`]).
+    pub(super) async fn end_replay(&self, session: SessionId) -> Result<(), SessionError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(session, Command::EndReplay(reply)).await?;
+        answer.await.map_err(|_| SessionError::ShuttingDown)?
+    }
+
+    /// Marks `session` as one a replay re-emits events into: what cancels the replay.
+    pub(super) fn start_replaying(&self, session: SessionId) -> tokio_util::sync::CancellationToken {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        self.inner.replaying.insert(session, cancel.clone());
+        cancel
+    }
+
+    /// `session` is no longer replayed into.
+    pub(super) fn stop_replaying(&self, session: SessionId) {
+        self.inner.replaying.remove(&session);
+    }
+
+    /// Stops the replay into `session`, if one runs (the session is being deleted).
+    pub(super) fn cancel_replay(&self, session: SessionId) {
+        if let Some(cancel) = self.inner.replaying.get(&session) {
+            cancel.cancel();
         }
     }
 
@@ -415,12 +436,16 @@ impl Engine {
             Command::Submit(submission, reply) => (Remote::Submit(submission), ReplyTo::Submitted(reply)),
             Command::Close(closing, reply) => (Remote::Close(closing), ReplyTo::Done(reply)),
             Command::Wake => (Remote::Wake, ReplyTo::Nothing),
-            // A replay re-emits into a session whose actor runs on its own node; one that has
-            // moved to another node ends the replay there.
+            // A replay re-emits into a session whose actor runs on its own node (which keeps
+            // it while the replay runs); one that has moved to another node ends the replay.
             Command::Copy(_, reply) => {
                 let _ = reply.send(Err(SessionError::Unavailable(format!(
                     "session {session} is held by node {node}: a replay runs where its session does"
                 ))));
+                return Ok(());
+            }
+            Command::EndReplay(reply) => {
+                let _ = reply.send(Err(SessionError::Unavailable(format!("session {session} is held by node {node}"))));
                 return Ok(());
             }
             // Only ever sent to an actor of this node.

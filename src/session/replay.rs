@@ -2,15 +2,17 @@
 //! pace (divided by a speed), so that any client of any view watches it happen again: a
 //! demo, or a bug followed as it unfolded.
 //!
-//! The new session starts with the source's settings (and, when the replay starts at an
-//! event, the source's history before it as its seed). A task then copies each event after
-//! that, when it is due, through the session's actor ([`super::engine::Engine::copy`]): the
-//! same types and fields, in new turns (one per source turn), with every event id the
-//! fields name (a tool call's, a queued message's) changed to the copy's; a message the
-//! source queued for a turn is copied as taken when it came. While it runs the session takes
-//! no input (409). Deleting the session stops the replay; so does a restart (whose recovery
-//! then closes the copied turn that was open, as it closes any). Afterwards the session is
-//! like any other.
+//! A replay starts at a turn's start (a replay asked to start inside a turn starts at that
+//! turn's `turn.started`), or after the source's creation. The new session is made as the
+//! source stood there: its settings then, and its history then as the seed (so the seed's
+//! calls that wait for the client wait in the copy too). A task then copies each later
+//! event, when it is due, through the session's actor ([`super::engine::Engine::copy`]):
+//! the same types and fields, in new turns (one per source turn), with the event ids that
+//! fields name (a call's, a queued message's) changed to the copies'. While it runs the
+//! session takes no input (409) and its actor stays; when it ends (done, or stopped by an
+//! error) a copied turn it left open is closed, as a restart closes one. Deleting the
+//! session stops the replay; so does a restart (whose recovery closes the copied turn that
+//! was open). Afterwards the session is like any other.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,21 +20,28 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::audit::{start_replay, Pace};
+use super::engine::Engine;
 use super::{Caller, SessionError, Sessions};
 use crate::domain::event::ReplayOf;
-use crate::domain::{Draft, Event, EventId, RawEvent, SessionId, TurnId};
+use crate::domain::{Draft, EventBody, EventId, RawEvent, SessionId, TurnId};
 use crate::projection::history::History;
 use crate::projection::SessionSummary;
-use crate::store::Position;
+use crate::store::{Position, ReadRange};
 
 /// Kinds a replay does not copy: the new session has its own start, and the source's end
 /// (or archiving) would end the replay's session.
 const NOT_COPIED: &[&str] = &["session.created", "session.deleted", "terminated", "session.archived"];
 
+/// Fields that name events of the log (their ids are the copies' in a replay).
+const ID_FIELDS: &[&str] = &["tool_use_id", "custom_tool_use_id", "event_ids", "model_request_start_id"];
+
+/// Kinds whose ids other events name.
+const NAMED: &[&str] = &["agent.tool_use", "agent.custom_tool_use", "user.message", "span.model_request_start"];
+
 impl Sessions {
-    /// A new session of `caller`'s into which `source`'s events, from event `from` on (after
-    /// its `session.created` when none), are re-emitted at their original pace divided by
-    /// `speed`; answered once the session exists, while the replay runs on.
+    /// A new session of `caller`'s into which `source`'s events, from event `from` on (see
+    /// the module's account of where a replay starts), are re-emitted at their original pace
+    /// divided by `speed`; answered once the session exists, while the replay runs on.
     pub async fn replay_into(
         &self,
         caller: &Caller,
@@ -41,31 +50,55 @@ impl Sessions {
         speed: f64,
     ) -> Result<SessionSummary, SessionError> {
         let pace = Pace::new(speed)?;
-        let mut replay = start_replay(self.log.raw(), source.id, from).await?;
-        let from: Option<EventId> = from.and_then(|f| f.parse().ok());
-        // The source as stored (not redacted), and its history before `from` as the seed.
-        let stored = self.log.summary(source.id).await?.ok_or_else(|| SessionError::NotFound(source.id.to_string()))?;
-        let mut spec = stored.spec;
-        if let Some(from) = from {
-            let mut history = History::default();
-            self.log
-                .fold(source.id, Position::default(), |raw| {
-                    if raw.id < from {
-                        if let Ok(event) = raw.decode() {
-                            history.apply(&event);
-                        }
-                    }
-                })
-                .await?;
-            spec.messages = history.messages.into_iter().map(Arc::unwrap_or_clone).collect();
-        }
+        let invalid = || SessionError::Invalid(format!("invalid `from`: {from:?} is not an event of this session"));
+        let from: Option<EventId> = from.map(|from| from.parse().map_err(|_| invalid())).transpose()?;
+        let start = self.replay_start(source.id, from).await?.ok_or_else(invalid)?;
+        // The source as it stood at the start: its settings, its history as the seed, and
+        // the calls of that history (to know the copy's by).
+        let (mut summary, mut history, mut calls) = (None, History::default(), HashMap::new());
+        self.log
+            .fold(source.id, Position::default(), |raw| {
+                if raw.seq >= start.seq {
+                    return;
+                }
+                let Ok(event) = raw.decode() else { return };
+                history.apply(&event);
+                if let Some(next) = SessionSummary::apply(summary.take(), &event) {
+                    summary = Some(next);
+                }
+                if let EventBody::AgentToolUse { tool_call_id, .. }
+                | EventBody::AgentCustomToolUse { tool_call_id, .. } = &event.body
+                {
+                    calls.insert(tool_call_id.clone(), event.id.to_string());
+                }
+            })
+            .await?;
+        let mut spec = summary.ok_or_else(|| SessionError::NotFound(source.id.to_string()))?.spec;
+        spec.messages = history.messages.into_iter().map(Arc::unwrap_or_clone).collect();
         spec.forked_from = None;
         spec.replay_of = Some(ReplayOf { session_id: source.id, from, speed });
         let created = self.create(caller, spec).await?;
-        let (engine, log, session) = (self.engine.clone(), self.log.raw_arc(), created.id);
-        engine.replaying(session, true);
+        let session = created.id;
+        let mut copier = Copier::new(session, pace);
+        // The seed's calls, by the source's ids: the copy's creation made its own of them.
+        let all = ReadRange { after: None, before: None, limit: 10_000, newest_first: false };
+        for copy in self.log.read(session, all).await? {
+            if let Ok(event) = copy.decode() {
+                if let EventBody::AgentToolUse { tool_call_id, .. }
+                | EventBody::AgentCustomToolUse { tool_call_id, .. } = &event.body
+                {
+                    if let Some(original) = calls.get(tool_call_id) {
+                        copier.ids.insert(original.clone(), copy.id.to_string());
+                    }
+                }
+            }
+        }
+        let Some(first) = start.first else { return Ok(created) };
+        let mut replay = start_replay(self.log.raw(), source.id, Some(&first.to_string())).await?;
+        let (engine, log) = (self.engine.clone(), self.log.raw_arc());
+        let cancel = engine.start_replaying(session);
+        let replaying = Replaying { engine: engine.clone(), session };
         tokio::spawn(async move {
-            let mut copier = Copier::new(session, pace);
             let copied = async {
                 loop {
                     let page = replay.next(log.as_ref()).await?;
@@ -77,14 +110,95 @@ impl Sessions {
                     }
                 }
             };
-            let result: Result<(), SessionError> = copied.await;
-            engine.replaying(session, false);
-            match result {
+            let result: Result<(), SessionError> = tokio::select! {
+                result = copied => result,
+                _ = cancel.cancelled() => Err(SessionError::NotFound(session.to_string())),
+            };
+            match &result {
                 Ok(()) => tracing::info!(session_id = %session, copied = copier.copied, "replay done"),
                 Err(error) => tracing::warn!(%error, session_id = %session, copied = copier.copied, "replay stopped"),
             }
+            if !cancel.is_cancelled() {
+                if let Err(error) = engine.end_replay(session).await {
+                    tracing::warn!(%error, session_id = %session, "could not close the replay's open turn");
+                }
+            }
+            drop(replaying);
         });
         Ok(created)
+    }
+
+    /// Where a replay of `source` from event `from` starts: that event, or the start of its
+    /// turn if it is inside one, or after the source's creation (the turn its seed history
+    /// made with it included); `None` if `from` is not an event of the source.
+    async fn replay_start(&self, source: SessionId, from: Option<EventId>) -> Result<Option<Start>, SessionError> {
+        let created = self.first(source).await?;
+        // A seed history that ends with calls makes a turn with the session, through its idle.
+        let mut seed_open = created.decode().ok().is_some_and(|event| {
+            matches!(&event.body, EventBody::SessionCreated { spec, .. }
+                if crate::domain::message::waiting_calls(&spec.messages).next().is_some())
+        });
+        let (mut seed, mut in_seed) = (None, false);
+        let mut starts: HashMap<TurnId, Start> = HashMap::new();
+        let (mut after_creation, mut found) = (None, None);
+        self.log
+            .fold(source, Position::default(), |raw| {
+                let turn = raw.turn().map(|(turn, _)| turn);
+                if raw.seq == 1 {
+                    return;
+                }
+                if seed_open {
+                    seed = seed.or(turn);
+                    if turn.is_some() && turn == seed {
+                        seed_open = raw.kind() != "session.status_idle";
+                        in_seed |= Some(raw.id) == from;
+                        return;
+                    }
+                    seed_open = false;
+                }
+                let here = Start { first: Some(raw.id), seq: raw.seq };
+                after_creation = after_creation.or(Some(here));
+                if let (Some(turn), "turn.started") = (turn, raw.kind()) {
+                    starts.insert(turn, here);
+                }
+                if Some(raw.id) == from {
+                    found = Some(turn.and_then(|turn| starts.get(&turn).copied()).unwrap_or(here));
+                }
+            })
+            .await?;
+        let from_creation = after_creation.unwrap_or(Start { first: None, seq: u64::MAX });
+        Ok(match from {
+            None => Some(from_creation),
+            Some(from) if from == created.id || in_seed => Some(from_creation),
+            Some(_) => found,
+        })
+    }
+
+    /// The source's first event, its creation.
+    async fn first(&self, source: SessionId) -> Result<RawEvent, SessionError> {
+        let first = ReadRange { after: None, before: None, limit: 1, newest_first: false };
+        let event = self.log.read(source, first).await?.into_iter().next();
+        event.ok_or_else(|| SessionError::NotFound(source.to_string()))
+    }
+}
+
+/// Where a replay starts: the first event it copies (none: it copies nothing), whose
+/// sequence number is where the source's history and settings are taken.
+#[derive(Debug, Clone, Copy)]
+struct Start {
+    first: Option<EventId>,
+    seq: u64,
+}
+
+/// While it lives, its session is replayed into; dropped (however the task ends), it is not.
+struct Replaying {
+    engine: Engine,
+    session: SessionId,
+}
+
+impl Drop for Replaying {
+    fn drop(&mut self) {
+        self.engine.stop_replaying(self.session);
     }
 }
 
@@ -92,7 +206,7 @@ impl Sessions {
 struct Copier {
     session: SessionId,
     pace: Pace,
-    /// The source's event ids and the copies' (as strings, as fields name them).
+    /// The source's ids of events that others name, and the copies'.
     ids: HashMap<String, String>,
     /// The source's turns and the copies'.
     turns: HashMap<TurnId, TurnId>,
@@ -104,7 +218,7 @@ impl Copier {
         Copier { session, pace, ids: HashMap::new(), turns: HashMap::new(), copied: 0 }
     }
 
-    async fn copy(&mut self, engine: &super::engine::Engine, raw: RawEvent) -> Result<(), SessionError> {
+    async fn copy(&mut self, engine: &Engine, raw: RawEvent) -> Result<(), SessionError> {
         if NOT_COPIED.contains(&raw.kind()) {
             return Ok(());
         }
@@ -112,39 +226,52 @@ impl Copier {
             tracing::warn!(id = %raw.id, "a replayed event does not decode; skipped");
             return Ok(());
         };
-        let draft = self.draft(&event)?;
+        let turn = event.turn_id.map(|turn| *self.turns.entry(turn).or_insert_with(TurnId::generate));
+        let mut body = serde_json::to_value(&event.body).map_err(|e| SessionError::Invalid(e.to_string()))?;
+        rename(&mut body, &self.ids);
+        let body = serde_json::from_value(body).map_err(|e| SessionError::Invalid(e.to_string()))?;
+        let draft = match event.processed_at {
+            None => Draft::queued(&body),
+            Some(_) => Draft::new(turn, &body),
+        };
         self.pace.wait(&raw).await;
         let stored = engine.copy(self.session, vec![draft]).await?;
-        if let Some(copy) = stored.first() {
+        if let Some(copy) = stored.first().filter(|_| NAMED.contains(&raw.kind())) {
             self.ids.insert(raw.id.to_string(), copy.id.to_string());
         }
         self.copied += 1;
         Ok(())
     }
-
-    /// The event as a draft of the replay session: its turn mapped to the copy's, and every
-    /// id of a copied event its fields name changed to the copy's.
-    fn draft(&mut self, event: &Event) -> Result<Draft, SessionError> {
-        let turn = event.turn_id.map(|turn| *self.turns.entry(turn).or_insert_with(TurnId::generate));
-        let mut body = serde_json::to_value(&event.body).map_err(|e| SessionError::Invalid(e.to_string()))?;
-        rename(&mut body, &self.ids);
-        let body = serde_json::from_value(body).map_err(|e| SessionError::Invalid(e.to_string()))?;
-        // A message the source queued for a turn is copied as taken when it came: copied
-        // as queued, this session's actor would run a turn of its own to answer it.
-        Ok(Draft::new(turn, &body))
-    }
 }
 
-/// Changes every string in `value` that is a key of `ids` to its value.
+/// Changes the ids that [`ID_FIELDS`] in `value` hold (at any depth) to their copies'.
 fn rename(value: &mut Value, ids: &HashMap<String, String>) {
+    let renamed = |value: &mut Value| match value {
+        Value::String(id) => {
+            if let Some(copy) = ids.get(id.as_str()) {
+                *id = copy.clone();
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                if let Some(copy) = item.as_str().and_then(|id| ids.get(id)) {
+                    *item = Value::String(copy.clone());
+                }
+            }
+        }
+        _ => {}
+    };
     match value {
-        Value::String(text) => {
-            if let Some(copy) = ids.get(text.as_str()) {
-                *text = copy.clone();
+        Value::Object(fields) => {
+            for (name, field) in fields.iter_mut() {
+                if ID_FIELDS.contains(&name.as_str()) {
+                    renamed(field);
+                } else {
+                    rename(field, ids);
+                }
             }
         }
         Value::Array(items) => items.iter_mut().for_each(|item| rename(item, ids)),
-        Value::Object(fields) => fields.values_mut().for_each(|field| rename(field, ids)),
         _ => {}
     }
 }
@@ -155,10 +282,21 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn ids_are_renamed_wherever_a_field_names_them() {
+    fn only_the_fields_that_name_events_are_renamed() {
         let ids = HashMap::from([("evt_A".to_string(), "evt_B".to_string())]);
-        let mut value = json!({"tool_use_id": "evt_A", "stop_reason": {"event_ids": ["evt_A", "evt_C"]}, "n": 1});
+        let mut value = json!({
+            "tool_use_id": "evt_A",
+            "stop_reason": {"type": "requires_action", "event_ids": ["evt_A", "evt_C"]},
+            "content": [{"type": "text", "text": "evt_A"}],
+        });
         rename(&mut value, &ids);
-        assert_eq!(value, json!({"tool_use_id": "evt_B", "stop_reason": {"event_ids": ["evt_B", "evt_C"]}, "n": 1}));
+        assert_eq!(
+            value,
+            json!({
+                "tool_use_id": "evt_B",
+                "stop_reason": {"type": "requires_action", "event_ids": ["evt_B", "evt_C"]},
+                "content": [{"type": "text", "text": "evt_A"}],
+            })
+        );
     }
 }

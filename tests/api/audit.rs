@@ -764,6 +764,8 @@ async fn a_replay_session_re_emits_the_source_at_its_pace_for_any_client() {
     let slow = slow.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string();
     let refused = app.post(&format!("/sessions/{slow}/turns")).json(&body).send().await.unwrap();
     assert_eq!(refused.status(), 409);
+    let why: Value = refused.json().await.unwrap();
+    assert!(why["error"]["message"].as_str().unwrap().contains("replaying"), "{why}");
     assert_eq!(app.delete(&format!("/sessions/{slow}")).send().await.unwrap().status(), 204);
     let from = original[5]["id"].as_str().unwrap();
     let bad = app.post(&format!("/sessions/{source}/replay")).json(&json!({"speed": 0})).send().await.unwrap();
@@ -771,5 +773,63 @@ async fn a_replay_session_re_emits_the_source_at_its_pace_for_any_client() {
     let later = json!({"speed": 100, "from": from});
     let partial = app.post(&format!("/sessions/{source}/replay")).json(&later).send().await.unwrap();
     assert_eq!(partial.status(), 201);
+    let partial = partial.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string();
+    // Event 6 is inside the first turn: the replay starts at that turn's start, with the
+    // history before it (none) as its seed.
+    let first_turn = original.iter().position(|e| e["type"] == "turn.started").unwrap();
+    assert!(first_turn < 5 && original[5]["turn_id"] == original[first_turn]["turn_id"]);
+    let stream = app.get(&format!("/sessions/{partial}/events/stream")).send().await.unwrap();
+    let mut frames = crate::helpers::sse(stream);
+    let copied = crate::helpers::take(&mut frames, 1 + original.len() - first_turn, 30).await;
+    let kinds = |events: &[Value]| events.iter().map(|e| e["type"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let copied: Vec<Value> = copied.into_iter().map(|f| f.data).collect();
+    assert_eq!(kinds(&copied[1..]), kinds(&original[first_turn..]));
     assert_eq!(app.all_events(&source).await, original, "the source is untouched");
+}
+
+#[tokio::test]
+async fn a_replay_of_a_turn_still_running_closes_the_copy_of_it_and_takes_input_after() {
+    let app = spawn_app().await;
+    let source = app.create_session().await;
+    let (url, client, path) = (app.url.clone(), app.client.clone(), format!("/sessions/{source}/turns"));
+    let slow = json!({"stream": "none", "messages": [{"role": "user", "content": "/delay 50\n/words 200"}]});
+    let running = tokio::spawn(async move { client.post(format!("{url}{path}")).json(&slow).send().await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !app.all_events(&source).await.iter().any(|e| e["type"] == "agent.message.delta") {
+        assert!(Instant::now() < deadline, "the turn never said anything");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = app.post(&format!("/sessions/{source}/replay")).json(&json!({"speed": 100})).send().await.unwrap();
+    assert_eq!(started.status(), 201);
+    let copy = started.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string();
+    // The replay ends with the log as it was: the copied turn is closed, and the copy takes
+    // input from then on.
+    let stream = app.get(&format!("/sessions/{copy}/events/stream")).send().await.unwrap();
+    let mut frames = crate::helpers::sse(stream);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(20), futures_util::StreamExt::next(&mut frames));
+        let frame = frame.await.unwrap().unwrap();
+        if frame.event == "session.error" {
+            assert_eq!(frame.data["code"], "interrupted");
+            assert!(frame.data["error"].as_str().unwrap().contains("replay ended"), "{}", frame.data);
+            break;
+        }
+        assert!(Instant::now() < deadline);
+    }
+    let body = json!({"stream": "none", "messages": [{"role": "user", "content": "go on"}]});
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let response = app.post(&format!("/sessions/{copy}/turns")).json(&body).send().await.unwrap();
+        if response.status() == 200 {
+            let answer: Value = response.json().await.unwrap();
+            assert_eq!(answer["messages"][0]["content"], "echo: go on", "{answer}");
+            break;
+        }
+        assert_eq!(response.status(), 409);
+        assert!(Instant::now() < deadline, "the copy never took input");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app.post_event(&source, json!({"type": "user.interrupt"})).await;
+    running.await.unwrap().unwrap();
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use super::helpers::{ids, launch, post_json, spawn_with, sse, take, Sse, TestApp};
+use super::helpers::{get_json, ids, launch, post_json, spawn_with, sse, take, Sse, TestApp};
 use super::nats::Nats;
 
 /// A lease expires this long after its node stops renewing it.
@@ -30,7 +30,8 @@ impl Cluster {
         for name in ["a", "b", "c"] {
             let config = format!(
                 "[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {}\nreplicas = 3\nnode = \"{name}\"\n\
-                 lease_ttl_secs = {LEASE_TTL_SECS}\n",
+                 lease_ttl_secs = {LEASE_TTL_SECS}\n\
+                 [agents.other]\nsystem = \"Another.\"\nmodel = {{ provider = \"scripted\", name = \"scripted\" }}\n",
                 nats.toml_servers()
             );
             nodes.push(spawn_with(&config).await);
@@ -138,6 +139,17 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
         let seen: Vec<String> = take(stream, log.len(), 10).await.into_iter().map(|e| e.id).collect();
         assert_eq!(seen, ids(&log), "node {node} streamed the turn's events exactly once, in order");
     }
+    // The turn index A folded answers on C.
+    let turn = log.iter().find(|e| e["type"] == "turn.started").unwrap()["turn_id"].clone();
+    let turns = format!("/v1/agents/sessions/{session}/turns");
+    eventually(5, "the turn is listed on C", || async {
+        let (status, page) = get_json(c, &turns).await;
+        status == 200
+            && page["data"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["id"] == turn && t["state"]["status"] != "running"))
+    })
+    .await;
 
     // Appends through all three nodes at once, to the one session.
     let mut writers = Vec::new();
@@ -175,12 +187,21 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
     let seen: Vec<String> = take(&mut on_b, rest, 10).await.into_iter().map(|e| e.id).collect();
     assert_eq!(seen, ids(&all[log.len()..]));
 
-    // An observer that drops off node B resumes on node A by Last-Event-ID, exactly.
-    let middle = all[all.len() / 2]["id"].as_str().unwrap().to_string();
-    let mut resumed = sse(a.stream(&session, None, Some(&middle)).await);
-    let after: Vec<String> =
-        take(&mut resumed, all.len() / 2 + all.len() % 2 - 1, 10).await.into_iter().map(|e| e.id).collect();
-    assert_eq!(after, ids(&all[all.len() / 2 + 1..]));
+    // An observer on C drops its connection halfway; events go on through B; it resumes on
+    // A by Last-Event-ID and gets exactly the rest, the new ones included.
+    let half = log.len() + rest / 2;
+    let seen_on_c = take(&mut on_c, half - log.len(), 10).await;
+    assert_eq!(seen_on_c.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), ids(&all[log.len()..half]));
+    drop(on_c);
+    let last_seen = seen_on_c.last().unwrap().id.clone();
+    let more: Vec<String> = (0..5).map(|i| format!("after the drop {i}")).collect();
+    b.post_outcomes(&session, &more).await;
+    let now = read_all(a, &session).await;
+    let mut resumed = sse(a.stream(&session, None, Some(&last_seen)).await);
+    let after: Vec<String> = take(&mut resumed, now.len() - half, 10).await.into_iter().map(|e| e.id).collect();
+    assert_eq!(after, ids(&now[half..]), "exactly the rest, once each");
+    let more_on_b = take(&mut on_b, 5, 10).await;
+    assert_eq!(more_on_b.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), ids(&now[all.len()..]));
     // A turn running on A (which holds the session) is interrupted through C.
     let (url, client, turn_session) = (a.url.clone(), a.client.clone(), session.clone());
     let long = json!({"stream": "delta", "messages": [{"role": "user", "content": "/words 2000\n/delay 20"}]});
@@ -233,6 +254,57 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
 
     let health: Value = b.get("/healthz").send().await.unwrap().json().await.unwrap();
     assert_eq!(health, json!({"status": "ok", "store": "jetstream", "connected": true}));
+}
+
+/// Sessions made through every node, of two agents: each node lists them all, filtered by
+/// agent and by creation time, newest first, page by page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_lists_every_session_filtered_and_paged() {
+    let cluster = Cluster::start().await;
+    let mut made = Vec::new();
+    for round in 0..3 {
+        for (n, node) in cluster.nodes.iter().enumerate() {
+            let agent = if (round + n) % 2 == 0 { "other" } else { "default" };
+            let (status, body) = post_json(node, "/sessions", json!({"agent": {"name": agent}})).await;
+            assert_eq!(status, 201, "{body}");
+            made.push((body["sessionId"].as_str().unwrap().to_string(), agent));
+        }
+    }
+    let newest_first = |agent: Option<&str>| -> Vec<String> {
+        made.iter().rev().filter(|(_, a)| agent.is_none_or(|agent| *a == agent)).map(|(s, _)| s.clone()).collect()
+    };
+    for node in &cluster.nodes {
+        for agent in [None, Some("other"), Some("default")] {
+            let query = agent.map_or(String::new(), |agent| format!("&agent={agent}"));
+            let expected = newest_first(agent);
+            eventually(10, "every session is listed, page by page", || async {
+                let mut listed = Vec::new();
+                let mut after: Option<String> = None;
+                loop {
+                    let cursor = after.as_ref().map_or(String::new(), |after| format!("&after={after}"));
+                    let (status, page) = get_json(node, &format!("/sessions?limit=2{query}{cursor}")).await;
+                    assert_eq!(status, 200, "{page}");
+                    let items = page["sessions"].as_array().unwrap();
+                    assert!(items.len() <= 2);
+                    listed.extend(items.iter().map(|s| s["sessionId"].as_str().unwrap().to_string()));
+                    match page["next"].as_str() {
+                        Some(next) => after = Some(next.to_string()),
+                        None => break,
+                    }
+                }
+                listed == expected
+            })
+            .await;
+        }
+        // Created after the fifth session: the last four, on every node.
+        let fifth = cluster.nodes[0].all_events(&made[4].0).await[0]["created_at"].as_str().unwrap().to_string();
+        let (status, page) = get_json(node, &format!("/sessions?created_after={fifth}")).await;
+        assert_eq!(status, 200, "{page}");
+        let listed: Vec<&str> =
+            page["sessions"].as_array().unwrap().iter().map(|s| s["sessionId"].as_str().unwrap()).collect();
+        let expected: Vec<&str> = made[5..].iter().rev().map(|(s, _)| s.as_str()).collect();
+        assert_eq!(listed, expected, "node {}", node.url);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,7 +383,9 @@ async fn a_nats_server_killed_under_load_loses_nothing_acknowledged() {
     }
     let count = || acks.load(std::sync::atomic::Ordering::SeqCst);
     eventually(10, "appends are acknowledged", || std::future::ready(count() >= 30)).await;
-    cluster.nats.kill(1);
+    // The stream's leader: its death makes the stream elect another while appends go on.
+    let leader = cluster.nats.stream_leader("TURNLOG_EVENTS").await;
+    cluster.nats.kill(leader);
     let killed = Instant::now();
     let before = count();
     while count() < before + 30 && killed.elapsed() < Duration::from_secs(30) {

@@ -176,6 +176,17 @@ impl Nats {
         format!("[{}]", urls.join(", "))
     }
 
+    /// The server (its index) that leads `stream` now: the one whose death makes the
+    /// stream fail over.
+    #[allow(dead_code)] // Not every test binary that includes this kills a leader.
+    pub async fn stream_leader(&self, stream: &str) -> usize {
+        let client = async_nats::connect(self.urls()[0].as_str()).await.expect("connecting to nats-server");
+        let mut stream = async_nats::jetstream::new(client).get_stream(stream).await.expect("the stream exists");
+        let info = stream.info().await.expect("the stream's info");
+        let leader = info.cluster.as_ref().and_then(|cluster| cluster.leader.clone()).expect("a leader");
+        leader.strip_prefix('n').and_then(|n| n.parse().ok()).expect("servers are named n0, n1, ...")
+    }
+
     /// Kills server `i` with SIGKILL.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.servers[i].child.take() {
