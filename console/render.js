@@ -118,6 +118,7 @@ export class SessionRenderer {
     this.texts = new Map(); // message_id → its .msg.agent while deltas grow it
     this.thoughts = new Map(); // message_id → its details.thinking while deltas grow it
     this.queued = new Map(); // user.message event id → its element, until a turn takes it
+    this.interrupted = new Set(); // turn ids a user.interrupt cancelled
     this.conversation.replaceChildren();
     this.rows.replaceChildren();
   }
@@ -184,7 +185,9 @@ export class SessionRenderer {
       case 'session.deleted': return this.note('deleted', 'Session deleted');
       case 'turn.input': return this.taken(e.event_ids ?? []);
       case 'user.message': return this.userMessage(e);
-      case 'user.interrupt': return this.note('interrupt', 'Interrupted by the user');
+      case 'user.interrupt':
+        if (e.turn_id) this.interrupted.add(e.turn_id);
+        return this.note('interrupt', 'Interrupted by the user');
       case 'user.define_outcome': return this.note('outcome', `Outcome: ${pretty(e.outcome)}`);
       case 'user.tool_confirmation': return this.decision(e);
       case 'user.custom_tool_result': return this.toolResult(e, e.custom_tool_use_id);
@@ -199,7 +202,8 @@ export class SessionRenderer {
       case 'session.status_idle': return this.turnEnd(e);
       case 'session.error': return this.error(e);
       case 'span.model_request_end':
-        if (e.is_error) this.note('model-error', `The request to ${e.model} failed`);
+        // A request the user's interrupt cut short ends as an error too, but it did not fail.
+        if (e.is_error && !this.interrupted.has(e.turn_id)) this.note('model-error', `The request to ${e.model} failed`);
         return undefined;
       case 'terminated':
         this.finishStreaming();

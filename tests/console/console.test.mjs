@@ -17,11 +17,13 @@ import {
   Api,
   Lab,
   TEST,
+  assertRowsMatchLog,
   closeBrowser,
   eventRows,
   eventText,
   login,
   newKey,
+  openSession,
   pageFetch,
   pageState,
   rowSelector,
@@ -39,40 +41,6 @@ import {
 } from "./helpers.mjs";
 
 after(closeBrowser);
-
-/** A session view opened straight from its URL, its stream live. */
-async function openSession(page, server, sessionId) {
-  await page.goto(`${server.url}/console#/sessions/${sessionId}`);
-  await waitFor(page, `#session[data-session-id="${sessionId}"]`, `the view of ${sessionId}`);
-  await waitFor(page, "#conn[data-state=live]", "the session's stream to be live", { timeout: 15_000 });
-}
-
-/**
- * The rendered `#events` rows are the log: the same ids in the same order, none twice, none
- * missing, `data-seq` 1..N and `data-type` the event's type. Waits for the log's last event
- * first.
- */
-async function assertRowsMatchLog(page, log) {
-  await waitFor(page, `#events tbody tr[data-event-id="${log.at(-1).id}"]`, "the log's last event rendered", { timeout: 15_000 });
-  const rows = await eventRows(page);
-  const ids = rows.map((r) => r.id);
-  const logIds = log.map((e) => e.id);
-  const twice = ids.filter((id, i) => ids.indexOf(id) !== i);
-  const missing = logIds.filter((id) => !ids.includes(id));
-  const extra = ids.filter((id) => !logIds.includes(id));
-  assert.deepEqual(twice, [], "events rendered more than once");
-  assert.deepEqual(ids, logIds, `the rendered event ids are the log's (missing ${show(missing)}, not in the log ${show(extra)})`);
-  assert.deepEqual(
-    rows.map((r) => r.seq),
-    log.map((_, i) => i + 1),
-    "data-seq runs 1..N",
-  );
-  assert.deepEqual(
-    rows.map((r) => r.type),
-    log.map((e) => e.type),
-    "data-type is each event's type",
-  );
-}
 
 test("live: a session view streams a turn as it happens, the page sends a message, and the list follows new sessions and status changes without a reload", TEST, async (t) => {
   const lab = new Lab(t);

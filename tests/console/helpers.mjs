@@ -2,8 +2,9 @@
 // with fetch, drive the system Chromium with playwright-core, and wait on conditions (never
 // on a fixed sleep) with failures that say what did not happen and what the page showed.
 //
-// The page's DOM is used only through what /tmp/console-contract.md (the console contract)
-// names: ids, classes and data attributes.
+// The page's DOM is used only through what the console contract names (ids, classes, data
+// attributes and their states): see "The console contract" in README.md here. A change to
+// the console that breaks one of those names breaks these tests; change both together.
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -135,15 +136,20 @@ export class Lab {
     this.t.diagnostic(message);
   }
 
+  /** A config file (TOML text) in the temp dir; returns its path. */
+  writeConfig(text) {
+    const file = path.join(this.tmp, "config.toml");
+    fs.writeFileSync(file, text);
+    return file;
+  }
+
   /** A config file with one `[[auth.keys]]` block per `{subject: key}`; returns its path. */
   writeKeys(keys) {
     const blocks = Object.entries(keys).map(([subject, key]) => {
       const sha256 = createHash("sha256").update(key).digest("hex");
       return `[[auth.keys]]\nsubject = "${subject}"\nsha256 = "${sha256}"\nadmin = false\n`;
     });
-    const file = path.join(this.tmp, "config.toml");
-    fs.writeFileSync(file, blocks.join("\n"));
-    return file;
+    return this.writeConfig(blocks.join("\n"));
   }
 
   /** Starts `turnlog serve` on a fresh data dir (and `config` if given). */
@@ -360,9 +366,12 @@ export class Api {
     return res.body;
   }
 
-  /** A new session of the default agent; its id. */
-  async createSession() {
-    const body = await this.ok("POST", "/sessions", { agent: { name: "default" } }, 201);
+  /**
+   * A new session of the default agent; its id. `tools` enables server tools for it:
+   * `[{name, trust}]` (none if omitted).
+   */
+  async createSession({ tools } = {}) {
+    const body = await this.ok("POST", "/sessions", { agent: { name: "default", tools } }, 201);
     assert.match(body?.sessionId ?? "", /^sess_/, `POST /sessions: ${show(body)}`);
     return body.sessionId;
   }
@@ -509,6 +518,40 @@ export function sessionRows(page) {
 /** The selector of a session's row in the list (with a status if given). */
 export function rowSelector(sessionId, status) {
   return `#sessions [data-session-id="${sessionId}"]${status ? `[data-status="${status}"]` : "[data-status]"}`;
+}
+
+/** A session view opened straight from its URL, its stream live. */
+export async function openSession(page, server, sessionId) {
+  await page.goto(`${server.url}/console#/sessions/${sessionId}`);
+  await waitFor(page, `#session[data-session-id="${sessionId}"]`, `the view of ${sessionId}`);
+  await waitFor(page, "#conn[data-state=live]", "the session's stream to be live", { timeout: 15_000 });
+}
+
+/**
+ * The rendered `#events` rows are the log: the same ids in the same order, none twice, none
+ * missing, `data-seq` 1..N and `data-type` the event's type. Waits for the log's last event
+ * first.
+ */
+export async function assertRowsMatchLog(page, log) {
+  await waitFor(page, `#events tbody tr[data-event-id="${log.at(-1).id}"]`, "the log's last event rendered", { timeout: 15_000 });
+  const rows = await eventRows(page);
+  const ids = rows.map((r) => r.id);
+  const logIds = log.map((e) => e.id);
+  const twice = ids.filter((id, i) => ids.indexOf(id) !== i);
+  const missing = logIds.filter((id) => !ids.includes(id));
+  const extra = ids.filter((id) => !logIds.includes(id));
+  assert.deepEqual(twice, [], "events rendered more than once");
+  assert.deepEqual(ids, logIds, `the rendered event ids are the log's (missing ${show(missing)}, not in the log ${show(extra)})`);
+  assert.deepEqual(
+    rows.map((r) => r.seq),
+    log.map((_, i) => i + 1),
+    "data-seq runs 1..N",
+  );
+  assert.deepEqual(
+    rows.map((r) => r.type),
+    log.map((e) => e.type),
+    "data-type is each event's type",
+  );
 }
 
 /** Goes to a route of the console already open (`#/`, `#/sessions/<id>`) without reloading. */
