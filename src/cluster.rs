@@ -117,6 +117,7 @@ async fn renew(
             Ok(next) => {
                 revision = next;
                 valid_until = sent + ttl - margin;
+                metrics::LEASE_CHANGES.with_label_values(&["renewed"]).inc();
             }
             Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                 tracing::warn!(session = %key, "another node took this node's lease");

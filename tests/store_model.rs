@@ -419,6 +419,33 @@ async fn two_nodes_race_for_one_position_on_the_jetstream_log() {
     b.close().await.unwrap();
 }
 
+/// Appends ordered in a row while one is being published go out together, but never as a
+/// message larger than one append may be: 10 MB of appends of 50 KB each, more than the test
+/// servers' 8 MB `max_payload`, all land, in order.
+#[tokio::test]
+async fn appends_queued_on_the_jetstream_log_are_published_in_messages_that_fit() {
+    let nats = nats::Nats::single().await;
+    let log = nats::open_log(&nats).await;
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    log.prepare(session).await.unwrap();
+    log.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    let big = |i: u64| {
+        let outcome = serde_json::json!({"n": i, "pad": "x".repeat(50_000)});
+        Draft::new(None, &EventBody::UserDefineOutcome { outcome })
+    };
+    let ordered: Vec<_> = (0..200u64).map(|i| log.order(session, 1 + i, vec![big(i)]).unwrap()).collect();
+    for (i, append) in ordered.into_iter().enumerate() {
+        let events = append.durable().await.unwrap_or_else(|e| panic!("append {i}: {e}")).unwrap();
+        assert_eq!(events[0].seq, 2 + i as u64);
+    }
+    let range = ReadRange { after: None, before: None, limit: 1000, newest_first: false };
+    let stored = log.read(session, range).await.unwrap();
+    assert_eq!(stored.len(), 201);
+    assert!(stored.iter().enumerate().all(|(i, e)| e.seq == i as u64 + 1));
+    log.close().await.unwrap();
+}
+
 /// Two writers append to one session at the same expected position at the same time,
 /// round after round: exactly one wins each round, the other gets the conflict, and the
 /// log is each round's winner's events in one piece, with no gap.

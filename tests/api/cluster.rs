@@ -241,8 +241,7 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
     assert_eq!(reply.data["content"][0]["text"], "echo: on b");
 
     // What a node exports about the engine: publishes timed, leases taken, the consumer's lag.
-    let mut publishes = 0.0;
-    let mut leases = 0.0;
+    let (mut publishes, mut leases) = (0.0, 0.0);
     for node in &cluster.nodes {
         publishes += node.metric("turnlog_jetstream_publish_seconds_count").await;
         leases += node.metric("turnlog_lease_changes_total{change=\"acquired\"}").await;
@@ -250,6 +249,15 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
         assert!(text.contains("turnlog_jetstream_consumer_pending"), "the consumer's lag is exported");
     }
     assert!(publishes >= 45.0, "every append's publish is timed ({publishes})");
+    // The session's lease, still held, is renewed every third of its time to live.
+    let renewed = || async {
+        let mut renewals = 0.0;
+        for node in &cluster.nodes {
+            renewals += node.metric("turnlog_lease_changes_total{change=\"renewed\"}").await;
+        }
+        renewals >= 1.0
+    };
+    eventually(2 * LEASE_TTL_SECS, "a held lease is renewed", renewed).await;
     assert!(leases >= 2.0, "the two sessions' leases were taken ({leases})");
 
     let health: Value = b.get("/healthz").send().await.unwrap().json().await.unwrap();

@@ -550,7 +550,18 @@ impl JetStreamLog {
                     state.publishing = false;
                     return;
                 }
-                (std::mem::take(&mut state.queue), state.expect)
+                // As many as one message carries (each alone was checked to fit); the rest go
+                // in the next.
+                let cap = self.inner.config.max_batch_bytes + self.inner.config.max_batch_bytes / 4;
+                let (mut size, mut take) = (0, 0);
+                for job in &state.queue {
+                    let bytes: usize = job.events.iter().map(|(event, _)| event.json.len()).sum();
+                    if take > 0 && size + bytes > cap {
+                        break;
+                    }
+                    (size, take) = (size + bytes, take + 1);
+                }
+                (state.queue.drain(..take).collect::<Vec<_>>(), state.expect)
             };
             let events: Vec<(RawEvent, chain::Hash)> = jobs.iter().flat_map(|job| job.events.iter().cloned()).collect();
             let result = match expect {
