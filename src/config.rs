@@ -43,6 +43,7 @@ pub struct StoreSettings {
     pub backend: StoreBackend,
     pub cache_capacity_mb: u64,
     pub max_batch_events: usize,
+    pub min_free_mb: u64,
     pub jetstream: JetStreamSettings,
 }
 

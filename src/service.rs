@@ -51,6 +51,7 @@ impl Service {
             max_batch_events: settings.store.max_batch_events,
             max_events_per_session: settings.limits.max_events_per_session,
             bus_capacity: settings.streams.bus_capacity,
+            min_free_bytes: settings.store.min_free_mb << 20,
             ..SledConfig::default()
         };
         let path = settings.server.data_dir.display().to_string();

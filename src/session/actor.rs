@@ -384,6 +384,17 @@ impl Actor {
             self.fold_ordered();
             match appended {
                 Ok(events) => return Ok((decision, events, durable)),
+                // The log ends before what was folded here: appends ordered here were not
+                // stored (a full disk). Nothing decided on that state may be appended.
+                Err(conflict) if conflict.actual.seq < self.seen.seq => {
+                    tracing::warn!(session_id = %self.session, folded = self.seen.seq, stored = conflict.actual.seq,
+                        "appends to this session were not stored; loading it again");
+                    self.writer.invalidate();
+                    return Err(SessionError::Unavailable(format!(
+                        "appends to session {} could not be stored; send it again",
+                        self.session
+                    )));
+                }
                 Err(conflict) => {
                     tracing::warn!(session_id = %self.session, expected = conflict.expected, found = conflict.actual.seq,
                         "another writer appended to this session; deciding again");

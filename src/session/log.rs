@@ -268,7 +268,14 @@ impl Writer {
         }
     }
 
-    /// Whether another node appended to the session under this writer (see `raced`).
+    /// What was folded from this writer's appends is not the log (some were not stored):
+    /// the actor must be loaded again, as after a race (see `raced`).
+    pub fn invalidate(&self) {
+        self.raced.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether another node appended to the session under this writer (see `raced`), or
+    /// appends it ordered were not stored.
     pub fn raced(&self) -> bool {
         self.raced.load(std::sync::atomic::Ordering::SeqCst)
     }

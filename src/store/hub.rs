@@ -38,6 +38,9 @@ pub struct Channel {
     changes: broadcast::Sender<Ulid>,
     /// The hash of the last event written, kept by a log's writer once it has loaded it.
     pub(super) chain_head: Mutex<Option<super::chain::Hash>>,
+    /// Raised (under the tail's lock) when appends ordered here were not stored and the
+    /// tail was dropped: an append numbered before that, on the old tail, is refused.
+    pub(super) epoch: std::sync::atomic::AtomicU64,
 }
 
 impl Channel {
@@ -134,6 +137,7 @@ impl Hub {
                     tail: Mutex::new(None),
                     changes: self.changes.clone(),
                     chain_head: Mutex::new(None),
+                    epoch: Default::default(),
                 });
                 entry.insert(channel.clone());
                 Ok(channel)

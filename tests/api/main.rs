@@ -3,6 +3,7 @@ mod auth;
 mod cluster;
 mod console;
 mod crash;
+mod disk;
 mod events;
 mod harness;
 mod helpers;

@@ -35,6 +35,8 @@ pub struct SledConfig {
     pub bus_capacity: usize,
     /// A segment of the write-ahead log this long is checkpointed into sled and removed.
     pub wal_segment_bytes: u64,
+    /// Appends are refused while the file system has less free space than this.
+    pub min_free_bytes: u64,
 }
 
 impl Default for SledConfig {
@@ -46,6 +48,7 @@ impl Default for SledConfig {
             max_events_per_session: 1_000_000,
             bus_capacity: 256,
             wal_segment_bytes: wal::SEGMENT_BYTES,
+            min_free_bytes: 0,
         }
     }
 }
@@ -522,7 +525,8 @@ impl SledLog {
         tail: Tail,
     ) -> Result<Ordered, AppendError> {
         let (reply, answer) = oneshot::channel();
-        let job = writer::Job { session, channel, events: events.clone(), reply };
+        let epoch = channel.epoch.load(std::sync::atomic::Ordering::SeqCst);
+        let job = writer::Job { session, channel, events: events.clone(), reply, epoch };
         let queued = self.jobs.lock().as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
         if !queued {
             return Err(AppendError::ShuttingDown);

@@ -30,6 +30,17 @@ pub(super) fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("wal")
 }
 
+/// Why a record was not appended.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Failed {
+    /// Not written, and the log is as it was: a later record may succeed.
+    #[error("the write-ahead log could not take the commit: {0}")]
+    Refused(io::Error),
+    /// The log may hold part of the record: nothing may be appended after it.
+    #[error("the write-ahead log failed and could not be mended: {0}")]
+    Broken(io::Error),
+}
+
 /// The segment being appended to.
 pub(super) struct Wal {
     dir: PathBuf,
@@ -182,8 +193,11 @@ impl Wal {
     }
 
     /// Appends one commit (of at least one event: an empty record would read as the end)
-    /// and makes it durable.
-    pub fn append<'a>(&mut self, events: impl Iterator<Item = (&'a [u8; KEY], &'a [u8])>) -> io::Result<()> {
+    /// and makes it durable. A record that cannot be written or synced (a full disk, a
+    /// failing device) is cut off again, so that the log ends where it did and later
+    /// records follow the last good one: [`Failed::Refused`]. If even that fails, the log
+    /// can take nothing more: [`Failed::Broken`].
+    pub fn append<'a>(&mut self, events: impl Iterator<Item = (&'a [u8; KEY], &'a [u8])>) -> Result<(), Failed> {
         self.record.clear();
         self.record.extend_from_slice(&[0; HEADER]);
         for (key, value) in events {
@@ -195,10 +209,20 @@ impl Wal {
         let crc = checksum(self.segment, &self.record[HEADER..]);
         self.record[..4].copy_from_slice(&len.to_le_bytes());
         self.record[4..HEADER].copy_from_slice(&crc.to_le_bytes());
-        self.file.write_all(&self.record)?;
-        self.file.sync_data()?;
+        if let Err(error) = self.file.write_all(&self.record).and_then(|()| self.file.sync_data()) {
+            return match self.file.set_len(self.written).and_then(|()| self.file.sync_all()) {
+                Ok(()) => Err(Failed::Refused(error)),
+                Err(undo) => Err(Failed::Broken(io::Error::other(format!("{error}; cutting the record off: {undo}")))),
+            };
+        }
         self.written += self.record.len() as u64;
         Ok(())
+    }
+
+    /// The bytes free for an unprivileged writer on the log's file system.
+    pub fn free_bytes(&self) -> io::Result<u64> {
+        let stat = rustix::fs::fstatvfs(&self.file)?;
+        Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
     }
 
     /// Whether the segment is long enough to be checkpointed.

@@ -7,6 +7,7 @@
 //! the writer starts the next, and the checkpointer flushes sled and removes the old one.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,6 +26,29 @@ pub(super) struct Job {
     pub channel: Arc<Channel>,
     pub events: Vec<RawEvent>,
     pub reply: oneshot::Sender<Result<(), AppendError>>,
+    /// The channel's epoch when the events were numbered.
+    pub epoch: u64,
+}
+
+/// Why a commit was not made.
+enum Unwritten {
+    /// The write-ahead log refused it and is as it was (a full disk): the commit's appends
+    /// are refused, and later ones may succeed.
+    Refused(std::io::Error),
+    /// Anything else: the log is in an unknown state and takes no more appends.
+    Failed(StoreError),
+}
+
+impl From<StoreError> for Unwritten {
+    fn from(error: StoreError) -> Unwritten {
+        Unwritten::Failed(error)
+    }
+}
+
+impl From<::sled::Error> for Unwritten {
+    fn from(error: ::sled::Error) -> Unwritten {
+        Unwritten::Failed(error.into())
+    }
 }
 
 pub(super) struct Writer {
@@ -36,6 +60,8 @@ pub(super) struct Writer {
     checkpoints: std::sync::mpsc::Sender<u64>,
     /// The commit being made: each event's key and stored value.
     staged: Vec<(keys::EventKey, Vec<u8>)>,
+    /// Appends are being refused for lack of room (said once, not per commit).
+    refusing: bool,
 }
 
 impl Writer {
@@ -45,7 +71,7 @@ impl Writer {
         wal: Option<Wal>,
         checkpoints: std::sync::mpsc::Sender<u64>,
     ) -> Writer {
-        Writer { store, jobs, wal, checkpoints, staged: Vec::new() }
+        Writer { store, jobs, wal, checkpoints, staged: Vec::new(), refusing: false }
     }
 
     /// Commits until every sender of jobs is gone; answers the write-ahead log, whose
@@ -75,12 +101,32 @@ impl Writer {
             }
             return;
         }
-        if let Err(error) = self.write(&jobs) {
-            let error = self.store.fail(error);
-            for job in jobs {
-                let _ = job.reply.send(Err(error.clone()));
+        // Appends numbered after others of their session that were not stored would leave a
+        // gap: they are refused too, and the appender orders them again.
+        let (jobs, stale): (Vec<Job>, Vec<Job>) =
+            jobs.into_iter().partition(|job| job.epoch == job.channel.epoch.load(Ordering::SeqCst));
+        for job in stale {
+            metrics::APPENDS_REFUSED.with_label_values(&["unavailable"]).inc();
+            let why = "an earlier append to this session could not be stored; send it again";
+            let _ = job.reply.send(Err(AppendError::Unavailable(why.into())));
+        }
+        let count = if jobs.len() == count { count } else { jobs.iter().map(|job| job.events.len()).sum() };
+        if let Some(short) = self.short_of_space() {
+            return self.refuse(jobs, short);
+        }
+        match self.write(&jobs) {
+            Ok(()) => {}
+            Err(Unwritten::Refused(error)) => return self.refuse(jobs, error),
+            Err(Unwritten::Failed(error)) => {
+                let error = self.store.fail(error);
+                for job in jobs {
+                    let _ = job.reply.send(Err(error.clone()));
+                }
+                return;
             }
-            return;
+        }
+        if std::mem::take(&mut self.refusing) {
+            tracing::warn!("the log stores appends again");
         }
         self.store.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         metrics::EVENTS_APPENDED.inc_by(count as u64);
@@ -120,7 +166,7 @@ impl Writer {
     /// as failed, and the log takes no more appends: its events come back at the next open.
     /// A crash may leave part of a commit in sled: the write-ahead log holds all of it until
     /// a checkpoint, and the next open writes it again.
-    fn write(&mut self, jobs: &[Job]) -> Result<(), StoreError> {
+    fn write(&mut self, jobs: &[Job]) -> Result<(), Unwritten> {
         self.staged.clear();
         for job in jobs {
             // The writer alone extends chains, one job at a time, in the order numbered.
@@ -138,7 +184,11 @@ impl Writer {
         // A temporary log has none: nothing outlives it, so there is nothing to make durable.
         if let Some(wal) = self.wal.as_mut().filter(|_| !self.staged.is_empty()) {
             let started = Instant::now();
-            wal.append(self.staged.iter().map(|(key, value)| (key, value.as_slice())))?;
+            match wal.append(self.staged.iter().map(|(key, value)| (key, value.as_slice()))) {
+                Ok(()) => {}
+                Err(wal::Failed::Refused(error)) => return Err(Unwritten::Refused(error)),
+                Err(broken @ wal::Failed::Broken(_)) => return Err(StoreError::new(broken).into()),
+            }
             metrics::FSYNC_SECONDS.observe(started.elapsed().as_secs_f64());
         }
         // One insert each, not sled's `apply_batch`: a batch is atomic in the write-ahead
@@ -151,6 +201,42 @@ impl Writer {
             self.store.project(event)?;
         }
         Ok(())
+    }
+
+    /// Why appends are refused now for lack of room: the file system has less free space
+    /// than `min_free_bytes`, kept for sled to write out what it holds (its own log, a
+    /// checkpoint), which a full disk would break for good.
+    fn short_of_space(&self) -> Option<std::io::Error> {
+        let (wal, min) = (self.wal.as_ref()?, self.store.config.min_free_bytes);
+        let free = wal.free_bytes().ok()?;
+        (free < min).then(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!("the disk has {} MiB free, less than store.min_free_mb ({} MiB)", free >> 20, min >> 20),
+            )
+        })
+    }
+
+    /// A commit the write-ahead log refused (and is as it was): nothing of it was stored, so
+    /// its sessions' tails and chain heads, which counted it, are dropped (loaded again from
+    /// the store by the next append), and their epochs raised, so that appends numbered on
+    /// the old tails are refused as they come. The log goes on: a later commit may succeed
+    /// (once a full disk has room again).
+    fn refuse(&mut self, jobs: Vec<Job>, error: std::io::Error) {
+        if !std::mem::replace(&mut self.refusing, true) {
+            tracing::error!(%error, "the log cannot store appends; refusing them until it can");
+        }
+        for job in &jobs {
+            let mut tail = job.channel.tail.lock();
+            *tail = None;
+            *job.channel.chain_head.lock() = None;
+            job.channel.epoch.fetch_add(1, Ordering::SeqCst);
+        }
+        let why = format!("the log could not store this append ({error}); nothing was stored: send it again later");
+        for job in jobs {
+            metrics::APPENDS_REFUSED.with_label_values(&["unavailable"]).inc();
+            let _ = job.reply.send(Err(AppendError::Unavailable(why.clone())));
+        }
     }
 
     /// Starts the next segment of a full write-ahead log and has the checkpointer make
