@@ -4,15 +4,16 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use actix_web::body::MessageBody;
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpServer};
 use tokio_util::sync::CancellationToken;
 use utoipa_actix_web::AppExt;
 
+use crate::api::conn::{Conn, Watched};
 use crate::api::{self, AppState, StreamCounter};
 use crate::config::Settings;
 use crate::metrics;
@@ -71,6 +72,7 @@ impl Application {
             n => n,
         };
         let routes = web::Data::new(api::openapi::Routes::new(&api::openapi::document(settings.limits.max_page_size)));
+        let head_timeout = Duration::from_millis(settings.server.request_head_timeout_ms);
         let server = HttpServer::new(move || {
             App::new()
                 .into_utoipa_app()
@@ -81,12 +83,8 @@ impl Application {
                 .wrap(from_fn(observe))
                 .default_service(web::to(api::no_route::<api::error::Standard>))
         })
-        // Small SSE frames must not wait for the peer's delayed ACK (about 40 ms a frame).
-        .on_connect(|connection, _| {
-            if let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {
-                let _ = tcp.set_nodelay(true);
-            }
-        })
+        .on_connect(move |connection, data| api::conn::on_connect(connection, data, head_timeout))
+        .client_request_timeout(head_timeout)
         .workers(workers)
         // Applied only when the server binds the socket itself (not to a listener handed
         // in), so it binds: a thousand clients connecting at once must not overflow it.
@@ -151,9 +149,12 @@ pub(crate) async fn wait_for_signal() {
 /// Request metrics by route template (never by session id).
 async fn observe(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
+    next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = Instant::now();
+    if let Some(conn) = req.conn_data::<Conn>() {
+        conn.requested();
+    }
     let response = next.call(req).await?;
     // Asked after routing, the route is the one that matched; asked before, actix matches
     // the path against every route again.
@@ -162,5 +163,17 @@ async fn observe(
     let (method, status) = (request.method().as_str(), response.status());
     metrics::HTTP_REQUESTS.with_label_values(&[method, &route, status.as_str()]).inc();
     metrics::HTTP_SECONDS.with_label_values(&[method, &route]).observe(started.elapsed().as_secs_f64());
-    Ok(response)
+    // A streamed answer is cut off if its client stops taking it.
+    let request = request.clone();
+    let stall = request.app_data::<api::State>().map(|state| state.settings.streams.stall_timeout_ms);
+    let watch = |body| match stall {
+        Some(ms) => Watched::new(body, request.conn_data(), Duration::from_millis(ms), || {
+            format!("{} {route}", request.method())
+        }),
+        None => Err(body),
+    };
+    Ok(response.map_body(|_, body| match watch(body) {
+        Ok(watched) => EitherBody::right(watched),
+        Err(body) => EitherBody::left(body),
+    }))
 }

@@ -34,6 +34,10 @@ pub struct ServerSettings {
     pub max_body_bytes: usize,
     pub workers: usize,
     pub shutdown_timeout_secs: u64,
+    /// A connection has this long to send a whole request head (else 408, and it is closed).
+    pub request_head_timeout_ms: u64,
+    /// A request has this long to send its whole body (else 408, and it is closed).
+    pub body_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -113,6 +117,8 @@ pub struct StreamSettings {
     pub max_backlog_events: u64,
     pub replay_chunk_events: usize,
     pub max_streams_per_subject: usize,
+    /// A streamed answer whose client takes none of what is ready for this long is cut off.
+    pub stall_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -200,6 +206,12 @@ impl Settings {
         }
         if self.streams.heartbeat_ms == 0 {
             return invalid("streams.heartbeat_ms must be positive");
+        }
+        if self.streams.stall_timeout_ms == 0 {
+            return invalid("streams.stall_timeout_ms must be positive");
+        }
+        if self.server.request_head_timeout_ms == 0 || self.server.body_timeout_ms == 0 {
+            return invalid("server.request_head_timeout_ms and server.body_timeout_ms must be positive");
         }
         if self.agents.is_empty() {
             return invalid("at least one agent must be configured under [agents]");

@@ -43,6 +43,7 @@ codes! {
     Conflict => (409, "invalid_request_error", "conflict"),
     Busy => (409, "invalid_request_error", "turn_running"),
     PreviousTurn => (409, "invalid_request_error", "previous_turn_mismatch"),
+    RequestTimeout => (408, "timeout_error", "request_timeout"),
     PayloadTooLarge => (413, "request_too_large", "payload_too_large"),
     LimitExceeded => (422, "invalid_request_error", "limit_exceeded"),
     TooManyStreams => (429, "rate_limit_error", "too_many_streams"),

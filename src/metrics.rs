@@ -85,6 +85,22 @@ pub static SUBSCRIBERS_LAGGED: LazyLock<IntCounter> = LazyLock::new(|| {
 pub static SUBSCRIBERS_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     counter("turnlog_stream_backlog_disconnects_total", "Streams closed because they fell too far behind.")
 });
+pub static CLIENTS_CUT_OFF: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "turnlog_clients_cut_off_total",
+                "Connections cut off: request_timeout (no whole request head in time), body_timeout (a body that \
+                 did not all arrive in time), stalled_stream (a streamed answer its client stopped taking).",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric"),
+    )
+});
+pub static CONNECTIONS_OPEN: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(IntGauge::new("turnlog_http_connections_open", "HTTP connections open now.").expect("valid metric"))
+});
 pub static HTTP_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(Opts::new("turnlog_http_requests_total", "HTTP requests."), &["method", "route", "status"])
@@ -146,6 +162,10 @@ pub fn init() {
     LazyLock::force(&EVENTS_LIVE);
     LazyLock::force(&SUBSCRIBERS_LAGGED);
     LazyLock::force(&SUBSCRIBERS_DROPPED);
+    for reason in ["request_timeout", "body_timeout", "stalled_stream"] {
+        CLIENTS_CUT_OFF.with_label_values(&[reason]);
+    }
+    LazyLock::force(&CONNECTIONS_OPEN);
     LazyLock::force(&HTTP_REQUESTS);
     LazyLock::force(&HTTP_SECONDS);
     LazyLock::force(&TURNS);

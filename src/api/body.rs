@@ -89,24 +89,28 @@ impl<T: DeserializeOwned + 'static, R: Render> FromRequest for JsonBody<T, R> {
 }
 
 /// A body as it came, read up to `server.max_body_bytes`.
-pub struct RawBody(pub web::Bytes);
+pub struct RawBody<R: Render = Standard>(pub web::Bytes, pub PhantomData<fn() -> R>);
 
-impl FromRequest for RawBody {
-    type Error = Error<Standard>;
-    type Future = LocalBoxFuture<'static, Result<Self, Error<Standard>>>;
+impl<R: Render> FromRequest for RawBody<R> {
+    type Error = Error<R>;
+    type Future = LocalBoxFuture<'static, Result<Self, Error<R>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let read = read_limited(req, payload);
-        Box::pin(async move { read.await.map(|body| RawBody(body.freeze())).map_err(Error::new) })
+        Box::pin(async move { read.await.map(|body| RawBody(body.freeze(), PhantomData)).map_err(Error::new) })
     }
 }
 
 /// Reads the body, refusing one larger than `server.max_body_bytes` (by its declared length
-/// at once, else as it comes).
+/// at once, else as it comes) and one that has not all come within `server.body_timeout_ms`
+/// (a client that never finishes its body holds nothing for long).
 fn read_limited(req: &HttpRequest, payload: &mut Payload) -> LocalBoxFuture<'static, Result<web::BytesMut, ApiError>> {
-    let limit = req.app_data::<State>().map_or(1 << 20, |s| s.settings.server.max_body_bytes);
+    let (limit, timeout) = req
+        .app_data::<State>()
+        .map_or((1 << 20, 30_000), |s| (s.settings.server.max_body_bytes, s.settings.server.body_timeout_ms));
     let declared =
         req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let route = req.match_pattern().unwrap_or_default();
     let mut payload = payload.take();
     Box::pin(async move {
         let too_large =
@@ -114,8 +118,18 @@ fn read_limited(req: &HttpRequest, payload: &mut Payload) -> LocalBoxFuture<'sta
         if declared.is_some_and(|n| n > limit) {
             return Err(too_large());
         }
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(timeout);
         let mut body = web::BytesMut::new();
-        while let Some(chunk) = payload.next().await {
+        loop {
+            let Ok(next) = tokio::time::timeout_at(deadline, payload.next()).await else {
+                crate::metrics::CLIENTS_CUT_OFF.with_label_values(&["body_timeout"]).inc();
+                tracing::warn!(%route, received = body.len(), declared, "cut off a request whose body did not arrive in {timeout} ms");
+                return Err(ApiError::new(
+                    Code::RequestTimeout,
+                    format!("the body did not arrive within {timeout} ms (server.body_timeout_ms)"),
+                ));
+            };
+            let Some(chunk) = next else { break };
             let chunk = chunk.map_err(|e| ApiError::invalid(format!("could not read the body: {e}")))?;
             if body.len() + chunk.len() > limit {
                 return Err(too_large());

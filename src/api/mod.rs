@@ -6,6 +6,7 @@ pub mod aap;
 pub mod audit;
 pub mod auth;
 pub mod body;
+pub mod conn;
 pub mod console;
 pub mod error;
 pub mod harness;

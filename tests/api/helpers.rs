@@ -76,6 +76,16 @@ impl TestApp {
         self.dir.path().join("data")
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// What the server has logged so far (at `warn` and above).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data_dir().with_extension("log")).unwrap_or_default()
+    }
+
     /// Kills the server with SIGKILL: no shutdown code runs.
     pub async fn kill(&mut self) {
         self.child.start_kill().expect("SIGKILL");

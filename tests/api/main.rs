@@ -7,6 +7,7 @@ mod disk;
 mod events;
 mod harness;
 mod helpers;
+mod hostile;
 mod managed;
 #[path = "../common/nats.rs"]
 mod nats;

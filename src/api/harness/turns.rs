@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::fold::{Item, TurnFold};
 use super::wire::{self, CreateTurn, ListTurnEvents, ListTurns, Subscribe};
 use super::{bad_token, limit, page, Auth, Error, Harness, Json, Query};
-use crate::api::body::{newest_first, parse_json};
+use crate::api::body::{newest_first, parse_json, RawBody};
 use crate::api::sse::{self, Flow, Follow};
 use crate::api::State;
 use crate::domain::{EventBody, EventId, RawEvent, TurnId};
@@ -135,7 +135,7 @@ pub async fn subscribe(
     Auth(caller, _): Auth<Harness>,
     path: web::Path<(String, String)>,
     request: HttpRequest,
-    body: web::Bytes,
+    RawBody(body, _): RawBody<Harness>,
 ) -> Result<HttpResponse, Error> {
     let (session, turn) = path.into_inner();
     let summary = state.sessions.get(&caller, &session).await?;
