@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
+use actix_web::dev::{Server, ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpServer};
 use tokio_util::sync::CancellationToken;
@@ -73,27 +73,18 @@ impl Application {
         };
         let routes = web::Data::new(api::openapi::Routes::new(&api::openapi::document(settings.limits.max_page_size)));
         let head_timeout = Duration::from_millis(settings.server.request_head_timeout_ms);
-        let server = HttpServer::new(move || {
-            App::new()
-                .into_utoipa_app()
-                .configure(api::routes)
-                .into_app()
-                .app_data(state.clone())
-                .app_data(routes.clone())
-                .wrap(from_fn(observe))
-                .default_service(web::to(api::no_route::<api::error::Standard>))
-        })
-        .on_connect(move |connection, data| api::conn::on_connect(connection, data, head_timeout))
-        .client_request_timeout(head_timeout)
-        .workers(workers)
-        // Applied only when the server binds the socket itself (not to a listener handed
-        // in), so it binds: a thousand clients connecting at once must not overflow it.
-        .backlog(4096)
-        .max_connections(100_000)
-        .disable_signals()
-        .shutdown_timeout(settings.server.shutdown_timeout_secs)
-        .bind(requested)
-        .map_err(|source| BuildError::Bind { addr: requested, source })?;
+        let server = HttpServer::new(move || views(state.clone(), routes.clone()).wrap(from_fn(observe)))
+            .on_connect(move |connection, data| api::conn::on_connect(connection, data, head_timeout))
+            .client_request_timeout(head_timeout)
+            .workers(workers)
+            // Applied only when the server binds the socket itself (not to a listener handed
+            // in), so it binds: a thousand clients connecting at once must not overflow it.
+            .backlog(4096)
+            .max_connections(100_000)
+            .disable_signals()
+            .shutdown_timeout(settings.server.shutdown_timeout_secs)
+            .bind(requested)
+            .map_err(|source| BuildError::Bind { addr: requested, source })?;
         let addr = *server.addrs().first().expect("a bound address");
         let server = server.run();
         Ok(Application { server, addr, service, shutdown })
@@ -144,6 +135,23 @@ pub(crate) async fn wait_for_signal() {
     {
         let _ = ctrl_c.await;
     }
+}
+
+/// Every view's routes on `state`, and the answer for paths none of them has; the server
+/// adds its middleware.
+pub fn views(
+    state: web::Data<AppState>,
+    routes: web::Data<api::openapi::Routes>,
+) -> App<
+    impl ServiceFactory<ServiceRequest, Config = (), Response = ServiceResponse, Error = actix_web::Error, InitError = ()>,
+> {
+    App::new()
+        .into_utoipa_app()
+        .configure(api::routes)
+        .into_app()
+        .app_data(state)
+        .app_data(routes)
+        .default_service(web::to(api::no_route::<api::error::Standard>))
 }
 
 /// Request metrics by route template (never by session id).

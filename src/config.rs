@@ -178,6 +178,16 @@ impl Settings {
         Ok(settings)
     }
 
+    /// The defaults with `text` (a config file's TOML) read over them; no environment.
+    pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
+        let settings: Settings = Figment::from(Toml::string(DEFAULTS))
+            .merge(Toml::string(text))
+            .extract()
+            .map_err(|e| ConfigError::Load(Box::new(e)))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
     /// Refuses contradictions before anything starts.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: &str| Err(ConfigError::Invalid(m.to_string()));

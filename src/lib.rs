@@ -29,6 +29,7 @@ pub mod cluster;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod fuzzing;
 pub mod metrics;
 pub mod projection;
 pub mod service;

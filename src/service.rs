@@ -138,7 +138,7 @@ impl Service {
     }
 }
 
-fn agents(settings: &Settings) -> Result<Agents, StartError> {
+pub(crate) fn agents(settings: &Settings) -> Result<Agents, StartError> {
     Agents::build(&settings.agents, &settings.models, Tools::new(settings.tools.clone())).map_err(StartError::Refused)
 }
 

@@ -24,7 +24,7 @@ use agent_client_protocol::v1::schema::{
     SessionCapabilities, SessionInfo, SessionListCapabilities, SessionNotification,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
-use agent_client_protocol::{Agent, Client, Error, Stdio};
+use agent_client_protocol::{Agent, Client, ConnectTo, Error, Stdio};
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
 use tokio::task::JoinHandle;
@@ -62,7 +62,25 @@ impl Acp {
     /// Serves stdin/stdout until stdin closes (or a signal comes), then cancels the prompts
     /// still running and waits (a while) for their end to be recorded.
     pub async fn serve(self) -> Result<(), Error> {
-        let served = Agent
+        // Stdin closing ends it, and so does SIGTERM or Ctrl-C, the same way.
+        let served = tokio::select! {
+            served = self.clone().serve_on(Stdio::new()) => served,
+            _ = crate::app::wait_for_signal() => Ok(()),
+        };
+        self.close().await;
+        served
+    }
+
+    /// Serves one client's lines, from `transport` (stdin/stdout, or bytes in memory), until
+    /// it closes, then cancels the prompts still running as [`Acp::serve`] does.
+    pub async fn serve_until_closed(self, transport: impl ConnectTo<Agent> + 'static) -> Result<(), Error> {
+        let served = self.clone().serve_on(transport).await;
+        self.close().await;
+        served
+    }
+
+    async fn serve_on(self, transport: impl ConnectTo<Agent> + 'static) -> Result<(), Error> {
+        Agent
             .v1()
             .name("turnlog")
             .on_receive_request(
@@ -130,14 +148,8 @@ impl Acp {
                 },
                 agent_client_protocol::on_receive_notification!(),
             )
-            .connect_to(Stdio::new());
-        // Stdin closing ends it, and so does SIGTERM or Ctrl-C, the same way.
-        let served = tokio::select! {
-            served = served => served,
-            _ = crate::app::wait_for_signal() => Ok(()),
-        };
-        self.close().await;
-        served
+            .connect_to(transport)
+            .await
     }
 
     async fn new_session(&self, request: NewSessionRequest) -> Result<String, Error> {

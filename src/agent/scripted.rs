@@ -33,6 +33,11 @@ struct Script {
     max_tokens: bool,
 }
 
+/// The most words `/words` makes (a message of about 700 KB, under the largest event).
+const MAX_WORDS: usize = 100_000;
+/// The longest `/delay`, a minute.
+const MAX_DELAY_MS: u64 = 60_000;
+
 fn parse(text: &str) -> Result<Script, ModelError> {
     let mut script = Script::default();
     for line in text.lines() {
@@ -57,8 +62,16 @@ fn parse(text: &str) -> Result<Script, ModelError> {
                 }
                 script.calls.push((tool.to_string(), input));
             }
-            "words" => script.words = Some(rest.parse().map_err(|_| bad("needs a number"))?),
-            "delay" => script.delay = Some(Duration::from_millis(rest.parse().map_err(|_| bad("needs milliseconds"))?)),
+            "words" => {
+                let n = rest.parse().ok().filter(|n| *n <= MAX_WORDS);
+                script.words = Some(n.ok_or_else(|| bad(&format!("needs a number up to {MAX_WORDS}")))?);
+            }
+            "delay" => {
+                let ms = rest.parse().ok().filter(|ms| *ms <= MAX_DELAY_MS);
+                script.delay = Some(Duration::from_millis(
+                    ms.ok_or_else(|| bad(&format!("needs milliseconds, up to {MAX_DELAY_MS}")))?,
+                ));
+            }
             "loop" => script.looping = true,
             "error" => script.error = Some(if rest.is_empty() { "model_error".into() } else { rest.to_string() }),
             "refuse" => script.refuse = true,
@@ -76,6 +89,13 @@ struct Reply {
     text: String,
     calls: Vec<(String, Value)>,
     stop: ModelStop,
+}
+
+/// The fuzz target's entry (`fuzz/fuzz_targets/scripted.rs`): a user's text as the model
+/// reads it, directives and all; anything but a panic is an answer.
+pub fn fuzz(text: &str) {
+    let message = Message::User { content: vec![crate::domain::Block::text(text)] };
+    let _ = reply(&[message]);
 }
 
 fn reply<M: AsRef<Message>>(messages: &[M]) -> Result<Reply, ModelError> {

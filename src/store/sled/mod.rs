@@ -4,7 +4,7 @@
 //! tree per projection, rebuilt from the events when the last run did not close cleanly.
 
 mod keys;
-mod wal;
+pub(crate) mod wal;
 mod writer;
 
 use std::ops::Bound;

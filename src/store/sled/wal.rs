@@ -90,6 +90,26 @@ fn checksum(segment: u64, payload: &[u8]) -> u32 {
 fn read_segment(path: &Path, segment: u64) -> io::Result<(Vec<Commit>, u64)> {
     let mut bytes = Vec::new();
     File::open(path)?.read_to_end(&mut bytes)?;
+    Ok(parse(&bytes, segment))
+}
+
+/// Appends one commit's record to `record`.
+fn encode<'a>(record: &mut Vec<u8>, segment: u64, events: impl Iterator<Item = (&'a [u8; KEY], &'a [u8])>) {
+    let start = record.len();
+    record.extend_from_slice(&[0; HEADER]);
+    for (key, value) in events {
+        record.extend_from_slice(key);
+        record.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        record.extend_from_slice(value);
+    }
+    let len = (record.len() - start - HEADER) as u32;
+    let crc = checksum(segment, &record[start + HEADER..]);
+    record[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    record[start + 4..start + HEADER].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The commits a segment's bytes hold, and the length of their valid prefix.
+fn parse(bytes: &[u8], segment: u64) -> (Vec<Commit>, u64) {
     let mut commits = Vec::new();
     let mut at = 0;
     while let Some(header) = bytes.get(at..at + HEADER) {
@@ -103,7 +123,7 @@ fn read_segment(path: &Path, segment: u64) -> io::Result<(Vec<Commit>, u64)> {
         commits.push(commit);
         at += HEADER + len;
     }
-    Ok((commits, at as u64))
+    (commits, at as u64)
 }
 
 fn decode(mut payload: &[u8]) -> Option<Commit> {
@@ -199,16 +219,7 @@ impl Wal {
     /// can take nothing more: [`Failed::Broken`].
     pub fn append<'a>(&mut self, events: impl Iterator<Item = (&'a [u8; KEY], &'a [u8])>) -> Result<(), Failed> {
         self.record.clear();
-        self.record.extend_from_slice(&[0; HEADER]);
-        for (key, value) in events {
-            self.record.extend_from_slice(key);
-            self.record.extend_from_slice(&(value.len() as u32).to_le_bytes());
-            self.record.extend_from_slice(value);
-        }
-        let len = (self.record.len() - HEADER) as u32;
-        let crc = checksum(self.segment, &self.record[HEADER..]);
-        self.record[..4].copy_from_slice(&len.to_le_bytes());
-        self.record[4..HEADER].copy_from_slice(&crc.to_le_bytes());
+        encode(&mut self.record, self.segment, events);
         if let Err(error) = self.file.write_all(&self.record).and_then(|()| self.file.sync_data()) {
             return match self.file.set_len(self.written).and_then(|()| self.file.sync_all()) {
                 Ok(()) => Err(Failed::Refused(error)),
@@ -261,6 +272,52 @@ pub(super) fn remove_through(dir: &Path, last: u64) -> io::Result<()> {
         fs::remove_file(segment_path(dir, segment))?;
     }
     sync_dir(dir)
+}
+
+/// The fuzz target's property (`fuzz/fuzz_targets/wal.rs`): commits made from `data` are
+/// written as records, the bytes are then cut short or have one bit flipped where `data`
+/// says, and reading them back gives exactly the commits wholly before the damage, never
+/// part of one or one that was not written.
+pub fn recovers_the_commits_before_any_damage(data: &[u8]) {
+    let Some((&[segment, damage, at_low, at_high], mut data)) = data.split_first_chunk::<4>() else { return };
+    let segment = u64::from(segment);
+    // Commits of 1 to 4 events; each event a length byte and that many bytes of value.
+    let mut commits: Commit = Vec::new();
+    let mut written: Vec<Commit> = Vec::new();
+    while let Some((&count, rest)) = data.split_first() {
+        data = rest;
+        for _ in 0..=(count % 4) {
+            let Some((&len, rest)) = data.split_first() else { break };
+            let value = &rest[..rest.len().min(usize::from(len))];
+            commits.push(([len; KEY], value.to_vec()));
+            data = &rest[value.len()..];
+        }
+        if !commits.is_empty() {
+            written.push(std::mem::take(&mut commits));
+        }
+    }
+    let mut bytes = Vec::new();
+    let mut ends = Vec::new();
+    for commit in &written {
+        encode(&mut bytes, segment, commit.iter().map(|(key, value)| (key, value.as_slice())));
+        ends.push(bytes.len());
+    }
+    let at = usize::from(u16::from_le_bytes([at_low, at_high])) % (bytes.len() + 1);
+    let kept = match damage % 3 {
+        0 => {
+            bytes.truncate(at);
+            at
+        }
+        1 if at < bytes.len() => {
+            bytes[at] ^= 1 << (damage % 8);
+            at
+        }
+        _ => bytes.len(),
+    };
+    let whole = ends.iter().take_while(|end| **end <= kept).count();
+    let (read, valid) = parse(&bytes, segment);
+    assert_eq!(read, written[..whole], "reading back after damage at byte {kept}");
+    assert_eq!(valid, ends[..whole].last().map_or(0, |end| *end as u64));
 }
 
 #[cfg(test)]
