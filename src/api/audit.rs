@@ -184,9 +184,11 @@ async fn import(state: State, Auth(caller, _): Auth, body: RawBody) -> Result<Ht
 pub struct ReplayInto {
     /// How much faster than the original (default 1).
     #[serde(default)]
+    #[schema(exclusive_minimum = 0)]
     speed: Option<f64>,
     /// The event to start at (default: the start); the history before it is the seed.
     #[serde(default)]
+    #[schema(pattern = "^$|^evt_[0-9A-HJKMNP-TV-Z]{26}$")]
     from: Option<String>,
 }
 
@@ -218,6 +220,7 @@ async fn replay_into(
 #[serde(deny_unknown_fields)]
 pub struct Fork {
     /// The id of the last event the fork keeps.
+    #[schema(pattern = "^evt_[0-9A-HJKMNP-TV-Z]{26}$")]
     at: String,
     /// The agent the fork goes on with (by default the source's, with its settings).
     #[serde(default, deserialize_with = "crate::api::body::objects")]

@@ -156,6 +156,7 @@ impl<T: DeserializeOwned, R: Render> FromRequest for Query<T, R> {
 pub fn parse_query<T: DeserializeOwned>(query: &str) -> Result<T, ApiError> {
     // Not strict: clients percent-encode the brackets (`types%5B%5D=`).
     let config = serde_qs::Config::new(5, false);
+    let query = repeated_as_brackets(query);
     let de = serde_qs::Deserializer::with_config(&config, query.as_bytes())
         .map_err(|e| ApiError::invalid(format!("invalid query string: {e}")))?;
     serde_path_to_error::deserialize(de).map_err(|error| {
@@ -167,6 +168,47 @@ pub fn parse_query<T: DeserializeOwned>(query: &str) -> Result<T, ApiError> {
             ApiError::invalid(format!("invalid query `{path}`: {inner}"))
         }
     })
+}
+
+/// `key=a&key=b` (a list as OpenAPI's form style sends it) as `key[]=a&key[]=b`, which is
+/// how serde_qs reads a list; a key given once stays as it is.
+fn repeated_as_brackets(query: &str) -> std::borrow::Cow<'_, str> {
+    let key = |pair: &str| pair.split_once('=').map_or(pair, |(key, _)| key).to_string();
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    for pair in query.split('&') {
+        *seen.entry(key(pair)).or_default() += 1;
+    }
+    if seen.iter().all(|(key, n)| *n == 1 || key.contains('[') || key.contains('%')) {
+        return query.into();
+    }
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| {
+            let key = key(pair);
+            match seen[&key] > 1 && !key.contains('[') && !key.contains('%') && !key.is_empty() {
+                true => format!("{key}[]{}", &pair[key.len()..]),
+                false => pair.to_string(),
+            }
+        })
+        .collect();
+    pairs.join("&").into()
+}
+
+/// A list in a query string, as clients send one: `key[]=a&key[]=b` (or indexed), `key=a`,
+/// or `key=a&key=b`; an empty value is no value.
+pub fn query_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    use serde::Deserialize as _;
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let list = match OneOrMany::deserialize(d)? {
+        OneOrMany::One(one) => vec![one],
+        OneOrMany::Many(many) => many,
+    };
+    Ok(list.into_iter().filter(|value| !value.is_empty()).collect())
 }
 
 /// `order=asc|desc`: whether newest first (`default` when absent).
@@ -185,4 +227,31 @@ pub fn utc_time(name: &str, time: &str) -> Result<String, ApiError> {
     chrono::DateTime::parse_from_rfc3339(time)
         .map(|t| t.with_timezone(&chrono::Utc).to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
         .map_err(|e| ApiError::invalid(format!("invalid query `{name}`: not an RFC 3339 time: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Listed {
+        #[serde(default, deserialize_with = "query_list")]
+        types: Vec<String>,
+    }
+
+    fn types(query: &str) -> Vec<String> {
+        parse_query::<Listed>(query).unwrap().types
+    }
+
+    #[test]
+    fn a_query_list_takes_every_form_clients_send() {
+        assert_eq!(types("types[]=a&types[]=b"), ["a", "b"]);
+        assert_eq!(types("types%5B%5D=a&types%5B%5D=b"), ["a", "b"]);
+        assert_eq!(types("types[0]=a&types[1]=b"), ["a", "b"]);
+        assert_eq!(types("types=a"), ["a"]);
+        assert_eq!(types("types=a&types=b"), ["a", "b"]);
+        assert!(types("types=").is_empty());
+        assert!(types("types[]=").is_empty());
+        assert!(types("").is_empty());
+    }
 }

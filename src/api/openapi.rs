@@ -149,7 +149,7 @@ fn finish(mut api: OpenApi, max_page: usize) -> OpenApi {
             let tag = operation.tags.as_ref().and_then(|tags| tags.first()).map_or("", String::as_str).to_string();
             for parameter in operation.parameters.iter_mut().flatten() {
                 let RefOr::T(parameter) = parameter else { continue };
-                if let Some(schema) = parameter_schema(&parameter.name, &tag, max_page) {
+                if let Some(schema) = parameter_schema(&parameter.name, &tag, path, max_page) {
                     parameter.schema = Some(RefOr::T(schema));
                 }
             }
@@ -189,7 +189,7 @@ fn error_statuses(tag: &str) -> Vec<u16> {
 /// The schemas of the query parameters every view shares, by name: what the handlers
 /// accept, so that generated values test the handlers rather than the parsers' first line.
 /// An empty value is taken as no value, as the handlers take it.
-fn parameter_schema(name: &str, tag: &str, max_page: usize) -> Option<Schema> {
+fn parameter_schema(name: &str, tag: &str, path: &str, max_page: usize) -> Option<Schema> {
     let schema = |value: serde_json::Value| serde_json::from_value::<Schema>(value).expect("a valid schema");
     let id =
         |prefix: &str| schema(json!({"type": "string", "pattern": format!("^$|^{prefix}_[0-9A-HJKMNP-TV-Z]{{26}}$")}));
@@ -198,6 +198,17 @@ fn parameter_schema(name: &str, tag: &str, max_page: usize) -> Option<Schema> {
     Some(match name {
         // The managed view cuts a larger page to the largest; the others refuse it.
         "limit" if tag == "managed" => schema(json!({"type": "integer", "minimum": 1})),
+        // The harness refuses more than its own page sizes, as the harness does.
+        "limit" if tag == "harness" => {
+            let max = if path.ends_with("/turns/{turn_id}/events") { 25 } else { 100 };
+            schema(json!({"type": "integer", "minimum": 1, "maximum": max}))
+        }
+        "speed" => schema(json!({"type": "number", "exclusiveMinimum": 0})),
+        "status" => schema(json!({"type": "string", "enum": ["running", "idle", "archived", ""]})),
+        "statuses[]" => schema(json!({
+            "type": "array",
+            "items": {"type": "string", "enum": ["idle", "running", "rescheduling", "terminated"]},
+        })),
         "limit" => schema(json!({"type": "integer", "minimum": 1, "maximum": max_page})),
         "order" => schema(json!({"type": "string", "enum": ["asc", "desc", ""]})),
         "after_id" | "before_id" | "from" => id("evt"),

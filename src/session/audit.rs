@@ -92,8 +92,10 @@ impl Sessions {
         at: &str,
         agent: Option<AgentSpec>,
     ) -> Result<SessionSummary, SessionError> {
-        let invalid = || SessionError::Invalid(format!("invalid `at`: {at:?} is not an event of this session"));
-        let at: EventId = at.parse().map_err(|_| invalid())?;
+        let at: EventId =
+            at.parse().map_err(|_| SessionError::Invalid(format!("invalid `at`: {at:?} is not an event id")))?;
+        // Well formed, but not this session's: as an unknown cursor is.
+        let invalid = || SessionError::UnknownCursor(format!("`at` {at}"));
         // The event itself, found as the newest one up to it.
         let past = EventId(ulid::Ulid::from(u128::from(at.ulid()).saturating_add(1)));
         let upto = ReadRange { after: None, before: Some(past), limit: 1, newest_first: true };
@@ -139,12 +141,22 @@ impl Sessions {
 
 /// A replay of `session` in `log` from event `from` on, which must be one of its events.
 pub async fn start_replay(log: &dyn Log, session: SessionId, from: Option<&str>) -> Result<Replay, SessionError> {
-    let invalid = || {
-        let from = from.unwrap_or_default();
-        SessionError::Invalid(format!("invalid `from`: {from:?} is not an event of this session"))
-    };
-    let id = from.map(|from| from.parse::<EventId>().map_err(|_| invalid())).transpose()?;
-    Replay::start(log, session, id).await?.ok_or_else(invalid)
+    let id = replay_from(from)?;
+    Replay::start(log, session, id).await?.ok_or_else(|| unknown_from(id))
+}
+
+/// A replay's `from`, if one is given (empty is none): an event id, else 400.
+pub(super) fn replay_from(from: Option<&str>) -> Result<Option<EventId>, SessionError> {
+    let from = from.filter(|from| !from.is_empty());
+    from.map(|from| {
+        from.parse().map_err(|_| SessionError::Invalid(format!("invalid `from`: {from:?} is not an event id")))
+    })
+    .transpose()
+}
+
+/// A replay's `from` that is not an event of the session: as an unknown cursor is (409).
+pub(super) fn unknown_from(from: Option<EventId>) -> SessionError {
+    SessionError::UnknownCursor(format!("`from` {}", from.map(|id| id.to_string()).unwrap_or_default()))
 }
 
 /// The pace of a replay: each event is due as long after the first as it was made after

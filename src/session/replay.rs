@@ -50,9 +50,8 @@ impl Sessions {
         speed: f64,
     ) -> Result<SessionSummary, SessionError> {
         let pace = Pace::new(speed)?;
-        let invalid = || SessionError::Invalid(format!("invalid `from`: {from:?} is not an event of this session"));
-        let from: Option<EventId> = from.map(|from| from.parse().map_err(|_| invalid())).transpose()?;
-        let start = self.replay_start(source.id, from).await?.ok_or_else(invalid)?;
+        let from = super::audit::replay_from(from)?;
+        let start = self.replay_start(source.id, from).await?.ok_or_else(|| super::audit::unknown_from(from))?;
         // The source as it stood at the start: its settings, its history as the seed, and
         // the calls of that history (to know the copy's by).
         let (mut summary, mut history, mut calls) = (None, History::default(), HashMap::new());

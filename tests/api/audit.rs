@@ -285,6 +285,10 @@ async fn replay_keeps_the_original_pace_divided_by_the_speed() {
     let response = app.get(&format!("/sessions/{session}/replay?speed=100&from={from}")).send().await.unwrap();
     let later: Vec<_> = futures_util::StreamExt::collect::<Vec<_>>(crate::helpers::sse(response)).await;
     assert_eq!(later.len(), events.len() - 3, "from event 4 on");
+    // An empty `from` is no `from`, as every other query parameter's empty value is.
+    let response = app.get(&format!("/sessions/{session}/replay?speed=1000&from=")).send().await.unwrap();
+    let all: Vec<_> = futures_util::StreamExt::collect::<Vec<_>>(crate::helpers::sse(response)).await;
+    assert_eq!(all.len(), events.len(), "from the start");
     let (status, body) = crate::helpers::get_json(&app, &format!("/sessions/{session}/replay?speed=-1")).await;
     assert_eq!(status, 400);
     assert!(body["error"]["message"].as_str().unwrap().contains("`speed`"));
@@ -350,6 +354,13 @@ async fn a_fork_has_the_history_up_to_its_point_and_goes_on_from_there() {
     assert_eq!(unknown.status(), 400);
     let body: Value = unknown.json().await.unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("`at`"));
+    // Well formed but not this session's: as an unknown cursor is.
+    let elsewhere = json!({"at": "evt_01JD0000000000000000000000"});
+    let unknown = app.post(&format!("/sessions/{source}/fork")).json(&elsewhere).send().await.unwrap();
+    assert_eq!(unknown.status(), 409);
+    let body: Value = unknown.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unknown_cursor", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("`at` evt_01JD0000000000000000000000"), "{body}");
 }
 
 #[tokio::test]

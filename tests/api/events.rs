@@ -99,6 +99,18 @@ async fn the_list_pages_in_both_orders_with_cursors_and_type_filters() {
     let response = app.get(&format!("/sessions/{session}/events?after_id=evt_nope")).send().await.unwrap();
     assert_eq!(response.status(), 409);
     assert_eq!(response.json::<Value>().await.unwrap()["error"]["code"], "unknown_cursor");
+
+    // A list as OpenAPI's form style sends it (`types=a&types=b`, or one `types=a`), as the
+    // document says; an empty value is no filter. (Both were refused with 400 before.)
+    for (query, expected) in [
+        ("types=session.created&types=user.interrupt", &all_ids[..1]),
+        ("types=session.created", &all_ids[..1]),
+        ("types=&limit=1000", &all_ids[..]),
+    ] {
+        let page: Value =
+            app.get(&format!("/sessions/{session}/events?{query}")).send().await.unwrap().json().await.unwrap();
+        assert_eq!(ids(page["data"].as_array().expect(query)), expected, "{query}");
+    }
 }
 
 #[tokio::test]

@@ -68,6 +68,15 @@ async fn the_document_covers_every_view_and_names_each_operation_once() {
             );
         }
     }
+    // Each body names its own schema: the harness's session had the AAP view's (its
+    // `CreateSession` took the same name), so the document asked for `agent`, not `agent_name`.
+    let body = |path: &str| {
+        document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].clone()
+    };
+    assert_eq!(body("/v1/agents/sessions"), "#/components/schemas/HarnessCreateSession");
+    assert_eq!(body("/sessions"), "#/components/schemas/CreateSession");
+    let harness = &document["components"]["schemas"]["HarnessCreateSession"];
+    assert_eq!(harness["required"], json!(["agent_name"]), "{harness}");
 }
 
 #[tokio::test]

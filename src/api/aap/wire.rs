@@ -53,6 +53,7 @@ impl ToolTrustRequest {
 /// A tool the client declares and runs itself.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ToolSpec {
+    #[schema(min_length = 1)]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,

@@ -11,7 +11,9 @@ use crate::error::ApiError;
 use crate::projection::SessionSummary;
 use crate::session::{Follows, Input};
 
+/// Named apart from the AAP view's `CreateSession` in the OpenAPI document.
 #[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = HarnessCreateSession)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
     pub agent_name: String,
@@ -37,7 +39,9 @@ pub struct CreateTurn {
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub input: Option<Vec<Value>>,
+    /// `auto` (the last turn), `none`, or a turn id.
     #[serde(default)]
+    #[schema(pattern = "^(auto|none|turn_[0-9A-HJKMNP-TV-Z]{26})$")]
     pub previous_turn_id: Option<String>,
     #[serde(default = "streamed")]
     pub stream: bool,

@@ -210,7 +210,7 @@ pub struct ListQuery {
     limit: Option<usize>,
     order: Option<String>,
     page: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::query_list")]
     types: Vec<String>,
     created_at: Option<TimeQuery>,
 }
@@ -254,7 +254,7 @@ pub async fn list(
 
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamQuery {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::query_list")]
     event_deltas: Vec<String>,
     after_id: Option<String>,
 }

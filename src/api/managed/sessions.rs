@@ -309,7 +309,7 @@ pub struct ListQuery {
     limit: Option<usize>,
     order: Option<String>,
     page: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::query_list")]
     statuses: Vec<String>,
     include_archived: Option<bool>,
     created_at: Option<TimeQuery>,

@@ -19,8 +19,22 @@ pub struct PostEvents {
     /// User events: `user.message`, `user.interrupt`, `user.define_outcome`,
     /// `user.tool_confirmation`, `user.custom_tool_result`.
     /// Kept as sent until each is read by its type, so that the body is parsed once.
-    #[schema(value_type = Vec<Object>)]
+    #[schema(schema_with = user_events)]
     pub events: Vec<Box<RawValue>>,
+}
+
+/// `events` in the OpenAPI document: user events, each with its `type`.
+fn user_events() -> utoipa::openapi::schema::Schema {
+    serde_json::from_value(serde_json::json!({
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"type": "string", "enum": USER_EVENT_TYPES}},
+        },
+    }))
+    .expect("a valid schema")
 }
 
 pub const USER_EVENT_TYPES: &[&str] =
@@ -165,7 +179,7 @@ pub struct ListQuery {
     /// One type, or several separated by commas.
     #[serde(rename = "type")]
     pub kind: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::query_list")]
     pub types: Vec<String>,
 }
 
