@@ -507,6 +507,10 @@ impl Actor {
             Ok(Decision { drafts, ..Decision::default() })
         });
         match closed.await {
+            // The actor stops after a delete, and stopping gives up what it prepared to
+            // append (on JetStream, the position its appends are published at): not before
+            // these are stored.
+            Ok((_, _, durable)) if closing == Closing::Delete => drop(reply.send(durable.wait().await)),
             Ok((_, _, durable)) => answer_when(durable, reply, ()),
             Err(error) => drop(reply.send(Err(error))),
         }
@@ -621,6 +625,10 @@ fn again(error: &SessionError) -> SessionError {
     match error {
         SessionError::NotFound(id) => SessionError::NotFound(id.clone()),
         SessionError::ShuttingDown => SessionError::ShuttingDown,
+        // An engine out of reach stays so (503: try again), not a failure of the log (500).
+        SessionError::Storage(error) if error.is_unavailable() => {
+            SessionError::Storage(StoreError::unavailable(error.to_string()))
+        }
         SessionError::Storage(error) => SessionError::Storage(StoreError::new(error.to_string())),
         other => SessionError::Invalid(other.to_string()),
     }

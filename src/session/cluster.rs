@@ -169,6 +169,8 @@ impl WireError {
             SessionError::ShuttingDown => WireError::ShuttingDown,
             // The remote engine resends a returned submission itself: never seen here.
             SessionError::Retry(_) => WireError::NotHere,
+            // An engine out of reach stays so (503: try again) on the node that forwarded.
+            SessionError::Storage(e) if e.is_unavailable() => WireError::Unavailable(e.to_string()),
             SessionError::Storage(e) => WireError::Storage(e.to_string()),
         }
     }

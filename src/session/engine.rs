@@ -556,7 +556,11 @@ impl Engine {
             if self.stopping() {
                 return;
             }
-            let Ok(orphans) = self.open_sessions().await else { continue };
+            let Ok(mut orphans) = self.open_sessions().await else { continue };
+            // Also those whose open turn the index missed: its writer died before writing it.
+            orphans.extend(self.inner.log.raw().turns_seen_open());
+            orphans.sort_unstable();
+            orphans.dedup();
             for session in orphans {
                 if self.inner.actors.contains_key(&session) {
                     continue;

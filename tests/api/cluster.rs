@@ -2,7 +2,7 @@
 //! and three turnlog nodes (the real binary) on it. A session made on one node is listed
 //! and streamed on the others, appends through all three interleave with no gap, an
 //! interrupt sent to one node stops the turn running on another, an agent made on one node
-//! runs on another, a node
+//! runs on another, a session deleted through one node is gone on every node, a node
 //! killed mid-turn is taken over once its lease expires, and a nats-server killed under
 //! load loses nothing acknowledged.
 
@@ -16,15 +16,17 @@ use super::helpers::{get_json, ids, launch, post_json, spawn_with, sse, take, Ss
 use super::nats::Nats;
 
 /// A lease expires this long after its node stops renewing it.
-const LEASE_TTL_SECS: u64 = 2;
+pub(super) const LEASE_TTL_SECS: u64 = 2;
 
-struct Cluster {
-    nats: Nats,
-    nodes: Vec<TestApp>,
+/// Three nats-servers in a cluster and three turnlog nodes (named a, b and c) on them; each
+/// node started again (`TestApp::restart`) keeps its config and data dir.
+pub(super) struct Cluster {
+    pub nats: Nats,
+    pub nodes: Vec<TestApp>,
 }
 
 impl Cluster {
-    async fn start() -> Cluster {
+    pub async fn start() -> Cluster {
         let nats = Nats::cluster().await;
         let mut nodes = Vec::new();
         for name in ["a", "b", "c"] {
@@ -42,7 +44,7 @@ impl Cluster {
 
 impl Cluster {
     /// The end of each node's log, for a failure's message.
-    fn logs(&self) -> String {
+    pub fn logs(&self) -> String {
         let tail = |node: &TestApp| {
             let log = std::fs::read_to_string(node.dir.path().join("data.log")).unwrap_or_default();
             log[log.len().saturating_sub(4000)..].to_string()
@@ -264,6 +266,28 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
     assert_eq!(health, json!({"status": "ok", "store": "jetstream", "connected": true}));
 }
 
+/// A session made through A, appended to through B and deleted through C (the delete
+/// forwarded to A, which runs it): the delete is answered once stored, and the session is
+/// gone through every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_deleted_through_one_node_is_gone_on_every_node() {
+    let cluster = Cluster::start().await;
+    let [a, b, c] = &cluster.nodes[..] else { unreachable!() };
+    let session = a.create_session().await;
+    b.post_outcomes(&session, &["before the delete".to_string()]).await;
+    let deleted = c.delete(&format!("/sessions/{session}")).send().await.unwrap();
+    assert_eq!(deleted.status(), 204, "{}", deleted.text().await.unwrap());
+    for node in &cluster.nodes {
+        let path = format!("/sessions/{session}");
+        eventually(5, "the session is gone through every node", || async {
+            node.get(&path).send().await.unwrap().status() == 404
+        })
+        .await;
+        let event = json!({"type": "user.define_outcome", "outcome": "after the delete"});
+        assert_eq!(node.post_event(&session, event).await.status(), 404, "nothing is appended after a delete");
+    }
+}
+
 /// Sessions made through every node, of two agents: each node lists them all, filtered by
 /// agent and by creation time, newest first, page by page.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,9 +368,14 @@ async fn a_node_killed_mid_turn_is_taken_over_once_its_lease_expires() {
         post_json(b, &path, json!({"stream": "none", "messages": [{"role": "user", "content": "after"}]})).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["messages"][0]["content"], "echo: after");
-    let all = cluster.nodes[2].all_events(&session).await;
-    assert_gapless(&all);
-    assert_eq!(all.last().unwrap()["type"], "session.status_idle");
+    // Read through C, which follows B's appends within moments of their acknowledgement.
+    let c = &cluster.nodes[2];
+    eventually(5, "C holds the turn's end", || async {
+        let all = c.all_events(&session).await;
+        assert_gapless(&all);
+        all.last().unwrap()["type"] == "session.status_idle"
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,6 +81,11 @@ impl TestApp {
         self.child.id().expect("running")
     }
 
+    /// How the server exited, if it has.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("the server's status")
+    }
+
     /// What the server has logged so far (at `warn` and above).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.data_dir().with_extension("log")).unwrap_or_default()

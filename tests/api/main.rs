@@ -15,5 +15,6 @@ mod openapi;
 mod ops;
 mod sessions;
 mod soak;
+mod soak_cluster;
 mod stream;
 mod turns;

@@ -24,7 +24,11 @@
 //! `TURNLOG_SOAK_CYCLES` (default 20) kills, each after a random moment within
 //! `TURNLOG_SOAK_MS` (default 400) of load; `TURNLOG_SOAK_SEED` repeats a run's choices
 //! (the scheduling is the machine's). Each cycle prints one line of figures.
+//!
+//! The clients and the checks take a list of nodes: `soak_cluster.rs` runs the same load
+//! over three nodes on one JetStream log.
 
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -41,51 +45,197 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::helpers::{spawn_app, TestApp};
 
-const APPEND_SESSIONS: usize = 3;
-const APPENDERS: usize = 4;
-const MODES: [&str; 3] = ["none", "delta", "message"];
+pub(super) const APPEND_SESSIONS: usize = 3;
+pub(super) const APPENDERS: usize = 4;
+pub(super) const MODES: [&str; 3] = ["none", "delta", "message"];
 /// The longest wait for one frame of a stream while the load runs (events keep coming).
 const FRAME_WAIT: Duration = Duration::from_secs(60);
 /// The longest wait for the load to be under way, and for the clients to end after a kill.
 const WAIT: Duration = Duration::from_secs(60);
+/// How many refusals in the aftermath of a nats-server's failover the clients of a cycle go
+/// on after (see [`Cycle::refused`]).
+const AFTERMATH_RETRIES: usize = 20;
 
-fn env_number(name: &str, default: u64) -> u64 {
+pub(super) fn env_number(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
         Ok(value) => value.parse().unwrap_or_else(|_| panic!("{name}={value:?} is not a number")),
         Err(_) => default,
     }
 }
 
-fn client() -> reqwest::Client {
+pub(super) fn client() -> reqwest::Client {
     reqwest::Client::builder().pool_max_idle_per_host(8).build().expect("http client")
 }
 
-/// What the clients of one cycle share with the test: the server's address, whether it has
-/// been killed, and how far the load has got.
-struct Cycle {
-    number: usize,
-    url: String,
+/// What the clients of one cycle share with the test: the nodes' addresses (one, for the
+/// single-node soak), which was killed, and how far the load has got.
+pub(super) struct Cycle {
+    pub number: usize,
+    urls: Vec<String>,
+    /// Whether several nodes share the log: once one is killed, the others may refuse a
+    /// request (503) or close a turn as interrupted while they take its sessions over.
+    failover: bool,
     killed: AtomicBool,
-    appended: AtomicUsize,
-    subscribed: AtomicUsize,
-    turning: AtomicUsize,
-    acp_ready: AtomicBool,
+    /// The node killed (its index in `urls`), once `killed`.
+    victim: AtomicUsize,
+    /// Whether a nats-server was killed too: then a survivor's stream may end, what it
+    /// read from the log having failed while the log's streams failed over.
+    server_killed: AtomicBool,
+    /// Whether the cycle before killed a nats-server (see [`Cycle::refused`]).
+    aftermath: AtomicBool,
+    /// The refusals clients went on after, in this cycle.
+    pub retried: AtomicUsize,
+    /// Cancelled to end the clients still going (the survivors of a node's kill).
+    stop: CancellationToken,
+    pub appended: AtomicUsize,
+    pub subscribed: AtomicUsize,
+    pub turning: AtomicUsize,
+    pub acp_ready: AtomicBool,
+    /// How the clients ended after the kill: a connection to the killed node failed; a
+    /// survivor refused (503) or closed a turn as interrupted; still going when stopped.
+    pub ended_cut: AtomicUsize,
+    pub ended_refused: AtomicUsize,
+    pub ended_stopped: AtomicUsize,
 }
 
 impl Cycle {
-    /// A client's connection failed: the expected end of it once the server was killed,
-    /// a failure of the test before.
-    fn cut(&self, what: impl std::fmt::Display) {
-        assert!(self.killed.load(Ordering::SeqCst), "cycle {}: {what}, with the server still up", self.number);
+    pub fn new(number: usize, urls: Vec<String>) -> Arc<Cycle> {
+        Arc::new(Cycle {
+            number,
+            failover: urls.len() > 1,
+            urls,
+            killed: AtomicBool::new(false),
+            victim: AtomicUsize::new(usize::MAX),
+            server_killed: AtomicBool::new(false),
+            aftermath: AtomicBool::new(false),
+            retried: AtomicUsize::new(0),
+            stop: CancellationToken::new(),
+            appended: AtomicUsize::new(0),
+            subscribed: AtomicUsize::new(0),
+            turning: AtomicUsize::new(0),
+            acp_ready: AtomicBool::new(false),
+            ended_cut: AtomicUsize::new(0),
+            ended_refused: AtomicUsize::new(0),
+            ended_stopped: AtomicUsize::new(0),
+        })
+    }
+
+    fn url(&self, node: usize) -> &str {
+        &self.urls[node]
+    }
+
+    /// Node `node` is about to be killed: from now on its clients' connections may fail.
+    pub fn kill(&self, node: usize) {
+        self.victim.store(node, Ordering::SeqCst);
+        self.killed.store(true, Ordering::SeqCst);
+    }
+
+    /// The cycle before killed a nats-server: see [`Cycle::refused`].
+    pub fn after_server_kill(&self) {
+        self.aftermath.store(true, Ordering::SeqCst);
+    }
+
+    /// A nats-server is about to be killed too (with the node, see [`Cycle::kill`]).
+    pub fn kill_server(&self) {
+        self.server_killed.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends the clients still going.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// A client's connection to `node` failed: the expected end of it once that node was
+    /// killed, a failure of the test before (or on another node).
+    fn cut(&self, node: usize, what: impl std::fmt::Display) {
+        let up = if self.urls.len() == 1 { "the server".to_string() } else { format!("node {node}") };
+        let killed = self.killed.load(Ordering::SeqCst) && self.victim.load(Ordering::SeqCst) == node;
+        assert!(killed, "cycle {}: {what}, with {up} still up", self.number);
+        self.ended_cut.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A client got a failure from `node` that, with several nodes, the kill of another
+    /// explains (an error answer, a turn closed as interrupted); with one node, only that
+    /// node's death does.
+    fn failed_over(&self, node: usize, what: impl std::fmt::Display) {
+        if self.failover && self.killed.load(Ordering::SeqCst) {
+            self.ended_refused.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.cut(node, what);
+        }
+    }
+
+    /// A stream from `node` ended before it was done (an SSE body cut): with several nodes,
+    /// the failover of a killed nats-server explains it; otherwise only `node`'s death does.
+    fn ended(&self, node: usize, what: impl std::fmt::Display) {
+        if self.failover && self.server_killed.load(Ordering::SeqCst) && self.killed.load(Ordering::SeqCst) {
+            self.ended_refused.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.cut(node, what);
+        }
+    }
+
+    /// A request was answered `status` (with `body`), not the success expected. After a
+    /// kill, a survivor's 503 (the failover README describes), or its 409 for an append
+    /// that raced another node's as the killed node's sessions changed hands, ends the
+    /// client: false. In the cycle after a nats-server's kill, a 503 saying that appends
+    /// "could not be stored" is that failover's aftermath: an actor whose appends failed
+    /// then learns it at its next request, which it refuses ("send it again") as it loads
+    /// the session again; the client goes on (true), up to `AFTERMATH_RETRIES` times a
+    /// cycle. Anything else fails.
+    fn refused(&self, node: usize, status: u16, body: &str, what: impl std::fmt::Display) -> bool {
+        let killed = self.killed.load(Ordering::SeqCst);
+        let raced = status == 409 && body.contains("another node appended");
+        if self.failover && killed && (status == 503 || raced) {
+            self.ended_refused.fetch_add(1, Ordering::SeqCst);
+            return false;
+        }
+        if self.failover && status == 503 && self.aftermath_refusal(body) {
+            return true;
+        }
+        let when = if killed { "after the kill" } else { "before the kill" };
+        panic!("cycle {}: {what} (node {node} answered {status}, {when})", self.number);
+    }
+
+    /// Whether a refusal that says `text`, before the kill, is the aftermath of the last
+    /// cycle's failover (see [`Cycle::refused`]), and the client goes on.
+    fn aftermath_refusal(&self, text: &str) -> bool {
+        let aftermath = self.failover
+            && !self.killed.load(Ordering::SeqCst)
+            && self.aftermath.load(Ordering::SeqCst)
+            && text.contains("could not be stored");
+        aftermath && self.retried.fetch_add(1, Ordering::SeqCst) < AFTERMATH_RETRIES
+    }
+
+    /// Whether the clients were told to stop: then they end before their next request.
+    fn stopped(&self) -> bool {
+        if self.stop.is_cancelled() {
+            self.ended_stopped.fetch_add(1, Ordering::SeqCst);
+            return true;
+        }
+        false
+    }
+
+    /// `work`, unless the clients are told to stop first (`None`: what it did is unknown).
+    async fn unless_stopped<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            biased;
+            _ = self.stop.cancelled() => {
+                self.ended_stopped.fetch_add(1, Ordering::SeqCst);
+                None
+            }
+            done = work => Some(done),
+        }
     }
 }
 
 /// One acknowledged event: its session, id, sequence number and the bytes acknowledged.
 #[derive(Clone)]
-struct Acked {
+pub(super) struct Acked {
     session: String,
     id: String,
     seq: u64,
@@ -100,16 +250,26 @@ struct Posted<'a> {
 
 /// What an appender had acknowledged when the kill ended it.
 #[derive(Default)]
-struct Appended {
-    acked: Vec<Acked>,
-    requests: usize,
+pub(super) struct Appended {
+    pub acked: Vec<Acked>,
+    pub requests: usize,
 }
 
-async fn append(cycle: Arc<Cycle>, w: usize, sessions: Vec<String>, mut rng: StdRng) -> Appended {
+/// Appends through `node` until its first failure after the kill (or the stop).
+pub(super) async fn append(
+    cycle: Arc<Cycle>,
+    w: usize,
+    node: usize,
+    sessions: Vec<String>,
+    mut rng: StdRng,
+) -> Appended {
     let client = client();
     let mut done = Appended::default();
     let mut i = 0;
     loop {
+        if cycle.stopped() {
+            return done;
+        }
         i += 1;
         let session = &sessions[(w + i) % sessions.len()];
         let n = rng.random_range(1..=5);
@@ -117,24 +277,31 @@ async fn append(cycle: Arc<Cycle>, w: usize, sessions: Vec<String>, mut rng: Std
             (0..n).map(|k| format!("c{}-w{w}-{i}-{k}-{}", cycle.number, "x".repeat(rng.random_range(0..80)))).collect();
         let events: Vec<Value> =
             outcomes.iter().map(|o| json!({"type": "user.define_outcome", "outcome": o})).collect();
-        let sent =
-            client.post(format!("{}/sessions/{session}/events", cycle.url)).json(&json!({"events": events})).send();
-        let response = match sent.await {
-            Ok(response) => response,
-            Err(error) => {
-                cycle.cut(format!("appender {w}: {error}"));
+        let url = cycle.url(node);
+        let sent = client.post(format!("{url}/sessions/{session}/events")).json(&json!({"events": events})).send();
+        let response = match cycle.unless_stopped(sent).await {
+            None => return done,
+            Some(Ok(response)) => response,
+            Some(Err(error)) => {
+                cycle.cut(node, format!("appender {w}: {error}"));
                 return done;
             }
         };
         let status = response.status();
-        let body = match response.text().await {
-            Ok(body) => body,
-            Err(error) => {
-                cycle.cut(format!("appender {w}: reading the answer: {error}"));
+        let body = match cycle.unless_stopped(response.text()).await {
+            None => return done,
+            Some(Ok(body)) => body,
+            Some(Err(error)) => {
+                cycle.cut(node, format!("appender {w}: reading the answer: {error}"));
                 return done;
             }
         };
-        assert_eq!(status, 200, "appender {w}: {session}: {body}");
+        if status != 200 {
+            if cycle.refused(node, status.as_u16(), &body, format!("appender {w}: {session}: {body}")) {
+                continue;
+            }
+            return done;
+        }
         let posted: Posted = serde_json::from_str(&body).expect("the answer is JSON");
         assert_eq!(posted.data.len(), n, "appender {w}: every event is acknowledged: {body}");
         for (raw, outcome) in posted.data.iter().zip(&outcomes) {
@@ -206,17 +373,21 @@ fn frames(response: reqwest::Response) -> Frames<impl Stream<Item = reqwest::Res
 }
 
 /// A reader of a session's native stream, across its reconnects and the server's restarts.
-struct Subscriber {
+pub(super) struct Subscriber {
     name: String,
     session: String,
     /// Its first cursor (`None`: the start of the log).
     start: Option<String>,
     /// Every event received: id and data, as sent.
-    got: Vec<(String, String)>,
-    reconnects: usize,
+    pub got: Vec<(String, String)>,
+    pub reconnects: usize,
 }
 
 impl Subscriber {
+    pub fn new(name: String, session: String, start: Option<String>) -> Subscriber {
+        Subscriber { name, session, start, got: vec![], reconnects: 0 }
+    }
+
     fn cursor(&self) -> Option<String> {
         self.got.last().map(|(id, _)| id.clone()).or_else(|| self.start.clone())
     }
@@ -235,21 +406,32 @@ impl Subscriber {
     }
 }
 
-async fn subscribe(cycle: Arc<Cycle>, mut sub: Subscriber, mut rng: StdRng) -> Subscriber {
+/// Follows the session's stream from `node`, resuming every few events with
+/// `Last-Event-ID` on a node chosen at random among the others (the same one, alone).
+pub(super) async fn subscribe(cycle: Arc<Cycle>, mut sub: Subscriber, mut node: usize, mut rng: StdRng) -> Subscriber {
     let client = client();
+    let nodes = cycle.urls.len();
     let mut opened = false;
     loop {
-        let response = match sub.open(&client, &cycle.url).await {
-            Ok(response) => response,
-            Err(error) => {
-                cycle.cut(format!("{}: {error}", sub.name));
+        if cycle.stopped() {
+            return sub;
+        }
+        let response = match cycle.unless_stopped(sub.open(&client, cycle.url(node))).await {
+            None => return sub,
+            Some(Ok(response)) => response,
+            Some(Err(error)) => {
+                cycle.cut(node, format!("{}: {error}", sub.name));
                 return sub;
             }
         };
         let status = response.status();
         if status != 200 {
             let body = response.text().await.unwrap_or_default();
-            panic!("{}: the stream after {:?} answered {status}: {body}", sub.name, sub.cursor());
+            let what = format!("{}: the stream after {:?} answered {status}: {body}", sub.name, sub.cursor());
+            if cycle.refused(node, status.as_u16(), &body, what) {
+                continue;
+            }
+            return sub;
         }
         if !opened {
             opened = true;
@@ -257,29 +439,41 @@ async fn subscribe(cycle: Arc<Cycle>, mut sub: Subscriber, mut rng: StdRng) -> S
         }
         let mut stream = frames(response);
         for _ in 0..rng.random_range(1..=8) {
-            let frame = tokio::time::timeout(FRAME_WAIT, stream.next()).await;
+            let frame = match cycle.unless_stopped(tokio::time::timeout(FRAME_WAIT, stream.next())).await {
+                None => return sub,
+                Some(frame) => frame,
+            };
             let frame = frame.unwrap_or_else(|_| panic!("{}: no event for {FRAME_WAIT:?} under load", sub.name));
             match frame {
                 Some(frame) => sub.take(frame),
                 None => {
-                    cycle.cut(format!("{}: the stream ended", sub.name));
+                    cycle.ended(node, format!("{}: the stream ended", sub.name));
                     return sub;
                 }
             }
         }
         sub.reconnects += 1;
+        if nodes > 1 {
+            node = (node + rng.random_range(1..nodes)) % nodes;
+        }
     }
 }
 
 /// A client of the AAP turn API, in one stream mode, on its own session.
-struct Driver {
-    mode: &'static str,
-    session: String,
+pub(super) struct Driver {
+    pub mode: &'static str,
+    pub session: String,
     /// The replies of the turns whose end it was told of.
-    acked: Vec<String>,
+    pub acked: Vec<String>,
     /// Turns it sent whose answer the kill cut off.
-    cut: usize,
+    pub cut: usize,
     sent: usize,
+}
+
+impl Driver {
+    pub fn new(mode: &'static str, session: String) -> Driver {
+        Driver { mode, session, acked: vec![], cut: 0, sent: 0 }
+    }
 }
 
 fn prompt(marker: &str) -> (String, String) {
@@ -287,11 +481,15 @@ fn prompt(marker: &str) -> (String, String) {
     (format!("/delay 3\nsoak {marker} {words}"), format!("echo: soak {marker} {words}"))
 }
 
-async fn drive(cycle: Arc<Cycle>, mut driver: Driver) -> Driver {
+/// Runs turns through `node` one after another until its first failure after the kill.
+pub(super) async fn drive(cycle: Arc<Cycle>, mut driver: Driver, node: usize) -> Driver {
     let client = client();
     let mode = driver.mode;
     let mut first = true;
     loop {
+        if cycle.stopped() {
+            return driver;
+        }
         driver.sent += 1;
         let marker = format!("{mode}-c{}-{}", cycle.number, driver.sent);
         let (mut content, expected) = prompt(&marker);
@@ -303,53 +501,92 @@ async fn drive(cycle: Arc<Cycle>, mut driver: Driver) -> Driver {
             first = false;
             cycle.turning.fetch_add(1, Ordering::SeqCst);
         }
-        let sent = client.post(format!("{}/sessions/{}/turns", cycle.url, driver.session)).json(&body).send();
-        let response = match sent.await {
-            Ok(response) => response,
-            Err(error) => {
+        let url = cycle.url(node);
+        let sent = client.post(format!("{url}/sessions/{}/turns", driver.session)).json(&body).send();
+        let response = match cycle.unless_stopped(sent).await {
+            None => {
                 driver.cut += 1;
-                cycle.cut(format!("turn driver {mode}: {error}"));
+                return driver;
+            }
+            Some(Ok(response)) => response,
+            Some(Err(error)) => {
+                driver.cut += 1;
+                cycle.cut(node, format!("turn driver {mode}: {error}"));
                 return driver;
             }
         };
         let status = response.status();
         if status != 200 {
             let body = response.text().await.unwrap_or_default();
-            panic!("turn driver {mode}: a turn on {} answered {status}: {body}", driver.session);
+            let what = format!("turn driver {mode}: a turn on {}: {body}", driver.session);
+            if cycle.refused(node, status.as_u16(), &body, what) {
+                continue;
+            }
+            driver.cut += 1;
+            return driver;
         }
+        // The turn's end as told, if it was: whether it ended `end_turn`.
         let ended = match mode {
-            "none" => match response.json::<Value>().await {
-                Ok(answer) => {
+            "none" => match cycle.unless_stopped(response.json::<Value>()).await {
+                None => {
+                    driver.cut += 1;
+                    return driver;
+                }
+                Some(Ok(answer)) => {
                     let whole =
                         json!({"stopReason": "end_turn", "messages": [{"role": "assistant", "content": expected}]});
-                    assert_eq!(answer, whole, "turn driver none");
-                    true
+                    if cycle.failover && answer["stopReason"] != "end_turn" {
+                        Some(false)
+                    } else {
+                        assert_eq!(answer, whole, "turn driver none");
+                        Some(true)
+                    }
                 }
-                Err(_) => false,
+                Some(Err(_)) => None,
             },
             _ => {
                 let mut stream = frames(response);
                 let mut seen = Vec::new();
                 loop {
-                    let frame = tokio::time::timeout(FRAME_WAIT, stream.next()).await;
+                    let frame = match cycle.unless_stopped(tokio::time::timeout(FRAME_WAIT, stream.next())).await {
+                        None => {
+                            driver.cut += 1;
+                            return driver;
+                        }
+                        Some(frame) => frame,
+                    };
                     match frame.unwrap_or_else(|_| panic!("turn driver {mode}: no frame for {FRAME_WAIT:?}")) {
                         Some(frame) => seen.push(frame),
                         None => break,
                     }
                 }
-                let ended = seen.last().is_some_and(|f| f.event == "turn_stop");
-                if ended {
-                    check_turn_frames(mode, &marker, &expected, &seen);
+                match seen.last() {
+                    Some(last) if last.event == "turn_stop" => {
+                        let stop: Value = serde_json::from_str(&last.data).expect("turn_stop's data is JSON");
+                        if cycle.failover && stop["stopReason"] != "end_turn" {
+                            Some(false)
+                        } else {
+                            check_turn_frames(mode, &marker, &expected, &seen);
+                            Some(true)
+                        }
+                    }
+                    _ => None,
                 }
-                ended
             }
         };
-        if !ended {
-            driver.cut += 1;
-            cycle.cut(format!("turn driver {mode}: the turn's answer was cut"));
-            return driver;
+        match ended {
+            Some(true) => driver.acked.push(expected),
+            Some(false) => {
+                driver.cut += 1;
+                cycle.failed_over(node, format!("turn driver {mode}: the turn ended, not end_turn"));
+                return driver;
+            }
+            None => {
+                driver.cut += 1;
+                cycle.ended(node, format!("turn driver {mode}: the turn's answer was cut"));
+                return driver;
+            }
         }
-        driver.acked.push(expected);
     }
 }
 
@@ -375,15 +612,15 @@ fn check_turn_frames(mode: &str, marker: &str, expected: &str, seen: &[Frame]) {
 
 /// The ACP client's state across cycles: its session and the replies of its answered prompts.
 #[derive(Default)]
-struct AcpClient {
+pub(super) struct AcpClient {
     session: Option<String>,
-    acked: Vec<String>,
+    pub acked: Vec<String>,
     sent: usize,
     cut: usize,
 }
 
 /// The pipes of one `turnlog acp --server URL` process (which the test holds, to kill it).
-struct AcpProcess {
+pub(super) struct AcpProcess {
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
     next_id: u64,
@@ -401,7 +638,7 @@ enum Failed {
 }
 
 impl AcpProcess {
-    fn spawn(url: &str, log: &std::path::Path) -> (Child, AcpProcess) {
+    pub fn spawn(url: &str, log: &std::path::Path) -> (Child, AcpProcess) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_turnlog"))
             .args(["acp", "--server", url])
             .env("RUST_LOG", "warn")
@@ -450,17 +687,32 @@ impl AcpProcess {
     }
 }
 
-/// The ACP client of one cycle: initialize, make or load its session, then prompt it.
-async fn acp(cycle: Arc<Cycle>, mut state: AcpClient, mut process: AcpProcess, cwd: String) -> AcpClient {
+/// The ACP client of one cycle, on `node`: initialize, make or load its session, then
+/// prompt it.
+pub(super) async fn acp(
+    cycle: Arc<Cycle>,
+    mut state: AcpClient,
+    mut process: AcpProcess,
+    node: usize,
+    cwd: String,
+) -> AcpClient {
     macro_rules! call {
         ($method:expr, $params:expr) => {
-            match process.call($method, $params).await {
+            settle!($method, process.call($method, $params).await)
+        };
+    }
+    macro_rules! settle {
+        ($method:expr, $called:expr) => {
+            match $called {
                 Ok(result) => result,
                 Err(failed) => {
-                    if let Failed::Error(error) = failed {
-                        cycle.cut(format!("acp: {} answered {error}", $method));
-                    } else {
-                        cycle.cut(format!("acp: the process went away during {}", $method));
+                    match failed {
+                        Failed::Error(error) => {
+                            cycle.failed_over(node, format!("acp: {} answered {error}", $method));
+                        }
+                        // The test kills the process to stop it.
+                        Failed::Gone if cycle.stopped() => {}
+                        Failed::Gone => cycle.cut(node, format!("acp: the process went away during {}", $method)),
                     }
                     return state;
                 }
@@ -489,8 +741,19 @@ async fn acp(cycle: Arc<Cycle>, mut state: AcpClient, mut process: AcpProcess, c
         let (text, expected) = prompt(&format!("acp-c{}-{}", cycle.number, state.sent));
         let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
         state.cut += 1;
-        let answer = call!("session/prompt", params);
+        let called = process.call("session/prompt", params).await;
+        if let Err(Failed::Error(error)) = &called {
+            if cycle.aftermath_refusal(&error.to_string()) {
+                state.cut -= 1;
+                continue;
+            }
+        }
+        let answer = settle!("session/prompt", called);
         state.cut -= 1;
+        if cycle.failover && answer["stopReason"] != "end_turn" {
+            cycle.failed_over(node, format!("acp: a prompt ended {answer}"));
+            return state;
+        }
         assert_eq!(answer, json!({"stopReason": "end_turn"}), "acp: session/prompt");
         assert_eq!(process.chunks, expected, "acp: the streamed reply");
         state.acked.push(expected);
@@ -508,20 +771,23 @@ enum Fate {
 }
 
 #[derive(Default)]
-struct Deleter {
+pub(super) struct Deleter {
     sessions: Vec<(String, Fate)>,
-    created: usize,
-    deleted: usize,
+    pub created: usize,
+    pub deleted: usize,
 }
 
-async fn delete_sessions(cycle: Arc<Cycle>, mut d: Deleter, mut rng: StdRng) -> Deleter {
+/// Makes sessions through `node` and deletes them, until its first failure after the kill.
+pub(super) async fn delete_sessions(cycle: Arc<Cycle>, mut d: Deleter, node: usize, mut rng: StdRng) -> Deleter {
     let client = client();
-    // What returns 204 or 404 for a session; `None` once the server is gone.
-    async fn delete(client: &reqwest::Client, cycle: &Cycle, session: &str) -> Option<u16> {
-        match client.delete(format!("{}/sessions/{session}", cycle.url)).send().await {
-            Ok(response) => Some(response.status().as_u16()),
+    let url = cycle.url(node).to_string();
+    // What returns 204 or 404 for a session, and the answer's body; `None` once the node is
+    // gone (or stopped).
+    async fn delete(client: &reqwest::Client, cycle: &Cycle, node: usize, session: &str) -> Option<(u16, String)> {
+        match cycle.unless_stopped(client.delete(format!("{}/sessions/{session}", cycle.url(node))).send()).await? {
+            Ok(response) => Some((response.status().as_u16(), response.text().await.unwrap_or_default())),
             Err(error) => {
-                cycle.cut(format!("deleter: {error}"));
+                cycle.cut(node, format!("deleter: {error}"));
                 None
             }
         }
@@ -532,39 +798,71 @@ async fn delete_sessions(cycle: Arc<Cycle>, mut d: Deleter, mut rng: StdRng) -> 
         if fate == Fate::Deleted {
             continue;
         }
+        if cycle.stopped() {
+            return d;
+        }
         d.sessions[i].1 = Fate::DeleteSent;
-        match delete(&client, &cycle, &session).await {
-            Some(204) => {}
-            Some(404) if fate == Fate::DeleteSent => {}
-            Some(status) => panic!("deleter: deleting {session} ({fate:?}) answered {status}"),
+        match delete(&client, &cycle, node, &session).await {
+            Some((204, _)) => {}
+            Some((404, _)) if fate == Fate::DeleteSent => {}
+            Some((status, body)) => {
+                // Left for the next cycle, its delete sent.
+                if cycle.refused(node, status, &body, format!("deleter: deleting {session} ({fate:?}): {body}")) {
+                    continue;
+                }
+                return d;
+            }
             None => return d,
         }
         d.sessions[i].1 = Fate::Deleted;
         d.deleted += 1;
     }
     loop {
-        let made = client.post(format!("{}/sessions", cycle.url)).json(&json!({"agent": {"name": "default"}})).send();
-        let body = match made.await {
-            Ok(response) => {
-                assert_eq!(response.status(), 201, "deleter: creating a session");
-                response.json::<Value>().await
+        if cycle.stopped() {
+            return d;
+        }
+        let made = client.post(format!("{url}/sessions")).json(&json!({"agent": {"name": "default"}})).send();
+        let body = match cycle.unless_stopped(made).await {
+            None => return d,
+            Some(Ok(response)) if response.status() != 201 => {
+                let status = response.status().as_u16();
+                let body = response.text().await.unwrap_or_default();
+                if cycle.refused(node, status, &body, format!("deleter: creating a session: {body}")) {
+                    continue;
+                }
+                return d;
             }
-            Err(error) => Err(error),
+            Some(Ok(response)) => match cycle.unless_stopped(response.json::<Value>()).await {
+                None => return d,
+                Some(body) => body,
+            },
+            Some(Err(error)) => Err(error),
         };
         let session = match body {
             Ok(body) => body["sessionId"].as_str().expect("a session id").to_string(),
             Err(error) => {
-                cycle.cut(format!("deleter: {error}"));
+                cycle.cut(node, format!("deleter: {error}"));
                 return d;
             }
         };
         d.created += 1;
         d.sessions.push((session.clone(), Fate::Created));
         let event = json!({"events": [{"type": "user.define_outcome", "outcome": "to be deleted"}]});
-        match client.post(format!("{}/sessions/{session}/events", cycle.url)).json(&event).send().await {
-            Ok(response) => assert_eq!(response.status(), 200, "deleter: appending to {session}"),
-            Err(error) => {
-                cycle.cut(format!("deleter: {error}"));
+        let appended = client.post(format!("{url}/sessions/{session}/events")).json(&event).send();
+        match cycle.unless_stopped(appended).await {
+            None => return d,
+            Some(Ok(response)) if response.status() == 200 => {}
+            Some(Ok(response)) => {
+                let status = response.status().as_u16();
+                let body = response.text().await.unwrap_or_default();
+                // Left for the next cycle to delete.
+                if cycle.refused(node, status, &body, format!("deleter: appending to {session}: {body}")) {
+                    continue;
+                }
+                return d;
+            }
+            Some(Err(error)) => {
+                cycle.cut(node, format!("deleter: {error}"));
                 return d;
             }
         }
@@ -573,12 +871,18 @@ async fn delete_sessions(cycle: Arc<Cycle>, mut d: Deleter, mut rng: StdRng) -> 
             continue;
         }
         d.sessions.last_mut().unwrap().1 = Fate::DeleteSent;
-        match delete(&client, &cycle, &session).await {
-            Some(204) => {
+        match delete(&client, &cycle, node, &session).await {
+            Some((204, _)) => {
                 d.sessions.last_mut().unwrap().1 = Fate::Deleted;
                 d.deleted += 1;
             }
-            Some(status) => panic!("deleter: deleting {session} answered {status}"),
+            Some((status, body)) => {
+                // Left for the next cycle, its delete sent.
+                if cycle.refused(node, status, &body, format!("deleter: deleting {session}: {body}")) {
+                    continue;
+                }
+                return d;
+            }
             None => return d,
         }
     }
@@ -601,12 +905,17 @@ struct ExportLine<'a> {
     event: &'a RawValue,
 }
 
-/// A session's log, checked: its export's hash chain recomputed (README's definition) and
-/// ending at the head the audit route verifies; sequence numbers 1..n; increasing ids; the
-/// event API listing the same events; no turn open (in the log, and in the session's status).
-async fn read_log(app: &TestApp, session: &str) -> Vec<Stored> {
-    let response = app.get(&format!("/sessions/{session}/export")).send().await.unwrap();
-    assert_eq!(response.status(), 200, "export of {session}");
+/// A session's log through the node at `url`, checked: its export's hash chain recomputed
+/// (README's definition) and ending at the head the audit route verifies; sequence numbers
+/// 1..n; increasing ids; the event API listing the same events; no turn open (in the log,
+/// and in the session's status). A panic is a log that is wrong; `Err` one that is not
+/// whole yet (a node that has not caught up with the log, or a turn a takeover has not
+/// closed yet), which the single-node soak does not wait for.
+async fn read_log(client: &reqwest::Client, url: &str, session: &str) -> Result<Vec<Stored>, String> {
+    let response = client.get(format!("{url}/sessions/{session}/export")).send().await.unwrap();
+    if response.status() != 200 {
+        return Err(format!("export of {session} through {url} answered {}", response.status()));
+    }
     let text = response.text().await.unwrap();
     let mut log: Vec<Stored> = Vec::new();
     let mut prev = [0u8; 32];
@@ -614,7 +923,7 @@ async fn read_log(app: &TestApp, session: &str) -> Vec<Stored> {
         let parsed: ExportLine = serde_json::from_str(line).unwrap_or_else(|e| panic!("an export line ({e}): {line}"));
         let n = log.len() as u64 + 1;
         assert_eq!(parsed.session_id, session);
-        assert_eq!(parsed.sequence_number, n, "{session}: sequence numbers have no gap");
+        assert_eq!(parsed.sequence_number, n, "{session}: sequence numbers have no gap (through {url})");
         let at = line.find("\"event\":").expect("an event field") + 8;
         let raw = &line[at..line.len() - 1];
         assert_eq!(raw, parsed.event.get(), "{session} {n}: the event's bytes");
@@ -635,13 +944,18 @@ async fn read_log(app: &TestApp, session: &str) -> Vec<Stored> {
     assert_eq!(log[0].value["type"], "session.created");
 
     let audit: Value =
-        app.get(&format!("/sessions/{session}/audit?verify=true")).send().await.unwrap().json().await.unwrap();
+        client.get(format!("{url}/sessions/{session}/audit?verify=true")).send().await.unwrap().json().await.unwrap();
+    if audit["sequence_number"] != log.len() {
+        return Err(format!("{session} through {url}: the audit head {audit} is not the export's, at {}", log.len()));
+    }
     let head = json!({"session_id": session, "sequence_number": log.len(), "last_id": log.last().unwrap().id,
         "hash": hex::encode(prev), "verified": true});
     assert_eq!(audit, head, "{session}: the audit head is the export's last hash, verified");
 
-    let listed = app.all_events(session).await;
-    assert_eq!(listed.len(), log.len(), "{session}: the event API lists the exported events");
+    let listed = list_events(client, url, session).await?;
+    if listed.len() != log.len() {
+        return Err(format!("{session} through {url}: the event API lists {}, the export {}", listed.len(), log.len()));
+    }
     for (listed, stored) in listed.iter().zip(&log) {
         let (mut listed, mut stored) = (listed.clone(), stored.value.clone());
         if stored["type"] == "user.message" {
@@ -661,15 +975,65 @@ async fn read_log(app: &TestApp, session: &str) -> Vec<Stored> {
             _ => {}
         }
     }
-    assert!(open.is_empty(), "{session}: turns left running after the restart: {open:?}");
-    let status: Value = app.get(&format!("/v1/sessions/{session}")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(status["status"], "idle", "{session}: the session's status after the restart");
-    log
+    if !open.is_empty() {
+        // What the node's projections say of them (what its reaper goes by), for the failure.
+        let listed: Value = client
+            .get(format!("{url}/v1/agents/sessions/{session}/turns"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap_or_default();
+        let listed: Vec<String> = listed["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|turn| open.iter().any(|t| turn["id"] == *t))
+            .map(|turn| format!("{} {}", turn["id"], turn["state"]["status"]))
+            .collect();
+        let last: Vec<String> =
+            log.iter().rev().take(4).map(|e| format!("#{} {}", e.value["sequence_number"], e.value["type"])).collect();
+        return Err(format!(
+            "{session}: turns left running after the restart: {open:?} (through {url}; its last events {last:?}; \
+             its turn index lists them as {listed:?})"
+        ));
+    }
+    let status: Value = client.get(format!("{url}/v1/sessions/{session}")).send().await.unwrap().json().await.unwrap();
+    if status["status"] != "idle" {
+        return Err(format!(
+            "{session}: the session's status after the restart is {} (through {url})",
+            status["status"]
+        ));
+    }
+    Ok(log)
+}
+
+/// Every event of the session, through the event API of the node at `url`.
+async fn list_events(client: &reqwest::Client, url: &str, session: &str) -> Result<Vec<Value>, String> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut path = format!("{url}/sessions/{session}/events?limit=1000");
+        if let Some(after) = &after {
+            path.push_str(&format!("&after_id={after}"));
+        }
+        let response = client.get(path).send().await.unwrap();
+        if response.status() != 200 {
+            return Err(format!("the events of {session} through {url} answered {}", response.status()));
+        }
+        let page: Value = response.json().await.unwrap();
+        all.extend(page["data"].as_array().unwrap().iter().cloned());
+        if !page["has_more"].as_bool().unwrap() {
+            return Ok(all);
+        }
+        after = page["last_id"].as_str().map(String::from);
+    }
 }
 
 /// The replies of the turns the log shows ended `end_turn`.
-fn finished_replies(log: &[Stored]) -> std::collections::HashSet<String> {
-    let ended: std::collections::HashSet<&str> = log
+fn finished_replies(log: &[Stored]) -> HashSet<String> {
+    let ended: HashSet<&str> = log
         .iter()
         .filter(|e| e.value["type"] == "session.status_idle" && e.value["stop_reason"]["type"] == "end_turn")
         .filter_map(|e| e.value["turn_id"].as_str())
@@ -690,66 +1054,137 @@ fn start_of(sub: &Subscriber, log: &[Stored]) -> usize {
 }
 
 /// Everything the soak keeps across cycles.
-struct Soak {
-    append_sessions: Vec<String>,
-    acked: Vec<Acked>,
-    subscribers: Vec<Subscriber>,
-    drivers: Vec<Driver>,
-    acp: AcpClient,
-    deleter: Deleter,
+#[derive(Default)]
+pub(super) struct Soak {
+    pub append_sessions: Vec<String>,
+    pub acked: Vec<Acked>,
+    pub subscribers: Vec<Subscriber>,
+    pub drivers: Vec<Driver>,
+    pub acp: AcpClient,
+    pub deleter: Deleter,
+    /// Sessions whose delete every node has answered for (404): they stay deleted.
+    pub gone: HashSet<String>,
 }
 
 /// What the checks after a restart counted.
-struct Checked {
-    sessions: usize,
-    events: usize,
-    turns: usize,
-    interrupted: usize,
+pub(super) struct Checked {
+    pub sessions: usize,
+    pub events: usize,
+    pub turns: usize,
+    pub interrupted: usize,
+    /// The deleted sessions every node answered 404 for.
+    gone: Vec<String>,
 }
 
-async fn check(app: &TestApp, soak: &Soak) -> Checked {
-    let mut logs = std::collections::HashMap::new();
+/// The checks after a restart, through every node (`urls`): a panic is something wrong;
+/// `Err` says what does not hold yet while the nodes catch up with the log and close the
+/// turns the killed node left running.
+async fn survey(client: &reqwest::Client, urls: &[String], soak: &Soak) -> Result<Checked, String> {
     let mut live: Vec<String> = soak.append_sessions.clone();
     live.extend(soak.drivers.iter().map(|d| d.session.clone()));
     live.extend(soak.acp.session.clone());
-    for (session, fate) in &soak.deleter.sessions {
-        let status = app.get(&format!("/sessions/{session}")).send().await.unwrap().status().as_u16();
-        match (fate, status) {
-            (Fate::Deleted, 404) | (Fate::DeleteSent, 404) => {
-                let events = app.get(&format!("/sessions/{session}/events")).send().await.unwrap();
-                assert_eq!(events.status(), 404, "the events of deleted session {session}");
+    // The deleter's sessions: each node's answer for each, which every node must agree on.
+    let mut kept: Option<BTreeSet<String>> = None;
+    for url in urls {
+        let mut here = BTreeSet::new();
+        for (session, fate) in &soak.deleter.sessions {
+            let status = client.get(format!("{url}/sessions/{session}")).send().await.unwrap().status().as_u16();
+            match (fate, status) {
+                (Fate::Deleted, 404) | (Fate::DeleteSent, 404) => {
+                    let events = client.get(format!("{url}/sessions/{session}/events")).send().await.unwrap();
+                    if events.status() != 404 {
+                        return Err(format!("the events of deleted session {session} answer {}", events.status()));
+                    }
+                }
+                (Fate::Created, 200) | (Fate::DeleteSent, 200) => {
+                    assert!(!soak.gone.contains(session), "session {session}, deleted, is back through {url}");
+                    here.insert(session.clone());
+                }
+                (fate, status) => {
+                    assert!(!soak.gone.contains(session), "session {session}, deleted, answers {status} through {url}");
+                    return Err(format!(
+                        "session {session} ({fate:?}) answers {status} after the restart (through {url})"
+                    ));
+                }
             }
-            (Fate::Created, 200) | (Fate::DeleteSent, 200) => live.push(session.clone()),
-            (fate, status) => panic!("session {session} ({fate:?}) answers {status} after the restart"),
+        }
+        match &kept {
+            Some(kept) if *kept != here => {
+                return Err(format!("the nodes do not agree on which sessions are left: {kept:?} and {here:?} ({url})"))
+            }
+            _ => kept = Some(here),
         }
     }
-    for session in &live {
-        logs.insert(session.clone(), read_log(app, session).await);
-    }
+    let kept = kept.unwrap_or_default();
+    let gone: Vec<String> =
+        soak.deleter.sessions.iter().filter(|(s, _)| !kept.contains(s)).map(|(s, _)| s.clone()).collect();
+    live.extend(kept);
 
+    let mut first: Option<HashMap<String, Vec<Stored>>> = None;
+    for url in urls {
+        let mut logs = HashMap::new();
+        for session in &live {
+            logs.insert(session.clone(), read_log(client, url, session).await?);
+        }
+        check_logs(url, soak, &logs)?;
+        // Every node reads the same logs.
+        if let Some(first) = &first {
+            for (session, log) in &logs {
+                let other = &first[session];
+                for (a, b) in log.iter().zip(other) {
+                    let at = &a.value["sequence_number"];
+                    assert!(a.id == b.id && a.raw == b.raw, "{session}: {url} and {} differ at #{at}", urls[0]);
+                }
+                if log.len() != other.len() {
+                    return Err(format!(
+                        "{session}: {} events through {url}, {} through {}",
+                        log.len(),
+                        other.len(),
+                        urls[0]
+                    ));
+                }
+            }
+        } else {
+            first = Some(logs);
+        }
+    }
+    let logs = first.expect("a node");
+    let count = |kind: &str, code: Option<&str>| {
+        let events = logs.values().flatten();
+        events.filter(|e| e.value["type"] == kind && code.is_none_or(|c| e.value["code"] == c)).count()
+    };
+    Ok(Checked {
+        sessions: logs.len(),
+        events: logs.values().map(Vec::len).sum(),
+        turns: count("turn.started", None),
+        interrupted: count("session.error", Some("interrupted")),
+        gone,
+    })
+}
+
+/// The acknowledged events, what the subscribers received and the answered turns, against
+/// the logs read through the node at `url`.
+fn check_logs(url: &str, soak: &Soak, logs: &HashMap<String, Vec<Stored>>) -> Result<(), String> {
     for acked in &soak.acked {
         let log = &logs[&acked.session];
-        let stored = log.get(acked.seq as usize - 1).unwrap_or_else(|| {
-            panic!(
-                "acknowledged event {} ({} #{}) is lost: the log has {}",
+        let Some(stored) = log.get(acked.seq as usize - 1) else {
+            return Err(format!(
+                "acknowledged event {} ({} #{}) is lost: the log has {} (through {url})",
                 acked.id,
                 acked.session,
                 acked.seq,
                 log.len()
-            )
-        });
+            ));
+        };
         assert_eq!(stored.id, acked.id, "{} #{}: the acknowledged event's place", acked.session, acked.seq);
         assert_eq!(stored.raw, acked.raw, "{} #{}: the acknowledged bytes", acked.session, acked.seq);
     }
     for sub in &soak.subscribers {
         let log = &logs[&sub.session];
         let from = start_of(sub, log);
-        assert!(
-            from + sub.got.len() <= log.len(),
-            "{}: received {} events past its log's end",
-            sub.name,
-            sub.got.len()
-        );
+        if from + sub.got.len() > log.len() {
+            return Err(format!("{}: received {} events past its log's end (through {url})", sub.name, sub.got.len()));
+        }
         for (k, (id, data)) in sub.got.iter().enumerate() {
             let stored = &log[from + k];
             assert_eq!(*id, stored.id, "{}: received event {k} is the log's next one (no gap, no repeat)", sub.name);
@@ -759,30 +1194,59 @@ async fn check(app: &TestApp, soak: &Soak) -> Checked {
     for driver in &soak.drivers {
         let done = finished_replies(&logs[&driver.session]);
         for reply in &driver.acked {
-            assert!(done.contains(reply), "turn driver {}: an answered turn is not in the log: {reply}", driver.mode);
+            if !done.contains(reply) {
+                return Err(format!("turn driver {}: an answered turn is not in the log: {reply}", driver.mode));
+            }
         }
     }
     if let Some(session) = &soak.acp.session {
         let done = finished_replies(&logs[session]);
         for reply in &soak.acp.acked {
-            assert!(done.contains(reply), "acp: an answered prompt's turn is not in the log: {reply}");
+            if !done.contains(reply) {
+                return Err(format!("acp: an answered prompt's turn is not in the log: {reply}"));
+            }
         }
     }
-    let count = |kind: &str, code: Option<&str>| {
-        let events = logs.values().flatten();
-        events.filter(|e| e.value["type"] == kind && code.is_none_or(|c| e.value["code"] == c)).count()
-    };
-    Checked {
-        sessions: logs.len(),
-        events: logs.values().map(Vec::len).sum(),
-        turns: count("turn.started", None),
-        interrupted: count("session.error", Some("interrupted")),
+    Ok(())
+}
+
+/// The checks after a restart of the one node: nothing to wait for.
+async fn check(app: &TestApp, soak: &mut Soak) -> Checked {
+    let checked = survey(&app.client, std::slice::from_ref(&app.url), soak).await;
+    let checked = checked.unwrap_or_else(|why| panic!("{why}"));
+    soak.gone.extend(checked.gone.iter().cloned());
+    checked
+}
+
+/// The checks after a restart of one of several nodes, polled until they all hold or
+/// `within` has passed; with what did not hold at first, if anything.
+pub(super) async fn check_until(
+    urls: &[String],
+    soak: &mut Soak,
+    within: Duration,
+    context: impl Fn() -> String,
+) -> (Checked, Option<String>) {
+    let client = client();
+    let deadline = Instant::now() + within;
+    let mut first = None;
+    loop {
+        match survey(&client, urls, soak).await {
+            Ok(checked) => {
+                soak.gone.extend(checked.gone.iter().cloned());
+                return (checked, first);
+            }
+            Err(why) => {
+                assert!(Instant::now() < deadline, "not within {within:?}: {why}\n{}", context());
+                first.get_or_insert(why);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
 /// Waits for `ready`, polling, up to `WAIT`; ends early if a client has already ended (it
 /// failed: its panic is reported when it is joined).
-async fn wait_for(what: &str, ready: impl Fn() -> bool, ended: impl Fn() -> bool) {
+pub(super) async fn wait_for(what: &str, ready: impl Fn() -> bool, ended: impl Fn() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !ready() && !ended() {
         assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
@@ -791,12 +1255,81 @@ async fn wait_for(what: &str, ready: impl Fn() -> bool, ended: impl Fn() -> bool
 }
 
 /// A client's task, once the kill has ended it; its panic, if it failed.
-async fn join<T>(what: &str, handle: impl Future<Output = Result<T, tokio::task::JoinError>>) -> T {
+pub(super) async fn join<T>(what: &str, handle: impl Future<Output = Result<T, tokio::task::JoinError>>) -> T {
     match tokio::time::timeout(WAIT, handle).await {
         Ok(Ok(value)) => value,
         Ok(Err(error)) => std::panic::resume_unwind(error.into_panic()),
         Err(_) => panic!("{what} did not end within {WAIT:?} of the kill"),
     }
+}
+
+/// After the last restart, with no load: every subscriber catches up with its log (through
+/// the node `pick` chooses), and then holds exactly the log after its first cursor; every
+/// session takes new work, through every node.
+pub(super) async fn finish(
+    urls: &[String],
+    soak: &mut Soak,
+    cwd: &str,
+    dir: &std::path::Path,
+    mut pick: impl FnMut() -> usize,
+) {
+    let client = client();
+    for sub in &mut soak.subscribers {
+        let url = &urls[pick()];
+        let log = read_log(&client, url, &sub.session).await.unwrap_or_else(|why| panic!("{why}"));
+        let last = log.last().unwrap().id.clone();
+        if sub.cursor().as_ref() != Some(&last) {
+            let response = sub.open(&client, url).await.expect("the stream opens");
+            assert_eq!(response.status(), 200, "{}: the last stream", sub.name);
+            let mut stream = frames(response);
+            while sub.cursor().as_ref() != Some(&last) {
+                let frame = tokio::time::timeout(FRAME_WAIT, stream.next()).await;
+                let frame = frame.unwrap_or_else(|_| panic!("{}: did not catch up within {FRAME_WAIT:?}", sub.name));
+                sub.take(frame.unwrap_or_else(|| panic!("{}: the stream ended before the log's end", sub.name)));
+            }
+        }
+        let from = start_of(sub, &log);
+        let expected: Vec<(String, String)> = log[from..].iter().map(|e| (e.id.clone(), e.raw.clone())).collect();
+        assert!(sub.got == expected, "{}: what it received is not exactly the log after its first cursor", sub.name);
+    }
+    for (i, driver) in soak.drivers.iter().enumerate() {
+        let url = &urls[i % urls.len()];
+        let (content, expected) = prompt(&format!("{}-last", driver.mode));
+        let body = json!({"messages": [{"role": "user", "content": content}]});
+        let response =
+            client.post(format!("{url}/sessions/{}/turns", driver.session)).json(&body).send().await.unwrap();
+        assert_eq!(response.status(), 200, "a turn after the last restart");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer, json!({"stopReason": "end_turn", "messages": [{"role": "assistant", "content": expected}]}));
+    }
+    for session in &soak.append_sessions {
+        let n = list_events(&client, &urls[0], session).await.unwrap_or_else(|why| panic!("{why}")).len();
+        for (k, url) in urls.iter().enumerate() {
+            let event = json!({"type": "user.define_outcome", "outcome": "after the last restart"});
+            let response =
+                client.post(format!("{url}/sessions/{session}/events")).json(&json!({"events": [event]})).send();
+            let response = response.await.unwrap();
+            assert_eq!(response.status(), 200, "an append after the last restart through {url}");
+            let new: Value = response.json().await.unwrap();
+            assert_eq!(new["data"][0]["sequence_number"], (n + k) as u64 + 1, "through {url}");
+        }
+    }
+    let url = &urls[pick()];
+    let (mut child, mut process) = AcpProcess::spawn(url, &dir.join("acp-last.log"));
+    let init = json!({"protocolVersion": 1, "clientCapabilities": {}});
+    process.call("initialize", init).await.expect("acp: initialize after the last restart");
+    if let Some(session) = soak.acp.session.clone() {
+        let load = json!({"sessionId": session, "cwd": cwd, "mcpServers": []});
+        process.call("session/load", load).await.expect("acp: session/load after the last restart");
+        let (text, expected) = prompt("acp-last");
+        let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
+        let answer = process.call("session/prompt", params).await.expect("acp: a prompt after the last restart");
+        assert_eq!(answer, json!({"stopReason": "end_turn"}));
+        assert_eq!(process.chunks, expected);
+    }
+    drop(process.stdin);
+    let exit = tokio::time::timeout(WAIT, child.wait()).await.expect("acp exits once its stdin closes");
+    assert!(exit.unwrap().success(), "acp exits 0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -810,40 +1343,23 @@ async fn soak_sigkill_under_mixed_load() {
 
     let mut app = spawn_app().await;
     let cwd = app.dir.path().to_str().unwrap().to_string();
-    let mut soak = Soak {
-        append_sessions: Vec::new(),
-        acked: Vec::new(),
-        subscribers: Vec::new(),
-        drivers: Vec::new(),
-        acp: AcpClient::default(),
-        deleter: Deleter::default(),
-    };
+    let mut soak = Soak::default();
     for s in 0..APPEND_SESSIONS {
         let session = app.create_session().await;
         let created = app.all_events(&session).await[0]["id"].as_str().unwrap().to_string();
         for (k, start) in [None, Some(created)].into_iter().enumerate() {
-            let name = format!("subscriber {s}.{k}");
-            soak.subscribers.push(Subscriber { name, session: session.clone(), start, got: vec![], reconnects: 0 });
+            soak.subscribers.push(Subscriber::new(format!("subscriber {s}.{k}"), session.clone(), start));
         }
         soak.append_sessions.push(session);
     }
     for mode in MODES {
         let session = app.create_session().await;
-        let name = format!("subscriber {mode}");
-        soak.subscribers.push(Subscriber { name, session: session.clone(), start: None, got: vec![], reconnects: 0 });
-        soak.drivers.push(Driver { mode, session, acked: vec![], cut: 0, sent: 0 });
+        soak.subscribers.push(Subscriber::new(format!("subscriber {mode}"), session.clone(), None));
+        soak.drivers.push(Driver::new(mode, session));
     }
 
     for number in 0..cycles {
-        let cycle = Arc::new(Cycle {
-            number,
-            url: app.url.clone(),
-            killed: AtomicBool::new(false),
-            appended: AtomicUsize::new(0),
-            subscribed: AtomicUsize::new(0),
-            turning: AtomicUsize::new(0),
-            acp_ready: AtomicBool::new(false),
-        });
+        let cycle = Cycle::new(number, vec![app.url.clone()]);
         let before = (
             soak.subscribers.iter().map(|s| (s.got.len(), s.reconnects)).collect::<Vec<_>>(),
             soak.drivers.iter().map(|d| (d.acked.len(), d.cut)).collect::<Vec<_>>(),
@@ -852,22 +1368,23 @@ async fn soak_sigkill_under_mixed_load() {
         let appenders: Vec<JoinHandle<Appended>> = (0..APPENDERS)
             .map(|w| {
                 let rng = StdRng::seed_from_u64(rng.random());
-                tokio::spawn(append(cycle.clone(), w, soak.append_sessions.clone(), rng))
+                tokio::spawn(append(cycle.clone(), w, 0, soak.append_sessions.clone(), rng))
             })
             .collect();
         let subscribers: Vec<JoinHandle<Subscriber>> = std::mem::take(&mut soak.subscribers)
             .into_iter()
-            .map(|sub| tokio::spawn(subscribe(cycle.clone(), sub, StdRng::seed_from_u64(rng.random()))))
+            .map(|sub| tokio::spawn(subscribe(cycle.clone(), sub, 0, StdRng::seed_from_u64(rng.random()))))
             .collect();
         let drivers: Vec<JoinHandle<Driver>> =
-            std::mem::take(&mut soak.drivers).into_iter().map(|d| tokio::spawn(drive(cycle.clone(), d))).collect();
+            std::mem::take(&mut soak.drivers).into_iter().map(|d| tokio::spawn(drive(cycle.clone(), d, 0))).collect();
         let deleter = tokio::spawn(delete_sessions(
             cycle.clone(),
             std::mem::take(&mut soak.deleter),
+            0,
             StdRng::seed_from_u64(rng.random()),
         ));
-        let (mut acp_child, process) = AcpProcess::spawn(&cycle.url, &app.dir.path().join(format!("acp-{number}.log")));
-        let acp_client = tokio::spawn(acp(cycle.clone(), std::mem::take(&mut soak.acp), process, cwd.clone()));
+        let (mut acp_child, process) = AcpProcess::spawn(&app.url, &app.dir.path().join(format!("acp-{number}.log")));
+        let acp_client = tokio::spawn(acp(cycle.clone(), std::mem::take(&mut soak.acp), process, 0, cwd.clone()));
 
         // The load under way (every client going), then the kill at a random moment.
         let ended = || {
@@ -888,7 +1405,7 @@ async fn soak_sigkill_under_mixed_load() {
         if !ended() {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
-        cycle.killed.store(true, Ordering::SeqCst);
+        cycle.kill(0);
         app.kill().await;
         // The ACP client too, which would otherwise keep trying the server.
         acp_child.start_kill().expect("kill turnlog acp");
@@ -913,7 +1430,7 @@ async fn soak_sigkill_under_mixed_load() {
 
         app.restart().await;
         let checking = Instant::now();
-        let checked = check(&app, &soak).await;
+        let checked = check(&app, &mut soak).await;
 
         let received: usize = soak.subscribers.iter().zip(&before.0).map(|(s, (got, _))| s.got.len() - got).sum();
         let reconnects: usize = soak.subscribers.iter().zip(&before.0).map(|(s, (_, r))| s.reconnects - r).sum();
@@ -944,52 +1461,7 @@ async fn soak_sigkill_under_mixed_load() {
 
     // After the last restart, with no load: every subscriber catches up with its log, and
     // then holds exactly the log after its first cursor; every session takes new work.
-    let client = client();
-    for sub in &mut soak.subscribers {
-        let log = read_log(&app, &sub.session).await;
-        let last = log.last().unwrap().id.clone();
-        if sub.cursor().as_ref() != Some(&last) {
-            let response = sub.open(&client, &app.url).await.expect("the stream opens");
-            assert_eq!(response.status(), 200, "{}: the last stream", sub.name);
-            let mut stream = frames(response);
-            while sub.cursor().as_ref() != Some(&last) {
-                let frame = tokio::time::timeout(FRAME_WAIT, stream.next()).await;
-                let frame = frame.unwrap_or_else(|_| panic!("{}: did not catch up within {FRAME_WAIT:?}", sub.name));
-                sub.take(frame.unwrap_or_else(|| panic!("{}: the stream ended before the log's end", sub.name)));
-            }
-        }
-        let from = start_of(sub, &log);
-        let expected: Vec<(String, String)> = log[from..].iter().map(|e| (e.id.clone(), e.raw.clone())).collect();
-        assert!(sub.got == expected, "{}: what it received is not exactly the log after its first cursor", sub.name);
-    }
-    for driver in &soak.drivers {
-        let (content, expected) = prompt(&format!("{}-last", driver.mode));
-        let body = json!({"messages": [{"role": "user", "content": content}]});
-        let response = app.post(&format!("/sessions/{}/turns", driver.session)).json(&body).send().await.unwrap();
-        assert_eq!(response.status(), 200, "a turn after the last restart");
-        let answer: Value = response.json().await.unwrap();
-        assert_eq!(answer, json!({"stopReason": "end_turn", "messages": [{"role": "assistant", "content": expected}]}));
-    }
-    for session in &soak.append_sessions {
-        let n = app.all_events(session).await.len();
-        let new = app.post_outcomes(session, &["after the last restart".to_string()]).await;
-        assert_eq!(new[0]["sequence_number"], n as u64 + 1);
-    }
-    let (mut child, mut process) = AcpProcess::spawn(&app.url, &app.dir.path().join("acp-last.log"));
-    let init = json!({"protocolVersion": 1, "clientCapabilities": {}});
-    process.call("initialize", init).await.expect("acp: initialize after the last restart");
-    if let Some(session) = soak.acp.session.clone() {
-        let load = json!({"sessionId": session, "cwd": cwd, "mcpServers": []});
-        process.call("session/load", load).await.expect("acp: session/load after the last restart");
-        let (text, expected) = prompt("acp-last");
-        let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
-        let answer = process.call("session/prompt", params).await.expect("acp: a prompt after the last restart");
-        assert_eq!(answer, json!({"stopReason": "end_turn"}));
-        assert_eq!(process.chunks, expected);
-    }
-    drop(process.stdin);
-    let exit = tokio::time::timeout(WAIT, child.wait()).await.expect("acp exits once its stdin closes");
-    assert!(exit.unwrap().success(), "acp exits 0");
+    finish(std::slice::from_ref(&app.url), &mut soak, &cwd, app.dir.path(), || 0).await;
 
     let total_received: usize = soak.subscribers.iter().map(|s| s.got.len()).sum();
     let turns: usize = soak.drivers.iter().map(|d| d.acked.len()).sum();

@@ -187,6 +187,31 @@ impl Nats {
         leader.strip_prefix('n').and_then(|n| n.parse().ok()).expect("servers are named n0, n1, ...")
     }
 
+    /// Whether every stream (the key-value buckets' too) has a leader and `replicas`
+    /// replicas, all current and online: a server started again has caught up, so another
+    /// may die without any stream losing its quorum. False while no server answers.
+    #[allow(dead_code)] // Only the cluster soak waits for this.
+    pub async fn all_current(&self, replicas: usize) -> bool {
+        use futures_util::StreamExt;
+        let live: Vec<String> =
+            self.servers.iter().filter(|s| s.child.is_some()).map(|s| format!("nats://127.0.0.1:{}", s.port)).collect();
+        let Ok(client) = async_nats::connect(live).await else { return false };
+        let js = async_nats::jetstream::new(client);
+        let mut streams = js.streams();
+        let mut any = false;
+        while let Some(info) = streams.next().await {
+            let Ok(info) = info else { return false };
+            let Some(cluster) = info.cluster else { return false };
+            let peers = &cluster.replicas;
+            if cluster.leader.is_none() || peers.len() + 1 != replicas || peers.iter().any(|p| !p.current || p.offline)
+            {
+                return false;
+            }
+            any = true;
+        }
+        any
+    }
+
     /// Kills server `i` with SIGKILL.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.servers[i].child.take() {

@@ -91,6 +91,16 @@ const FETCH_AHEAD: usize = 16;
 
 type Hashed = Arc<[(RawEvent, chain::Hash)]>;
 
+/// Whether a message leaves its session's turn open (`turn.started` last) or closed (an
+/// idle status, or the session deleted, last); `None` if it says neither.
+fn turn_left_open(events: &[(RawEvent, chain::Hash)]) -> Option<bool> {
+    events.iter().rev().find_map(|(event, _)| match event.kind() {
+        "turn.started" => Some(true),
+        "session.status_idle" | "session.deleted" => Some(false),
+        _ => None,
+    })
+}
+
 struct Inner {
     client: async_nats::Client,
     js: jetstream::Context,
@@ -105,6 +115,9 @@ struct Inner {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Publishes in flight, to wait for at close.
     publishing: watch::Sender<usize>,
+    /// Sessions whose last turn, in the messages this node's consumer has delivered, is
+    /// open (see [`Log::turns_seen_open`]).
+    seen_open: Mutex<std::collections::HashSet<SessionId>>,
 }
 
 /// A session this node has loaded.
@@ -241,6 +254,7 @@ impl JetStreamLog {
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
             publishing: watch::channel(0).0,
+            seen_open: Mutex::default(),
         });
         let log = JetStreamLog { inner };
         log.rebuild_if_needed().await?;
@@ -317,12 +331,22 @@ impl JetStreamLog {
         let (stream_seq, pending) = (info.stream_sequence, info.pending);
         metrics::JETSTREAM_CONSUMER_PENDING.set(pending as i64);
         let Some(session) = self.session_of(message.subject.as_str()) else { return };
-        let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) else { return };
         let decoded = wire::entry(stream_seq, message.headers.as_ref())
             .and_then(|entry| Ok((entry, Hashed::from(wire::decode(&message.payload)?))));
         match decoded {
             Ok((entry, events)) => {
-                loaded.apply(entry, events);
+                // Every session's, loaded here or not: the message itself says whether a turn
+                // was left open, whatever the node that appended it managed to project.
+                if let Some(open) = turn_left_open(&events) {
+                    let mut seen = self.inner.seen_open.lock();
+                    match open {
+                        true => seen.insert(session),
+                        false => seen.remove(&session),
+                    };
+                }
+                if let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) {
+                    loaded.apply(entry, events);
+                }
             }
             Err(error) => {
                 tracing::error!(%error, stream_seq, session_id = %session, "a message of the stream is not turnlog's")
@@ -499,7 +523,10 @@ impl JetStreamLog {
     }
 
     /// The event `matches` picks, from the first message of the index that `before` is
-    /// false for (the index is in log order, so `before` is a partition of it).
+    /// false for (the index is in log order, so `before` is a partition of it). One this
+    /// node does not hold may be in a message another node appended a moment ago (a client
+    /// resuming here after an event it had from that node): it is looked for again once
+    /// this node holds the session's last message.
     async fn find(
         &self,
         id: SessionId,
@@ -507,13 +534,61 @@ impl JetStreamLog {
         matches: impl Fn(&RawEvent) -> bool,
     ) -> Result<Option<RawEvent>, StoreError> {
         let session = self.session(id).await?;
+        let held = session.channel.durable().seq;
+        if let Some(found) = self.find_held(&session, &before, &matches).await? {
+            return Ok(Some(found));
+        }
+        if !self.catch_up(&session, held).await? {
+            return Ok(None);
+        }
+        self.find_held(&session, &before, &matches).await
+    }
+
+    /// Waits until this node holds the session's last message, which its consumer may not
+    /// have brought yet; false if it held it already when it held events up to `held`.
+    async fn catch_up(&self, session: &Session, held: u64) -> Result<bool, StoreError> {
+        let subject = self.subject(session.id);
+        let no_message = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
+        let stream = &self.inner.stream;
+        let last = patiently("last message", || stream.get_last_raw_message_by_subject(&subject), no_message).await;
+        let last = match last {
+            Ok(message) => message,
+            Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => return Ok(false),
+            Err(error) => return Err(store_error(&format!("could not read session {}", session.id), error)),
+        };
+        let upto = wire::entry(last.sequence, Some(&last.headers)).map_err(StoreError::new)?.last_seq();
+        if upto <= held {
+            return Ok(false);
+        }
+        // Subscribed before the watermark is read: no advance after it is missed.
+        let mut live = session.channel.subscribe();
+        let caught_up = async {
+            while session.channel.durable().seq < upto {
+                if let Err(tokio::sync::broadcast::error::RecvError::Closed) = live.recv().await {
+                    return;
+                }
+            }
+        };
+        if tokio::time::timeout(FAILOVER_WAIT, caught_up).await.is_err() {
+            return Err(StoreError::unavailable(format!("session {}: this node is behind its log", session.id)));
+        }
+        Ok(true)
+    }
+
+    /// [`JetStreamLog::find`] in what this node holds now.
+    async fn find_held(
+        &self,
+        session: &Session,
+        before: &impl Fn(&Entry) -> bool,
+        matches: &impl Fn(&RawEvent) -> bool,
+    ) -> Result<Option<RawEvent>, StoreError> {
         let durable = session.channel.durable();
         let entry = {
             let state = session.state.lock();
             state.index.get(state.index.partition_point(|entry| before(entry))).copied()
         };
         let Some(entry) = entry.filter(|entry| entry.first_seq <= durable.seq) else { return Ok(None) };
-        let events = self.message(&session, entry.stream_seq).await?;
+        let events = self.message(session, entry.stream_seq).await?;
         Ok(events.iter().map(|(event, _)| event).find(|event| matches(event) && event.seq <= durable.seq).cloned())
     }
 
@@ -543,6 +618,8 @@ impl JetStreamLog {
     /// Publishes what is queued for the session, all of it as one message each time, until
     /// nothing is left.
     async fn publish_queued(&self, session: &Arc<Session>) {
+        // Why the last message was not stored: what is queued after it is refused for that.
+        let mut failed: Option<AppendError> = None;
         loop {
             let (jobs, expect) = {
                 let mut state = session.state.lock();
@@ -564,11 +641,14 @@ impl JetStreamLog {
                 (state.queue.drain(..take).collect::<Vec<_>>(), state.expect)
             };
             let events: Vec<(RawEvent, chain::Hash)> = jobs.iter().flat_map(|job| job.events.iter().cloned()).collect();
-            let result = match expect {
-                Some(expect) => self.publish(session, expect, &events).await,
-                None => Err(raced(session.id)),
+            let result = match (expect, &failed) {
+                (Some(expect), _) => self.publish(session, expect, &events).await,
+                // Numbered after events that were not stored, not after another node's.
+                (None, Some(error)) => Err(error.clone()),
+                (None, None) => Err(raced(session.id)),
             };
             if let Err(error) = &result {
+                failed = Some(error.clone());
                 // The tail and the chain head counted these events: load them again before
                 // the next append, and refuse what was ordered after these.
                 *session.channel.tail.lock() = None;
@@ -616,7 +696,11 @@ impl JetStreamLog {
                 metrics::APPENDS_REFUSED.with_label_values(&["raced"]).inc();
                 return Err(raced(session.id));
             }
-            Err(error) => return Err(storage("JetStream did not store the append", &error)),
+            Err(error) if answered(&error) => return Err(storage("JetStream did not store the append", &error)),
+            // Still failing once the failover wait is over: the engine is out of reach (503).
+            Err(error) => {
+                return Err(AppendError::Unavailable(format!("JetStream did not answer the append: {error}")))
+            }
         };
         metrics::JETSTREAM_PUBLISH_SECONDS.observe(started.elapsed().as_secs_f64());
         session.state.lock().expect = Some(ack.sequence);
@@ -1025,7 +1109,10 @@ impl Log for JetStreamLog {
     fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> super::AppendFuture {
         let log = self.clone();
         Box::pin(async move {
-            log.prepare(session).await.map_err(|e| AppendError::Storage(e.to_string()))?;
+            log.prepare(session).await.map_err(|e| match e.is_unavailable() {
+                true => AppendError::Unavailable(e.to_string()),
+                false => AppendError::Storage(e.to_string()),
+            })?;
             log.order(session, expected, drafts)?.durable().await
         })
     }
@@ -1135,6 +1222,10 @@ impl Log for JetStreamLog {
 
     fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
         self.inner.hub.changes()
+    }
+
+    fn turns_seen_open(&self) -> Vec<SessionId> {
+        self.inner.seen_open.lock().iter().copied().collect()
     }
 
     fn sweep(&self) {

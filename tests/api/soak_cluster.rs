@@ -1,0 +1,341 @@
+//! The soak test over several nodes: three nats-servers in a cluster (streams with three
+//! replicas) and three turnlog nodes (the real binary) on one JetStream log, under the mixed
+//! load of the single-node soak (`soak.rs`, whose clients and checks this shares), spread
+//! over the three nodes at once:
+//! - appenders post batches to the same few sessions, each through a node of its own
+//!   (they take turns on the nodes from cycle to cycle);
+//! - one turn driver per AAP stream mode runs turns through a node chosen at random;
+//! - subscribers follow the native streams from a node chosen at random and, every few
+//!   events, resume with `Last-Event-ID` on another node chosen at random;
+//! - a `turnlog acp --server URL` client prompts its session through a node chosen at
+//!   random (the ACP client of the single-node soak, kept);
+//! - a deleter makes and deletes sessions through a node chosen at random.
+//!
+//! Every cycle SIGKILLs one node chosen at random, at a random moment of the load; every
+//! third cycle also SIGKILLs one nats-server: a replica of the events stream, or with
+//! `TURNLOG_CLUSTER_SOAK_LEADER_KILLS=1` its leader and a replica by turns (never two at
+//! once: the streams keep their quorum). Leader kills are off by default because of an
+//! open defect: in about one run in fifteen, a session's log came out with one sequence
+//! number twice after the events stream's leader was killed while leases changed hands,
+//! which fits nats-server 2.9 checking `Nats-Expected-Last-Subject-Sequence` on the leader
+//! alone (nats-server#6194); turnlog has no second fence yet. The killed node stays down
+//! for a random time up to one and a half lease times to live while the load goes on
+//! through the others; then the nats-server starts again on its store and the cycle waits
+//! for every stream to be whole again (leaders elected, replicas current), the node starts
+//! again on its data dir with its config, and the clients still going are stopped.
+//!
+//! A client ends at its first connection error to the killed node. After the kill, a
+//! survivor may also end a client with what README's failover describes: a 503, a 409 for
+//! an append that raced another node's as sessions changed hands, a turn closed as
+//! interrupted, and (when a nats-server died) a stream cut off. In the cycle after a
+//! nats-server's kill, a 503 saying appends "could not be stored" is that failover's
+//! aftermath, and the client goes on (counted). Anything else, or any of these before the
+//! kill, fails the test.
+//!
+//! Then, polled until they hold (a node catches up with the log, and a turn the killed
+//! node left running is closed once its lease has expired) or a deadline passes, the checks
+//! of the single-node soak, through every node: every acknowledged event in its log with
+//! the bytes it was acknowledged with; sequence numbers 1..n and increasing ids; the hash
+//! chain recomputed from the export and verified by the audit route; every subscriber's
+//! events a gapless, duplicate-free run of its log after its first cursor; every answered
+//! turn in its log; no turn left running (in the log and in the session's status); a
+//! deleted session 404 on every node, and never back; every node reading the same logs.
+//! After the last cycle every subscriber catches up through a node and holds exactly its
+//! log after its first cursor, and every session takes new work through every node.
+//!
+//! `TURNLOG_CLUSTER_SOAK_CYCLES` (default 6) kills, each after a random moment within
+//! `TURNLOG_CLUSTER_SOAK_MS` (default 400) of load; `TURNLOG_CLUSTER_SOAK_SEED` repeats a
+//! run's choices (the scheduling is the machine's). Each cycle prints one line of figures.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::task::JoinHandle;
+
+use super::cluster::{Cluster, LEASE_TTL_SECS};
+use super::helpers::{launch, TestApp};
+use super::soak::{
+    acp, append, check_until, delete_sessions, drive, env_number, finish, join, subscribe, wait_for, AcpProcess,
+    Appended, Cycle, Driver, Soak, Subscriber, APPENDERS, APPEND_SESSIONS, MODES,
+};
+
+/// How long the checks after a restart may wait for the nodes to agree and for the turns
+/// the killed node left running to be closed (its lease expires within a time to live, and
+/// every node's reaper looks once per time to live).
+const CONVERGE: Duration = Duration::from_secs(30 + 4 * LEASE_TTL_SECS);
+/// How long a nats-server started again may take to catch up with every stream.
+const CATCH_UP: Duration = Duration::from_secs(60);
+/// How long a killed node is started again for, in a cycle that killed a nats-server.
+const START_WITHIN: Duration = Duration::from_secs(30);
+
+/// Starts a killed node again on its data dir and config. In a cycle that killed a
+/// nats-server (`failing_over`), a node may still refuse to start (it could not open the
+/// log while the streams failed over; a node's start does not wait for that): then it is
+/// started again, as a supervisor would, until `START_WITHIN` has passed. Answers why it
+/// refused, each time it did.
+async fn restart(node: &mut TestApp, failing_over: bool) -> Vec<String> {
+    let deadline = Instant::now() + START_WITHIN;
+    let mut refusals = Vec::new();
+    loop {
+        match launch(&node.dir.path().join("config.toml"), &node.data_dir(), "127.0.0.1:0").await {
+            Ok((child, url)) => {
+                node.restarted(child, url);
+                return refusals;
+            }
+            Err(log) => {
+                assert!(failing_over && Instant::now() < deadline, "node did not start again: {log}");
+                let why = log.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or_default();
+                refusals.push(why.trim().to_string());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// The end of each node's log, printed if the test fails (the nodes' dirs go with it).
+struct LogsOnFailure(Vec<Arc<tempfile::TempDir>>);
+
+impl Drop for LogsOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for (n, dir) in self.0.iter().enumerate() {
+            let log = std::fs::read_to_string(dir.path().join("data.log")).unwrap_or_default();
+            let tail: String = log.chars().rev().take(6000).collect::<Vec<_>>().into_iter().rev().collect();
+            eprintln!("--- node {n}'s log, its end:\n{tail}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_three_nodes_sigkilled_under_mixed_load() {
+    let cycles = env_number("TURNLOG_CLUSTER_SOAK_CYCLES", 6) as usize;
+    let load_ms = env_number("TURNLOG_CLUSTER_SOAK_MS", 400);
+    let seed = env_number("TURNLOG_CLUSTER_SOAK_SEED", rand::random::<u32>() as u64);
+    // Off by default: see the module's note on nats-server 2.9 and leader changes.
+    let leader_kills = env_number("TURNLOG_CLUSTER_SOAK_LEADER_KILLS", 0) == 1;
+    println!("cluster soak: {cycles} cycles, kills within {load_ms} ms of load, TURNLOG_CLUSTER_SOAK_SEED={seed}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let started = Instant::now();
+
+    let mut cluster = Cluster::start().await;
+    let _logs = LogsOnFailure(cluster.nodes.iter().map(|node| node.dir.clone()).collect());
+    let nodes = cluster.nodes.len();
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().to_str().unwrap().to_string();
+    let mut soak = Soak::default();
+    // Sessions made through every node, each read back through the one it was made on.
+    for s in 0..APPEND_SESSIONS + MODES.len() {
+        let node = &cluster.nodes[s % nodes];
+        let session = node.create_session().await;
+        if s < APPEND_SESSIONS {
+            let created = node.all_events(&session).await[0]["id"].as_str().unwrap().to_string();
+            for (k, start) in [None, Some(created)].into_iter().enumerate() {
+                soak.subscribers.push(Subscriber::new(format!("subscriber {s}.{k}"), session.clone(), start));
+            }
+            soak.append_sessions.push(session);
+        } else {
+            let mode = MODES[s - APPEND_SESSIONS];
+            soak.subscribers.push(Subscriber::new(format!("subscriber {mode}"), session.clone(), None));
+            soak.drivers.push(Driver::new(mode, session));
+        }
+    }
+
+    for number in 0..cycles {
+        let urls: Vec<String> = cluster.nodes.iter().map(|node| node.url.clone()).collect();
+        let cycle = Cycle::new(number, urls.clone());
+        if number % 3 == 0 && number > 0 {
+            cycle.after_server_kill();
+        }
+        let before = (
+            soak.subscribers.iter().map(|s| (s.got.len(), s.reconnects)).collect::<Vec<_>>(),
+            soak.drivers.iter().map(|d| (d.acked.len(), d.cut)).collect::<Vec<_>>(),
+            (soak.acp.acked.len(), soak.deleter.created, soak.deleter.deleted),
+        );
+        let appenders: Vec<JoinHandle<Appended>> = (0..APPENDERS)
+            .map(|w| {
+                let rng = StdRng::seed_from_u64(rng.random());
+                tokio::spawn(append(cycle.clone(), w, (w + number) % nodes, soak.append_sessions.clone(), rng))
+            })
+            .collect();
+        let subscribers: Vec<JoinHandle<Subscriber>> = std::mem::take(&mut soak.subscribers)
+            .into_iter()
+            .map(|sub| {
+                let node = rng.random_range(0..nodes);
+                tokio::spawn(subscribe(cycle.clone(), sub, node, StdRng::seed_from_u64(rng.random())))
+            })
+            .collect();
+        let driver_nodes: Vec<usize> = soak.drivers.iter().map(|_| rng.random_range(0..nodes)).collect();
+        let drivers: Vec<JoinHandle<Driver>> = std::mem::take(&mut soak.drivers)
+            .into_iter()
+            .zip(&driver_nodes)
+            .map(|(d, node)| tokio::spawn(drive(cycle.clone(), d, *node)))
+            .collect();
+        let deleter_node = rng.random_range(0..nodes);
+        let deleter = tokio::spawn(delete_sessions(
+            cycle.clone(),
+            std::mem::take(&mut soak.deleter),
+            deleter_node,
+            StdRng::seed_from_u64(rng.random()),
+        ));
+        let acp_node = rng.random_range(0..nodes);
+        let (mut acp_child, process) =
+            AcpProcess::spawn(&urls[acp_node], &dir.path().join(format!("acp-{number}.log")));
+        let acp_client =
+            tokio::spawn(acp(cycle.clone(), std::mem::take(&mut soak.acp), process, acp_node, cwd.clone()));
+
+        // The load under way (every client going), then the kills at a random moment.
+        let ended = || {
+            appenders.iter().any(|h| h.is_finished())
+                || subscribers.iter().any(|h| h.is_finished())
+                || drivers.iter().any(|h| h.is_finished())
+                || deleter.is_finished()
+                || acp_client.is_finished()
+        };
+        let going = || {
+            cycle.appended.load(Ordering::SeqCst) > 0
+                && cycle.subscribed.load(Ordering::SeqCst) == subscribers.len()
+                && cycle.turning.load(Ordering::SeqCst) == drivers.len()
+                && cycle.acp_ready.load(Ordering::SeqCst)
+        };
+        wait_for(&format!("cycle {number}: the load under way"), &going, &ended).await;
+        let victim = rng.random_range(0..nodes);
+        // Every third cycle a nats-server too: a replica of the events stream; with leader
+        // kills asked for, its leader and a replica by turns.
+        let server = if number % 3 == 2 {
+            let leader = cluster.nats.stream_leader("TURNLOG_EVENTS").await;
+            Some(if leader_kills && (number / 3) % 2 == 0 {
+                (leader, "the events stream's leader")
+            } else {
+                let replicas: Vec<usize> = (0..cluster.nats.servers.len()).filter(|s| *s != leader).collect();
+                (replicas[rng.random_range(0..replicas.len())], "a replica chosen at random")
+            })
+        } else {
+            None
+        };
+        let delay = rng.random_range(0..=load_ms);
+        let down_ms = rng.random_range(0..=LEASE_TTL_SECS * 1500);
+        if !ended() {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        cycle.kill(victim);
+        if server.is_some() {
+            cycle.kill_server();
+        }
+        cluster.nodes[victim].kill().await;
+        if let Some((server, _)) = server {
+            cluster.nats.kill(server);
+        }
+        if acp_node == victim {
+            // It would otherwise keep trying the node.
+            acp_child.start_kill().expect("kill turnlog acp");
+        }
+        // The survivors' load goes on while the node is down; the nats-server comes back
+        // first, and the streams are whole again before the node starts (see `restart`).
+        tokio::time::sleep(Duration::from_millis(down_ms)).await;
+        if let Some((server, _)) = server {
+            cluster.nats.restart(server).await;
+            let deadline = Instant::now() + CATCH_UP;
+            while !cluster.nats.all_current(nodes).await {
+                assert!(Instant::now() < deadline, "the nats-server started again has not caught up in {CATCH_UP:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let refusals = restart(&mut cluster.nodes[victim], server.is_some()).await;
+        cycle.stop();
+        for (n, node) in cluster.nodes.iter_mut().enumerate() {
+            assert!(node.exited().is_none(), "cycle {number}: node {n} exited: {:?}", node.exited());
+        }
+        let _ = acp_child.start_kill();
+        acp_child.wait().await.expect("reap turnlog acp");
+
+        let mut appended = 0;
+        let mut requests = 0;
+        for handle in appenders {
+            let done = join("an appender", handle).await;
+            appended += done.acked.len();
+            requests += done.requests;
+            soak.acked.extend(done.acked);
+        }
+        for handle in subscribers {
+            soak.subscribers.push(join("a subscriber", handle).await);
+        }
+        for handle in drivers {
+            soak.drivers.push(join("a turn driver", handle).await);
+        }
+        soak.deleter = join("the deleter", deleter).await;
+        soak.acp = join("the acp client", acp_client).await;
+
+        let checking = Instant::now();
+        let urls: Vec<String> = cluster.nodes.iter().map(|node| node.url.clone()).collect();
+        let (checked, waited) = check_until(&urls, &mut soak, CONVERGE, || cluster.logs()).await;
+        let checked_in = checking.elapsed();
+        let waited = match waited {
+            Some(why) => format!(" (waiting first for: {})", why.chars().take(100).collect::<String>()),
+            None => String::new(),
+        };
+
+        let received: usize = soak.subscribers.iter().zip(&before.0).map(|(s, (got, _))| s.got.len() - got).sum();
+        let reconnects: usize = soak.subscribers.iter().zip(&before.0).map(|(s, (_, r))| s.reconnects - r).sum();
+        let turns: Vec<String> = soak
+            .drivers
+            .iter()
+            .zip(&before.1)
+            .zip(&driver_nodes)
+            .map(|((d, (acked, cut)), node)| {
+                format!("{} on {node} {}{}", d.mode, d.acked.len() - acked, if d.cut > *cut { "+cut" } else { "" })
+            })
+            .collect();
+        let server = match server {
+            Some((server, how)) => format!(" and nats-server {server} ({how})"),
+            None => String::new(),
+        };
+        let refused = match refusals.first() {
+            Some(why) => format!(", refused to start {} times ({why})", refusals.len()),
+            None => String::new(),
+        };
+        println!(
+            "cycle {:>2}/{cycles}: node {victim}{server} killed {delay} ms into the load, down {down_ms} ms{refused} | \
+             acked {appended} events in {requests} requests | turns {} | acp prompts {} on {acp_node} | \
+             subscribers got {received} events over {reconnects} reconnects | sessions created {} deleted {} on {deleter_node} | \
+             clients ended: {} cut by the kill, {} refused or interrupted by a survivor, {} still going; {} went on after a refusal | \
+             then through every node: {} sessions, {} events, {} turns of which {} closed as interrupted, all held after {} ms{waited}",
+            number + 1,
+            turns.join(", "),
+            soak.acp.acked.len() - before.2 .0,
+            soak.deleter.created - before.2 .1,
+            soak.deleter.deleted - before.2 .2,
+            cycle.ended_cut.load(Ordering::SeqCst),
+            cycle.ended_refused.load(Ordering::SeqCst),
+            cycle.ended_stopped.load(Ordering::SeqCst),
+            cycle.retried.load(Ordering::SeqCst),
+            checked.sessions,
+            checked.events,
+            checked.turns,
+            checked.interrupted,
+            checked_in.as_millis(),
+        );
+    }
+
+    // After the last restart, with no load: every subscriber catches up through a node
+    // chosen at random; every session takes new work, through every node.
+    let urls: Vec<String> = cluster.nodes.iter().map(|node| node.url.clone()).collect();
+    finish(&urls, &mut soak, &cwd, dir.path(), || rng.random_range(0..nodes)).await;
+
+    let total_received: usize = soak.subscribers.iter().map(|s| s.got.len()).sum();
+    let turns: usize = soak.drivers.iter().map(|d| d.acked.len()).sum();
+    assert!(!soak.acked.is_empty() && total_received > 0, "the load ran");
+    println!(
+        "cluster soak: {cycles} node kills in {:.1} s: {} events acknowledged, {turns} turns and {} acp prompts answered, \
+         {total_received} events received by {} subscribers, {} sessions deleted; all checks held",
+        started.elapsed().as_secs_f64(),
+        soak.acked.len(),
+        soak.acp.acked.len(),
+        soak.subscribers.len(),
+        soak.deleter.deleted,
+    );
+}
