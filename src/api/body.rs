@@ -110,7 +110,8 @@ fn read_limited(req: &HttpRequest, payload: &mut Payload) -> LocalBoxFuture<'sta
         .map_or((1 << 20, 30_000), |s| (s.settings.server.max_body_bytes, s.settings.server.body_timeout_ms));
     let declared =
         req.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
-    let route = req.match_pattern().unwrap_or_default();
+    // Kept to name its route if its body times out (matched then: matching costs).
+    let request = req.clone();
     let mut payload = payload.take();
     Box::pin(async move {
         let too_large =
@@ -123,6 +124,7 @@ fn read_limited(req: &HttpRequest, payload: &mut Payload) -> LocalBoxFuture<'sta
         loop {
             let Ok(next) = tokio::time::timeout_at(deadline, payload.next()).await else {
                 crate::metrics::CLIENTS_CUT_OFF.with_label_values(&["body_timeout"]).inc();
+                let route = request.match_pattern().unwrap_or_default();
                 tracing::warn!(%route, received = body.len(), declared, "cut off a request whose body did not arrive in {timeout} ms");
                 return Err(ApiError::new(
                     Code::RequestTimeout,
