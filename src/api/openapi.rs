@@ -195,26 +195,30 @@ fn parameter_schema(name: &str, tag: &str, path: &str, max_page: usize) -> Optio
         |prefix: &str| schema(json!({"type": "string", "pattern": format!("^$|^{prefix}_[0-9A-HJKMNP-TV-Z]{{26}}$")}));
     let time =
         || schema(json!({"anyOf": [{"type": "string", "format": "date-time"}, {"type": "string", "maxLength": 0}]}));
+    // A number (or a flag), or empty: no value, as the handlers take it.
+    let number = |value: serde_json::Value| schema(json!({"anyOf": [value, {"type": "string", "maxLength": 0}]}));
     Some(match name {
         // The managed view cuts a larger page to the largest; the others refuse it.
-        "limit" if tag == "managed" => schema(json!({"type": "integer", "minimum": 1})),
+        "limit" if tag == "managed" => number(json!({"type": "integer", "minimum": 1})),
         // The harness refuses more than its own page sizes, as the harness does.
         "limit" if tag == "harness" => {
             let max = if path.ends_with("/turns/{turn_id}/events") { 25 } else { 100 };
-            schema(json!({"type": "integer", "minimum": 1, "maximum": max}))
+            number(json!({"type": "integer", "minimum": 1, "maximum": max}))
         }
-        "speed" => schema(json!({"type": "number", "exclusiveMinimum": 0})),
+        "speed" => number(json!({"type": "number", "exclusiveMinimum": 0})),
         "status" => schema(json!({"type": "string", "enum": ["running", "idle", "archived", ""]})),
         "statuses[]" => schema(json!({
             "type": "array",
             "items": {"type": "string", "enum": ["idle", "running", "rescheduling", "terminated"]},
         })),
-        "limit" => schema(json!({"type": "integer", "minimum": 1, "maximum": max_page})),
+        "limit" => number(json!({"type": "integer", "minimum": 1, "maximum": max_page})),
         "order" => schema(json!({"type": "string", "enum": ["asc", "desc", ""]})),
         "after_id" | "before_id" | "from" => id("evt"),
         "after" if tag != "managed" => id("sess"),
         "last_turn_id" => id("turn"),
-        "agent_version" | "version" => schema(json!({"type": "integer", "minimum": 0, "maximum": u32::MAX})),
+        "agent_version" | "version" => number(json!({"type": "integer", "minimum": 0, "maximum": u32::MAX})),
+        "delta_flush_interval_ms" => number(json!({"type": "integer", "minimum": 0})),
+        "include_archived" => number(json!({"type": "boolean"})),
         "created_after" | "created_before" | "start_timestamp" | "end_timestamp" => time(),
         name if name.starts_with("created_at[") => time(),
         _ => return None,
