@@ -91,16 +91,6 @@ const FETCH_AHEAD: usize = 16;
 
 type Hashed = Arc<[(RawEvent, chain::Hash)]>;
 
-/// Whether a message leaves its session's turn open (`turn.started` last) or closed (an
-/// idle status, or the session deleted, last); `None` if it says neither.
-fn turn_left_open(events: &[(RawEvent, chain::Hash)]) -> Option<bool> {
-    events.iter().rev().find_map(|(event, _)| match event.kind() {
-        "turn.started" => Some(true),
-        "session.status_idle" | "session.deleted" => Some(false),
-        _ => None,
-    })
-}
-
 struct Inner {
     client: async_nats::Client,
     js: jetstream::Context,
@@ -331,22 +321,21 @@ impl JetStreamLog {
         let (stream_seq, pending) = (info.stream_sequence, info.pending);
         metrics::JETSTREAM_CONSUMER_PENDING.set(pending as i64);
         let Some(session) = self.session_of(message.subject.as_str()) else { return };
+        // Every session's, loaded here or not: the message's header says whether it left a
+        // turn open, whatever the node that appended it managed to project.
+        if let Some(open) = wire::turn(message.headers.as_ref()) {
+            let mut seen = self.inner.seen_open.lock();
+            match open {
+                true => seen.insert(session),
+                false => seen.remove(&session),
+            };
+        }
+        let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) else { return };
         let decoded = wire::entry(stream_seq, message.headers.as_ref())
             .and_then(|entry| Ok((entry, Hashed::from(wire::decode(&message.payload)?))));
         match decoded {
             Ok((entry, events)) => {
-                // Every session's, loaded here or not: the message itself says whether a turn
-                // was left open, whatever the node that appended it managed to project.
-                if let Some(open) = turn_left_open(&events) {
-                    let mut seen = self.inner.seen_open.lock();
-                    match open {
-                        true => seen.insert(session),
-                        false => seen.remove(&session),
-                    };
-                }
-                if let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) {
-                    loaded.apply(entry, events);
-                }
+                loaded.apply(entry, events);
             }
             Err(error) => {
                 tracing::error!(%error, stream_seq, session_id = %session, "a message of the stream is not turnlog's")

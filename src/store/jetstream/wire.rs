@@ -16,6 +16,10 @@ pub const FIRST_SEQ: &str = "Turnlog-First-Seq";
 pub const COUNT: &str = "Turnlog-Count";
 pub const FIRST_ID: &str = "Turnlog-First-Id";
 pub const LAST_ID: &str = "Turnlog-Last-Id";
+/// `open` if the message leaves its session's turn open (`turn.started` last), `closed` if
+/// it closes it (an idle status, or the session deleted, last); absent if it says neither.
+/// Every node's consumer reads it without decoding the events (see `Log::turns_seen_open`).
+pub const TURN: &str = "Turnlog-Turn";
 
 /// Where a message's events lie in its session's log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +46,9 @@ pub fn encode(events: &[(RawEvent, Hash)]) -> (HeaderMap, Bytes) {
     headers.insert(COUNT, events.len().to_string().as_str());
     headers.insert(FIRST_ID, first.id.ulid().to_string().as_str());
     headers.insert(LAST_ID, last.id.ulid().to_string().as_str());
+    if let Some(open) = turn_left_open(events) {
+        headers.insert(TURN, if open { "open" } else { "closed" });
+    }
     let size = events.iter().map(|(e, _)| 16 + 4 + e.json.len() + 32).sum();
     let mut payload = BytesMut::with_capacity(size);
     for (event, hash) in events {
@@ -54,6 +61,24 @@ pub fn encode(events: &[(RawEvent, Hash)]) -> (HeaderMap, Bytes) {
 }
 
 /// The entry a message's headers describe, if they are turnlog's.
+/// Whether events leave their session's turn open or closed; `None` if they say neither.
+fn turn_left_open(events: &[(RawEvent, Hash)]) -> Option<bool> {
+    events.iter().rev().find_map(|(event, _)| match event.kind() {
+        "turn.started" => Some(true),
+        "session.status_idle" | "session.deleted" => Some(false),
+        _ => None,
+    })
+}
+
+/// What a message's [`TURN`] header says.
+pub fn turn(headers: Option<&HeaderMap>) -> Option<bool> {
+    match headers?.get(TURN)?.as_str() {
+        "open" => Some(true),
+        "closed" => Some(false),
+        _ => None,
+    }
+}
+
 pub fn entry(stream_seq: u64, headers: Option<&HeaderMap>) -> Result<Entry, String> {
     let headers = headers.ok_or("a message without turnlog's headers")?;
     let text = |name: &str| -> Result<&str, String> {
@@ -113,5 +138,21 @@ mod tests {
         assert_eq!((entry.stream_seq, entry.first_seq, entry.count, entry.last_seq()), (7, 1, 3, 3));
         assert_eq!((entry.first_id, entry.last_id), (events[0].id, events[2].id));
         assert!(decode(&payload.slice(..payload.len() - 1)).is_err(), "a truncated payload is refused");
+    }
+
+    #[test]
+    fn the_turn_header_says_what_the_last_turn_event_of_a_message_did() {
+        let turn = |bodies: &[EventBody]| {
+            let drafts: Vec<Draft> = bodies.iter().map(|body| Draft::new(None, body)).collect();
+            let events = Tail::default().stage(SessionId::generate(), 0, &drafts, &Clock::now(), 10).unwrap().unwrap();
+            let hashed: Vec<(RawEvent, Hash)> = events.into_iter().map(|e| (e, [0; 32])).collect();
+            super::turn(Some(&encode(&hashed).0))
+        };
+        let message = EventBody::UserMessage { content: vec![crate::domain::Block::text("hi")] };
+        assert_eq!(turn(std::slice::from_ref(&message)), None);
+        assert_eq!(turn(&[message.clone(), EventBody::TurnStarted {}]), Some(true));
+        assert_eq!(turn(&[EventBody::TurnStarted {}, message]), Some(true));
+        assert_eq!(turn(&[EventBody::TurnStarted {}, EventBody::SessionDeleted {}]), Some(false));
+        assert_eq!(super::turn(None), None);
     }
 }
