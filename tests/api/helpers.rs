@@ -32,10 +32,19 @@ pub async fn spawn_with(config: &str) -> TestApp {
 }
 
 async fn start(dir: Arc<tempfile::TempDir>, config: String) -> TestApp {
+    try_start(dir, config).await.expect("server starts")
+}
+
+/// A server with `config`, or what it printed if it refused to start.
+pub async fn try_spawn_with(config: &str) -> Result<TestApp, String> {
+    try_start(Arc::new(tempfile::tempdir().expect("temp dir")), config.to_string()).await
+}
+
+async fn try_start(dir: Arc<tempfile::TempDir>, config: String) -> Result<TestApp, String> {
     let config_path = dir.path().join("config.toml");
     std::fs::write(&config_path, &config).expect("write config");
-    let (child, url) = launch(&config_path, &dir.path().join("data"), "127.0.0.1:0").await.expect("server starts");
-    TestApp { url, client: client(), key: None, dir, child }
+    let (child, url) = launch(&config_path, &dir.path().join("data"), "127.0.0.1:0").await?;
+    Ok(TestApp { url, client: client(), key: None, dir, child })
 }
 
 pub fn client() -> reqwest::Client {

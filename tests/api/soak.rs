@@ -1066,6 +1066,39 @@ pub(super) struct Soak {
     pub gone: HashSet<String>,
 }
 
+/// A cycle's clients, running until the kill ends them.
+pub(super) struct Clients {
+    pub appenders: Vec<JoinHandle<Appended>>,
+    pub subscribers: Vec<JoinHandle<Subscriber>>,
+    pub drivers: Vec<JoinHandle<Driver>>,
+    pub deleter: JoinHandle<Deleter>,
+    pub acp: JoinHandle<AcpClient>,
+}
+
+impl Soak {
+    /// Takes back what a cycle's clients did: the subscribers', drivers', deleter's and ACP
+    /// client's state for the next cycle, and the appends acknowledged (with the requests
+    /// that made them).
+    pub(super) async fn gather(&mut self, clients: Clients) -> (usize, usize) {
+        let (mut appended, mut requests) = (0, 0);
+        for handle in clients.appenders {
+            let done = join("an appender", handle).await;
+            appended += done.acked.len();
+            requests += done.requests;
+            self.acked.extend(done.acked);
+        }
+        for handle in clients.subscribers {
+            self.subscribers.push(join("a subscriber", handle).await);
+        }
+        for handle in clients.drivers {
+            self.drivers.push(join("a turn driver", handle).await);
+        }
+        self.deleter = join("the deleter", clients.deleter).await;
+        self.acp = join("the acp client", clients.acp).await;
+        (appended, requests)
+    }
+}
+
 /// What the checks after a restart counted.
 pub(super) struct Checked {
     pub sessions: usize,
@@ -1411,22 +1444,8 @@ async fn soak_sigkill_under_mixed_load() {
         acp_child.start_kill().expect("kill turnlog acp");
         acp_child.wait().await.expect("reap turnlog acp");
 
-        let mut appended = 0;
-        let mut requests = 0;
-        for handle in appenders {
-            let done = join("an appender", handle).await;
-            appended += done.acked.len();
-            requests += done.requests;
-            soak.acked.extend(done.acked);
-        }
-        for handle in subscribers {
-            soak.subscribers.push(join("a subscriber", handle).await);
-        }
-        for handle in drivers {
-            soak.drivers.push(join("a turn driver", handle).await);
-        }
-        soak.deleter = join("the deleter", deleter).await;
-        soak.acp = join("the acp client", acp_client).await;
+        let (appended, requests) =
+            soak.gather(Clients { appenders, subscribers, drivers, deleter, acp: acp_client }).await;
 
         app.restart().await;
         let checking = Instant::now();

@@ -58,8 +58,8 @@ use tokio::task::JoinHandle;
 use super::cluster::{Cluster, LEASE_TTL_SECS};
 use super::helpers::{launch, TestApp};
 use super::soak::{
-    acp, append, check_until, delete_sessions, drive, env_number, finish, join, subscribe, wait_for, AcpProcess,
-    Appended, Cycle, Driver, Soak, Subscriber, APPENDERS, APPEND_SESSIONS, MODES,
+    acp, append, check_until, delete_sessions, drive, env_number, finish, subscribe, wait_for, AcpProcess, Appended,
+    Clients, Cycle, Driver, Soak, Subscriber, APPENDERS, APPEND_SESSIONS, MODES,
 };
 
 /// How long the checks after a restart may wait for the nodes to agree and for the turns
@@ -253,22 +253,8 @@ async fn soak_three_nodes_sigkilled_under_mixed_load() {
         let _ = acp_child.start_kill();
         acp_child.wait().await.expect("reap turnlog acp");
 
-        let mut appended = 0;
-        let mut requests = 0;
-        for handle in appenders {
-            let done = join("an appender", handle).await;
-            appended += done.acked.len();
-            requests += done.requests;
-            soak.acked.extend(done.acked);
-        }
-        for handle in subscribers {
-            soak.subscribers.push(join("a subscriber", handle).await);
-        }
-        for handle in drivers {
-            soak.drivers.push(join("a turn driver", handle).await);
-        }
-        soak.deleter = join("the deleter", deleter).await;
-        soak.acp = join("the acp client", acp_client).await;
+        let (appended, requests) =
+            soak.gather(Clients { appenders, subscribers, drivers, deleter, acp: acp_client }).await;
 
         let checking = Instant::now();
         let urls: Vec<String> = cluster.nodes.iter().map(|node| node.url.clone()).collect();
