@@ -64,6 +64,15 @@ pub static JETSTREAM_CONSUMER_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
+pub static JETSTREAM_PUBLISHING: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "turnlog_jetstream_publishing",
+            "Sessions whose appends this node has sent to JetStream and is waiting for (or sending again) now.",
+        )
+        .expect("valid metric"),
+    )
+});
 pub static LEASE_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(

@@ -342,13 +342,24 @@ async fn full_segments_are_checkpointed_and_an_unclean_close_loses_nothing() {
 
 /// Two nodes (two logs on one JetStream stream, each with its own idea of where a session
 /// ends) append to one session at the same position at the same time, round after round:
-/// JetStream's expected last subject sequence lets exactly one batch through, the other
-/// node is refused (as raced, or as a conflict if it had seen the other's append), and the
-/// log is each round's winner's batch, whole, with no gap.
+/// exactly one batch is acknowledged, the other node is refused (as raced, or as a conflict
+/// if it had seen the other's append), and the log is each round's winner's batch, whole,
+/// with no gap. On one server JetStream's expected last subject sequence decides; with
+/// three replicas it may store both (nats-server#4320), and the publishers' check of where
+/// their message landed decides.
 #[tokio::test]
 async fn two_nodes_race_for_one_position_on_the_jetstream_log() {
-    let nats = nats::Nats::single().await;
-    let (a, b) = (Arc::new(nats::open_log(&nats).await), Arc::new(nats::open_log(&nats).await));
+    two_nodes_race_on_jetstream(nats::Nats::single().await, 1).await;
+}
+
+#[tokio::test]
+async fn two_nodes_race_for_one_position_on_a_jetstream_log_with_three_replicas() {
+    two_nodes_race_on_jetstream(nats::Nats::cluster().await, 3).await;
+}
+
+async fn two_nodes_race_on_jetstream(nats: nats::Nats, replicas: usize) {
+    let (a, b) = (nats::open_log_with(&nats, replicas).await, nats::open_log_with(&nats, replicas).await);
+    let (a, b) = (Arc::new(a), Arc::new(b));
     let session = SessionId::generate();
     let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
     a.prepare(session).await.unwrap();
@@ -690,4 +701,107 @@ async fn a_replay_reads_every_event_once_across_pages() {
     assert_eq!(replayed(Some(all[0])).await.unwrap(), all, "from the first event");
     let missing = EventId(ulid::Ulid::from(1u128));
     assert!(replayed(Some(missing)).await.is_none(), "no such event");
+}
+
+/// What JetStream 2.9 may store beside a session's log when two publishes at one expected
+/// position are in flight at once (nats-server#4320): a second copy of a batch (a publish
+/// sent again across a leader change) and another batch at a position already taken. Neither
+/// is part of the log: the node that appended, a node following the session live, a node
+/// that loads it afresh and a rebuild of the projections all skip them alike, and the
+/// session takes its next appends after them, through either node.
+#[tokio::test]
+async fn void_messages_on_the_jetstream_log_are_skipped_alike_by_every_node() {
+    use turnlog::store::jetstream::wire;
+    let nats = nats::Nats::single().await;
+    let (a, b) = (nats::open_log(&nats).await, nats::open_log(&nats).await);
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    let outcome = |text: &str| Draft::new(None, &EventBody::UserDefineOutcome { outcome: serde_json::json!(text) });
+    a.prepare(session).await.unwrap();
+    a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    a.append(session, 1, vec![outcome("a1"), outcome("a2")]).await.unwrap().unwrap();
+    b.prepare(session).await.unwrap();
+
+    // Published as JetStream would have let them in: no expected sequence, no message id.
+    let client = async_nats::connect(nats.urls()[0].as_str()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream("EVENTS").await.unwrap();
+    let subject = format!("t.events.{}", session.ulid());
+    let last = stream.get_last_raw_message_by_subject(&subject).await.unwrap();
+    let mut copy = async_nats::HeaderMap::new();
+    for name in [wire::FIRST_SEQ, wire::COUNT, wire::FIRST_ID, wire::LAST_ID] {
+        copy.insert(name, last.headers.get(name).expect("turnlog's header").as_str());
+    }
+    js.publish_with_headers(subject.clone(), copy, last.payload.clone()).await.unwrap().await.unwrap();
+    // Another batch at #2: the session deleted, which no node may take.
+    let other = MemoryLog::new(turnlog::projection::all(), 256, 1_000_000);
+    let deleted = vec![Draft::new(None, &created), Draft::new(None, &EventBody::SessionDeleted {})];
+    other.append(session, 0, deleted).await.unwrap().unwrap();
+    let range = ReadRange { after: None, before: None, limit: 100, newest_first: false };
+    let conflicting: Vec<_> =
+        other.read(session, range).await.unwrap().into_iter().skip(1).map(|e| (e, [7; 32])).collect();
+    let (headers, payload) = wire::encode(&conflicting);
+    js.publish_with_headers(subject.clone(), headers, payload).await.unwrap().await.unwrap();
+
+    // Each node's next append names the subject's last message, once its consumer has
+    // brought the void ones: until then JetStream refuses it, and the node prepares again.
+    let append_through = |log: &JetStreamLog, at: u64, text: &'static str| {
+        let log = log.clone();
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                log.prepare(session).await.unwrap();
+                match log.append(session, at, vec![outcome(text)]).await {
+                    Ok(Ok(events)) => return events[0].seq,
+                    Err(AppendError::Raced(_)) | Ok(Err(_)) if std::time::Instant::now() < deadline => {
+                        log.release(session);
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                    other => panic!("an append after the void messages: {other:?}"),
+                }
+            }
+        }
+    };
+    assert_eq!(append_through(&a, 3, "a3").await, 4);
+    assert_eq!(append_through(&b, 4, "b4").await, 5);
+
+    let c = nats::open_log(&nats).await;
+    for (name, log) in [("a", &a), ("b", &b), ("c, loading it afresh", &c)] {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let all = loop {
+            let all = log.read(session, range).await.unwrap();
+            if all.len() >= 5 || std::time::Instant::now() > deadline {
+                break all;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        let seen: Vec<(u64, String)> = all
+            .iter()
+            .map(|event| {
+                let text = match event.decode().unwrap().body {
+                    EventBody::SessionCreated { .. } => "created".to_string(),
+                    EventBody::UserDefineOutcome { outcome } => outcome.as_str().unwrap().to_string(),
+                    other => panic!("node {name} took an event of a void message: {other:?}"),
+                };
+                (event.seq, text)
+            })
+            .collect();
+        let expected: Vec<(u64, String)> = ["created", "a1", "a2", "a3", "b4"]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (i as u64 + 1, t.to_string()))
+            .collect();
+        assert_eq!(seen, expected, "the log through node {name}");
+    }
+
+    // Rebuilt from the stream, the projections are what the appends made of them.
+    let before = snapshot(&c).await;
+    assert!(!before[0].is_empty(), "the session is in the index");
+    c.forget_projections().await.unwrap();
+    c.close_unclean();
+    let d = nats::open_log(&nats).await;
+    assert_eq!(snapshot(&d).await, before, "the projections rebuilt from the stream");
+    for log in [a, b, d] {
+        log.close().await.unwrap();
+    }
 }

@@ -240,10 +240,15 @@ impl Nats {
 
 /// A JetStream log on these servers (one replica), as a node opens it.
 pub async fn open_log(nats: &Nats) -> turnlog::store::jetstream::JetStreamLog {
+    open_log_with(nats, 1).await
+}
+
+/// A log whose stream has `replicas` replicas (3 needs [`Nats::cluster`]).
+pub async fn open_log_with(nats: &Nats, replicas: usize) -> turnlog::store::jetstream::JetStreamLog {
     use turnlog::store::jetstream::{Credentials, JetStreamConfig, JetStreamLog};
     let config = JetStreamConfig {
         servers: nats.urls(),
-        replicas: 1,
+        replicas,
         stream: "EVENTS".into(),
         prefix: "t".into(),
         projections_bucket: "projections".into(),

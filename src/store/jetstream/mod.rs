@@ -5,6 +5,17 @@
 //! if another node appended first, JetStream refuses it and nothing is stored. It is
 //! acknowledged once JetStream has stored it (on a quorum of replicas with R3).
 //!
+//! That check is not enough alone. With replicas, JetStream 2.9 makes it on the stream's
+//! leader against what the leader has applied, so two publishes at the same expected
+//! sequence in flight at once can both be stored (nats-server#4320): a publish sent again
+//! across a leader change (its first copy was in the new leader's log, not yet applied), or
+//! two nodes that both believe they hold the session's lease. So the log is defined by the
+//! messages themselves: a message is part of its session's log only if its first event
+//! follows the last event of the messages before it that are ([`follows`]); any other is
+//! void, and every node, reading the same stream in the same order, skips the same ones. A
+//! node that publishes checks where its message landed before it answers ([`placed`]):
+//! a message made void by another is refused as a race, never acknowledged.
+//!
 //! The numbering rules are the same as sled's ([`crate::store::numbering`]), applied by the
 //! node that appends, which must have [`Log::prepare`]d the session (loaded its tail from
 //! the stream). The session layer holds a lease per session so that one node appends at a
@@ -116,6 +127,9 @@ struct Session {
     channel: Arc<Channel>,
     loaded: tokio::sync::OnceCell<()>,
     state: Mutex<SessionState>,
+    /// The stream sequence of the subject's last message this node has taken, part of the
+    /// log or void (0 before any).
+    seen: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -144,6 +158,22 @@ struct Job {
 #[derive(Clone)]
 pub struct JetStreamLog {
     inner: Arc<Inner>,
+}
+
+/// Whether a message is part of its session's log after the messages of `index` (the log's,
+/// in stream order): its first event comes right after their last. One that is not is
+/// void: a copy of a batch already stored, or a batch JetStream let in at a position
+/// another had taken (see the module's notes).
+fn follows(index: &[Entry], entry: &Entry) -> bool {
+    entry.first_seq == index.last().map_or(1, |last| last.last_seq() + 1)
+}
+
+/// Says that a message of the stream is void, once per node that skips it.
+fn skipped(session: impl std::fmt::Display, entry: &Entry, index: &[Entry]) {
+    let repeat = index.iter().rev().any(|e| e.first_id == entry.first_id && e.first_seq == entry.first_seq);
+    tracing::warn!(session_id = %session, stream_seq = entry.stream_seq, first = entry.first_seq,
+        what = if repeat { "a second copy of a batch" } else { "a batch at a position another took" },
+        "a message of the stream is not part of its session's log; skipped");
 }
 
 /// How long a node waits for a consumer to index a session before it walks the messages.
@@ -359,6 +389,7 @@ impl JetStreamLog {
                     channel: channel.expect("a new channel"),
                     loaded: tokio::sync::OnceCell::new(),
                     state: Mutex::default(),
+                    seen: watch::channel(0).0,
                 })
             })
             .clone();
@@ -378,46 +409,63 @@ impl JetStreamLog {
         };
         let mut index = Vec::new();
         let mut recent = VecDeque::new();
+        let mut upto = 0;
         if let Some(last) = last {
-            let upto = last.sequence;
-            let headers = Some(&last.headers);
-            let entry = wire::entry(upto, headers).map_err(StoreError::new)?;
-            let events = Hashed::from(wire::decode(&last.payload).map_err(StoreError::new)?);
-            index = self.index(&subject, upto).await?;
-            if index.last() != Some(&entry) {
-                return Err(StoreError::new(format!(
-                    "session {}: its index does not end at its last message",
-                    session.id
-                )));
+            upto = last.sequence;
+            index = self.index(session.id, &subject, upto).await?;
+            if index.last().is_some_and(|entry| entry.stream_seq == upto) {
+                let events = Hashed::from(wire::decode(&last.payload).map_err(StoreError::new)?);
+                recent.push_back((upto, events));
             }
-            recent.push_back((upto, events));
         }
-        session.loaded_with(index, recent);
+        session.loaded_with(index, recent, upto);
         Ok(())
     }
 
-    /// The entries of the subject's messages up to stream sequence `upto`, from their headers.
-    /// Read with a consumer on the subject's headers; if that does not answer in time (a
-    /// server failing over may leave a new consumer unplaced for a while), by walking the
-    /// subject's messages one request at a time, which only needs the stream's leader.
-    async fn index(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
-        match tokio::time::timeout(CONSUMER_WAIT, self.index_once(subject, upto)).await {
-            Ok(Ok(index)) => return Ok(index),
-            Ok(Err(error)) => tracing::warn!(%error, subject, "indexing a session by consumer failed; walking it"),
-            Err(_) => tracing::warn!(subject, "indexing a session by consumer took too long; walking it"),
+    /// The entries of the subject's messages that are part of its log ([`follows`]), up to
+    /// stream sequence `upto`, from their headers. Read with a consumer on the subject's
+    /// headers; if that does not answer in time (a server failing over may leave a new
+    /// consumer unplaced for a while), by walking the subject's messages one request at a
+    /// time, which only needs the stream's leader.
+    async fn index(&self, session: SessionId, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
+        let every = match tokio::time::timeout(CONSUMER_WAIT, self.index_once(subject, upto)).await {
+            Ok(Ok(every)) => every,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, subject, "indexing a session by consumer failed; walking it");
+                self.index_walking(subject, upto).await?
+            }
+            Err(_) => {
+                tracing::warn!(subject, "indexing a session by consumer took too long; walking it");
+                self.index_walking(subject, upto).await?
+            }
+        };
+        if every.last().map(|entry| entry.stream_seq) != Some(upto) {
+            return Err(StoreError::new(format!("session {session}: its index does not end at its last message")));
         }
+        let mut index: Vec<Entry> = Vec::with_capacity(every.len());
+        for entry in every {
+            if follows(&index, &entry) {
+                index.push(entry);
+            } else {
+                skipped(session, &entry, &index);
+            }
+        }
+        Ok(index)
+    }
+
+    async fn index_walking(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
         let stream = &self.inner.stream;
-        let mut index = Vec::new();
+        let mut every = Vec::new();
         let mut from = 1;
         while from <= upto {
             let next = || stream.raw_message_builder().sequence(from).next_by_subject(subject.to_string()).send();
             let message = patiently("a session's message", next, |_| false)
                 .await
                 .map_err(|e| store_error("could not index a session", e))?;
-            index.push(wire::entry(message.sequence, Some(&message.headers)).map_err(StoreError::new)?);
+            every.push(wire::entry(message.sequence, Some(&message.headers)).map_err(StoreError::new)?);
             from = message.sequence + 1;
         }
-        Ok(index)
+        Ok(every)
     }
 
     async fn index_once(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
@@ -523,7 +571,7 @@ impl JetStreamLog {
         matches: impl Fn(&RawEvent) -> bool,
     ) -> Result<Option<RawEvent>, StoreError> {
         let session = self.session(id).await?;
-        let held = session.channel.durable().seq;
+        let held = *session.seen.borrow();
         if let Some(found) = self.find_held(&session, &before, &matches).await? {
             return Ok(Some(found));
         }
@@ -533,8 +581,8 @@ impl JetStreamLog {
         self.find_held(&session, &before, &matches).await
     }
 
-    /// Waits until this node holds the session's last message, which its consumer may not
-    /// have brought yet; false if it held it already when it held events up to `held`.
+    /// Waits until this node has taken the session's last message, which its consumer may
+    /// not have brought yet; false if it had already when it had taken the message `held`.
     async fn catch_up(&self, session: &Session, held: u64) -> Result<bool, StoreError> {
         let subject = self.subject(session.id);
         let no_message = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
@@ -545,18 +593,12 @@ impl JetStreamLog {
             Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => return Ok(false),
             Err(error) => return Err(store_error(&format!("could not read session {}", session.id), error)),
         };
-        let upto = wire::entry(last.sequence, Some(&last.headers)).map_err(StoreError::new)?.last_seq();
-        if upto <= held {
+        if last.sequence <= held {
             return Ok(false);
         }
-        // Subscribed before the watermark is read: no advance after it is missed.
-        let mut live = session.channel.subscribe();
+        let mut seen = session.seen.subscribe();
         let caught_up = async {
-            while session.channel.durable().seq < upto {
-                if let Err(tokio::sync::broadcast::error::RecvError::Closed) = live.recv().await {
-                    return;
-                }
-            }
+            let _ = seen.wait_for(|seen| *seen >= last.sequence).await;
         };
         if tokio::time::timeout(FAILOVER_WAIT, caught_up).await.is_err() {
             return Err(StoreError::unavailable(format!("session {}: this node is behind its log", session.id)));
@@ -593,11 +635,13 @@ impl JetStreamLog {
         };
         if start {
             self.inner.publishing.send_modify(|n| *n += 1);
+            metrics::JETSTREAM_PUBLISHING.inc();
             let log = self.clone();
             let session = session.clone();
             tokio::spawn(async move {
                 log.publish_queued(&session).await;
                 log.inner.publishing.send_modify(|n| *n -= 1);
+                metrics::JETSTREAM_PUBLISHING.dec();
             });
         }
         let durable = async move { answer.await.map_err(|_| AppendError::ShuttingDown)? };
@@ -691,13 +735,14 @@ impl JetStreamLog {
                 return Err(AppendError::Unavailable(format!("JetStream did not answer the append: {error}")))
             }
         };
+        let stream_seq = self.placed(session, expect, ack.sequence, &events[0].0).await?;
         metrics::JETSTREAM_PUBLISH_SECONDS.observe(started.elapsed().as_secs_f64());
         session.state.lock().expect = Some(ack.sequence);
         // Applied here at once, not when this node's consumer brings it back (it may be
-        // recovering from a lost server): JetStream took it right after the message this
-        // node last had, so it follows what the session holds.
+        // recovering from a lost server): it is the first message after the one this node
+        // last had, so it follows what the session holds.
         let entry = Entry {
-            stream_seq: ack.sequence,
+            stream_seq,
             first_seq: events[0].0.seq,
             count: events.len() as u64,
             first_id: events[0].0.id,
@@ -715,6 +760,41 @@ impl JetStreamLog {
         }
         metrics::EVENTS_APPENDED.inc_by(events.len() as u64);
         Ok(())
+    }
+
+    /// Where the batch that starts with `first` is in the log, now that JetStream has stored
+    /// a copy at `at`, published after the subject's message `expect`: the first message
+    /// after `expect` at its position ([`follows`]) is the log's, and void messages (copies
+    /// of older batches) may come before it. That is `at`, or an earlier copy of this same
+    /// batch (a publish sent again), or another batch, which makes this one void: refused
+    /// as a race, as if JetStream had refused it. Without replicas JetStream checks the
+    /// expected sequence in order, and a message right after `expect` has nothing before it.
+    async fn placed(&self, session: &Session, expect: u64, at: u64, first: &RawEvent) -> Result<u64, AppendError> {
+        if self.inner.config.replicas <= 1 || at == expect + 1 {
+            return Ok(at);
+        }
+        let (stream, subject) = (&self.inner.stream, self.subject(session.id));
+        let mut from = expect + 1;
+        loop {
+            let next = || stream.raw_message_builder().sequence(from).next_by_subject(subject.clone()).send();
+            let message = patiently("checking where an append is", next, |_| false).await.map_err(|error| {
+                AppendError::Unavailable(format!("JetStream stored an append but did not say where: {error}"))
+            })?;
+            if message.sequence >= at {
+                return Ok(at);
+            }
+            let entry = wire::entry(message.sequence, Some(&message.headers)).map_err(AppendError::Storage)?;
+            if entry.first_seq == first.seq {
+                if entry.first_id == first.id {
+                    return Ok(message.sequence);
+                }
+                metrics::APPENDS_REFUSED.with_label_values(&["raced"]).inc();
+                tracing::warn!(session_id = %session.id, stream_seq = at, taken_by = message.sequence,
+                    "JetStream stored an append at a position another had taken; it is void");
+                return Err(raced(session.id));
+            }
+            from = message.sequence + 1;
+        }
     }
 
     /// Folds `events` into the projections and puts what changed, then the session's
@@ -806,10 +886,16 @@ impl JetStreamLog {
                 let stream_seq =
                     message.info().map_err(|e| store_error("could not read the stream", e))?.stream_sequence;
                 if let Some(session) = self.session_of(message.subject.as_str()) {
-                    for (event, _) in wire::decode(&message.payload).map_err(StoreError::new)? {
-                        project(&self.inner.projections, &event, &mut staged)?;
-                        watermarks.insert(mirror::watermark_key(session), event.seq);
-                        count += 1;
+                    let key = mirror::watermark_key(session);
+                    let events = wire::decode(&message.payload).map_err(StoreError::new)?;
+                    // Only the messages that are part of the log (see `follows`).
+                    if events.first().map(|(event, _)| event.seq) == Some(watermarks.get(&key).map_or(1, |seq| seq + 1))
+                    {
+                        for (event, _) in events {
+                            project(&self.inner.projections, &event, &mut staged)?;
+                            watermarks.insert(key.clone(), event.seq);
+                            count += 1;
+                        }
                     }
                 }
                 if stream_seq >= last {
@@ -860,12 +946,16 @@ impl JetStreamLog {
             }
         }
         let head = newest_first.first().map_or(chain::GENESIS, |(_, hash)| *hash);
-        // The message that ends where the tail does, as read: the consumer may have indexed
-        // a later one meanwhile, which the tail does not count.
+        // The subject's last message, if the tail ends with the log's last (void messages
+        // after it change nothing); else the message that ends where the tail does, as read:
+        // the consumer may have indexed a later one meanwhile, which the tail does not count.
         let at = tail.position.seq;
-        let expect = match at {
-            0 => Some(0),
-            _ => session.state.lock().index.iter().rev().find(|entry| entry.last_seq() == at).map(|e| e.stream_seq),
+        let expect = {
+            let state = session.state.lock();
+            match state.index.last() {
+                last if last.map_or(0, |last| last.last_seq()) == at => Some(*session.seen.borrow()),
+                _ => state.index.iter().rev().find(|entry| entry.last_seq() == at).map(|e| e.stream_seq),
+            }
         };
         let Some(expect) = expect else {
             return Err(StoreError::unavailable(format!("session {}: its index moved as it was read", session.id)));
@@ -1010,9 +1100,10 @@ async fn connect(config: &JetStreamConfig) -> Result<async_nats::Client, StoreEr
 }
 
 impl Session {
-    fn loaded_with(&self, index: Vec<Entry>, recent: VecDeque<(u64, Hashed)>) {
+    /// Loaded: `index` read from the stream up to its message `upto`.
+    fn loaded_with(&self, index: Vec<Entry>, recent: VecDeque<(u64, Hashed)>, upto: u64) {
         let mut state = self.state.lock();
-        let upto = index.last().map_or(0, |entry| entry.stream_seq);
+        self.seen.send_modify(|seen| *seen = (*seen).max(upto));
         if let Some(last) = index.last() {
             self.channel.set_durable(Position { last: Some(last.last_id), seq: last.last_seq() });
         }
@@ -1026,8 +1117,7 @@ impl Session {
         }
     }
 
-    /// Takes a message of the stream: false if it does not follow what the session holds
-    /// (nor was already held).
+    /// Takes a message of the stream: false if it is void (see [`follows`]).
     fn apply(&self, entry: Entry, events: Hashed) -> bool {
         // Another node appended: what this node ordered is stale; load the tail again first.
         // (The tail's lock before the state's, as an append takes them.)
@@ -1054,12 +1144,17 @@ impl Session {
         self.publish(&mut state, entry, events)
     }
 
-    /// A message that follows what the session has: indexed, kept, and published.
+    /// A message after those the session holds: if it is part of the log ([`follows`]),
+    /// indexed, kept, and published; if void, skipped, but the next append names it.
     fn publish(&self, state: &mut SessionState, entry: Entry, events: Hashed) -> bool {
-        let durable = self.channel.durable().seq;
-        if entry.first_seq != durable + 1 {
-            tracing::error!(session_id = %self.id, durable, first = entry.first_seq,
-                "a message of the stream does not follow the session's last; not applied");
+        self.seen.send_modify(|seen| *seen = (*seen).max(entry.stream_seq));
+        if !follows(&state.index, &entry) {
+            skipped(self.id, &entry, &state.index);
+            // The subject's last message: what this node's next append must expect, if what
+            // it holds is still the log (a void message changes nothing of it).
+            if let Some(expect) = state.expect.as_mut() {
+                *expect = (*expect).max(entry.stream_seq);
+            }
             return false;
         }
         state.index.push(entry);
