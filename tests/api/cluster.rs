@@ -25,23 +25,6 @@ pub(super) struct Cluster {
     pub nodes: Vec<TestApp>,
 }
 
-/// A node on the cluster. Its start is not retried by turnlog (an open defect): while a
-/// loaded machine's fresh cluster is still making its R3 stream and buckets, a node can
-/// refuse to start; it is started again, up to three times, each refusal printed.
-async fn start_node(config: &str) -> TestApp {
-    let mut refusals = Vec::new();
-    for _ in 0..3 {
-        match try_spawn_with(config).await {
-            Ok(node) => return node,
-            Err(log) => {
-                println!("a node refused to start; starting it again: {}", log.lines().last().unwrap_or_default());
-                refusals.push(log);
-            }
-        }
-    }
-    panic!("a node refused to start three times: {refusals:#?}");
-}
-
 impl Cluster {
     pub async fn start() -> Cluster {
         let nats = Nats::cluster().await;
@@ -53,7 +36,8 @@ impl Cluster {
                  [agents.other]\nsystem = \"Another.\"\nmodel = {{ provider = \"scripted\", name = \"scripted\" }}\n",
                 nats.toml_servers()
             );
-            nodes.push(start_node(&config).await);
+            // Started at once: a node waits for a fresh cluster to elect its leaders.
+            nodes.push(spawn_with(&config).await);
         }
         Cluster { nats, nodes }
     }
@@ -478,6 +462,61 @@ async fn a_nats_server_killed_under_load_loses_nothing_acknowledged() {
             assert_gapless(&all);
         }
     }
+}
+
+/// A node started while its cluster has no quorum (a fresh cluster still electing its
+/// leaders, or two of three servers down) waits for it, says so in its log, and starts once
+/// the servers are back, on the streams it makes then.
+#[tokio::test]
+async fn a_node_started_before_its_cluster_is_ready_waits_for_it() {
+    let mut nats = Nats::cluster().await;
+    nats.kill(1);
+    nats.kill(2);
+    let dir = tempfile::tempdir().unwrap();
+    let (config, data) = (dir.path().join("config.toml"), dir.path().join("data"));
+    let toml = format!(
+        "[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {}\nreplicas = 3\n",
+        nats.toml_servers()
+    );
+    std::fs::write(&config, toml).unwrap();
+    let starting = tokio::spawn({
+        let (config, data) = (config.clone(), data.clone());
+        async move { launch(&config, &data, "127.0.0.1:0").await }
+    });
+    let log = data.with_extension("log");
+    eventually(20, "the node says it waits for JetStream", || async {
+        std::fs::read_to_string(&log).unwrap_or_default().contains("JetStream is not ready for this node yet")
+    })
+    .await;
+    nats.restart(1).await;
+    nats.restart(2).await;
+    let (_child, url) = starting.await.unwrap().unwrap_or_else(|log| panic!("the node did not start: {log}"));
+    let client = reqwest::Client::new();
+    let created = client.post(format!("{url}/sessions")).json(&json!({"agent": {"name": "default"}})).send().await;
+    assert_eq!(created.unwrap().status(), 201, "the node works");
+}
+
+/// A stream of the configured name made for other subjects (another application's, or
+/// another turnlog's prefix) is refused at start, named, never written to.
+#[tokio::test]
+async fn a_node_refuses_a_stream_made_for_something_else() {
+    let nats = Nats::single().await;
+    let client = async_nats::connect(nats.urls()[0].as_str()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let other = async_nats::jetstream::stream::Config {
+        name: "TURNLOG_EVENTS".into(),
+        subjects: vec!["orders.>".into()],
+        ..Default::default()
+    };
+    js.create_stream(other).await.unwrap();
+    let config = format!("[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {}\n", nats.toml_servers());
+    let refused = match try_spawn_with(&config).await {
+        Ok(_) => panic!("a node started on a stream made for other subjects"),
+        Err(log) => log,
+    };
+    assert!(refused.contains("TURNLOG_EVENTS") && refused.contains("orders.>"), "{refused}");
+    let stream = js.get_stream("TURNLOG_EVENTS").await.unwrap().info().await.unwrap().clone();
+    assert_eq!(stream.state.messages, 0, "nothing was written to it");
 }
 
 #[tokio::test]

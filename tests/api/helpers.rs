@@ -68,7 +68,8 @@ pub async fn launch(config: &Path, data: &Path, addr: &str) -> Result<(Child, St
         .expect("spawn turnlog");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+    // Longer than a JetStream node waits for its cluster to be ready (30 s).
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await;
     match line {
         Ok(Ok(Some(line))) if line.starts_with("listening on ") => {
             Ok((child, line.trim_start_matches("listening on ").trim().to_string()))

@@ -184,6 +184,10 @@ const CONSUMER_WAIT: Duration = Duration::from_secs(3);
 /// few seconds.
 const FAILOVER_WAIT: Duration = Duration::from_secs(8);
 
+/// How long a node that starts waits for JetStream to be ready for it (a fresh cluster
+/// electing its leaders takes a few seconds, longer on a loaded machine).
+const START_WAIT: Duration = Duration::from_secs(30);
+
 /// `request` until it succeeds, fails with an answer (`answered`), or [`FAILOVER_WAIT`]
 /// has passed.
 pub async fn patiently<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
@@ -234,6 +238,29 @@ impl JetStreamLog {
                  server.max_body_bytes needs {needed}: raise max_payload or lower server.max_body_bytes"
             )));
         }
+        // A cluster that has just started (or lost a server) answers nothing useful until
+        // it has elected its leaders: what could not be made or read yet is tried again, a
+        // configuration that does not fit is refused at once.
+        let deadline = Instant::now() + START_WAIT;
+        loop {
+            match JetStreamLog::attach(client.clone(), config.clone(), projections.clone()).await {
+                Ok(log) => return Ok(log),
+                Err(error) if error.is_unavailable() && Instant::now() < deadline => {
+                    tracing::warn!(%error, "JetStream is not ready for this node yet; trying again");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// [`JetStreamLog::open`] once connected.
+    async fn attach(
+        client: async_nats::Client,
+        config: JetStreamConfig,
+        projections: Vec<Arc<dyn Projection>>,
+    ) -> Result<JetStreamLog, StoreError> {
+        let max_payload = client.server_info().max_payload;
         let js = jetstream::new(client.clone());
         let subjects = format!("{}.events.*", config.prefix);
         let stream_config = stream::Config {
@@ -287,7 +314,7 @@ impl JetStreamLog {
                 let _ = changes.send(session.ulid());
             })
             .await?;
-        let consumer = log.follow(start).await?;
+        let consumer = log.follow(start).await.inspect_err(|_| watch.abort())?;
         log.inner.tasks.lock().extend([watch, consumer]);
         Ok(log)
     }
