@@ -740,7 +740,7 @@ async fn void_messages_on_the_jetstream_log_are_skipped_alike_by_every_node() {
     let range = ReadRange { after: None, before: None, limit: 100, newest_first: false };
     let conflicting: Vec<_> =
         other.read(session, range).await.unwrap().into_iter().skip(1).map(|e| (e, [7; 32])).collect();
-    let (headers, payload) = wire::encode(&conflicting);
+    let (headers, payload) = wire::encode(&conflicting, None);
     js.publish_with_headers(subject.clone(), headers, payload).await.unwrap().await.unwrap();
 
     // Each node's next append names the subject's last message, once its consumer has
@@ -804,4 +804,42 @@ async fn void_messages_on_the_jetstream_log_are_skipped_alike_by_every_node() {
     for log in [a, b, d] {
         log.close().await.unwrap();
     }
+}
+
+/// A node that starts learns which sessions were left with a turn open from the last
+/// message of each (its turn header, which a message without turn events carries over from
+/// the one before), not only from the messages it sees go by: a node whose writer died
+/// before it put the open-turn index still has its turn closed by whichever node starts next.
+#[tokio::test]
+async fn a_node_that_starts_knows_the_turns_left_open() {
+    use turnlog::domain::event::{StopInfo, StopReason};
+    use turnlog::domain::{TurnId, Usage};
+    let nats = nats::Nats::single().await;
+    let a = nats::open_log(&nats).await;
+    let (open, closed, never) = (SessionId::generate(), SessionId::generate(), SessionId::generate());
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    let outcome = Draft::new(None, &EventBody::UserDefineOutcome { outcome: serde_json::json!("later") });
+    let idle = EventBody::StatusIdle {
+        status: "idle".into(),
+        stop_reason: StopInfo { kind: StopReason::EndTurn, event_ids: vec![] },
+        usage: Usage::default(),
+    };
+    for session in [open, closed, never] {
+        a.prepare(session).await.unwrap();
+        a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    }
+    for session in [open, closed] {
+        let turn = Some(TurnId::generate());
+        a.append(session, 1, vec![Draft::new(turn, &EventBody::TurnStarted {})]).await.unwrap().unwrap();
+        // A message with no turn event after it: the turn is still open.
+        a.append(session, 2, vec![outcome.clone()]).await.unwrap().unwrap();
+        if session == closed {
+            a.append(session, 3, vec![Draft::new(turn, &idle)]).await.unwrap().unwrap();
+            a.append(session, 4, vec![outcome.clone()]).await.unwrap().unwrap();
+        }
+    }
+    let b = nats::open_log(&nats).await;
+    assert_eq!(b.turns_seen_open(), vec![open], "what a node that starts now learns");
+    a.close().await.unwrap();
+    b.close().await.unwrap();
 }

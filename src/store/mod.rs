@@ -335,9 +335,10 @@ pub trait Log: Send + Sync + 'static {
     /// Drops what sessions nobody watches or writes hold (their live channels).
     fn sweep(&self);
 
-    /// Sessions whose log, as this node has seen it go by, ends with a turn open: with
-    /// several nodes, one that died between storing `turn.started` and writing its
-    /// projections leaves a turn the open-turn index does not list. None on one node.
+    /// Sessions whose log, as this node knows it (from each session's last message when it
+    /// started, then from the messages it sees go by), ends with a turn open: with several
+    /// nodes, one that died between storing `turn.started` and writing its projections
+    /// leaves a turn the open-turn index does not list. None on one node.
     fn turns_seen_open(&self) -> Vec<SessionId> {
         Vec::new()
     }

@@ -116,8 +116,8 @@ struct Inner {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Publishes in flight, to wait for at close.
     publishing: watch::Sender<usize>,
-    /// Sessions whose last turn, in the messages this node's consumer has delivered, is
-    /// open (see [`Log::turns_seen_open`]).
+    /// Sessions whose turn is open after their last message, as read when the node started
+    /// and then from what its consumer delivers (see [`Log::turns_seen_open`]).
     seen_open: Mutex<std::collections::HashSet<SessionId>>,
 }
 
@@ -285,7 +285,7 @@ impl JetStreamLog {
                 config.stream, info.config.subjects, info.config.num_replicas, config.replicas
             )));
         }
-        let start = info.state.last_sequence + 1;
+        let (start, messages) = (info.state.last_sequence + 1, info.state.messages);
         let bucket = open_bucket(&js, &config.projections_bucket, Duration::ZERO, config.replicas).await?;
         let sessions_projection = crate::projection::SessionIndex::NAME;
         let inner = Arc::new(Inner {
@@ -314,6 +314,7 @@ impl JetStreamLog {
                 let _ = changes.send(session.ulid());
             })
             .await?;
+        log.learn_open_turns(messages).await.inspect_err(|_| watch.abort())?;
         let consumer = log.follow(start).await.inspect_err(|_| watch.abort())?;
         log.inner.tasks.lock().extend([watch, consumer]);
         Ok(log)
@@ -370,6 +371,50 @@ impl JetStreamLog {
                 tracing::error!("the stream's consumer ended");
             }
         }))
+    }
+
+    /// What the last message of every session says of its turn ([`wire::TURN`]): the turns
+    /// left open before this node started, which its consumer (from the stream's end) will
+    /// not see go by. Read before the consumer starts, whose messages then come after.
+    async fn learn_open_turns(&self, messages: u64) -> Result<(), StoreError> {
+        if messages == 0 {
+            return Ok(());
+        }
+        let failed = |e: &dyn std::fmt::Display| store_error("could not read the sessions' last messages", e);
+        let consumer = self
+            .inner
+            .stream
+            .create_consumer(consumer::push::OrderedConfig {
+                deliver_subject: self.inner.client.new_inbox(),
+                filter_subject: format!("{}.events.*", self.inner.config.prefix),
+                headers_only: true,
+                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| failed(&e))?;
+        let read = async {
+            let mut messages = consumer.messages().await.map_err(|e| failed(&e))?;
+            let mut open = Vec::new();
+            while let Some(message) = messages.next().await {
+                let message = message.map_err(|e| failed(&e))?;
+                let pending = message.info().map_err(|e| failed(&e))?.pending;
+                if let Some(session) = self.session_of(message.subject.as_str()) {
+                    if wire::turn(message.headers.as_ref()) == Some(true) {
+                        open.push(session);
+                    }
+                }
+                if pending == 0 {
+                    break;
+                }
+            }
+            Ok::<_, StoreError>(open)
+        };
+        let open = tokio::time::timeout(FAILOVER_WAIT, read)
+            .await
+            .map_err(|_| StoreError::unavailable("reading the sessions' last messages took too long"))??;
+        self.inner.seen_open.lock().extend(open);
+        Ok(())
     }
 
     /// One message of the stream, from any node: to the session, if this node has it loaded.
@@ -732,7 +777,8 @@ impl JetStreamLog {
     ) -> Result<(), AppendError> {
         let storage =
             |context: &str, error: &dyn std::fmt::Display| AppendError::Storage(format!("{context}: {error}"));
-        let (mut headers, payload) = wire::encode(events);
+        let open_before = session.state.lock().index.last().and_then(|entry| entry.open);
+        let (mut headers, payload) = wire::encode(events, open_before);
         headers.insert("Nats-Expected-Last-Subject-Sequence", expect.to_string().as_str());
         // The batch's own first event id: a publish sent again is recognised as this batch,
         // never confused with another batch at the same position.
@@ -774,6 +820,7 @@ impl JetStreamLog {
             count: events.len() as u64,
             first_id: events[0].0.id,
             last_id: events[events.len() - 1].0.id,
+            open: wire::turn(Some(&headers)),
         };
         if !session.apply(entry, Hashed::from(events.to_vec())) {
             // Never expected: JetStream took it after a message this node does not hold.

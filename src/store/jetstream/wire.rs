@@ -16,9 +16,11 @@ pub const FIRST_SEQ: &str = "Turnlog-First-Seq";
 pub const COUNT: &str = "Turnlog-Count";
 pub const FIRST_ID: &str = "Turnlog-First-Id";
 pub const LAST_ID: &str = "Turnlog-Last-Id";
-/// `open` if the message leaves its session's turn open (`turn.started` last), `closed` if
-/// it closes it (an idle status, or the session deleted, last); absent if it says neither.
-/// Every node's consumer reads it without decoding the events (see `Log::turns_seen_open`).
+/// `open` if the session's turn is open after the message, `closed` if not: what its last
+/// turn event did (`turn.started` opens, an idle status or the session deleted closes), or
+/// without one what the message before it said. Every node reads it without decoding the
+/// events, live and, from the last message of each session, when it starts (see
+/// `Log::turns_seen_open`). Absent from messages of binaries before it.
 pub const TURN: &str = "Turnlog-Turn";
 
 /// Where a message's events lie in its session's log.
@@ -30,6 +32,8 @@ pub struct Entry {
     pub count: u64,
     pub first_id: EventId,
     pub last_id: EventId,
+    /// Whether the session's turn is open after it ([`TURN`]), if the message says.
+    pub open: Option<bool>,
 }
 
 impl Entry {
@@ -38,15 +42,16 @@ impl Entry {
     }
 }
 
-/// The headers and payload of a batch of events with their hashes (at least one).
-pub fn encode(events: &[(RawEvent, Hash)]) -> (HeaderMap, Bytes) {
+/// The headers and payload of a batch of events with their hashes (at least one), after a
+/// message that left the session's turn `open_before` (if it said).
+pub fn encode(events: &[(RawEvent, Hash)], open_before: Option<bool>) -> (HeaderMap, Bytes) {
     let (first, last) = (&events[0].0, &events[events.len() - 1].0);
     let mut headers = HeaderMap::new();
     headers.insert(FIRST_SEQ, first.seq.to_string().as_str());
     headers.insert(COUNT, events.len().to_string().as_str());
     headers.insert(FIRST_ID, first.id.ulid().to_string().as_str());
     headers.insert(LAST_ID, last.id.ulid().to_string().as_str());
-    if let Some(open) = turn_left_open(events) {
+    if let Some(open) = turn_left_open(events).or(open_before) {
         headers.insert(TURN, if open { "open" } else { "closed" });
     }
     let size = events.iter().map(|(e, _)| 16 + 4 + e.json.len() + 32).sum();
@@ -93,7 +98,14 @@ pub fn entry(stream_seq: u64, headers: Option<&HeaderMap>) -> Result<Entry, Stri
     if count == 0 {
         return Err("a message of no events".into());
     }
-    Ok(Entry { stream_seq, first_seq: number(FIRST_SEQ)?, count, first_id: id(FIRST_ID)?, last_id: id(LAST_ID)? })
+    Ok(Entry {
+        stream_seq,
+        first_seq: number(FIRST_SEQ)?,
+        count,
+        first_id: id(FIRST_ID)?,
+        last_id: id(LAST_ID)?,
+        open: turn(Some(headers)),
+    })
 }
 
 /// A message's events and their hashes, in order.
@@ -132,7 +144,7 @@ mod tests {
             .collect();
         let events = Tail::default().stage(session, 0, &drafts, &Clock::now(), 10).unwrap().unwrap();
         let hashed: Vec<(RawEvent, Hash)> = events.iter().map(|e| (e.clone(), [e.seq as u8; 32])).collect();
-        let (headers, payload) = encode(&hashed);
+        let (headers, payload) = encode(&hashed, None);
         assert_eq!(decode(&payload).unwrap(), hashed);
         let entry = entry(7, Some(&headers)).unwrap();
         assert_eq!((entry.stream_seq, entry.first_seq, entry.count, entry.last_seq()), (7, 1, 3, 3));
@@ -142,17 +154,21 @@ mod tests {
 
     #[test]
     fn the_turn_header_says_what_the_last_turn_event_of_a_message_did() {
-        let turn = |bodies: &[EventBody]| {
+        let turn = |bodies: &[EventBody], before: Option<bool>| {
             let drafts: Vec<Draft> = bodies.iter().map(|body| Draft::new(None, body)).collect();
             let events = Tail::default().stage(SessionId::generate(), 0, &drafts, &Clock::now(), 10).unwrap().unwrap();
             let hashed: Vec<(RawEvent, Hash)> = events.into_iter().map(|e| (e, [0; 32])).collect();
-            super::turn(Some(&encode(&hashed).0))
+            let headers = encode(&hashed, before).0;
+            assert_eq!(entry(1, Some(&headers)).unwrap().open, super::turn(Some(&headers)), "the entry reads it");
+            super::turn(Some(&headers))
         };
         let message = EventBody::UserMessage { content: vec![crate::domain::Block::text("hi")] };
-        assert_eq!(turn(std::slice::from_ref(&message)), None);
-        assert_eq!(turn(&[message.clone(), EventBody::TurnStarted {}]), Some(true));
-        assert_eq!(turn(&[EventBody::TurnStarted {}, message]), Some(true));
-        assert_eq!(turn(&[EventBody::TurnStarted {}, EventBody::SessionDeleted {}]), Some(false));
+        assert_eq!(turn(std::slice::from_ref(&message), None), None);
+        assert_eq!(turn(std::slice::from_ref(&message), Some(true)), Some(true), "as the message before");
+        assert_eq!(turn(std::slice::from_ref(&message), Some(false)), Some(false), "as the message before");
+        assert_eq!(turn(&[message.clone(), EventBody::TurnStarted {}], Some(false)), Some(true));
+        assert_eq!(turn(&[EventBody::TurnStarted {}, message], None), Some(true));
+        assert_eq!(turn(&[EventBody::TurnStarted {}, EventBody::SessionDeleted {}], Some(true)), Some(false));
         assert_eq!(super::turn(None), None);
     }
 }
