@@ -345,20 +345,32 @@ impl JetStreamLog {
         rest.parse::<ulid::Ulid>().ok().map(SessionId)
     }
 
+    /// The messages of `subject` (every session's: `None`) from `policy`, in stream order,
+    /// through an ordered consumer; `what` says what for, in an error.
+    async fn read_stream(
+        &self,
+        subject: Option<&str>,
+        policy: consumer::DeliverPolicy,
+        headers_only: bool,
+        what: &str,
+    ) -> Result<consumer::push::Ordered, StoreError> {
+        let inner = &self.inner;
+        let filter_subject = subject.map_or_else(|| format!("{}.events.*", inner.config.prefix), str::to_string);
+        let config = consumer::push::OrderedConfig {
+            deliver_subject: inner.client.new_inbox(),
+            filter_subject,
+            headers_only,
+            deliver_policy: policy,
+            ..Default::default()
+        };
+        let consumer = inner.stream.create_consumer(config).await.map_err(|e| store_error(what, e))?;
+        consumer.messages().await.map_err(|e| store_error(what, e))
+    }
+
     /// Follows the whole stream from `start`: one consumer for the node.
     async fn follow(&self, start: u64) -> Result<tokio::task::JoinHandle<()>, StoreError> {
-        let inner = &self.inner;
-        let consumer = inner
-            .stream
-            .create_consumer(consumer::push::OrderedConfig {
-                deliver_subject: inner.client.new_inbox(),
-                filter_subject: format!("{}.events.*", inner.config.prefix),
-                deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: start },
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| store_error("could not follow the stream", e))?;
-        let mut messages = consumer.messages().await.map_err(|e| store_error("could not follow the stream", e))?;
+        let from = consumer::DeliverPolicy::ByStartSequence { start_sequence: start };
+        let mut messages = self.read_stream(None, from, false, "could not follow the stream").await?;
         let log = self.clone();
         Ok(tokio::spawn(async move {
             while let Some(message) = messages.next().await {
@@ -380,21 +392,11 @@ impl JetStreamLog {
         if messages == 0 {
             return Ok(());
         }
-        let failed = |e: &dyn std::fmt::Display| store_error("could not read the sessions' last messages", e);
-        let consumer = self
-            .inner
-            .stream
-            .create_consumer(consumer::push::OrderedConfig {
-                deliver_subject: self.inner.client.new_inbox(),
-                filter_subject: format!("{}.events.*", self.inner.config.prefix),
-                headers_only: true,
-                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| failed(&e))?;
+        const WHAT: &str = "could not read the sessions' last messages";
+        let failed = |e: &dyn std::fmt::Display| store_error(WHAT, e);
         let read = async {
-            let mut messages = consumer.messages().await.map_err(|e| failed(&e))?;
+            let last = consumer::DeliverPolicy::LastPerSubject;
+            let mut messages = self.read_stream(None, last, true, WHAT).await?;
             let mut open = Vec::new();
             while let Some(message) = messages.next().await {
                 let message = message.map_err(|e| failed(&e))?;
@@ -541,19 +543,8 @@ impl JetStreamLog {
     }
 
     async fn index_once(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
-        let consumer = self
-            .inner
-            .stream
-            .create_consumer(consumer::push::OrderedConfig {
-                deliver_subject: self.inner.client.new_inbox(),
-                filter_subject: subject.to_string(),
-                headers_only: true,
-                deliver_policy: consumer::DeliverPolicy::All,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| store_error("could not index a session", e))?;
-        let mut messages = consumer.messages().await.map_err(|e| store_error("could not index a session", e))?;
+        let all = consumer::DeliverPolicy::All;
+        let mut messages = self.read_stream(Some(subject), all, true, "could not index a session").await?;
         let mut index = Vec::new();
         while let Some(message) = messages.next().await {
             let message = message.map_err(|e| store_error("could not index a session", e))?;
@@ -943,18 +934,8 @@ impl JetStreamLog {
         let last =
             self.inner.stream.clone().info().await.map_err(|e| store_error("the stream", e))?.state.last_sequence;
         if last > 0 {
-            let consumer = self
-                .inner
-                .stream
-                .create_consumer(consumer::push::OrderedConfig {
-                    deliver_subject: self.inner.client.new_inbox(),
-                    filter_subject: format!("{}.events.*", self.inner.config.prefix),
-                    deliver_policy: consumer::DeliverPolicy::All,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| store_error("could not read the stream", e))?;
-            let mut messages = consumer.messages().await.map_err(|e| store_error("could not read the stream", e))?;
+            let all = consumer::DeliverPolicy::All;
+            let mut messages = self.read_stream(None, all, false, "could not read the stream").await?;
             while let Some(message) = messages.next().await {
                 let message = message.map_err(|e| store_error("could not read the stream", e))?;
                 let stream_seq =
