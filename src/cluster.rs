@@ -49,8 +49,15 @@ impl NatsCluster {
     ) -> Result<NatsCluster, StoreError> {
         let ttl = Duration::from_secs(settings.lease_ttl_secs);
         let bucket = &settings.leases_bucket;
-        let leases = crate::store::jetstream::open_bucket(js, bucket, ttl, settings.replicas).await?;
-        let status = leases.status().await.map_err(|e| StoreError::new(format!("the leases bucket {bucket}: {e}")))?;
+        let (leases, status) = crate::store::jetstream::when_ready(|| async {
+            let leases = crate::store::jetstream::open_bucket(js, bucket, ttl, settings.replicas).await?;
+            let status = leases
+                .status()
+                .await
+                .map_err(|e| StoreError::unavailable(format!("the leases bucket {bucket}: {e}")))?;
+            Ok((leases, status))
+        })
+        .await?;
         if status.max_age() != ttl {
             return Err(StoreError::new(format!(
                 "the leases bucket {bucket} expires entries after {:?}, and this node's store.jetstream.lease_ttl_secs \

@@ -213,10 +213,11 @@ impl Actor {
             match next {
                 Some(command) => {
                     self.handle(command).await;
-                    // Another node appended to the session: what was folded here is not the
-                    // log. Leave it to a new actor, which loads it again.
+                    // An append failed (another node appended first, or its fate is unknown):
+                    // what was folded here may not be the log. Leave it to a new actor,
+                    // which loads it again.
                     if self.writer.raced() {
-                        tracing::warn!(session_id = %self.session, "another node appended to this session; reloading it");
+                        tracing::warn!(session_id = %self.session, "an append to this session failed; reloading it");
                         if let Some((_, cancel)) = self.running.take() {
                             cancel.cancel();
                         }

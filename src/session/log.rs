@@ -194,16 +194,14 @@ fn decode<T: DeserializeOwned>(projection: &str, bytes: &[u8]) -> Option<T> {
 pub(crate) struct Durable {
     session: SessionId,
     done: Shared<BoxFuture<'static, Result<(), AppendError>>>,
-    /// The writer's flag, set if the append turns out to have raced another node's.
+    /// The writer's flag, set if the append fails (see [`Writer`]'s).
     raced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Durable {
     pub async fn wait(self) -> Result<(), SessionError> {
         self.done.await.map_err(|error| {
-            if let AppendError::Raced(_) = error {
-                self.raced.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
+            self.raced.store(true, std::sync::atomic::Ordering::SeqCst);
             append_error(self.session, error)
         })
     }
@@ -221,8 +219,9 @@ pub(crate) struct Writer {
     log: SessionLog,
     session: SessionId,
     state: parking_lot::Mutex<Ordering>,
-    /// Set once an append ordered here was refused because another node appended first:
-    /// what the actor folded is then not the log, and it must be loaded again.
+    /// Set once an append ordered here failed: refused because another node appended
+    /// first, or not stored, or stored or not with no answer saying which (an engine failing
+    /// over). What the actor folded may then not be the log, and it must be loaded again.
     raced: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -274,8 +273,7 @@ impl Writer {
         self.raced.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Whether another node appended to the session under this writer (see `raced`), or
-    /// appends it ordered were not stored.
+    /// Whether an append ordered here failed (see `raced`).
     pub fn raced(&self) -> bool {
         self.raced.load(std::sync::atomic::Ordering::SeqCst)
     }

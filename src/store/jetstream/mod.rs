@@ -97,6 +97,10 @@ impl std::fmt::Debug for Credentials {
 
 /// Messages of a loaded session kept decoded, newest last.
 const RECENT_MESSAGES: usize = 256;
+/// How many times an append refused at its expected sequence is sent again after void
+/// messages (see [`JetStreamLog::past_void`]).
+const VOID_PASSES: usize = 3;
+
 /// Messages fetched from the stream at once by a read.
 const FETCH_AHEAD: usize = 16;
 
@@ -188,6 +192,26 @@ const FAILOVER_WAIT: Duration = Duration::from_secs(8);
 /// electing its leaders takes a few seconds, longer on a loaded machine).
 const START_WAIT: Duration = Duration::from_secs(30);
 
+/// `attempt` (a node's start) until it succeeds, fails with anything but the engine out of
+/// reach (a configuration that does not fit is refused at once), or [`START_WAIT`] has
+/// passed: a cluster that has just started, or lost a server, answers nothing useful until
+/// it has elected its leaders.
+pub async fn when_ready<T, F: std::future::Future<Output = Result<T, StoreError>>>(
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, StoreError> {
+    let deadline = Instant::now() + START_WAIT;
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(error) if error.is_unavailable() && Instant::now() < deadline => {
+                tracing::warn!(%error, "JetStream is not ready for this node yet; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 /// `request` until it succeeds, fails with an answer (`answered`), or [`FAILOVER_WAIT`]
 /// has passed.
 pub async fn patiently<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
@@ -238,20 +262,7 @@ impl JetStreamLog {
                  server.max_body_bytes needs {needed}: raise max_payload or lower server.max_body_bytes"
             )));
         }
-        // A cluster that has just started (or lost a server) answers nothing useful until
-        // it has elected its leaders: what could not be made or read yet is tried again, a
-        // configuration that does not fit is refused at once.
-        let deadline = Instant::now() + START_WAIT;
-        loop {
-            match JetStreamLog::attach(client.clone(), config.clone(), projections.clone()).await {
-                Ok(log) => return Ok(log),
-                Err(error) if error.is_unavailable() && Instant::now() < deadline => {
-                    tracing::warn!(%error, "JetStream is not ready for this node yet; trying again");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(error) => return Err(error),
-            }
-        }
+        when_ready(|| JetStreamLog::attach(client.clone(), config.clone(), projections.clone())).await
     }
 
     /// [`JetStreamLog::open`] once connected.
@@ -770,7 +781,6 @@ impl JetStreamLog {
             |context: &str, error: &dyn std::fmt::Display| AppendError::Storage(format!("{context}: {error}"));
         let open_before = session.state.lock().index.last().and_then(|entry| entry.open);
         let (mut headers, payload) = wire::encode(events, open_before);
-        headers.insert("Nats-Expected-Last-Subject-Sequence", expect.to_string().as_str());
         // The batch's own first event id: a publish sent again is recognised as this batch,
         // never confused with another batch at the same position.
         headers.insert("Nats-Msg-Id", events[0].0.id.ulid().to_string().as_str());
@@ -778,25 +788,35 @@ impl JetStreamLog {
         let started = Instant::now();
         use jetstream::context::PublishErrorKind as Kind;
         let js = &self.inner.js;
-        let send = || async {
-            let sent = js.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await?;
-            sent.await
-        };
         // Sent again while the engine fails over: the message id makes a second copy of a
         // publish whose answer was lost a duplicate, answered with the first one's sequence.
         let answered = |e: &jetstream::context::PublishError| {
             matches!(e.kind(), Kind::WrongLastSequence | Kind::WrongLastMessageId | Kind::MaxPayloadExceeded)
         };
-        let ack = match patiently("an append", send, answered).await {
-            Ok(ack) => ack,
-            Err(error) if error.kind() == Kind::WrongLastSequence => {
-                metrics::APPENDS_REFUSED.with_label_values(&["raced"]).inc();
-                return Err(raced(session.id));
-            }
-            Err(error) if answered(&error) => return Err(storage("JetStream did not store the append", &error)),
-            // Still failing once the failover wait is over: the engine is out of reach (503).
-            Err(error) => {
-                return Err(AppendError::Unavailable(format!("JetStream did not answer the append: {error}")))
+        let (mut expect, mut passes) = (expect, 0);
+        let ack = loop {
+            headers.insert("Nats-Expected-Last-Subject-Sequence", expect.to_string().as_str());
+            let send = || async {
+                let sent = js.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await?;
+                sent.await
+            };
+            match patiently("an append", send, answered).await {
+                Ok(ack) => break ack,
+                Err(error) if error.kind() == Kind::WrongLastSequence => {
+                    passes += 1;
+                    match self.past_void(session, events[0].0.seq).await {
+                        Some(last) if passes <= VOID_PASSES && last > expect => expect = last,
+                        _ => {
+                            metrics::APPENDS_REFUSED.with_label_values(&["raced"]).inc();
+                            return Err(raced(session.id));
+                        }
+                    }
+                }
+                Err(error) if answered(&error) => return Err(storage("JetStream did not store the append", &error)),
+                // Still failing once the failover wait is over: the engine is out of reach (503).
+                Err(error) => {
+                    return Err(AppendError::Unavailable(format!("JetStream did not answer the append: {error}")))
+                }
             }
         };
         let stream_seq = self.placed(session, expect, ack.sequence, &events[0].0).await?;
@@ -825,6 +845,22 @@ impl JetStreamLog {
         }
         metrics::EVENTS_APPENDED.inc_by(events.len() as u64);
         Ok(())
+    }
+
+    /// After JetStream refused an append numbered from `first_seq` at the subject's expected
+    /// sequence: the subject's last message, if the messages after what this node held are
+    /// all void, so that the append still follows the log's last event and may name that
+    /// message instead (`None` if another batch is in the log there, or this node cannot
+    /// tell in time, as its consumer recovers from a failover).
+    async fn past_void(&self, session: &Session, first_seq: u64) -> Option<u64> {
+        let (stream, subject) = (&self.inner.stream, self.subject(session.id));
+        let last = patiently("last message", || stream.get_last_raw_message_by_subject(&subject), |_| false).await;
+        let last = last.ok()?.sequence;
+        let mut seen = session.seen.subscribe();
+        tokio::time::timeout(FAILOVER_WAIT, seen.wait_for(|seen| *seen >= last)).await.ok()?.ok()?;
+        let state = session.state.lock();
+        let held = state.index.last().map_or(0, |entry| entry.last_seq());
+        (held + 1 == first_seq).then(|| *session.seen.borrow())
     }
 
     /// Where the batch that starts with `first` is in the log, now that JetStream has stored
@@ -1158,13 +1194,14 @@ impl Session {
     /// Loaded: `index` read from the stream up to its message `upto`.
     fn loaded_with(&self, index: Vec<Entry>, recent: VecDeque<(u64, Hashed)>, upto: u64) {
         let mut state = self.state.lock();
-        self.seen.send_modify(|seen| *seen = (*seen).max(upto));
         if let Some(last) = index.last() {
             self.channel.set_durable(Position { last: Some(last.last_id), seq: last.last_seq() });
         }
         state.index = index;
         state.recent = recent;
         state.loaded = true;
+        // Once what it says is taken (see `publish`).
+        self.seen.send_modify(|seen| *seen = (*seen).max(upto));
         for (entry, events) in std::mem::take(&mut state.early) {
             if entry.stream_seq > upto {
                 self.publish(&mut state, entry, events);
@@ -1202,24 +1239,27 @@ impl Session {
     /// A message after those the session holds: if it is part of the log ([`follows`]),
     /// indexed, kept, and published; if void, skipped, but the next append names it.
     fn publish(&self, state: &mut SessionState, entry: Entry, events: Hashed) -> bool {
-        self.seen.send_modify(|seen| *seen = (*seen).max(entry.stream_seq));
-        if !follows(&state.index, &entry) {
+        let taken = follows(&state.index, &entry);
+        if taken {
+            state.index.push(entry);
+            state.recent.push_back((entry.stream_seq, events.clone()));
+            if state.recent.len() > RECENT_MESSAGES {
+                state.recent.pop_front();
+            }
+            let batch: super::Batch = events.iter().map(|(event, _)| event.clone()).collect();
+            self.channel.publish(batch);
+        } else {
             skipped(self.id, &entry, &state.index);
             // The subject's last message: what this node's next append must expect, if what
             // it holds is still the log (a void message changes nothing of it).
             if let Some(expect) = state.expect.as_mut() {
                 *expect = (*expect).max(entry.stream_seq);
             }
-            return false;
         }
-        state.index.push(entry);
-        state.recent.push_back((entry.stream_seq, events.clone()));
-        if state.recent.len() > RECENT_MESSAGES {
-            state.recent.pop_front();
-        }
-        let batch: super::Batch = events.iter().map(|(event, _)| event.clone()).collect();
-        self.channel.publish(batch);
-        true
+        // Only now: whoever sees the message counted as seen finds its events (`find`
+        // reads this, then the durable position).
+        self.seen.send_modify(|seen| *seen = (*seen).max(entry.stream_seq));
+        taken
     }
 
     fn recent(&self, stream_seq: u64) -> Option<Hashed> {
