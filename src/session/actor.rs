@@ -194,6 +194,7 @@ impl Actor {
                     tokio::time::timeout(idle, commands.recv()).await.ok()
                 }
             };
+            let writer = self.writer.clone();
             let next = tokio::select! {
                 biased;
                 _ = self.lost.cancelled() => {
@@ -202,6 +203,12 @@ impl Actor {
                     if let Some((_, cancel)) = self.running.take() {
                         cancel.cancel();
                     }
+                    break;
+                }
+                // An append failed after its command was handled (one whose client went, or
+                // a turn's): leave the session to a new actor before the next command.
+                _ = writer.failing() => {
+                    self.reload();
                     break;
                 }
                 next = next => match next {
@@ -213,14 +220,8 @@ impl Actor {
             match next {
                 Some(command) => {
                     self.handle(command).await;
-                    // An append failed (another node appended first, or its fate is unknown):
-                    // what was folded here may not be the log. Leave it to a new actor,
-                    // which loads it again.
-                    if self.writer.raced() {
-                        tracing::warn!(session_id = %self.session, "an append to this session failed; reloading it");
-                        if let Some((_, cancel)) = self.running.take() {
-                            cancel.cancel();
-                        }
+                    if self.writer.failed() {
+                        self.reload();
                         break;
                     }
                     // Whatever left the session idle (a turn's end, an interrupt while calls
@@ -409,6 +410,16 @@ impl Actor {
             }
         }
         Err(SessionError::Conflict("the session's log kept changing under this request; send it again".into()))
+    }
+
+    /// An append failed (another node appended first, or its fate is unknown): what was
+    /// folded here may not be the log. Stops, leaving the session to a new actor, which
+    /// loads it again.
+    fn reload(&mut self) {
+        tracing::warn!(session_id = %self.session, "an append to this session failed; reloading it");
+        if let Some((_, cancel)) = self.running.take() {
+            cancel.cancel();
+        }
     }
 
     /// Closes the turn the log shows running, as a restart does: nothing runs it, since

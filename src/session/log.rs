@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
 
 use super::follow::Follower;
 use super::{FollowConfig, SessionError};
@@ -195,13 +196,13 @@ pub(crate) struct Durable {
     session: SessionId,
     done: Shared<BoxFuture<'static, Result<(), AppendError>>>,
     /// The writer's flag, set if the append fails (see [`Writer`]'s).
-    raced: Arc<std::sync::atomic::AtomicBool>,
+    failed: CancellationToken,
 }
 
 impl Durable {
     pub async fn wait(self) -> Result<(), SessionError> {
         self.done.await.map_err(|error| {
-            self.raced.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.failed.cancel();
             append_error(self.session, error)
         })
     }
@@ -222,7 +223,7 @@ pub(crate) struct Writer {
     /// Set once an append ordered here failed: refused because another node appended
     /// first, or not stored, or stored or not with no answer saying which (an engine failing
     /// over). What the actor folded may then not be the log, and it must be loaded again.
-    raced: Arc<std::sync::atomic::AtomicBool>,
+    failed: CancellationToken,
 }
 
 struct Ordering {
@@ -237,7 +238,7 @@ struct Ordering {
 impl Writer {
     pub fn new(log: SessionLog, session: SessionId, at: u64) -> Writer {
         let state = parking_lot::Mutex::new(Ordering { at, last: None, unfolded: Vec::new() });
-        Writer { log, session, state, raced: Arc::default() }
+        Writer { log, session, state, failed: CancellationToken::new() }
     }
 
     /// Orders `drafts` after the last append: the events (or the conflict) at once, and
@@ -252,7 +253,7 @@ impl Writer {
                 return Err(append_error(self.session, error));
             }
         };
-        let durable = Durable { session: self.session, done: done.shared(), raced: self.raced.clone() };
+        let durable = Durable { session: self.session, done: done.shared(), failed: self.failed.clone() };
         if let Some(last) = appended.as_ref().ok().and_then(|events| events.last()) {
             state.at = last.seq;
             state.last = Some(durable.clone());
@@ -263,19 +264,25 @@ impl Writer {
 
     fn note(&self, error: &AppendError) {
         if let AppendError::Raced(_) = error {
-            self.raced.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.failed.cancel();
         }
     }
 
     /// What was folded from this writer's appends is not the log (some were not stored):
-    /// the actor must be loaded again, as after a race (see `raced`).
+    /// the actor must be loaded again, as after a race (see `failed`).
     pub fn invalidate(&self) {
-        self.raced.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.failed.cancel();
     }
 
-    /// Whether an append ordered here failed (see `raced`).
-    pub fn raced(&self) -> bool {
-        self.raced.load(std::sync::atomic::Ordering::SeqCst)
+    /// Whether an append ordered here failed (see `failed`).
+    pub fn failed(&self) -> bool {
+        self.failed.is_cancelled()
+    }
+
+    /// Resolves once an append ordered here has failed (see `failed`), for an actor that
+    /// waits for its next command.
+    pub fn failing(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.failed.cancelled()
     }
 
     /// Waits until everything ordered here so far is durable.
