@@ -836,3 +836,35 @@ async fn a_node_that_starts_knows_the_turns_left_open() {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// An event acknowledged through one node is found through every other at once, whether
+/// or not that node's consumer has brought it yet (a client resuming on another node by
+/// `Last-Event-ID`): appends through one node, each of their ids looked up at once
+/// through the other, which has the session loaded, or loads it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_acknowledged_on_one_node_is_found_on_another_at_once() {
+    let nats = nats::Nats::single().await;
+    let (a, b) = (nats::open_log(&nats).await, nats::open_log(&nats).await);
+    for round in 0..20 {
+        let session = SessionId::generate();
+        let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+        a.prepare(session).await.unwrap();
+        a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+        // Half the rounds, the other node has the session loaded before the appends.
+        if round % 2 == 0 {
+            b.position(session).await.unwrap();
+        }
+        let mut at = 1;
+        for i in 0..50 {
+            let text = format!("{round}-{i}");
+            let drafts = vec![Draft::new(None, &EventBody::UserDefineOutcome { outcome: serde_json::json!(text) })];
+            let events = a.append(session, at, drafts).await.unwrap().unwrap();
+            at = events[0].seq;
+            let found = b.event(session, events[0].id).await.unwrap();
+            assert_eq!(found.map(|e| e.seq), Some(at), "round {round}, append {i}: the other node finds it");
+        }
+        a.release(session);
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}

@@ -163,7 +163,7 @@ impl Actor {
     async fn load(engine: Engine, session: SessionId, me: mpsc::WeakSender<Command>) -> Result<Actor, SessionError> {
         let log = engine.inner.log.clone();
         let summary = log.summary(session).await?.ok_or_else(|| SessionError::NotFound(session.to_string()))?;
-        let writer = Arc::new(Writer::new(log, session, 0));
+        let writer = Arc::new(Writer::new(log, session, 0, engine.clustered()));
         let mut actor = Actor {
             engine,
             session,
@@ -261,15 +261,7 @@ impl Actor {
                     Ok((submitted, _)) if cancels && self.running.is_some() && !submitted.events.is_empty() => {
                         self.after_turn.push(AfterTurn::Answer(reply, submitted))
                     }
-                    Ok((submitted, durable)) => {
-                        // With several nodes an append can turn out to have raced another
-                        // node's, which the actor learns by its being waited for: something
-                        // must wait even if the client has gone.
-                        if self.engine.clustered() {
-                            tokio::spawn(durable.clone().wait());
-                        }
-                        drop(reply.send(Ok(Pending { submitted, durable: Some(durable) })))
-                    }
+                    Ok((submitted, durable)) => drop(reply.send(Ok(Pending { submitted, durable: Some(durable) }))),
                     Err(error) => drop(reply.send(Err(error))),
                 }
             }

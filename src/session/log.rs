@@ -224,6 +224,7 @@ pub(crate) struct Writer {
     /// first, or not stored, or stored or not with no answer saying which (an engine failing
     /// over). What the actor folded may then not be the log, and it must be loaded again.
     failed: CancellationToken,
+    watched: bool,
 }
 
 struct Ordering {
@@ -236,9 +237,12 @@ struct Ordering {
 }
 
 impl Writer {
-    pub fn new(log: SessionLog, session: SessionId, at: u64) -> Writer {
+    /// `watched`: every append is waited for by a task of its own, so that one that fails
+    /// is noticed even if nobody else waits for it (with several nodes, where an append can
+    /// turn out to have raced another node's, or its fate be lost in a failover).
+    pub fn new(log: SessionLog, session: SessionId, at: u64, watched: bool) -> Writer {
         let state = parking_lot::Mutex::new(Ordering { at, last: None, unfolded: Vec::new() });
-        Writer { log, session, state, failed: CancellationToken::new() }
+        Writer { log, session, state, failed: CancellationToken::new(), watched }
     }
 
     /// Orders `drafts` after the last append: the events (or the conflict) at once, and
@@ -254,6 +258,9 @@ impl Writer {
             }
         };
         let durable = Durable { session: self.session, done: done.shared(), failed: self.failed.clone() };
+        if self.watched && appended.is_ok() {
+            tokio::spawn(durable.clone().wait());
+        }
         if let Some(last) = appended.as_ref().ok().and_then(|events| events.last()) {
             state.at = last.seq;
             state.last = Some(durable.clone());

@@ -188,6 +188,10 @@ const CONSUMER_WAIT: Duration = Duration::from_secs(3);
 /// few seconds.
 const FAILOVER_WAIT: Duration = Duration::from_secs(8);
 
+/// How long a lookup of an event newer than all a node holds asks the stream again before
+/// it calls the event unknown (see `JetStreamLog::find`).
+const UNSEEN_WAIT: Duration = Duration::from_secs(2);
+
 /// How long a node that starts waits for JetStream to be ready for it (a fresh cluster
 /// electing its leaders takes a few seconds, longer on a loaded machine).
 const START_WAIT: Duration = Duration::from_secs(30);
@@ -638,11 +642,18 @@ impl JetStreamLog {
     /// node does not hold may be in a message another node appended a moment ago (a client
     /// resuming here after an event it had from that node): it is looked for again once
     /// this node holds the session's last message.
+    ///
+    /// If the stream says this node has its last message but the event would come after
+    /// everything it holds (`beyond`), the stream is asked again for a moment
+    /// ([`UNSEEN_WAIT`]) before the event is called unknown: an append a client has seen
+    /// acknowledged through another node can be missing for a moment from what the stream
+    /// answers (seen in the cluster soak in its first cycles, as its streams settled).
     async fn find(
         &self,
         id: SessionId,
         before: impl Fn(&Entry) -> bool,
         matches: impl Fn(&RawEvent) -> bool,
+        beyond: impl Fn(&Position) -> bool,
     ) -> Result<Option<RawEvent>, StoreError> {
         let session = self.session(id).await?;
         let held = *session.seen.borrow();
@@ -650,6 +661,17 @@ impl JetStreamLog {
             return Ok(Some(found));
         }
         if !self.catch_up(&session, held).await? {
+            if beyond(&session.channel.durable()) {
+                let deadline = Instant::now() + UNSEEN_WAIT;
+                while Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let held = *session.seen.borrow();
+                    if let Some(found) = self.find_held(&session, &before, &matches).await? {
+                        return Ok(Some(found));
+                    }
+                    self.catch_up(&session, held).await?;
+                }
+            }
             return Ok(None);
         }
         self.find_held(&session, &before, &matches).await
@@ -1340,11 +1362,13 @@ impl Log for JetStreamLog {
     }
 
     async fn event(&self, session: SessionId, id: EventId) -> Result<Option<RawEvent>, StoreError> {
-        self.find(session, |entry| entry.last_id < id, |event| event.id == id).await
+        let beyond = |held: &Position| held.last.is_none_or(|last| id > last);
+        self.find(session, |entry| entry.last_id < id, |event| event.id == id, beyond).await
     }
 
     async fn event_at(&self, session: SessionId, seq: u64) -> Result<Option<RawEvent>, StoreError> {
-        self.find(session, |entry| entry.last_seq() < seq, |event| event.seq == seq).await
+        let beyond = |held: &Position| seq > held.seq;
+        self.find(session, |entry| entry.last_seq() < seq, |event| event.seq == seq, beyond).await
     }
 
     async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
