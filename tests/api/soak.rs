@@ -182,11 +182,12 @@ impl Cycle {
     /// A request was answered `status` (with `body`), not the success expected. After a
     /// kill, a survivor's 503 (the failover README describes), or its 409 for an append
     /// that raced another node's as the killed node's sessions changed hands, ends the
-    /// client: false. In the cycle after a nats-server's kill, a 503 saying that appends
-    /// "could not be stored" is that failover's aftermath: an actor whose appends failed
-    /// then learns it at its next request, which it refuses ("send it again") as it loads
-    /// the session again; the client goes on (true), up to `AFTERMATH_RETRIES` times a
-    /// cycle. Anything else fails.
+    /// client: false. In the cycle after a nats-server's kill, a 503 is that failover's
+    /// aftermath (README: a request the engine still does not answer after a node's retry
+    /// window is answered 503, and nothing acknowledged is lost; a stream can take longer
+    /// than that to settle on a loaded machine, and a node checks where each append landed,
+    /// one more request that can time out): the client goes on (true), up to
+    /// `AFTERMATH_RETRIES` times a cycle. Anything else fails.
     fn refused(&self, node: usize, status: u16, body: &str, what: impl std::fmt::Display) -> bool {
         let killed = self.killed.load(Ordering::SeqCst);
         let raced = status == 409 && body.contains("another node appended");
@@ -194,20 +195,17 @@ impl Cycle {
             self.ended_refused.fetch_add(1, Ordering::SeqCst);
             return false;
         }
-        if self.failover && status == 503 && self.aftermath_refusal(body) {
+        if status == 503 && self.aftermath_refusal() {
             return true;
         }
         let when = if killed { "after the kill" } else { "before the kill" };
         panic!("cycle {}: {what} (node {node} answered {status}, {when})", self.number);
     }
 
-    /// Whether a refusal that says `text`, before the kill, is the aftermath of the last
-    /// cycle's failover (see [`Cycle::refused`]), and the client goes on.
-    fn aftermath_refusal(&self, text: &str) -> bool {
-        let aftermath = self.failover
-            && !self.killed.load(Ordering::SeqCst)
-            && self.aftermath.load(Ordering::SeqCst)
-            && text.contains("could not be stored");
+    /// Whether a 503 before the kill is the aftermath of the last cycle's failover (see
+    /// [`Cycle::refused`]), and the client goes on.
+    fn aftermath_refusal(&self) -> bool {
+        let aftermath = self.failover && !self.killed.load(Ordering::SeqCst) && self.aftermath.load(Ordering::SeqCst);
         aftermath && self.retried.fetch_add(1, Ordering::SeqCst) < AFTERMATH_RETRIES
     }
 
@@ -743,7 +741,8 @@ pub(super) async fn acp(
         state.cut += 1;
         let called = process.call("session/prompt", params).await;
         if let Err(Failed::Error(error)) = &called {
-            if cycle.aftermath_refusal(&error.to_string()) {
+            // `turnlog acp` says what the server answered.
+            if error.to_string().contains("503 Service Unavailable") && cycle.aftermath_refusal() {
                 state.cut -= 1;
                 continue;
             }

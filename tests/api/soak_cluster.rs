@@ -31,9 +31,9 @@
 //! survivor may also end a client with what README's failover describes: a 503, a 409 for
 //! an append that raced another node's as sessions changed hands, a turn closed as
 //! interrupted, and (when a nats-server died) a stream cut off. In the cycle after a
-//! nats-server's kill, a 503 saying appends "could not be stored" is that failover's
-//! aftermath, and the client goes on (counted). Anything else, or any of these before the
-//! kill, fails the test.
+//! nats-server's kill, a 503 is that failover's aftermath (a stream still settling), and
+//! the client goes on (counted, at most 20 a cycle). Anything else, or any of these before
+//! the kill, fails the test.
 //!
 //! Then, polled until they hold (a node catches up with the log, and a turn the killed
 //! node left running is closed once its lease has expired) or a deadline passes, the checks
