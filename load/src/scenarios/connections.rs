@@ -60,11 +60,15 @@ pub fn raise_fd_limit() -> u64 {
 pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
     let mut report = Report::new("connections", p);
     let limit = raise_fd_limit();
-    if (limit as usize) < p.connections + 512 {
+    // The server holds two descriptors a connection: the socket, and the duplicate its
+    // watchdog cuts a stalled stream off with (src/api/conn.rs). It inherits this limit.
+    let needed = 2 * p.connections + 512;
+    if (limit as usize) < needed {
         bail!(
-            "{} connections need more open files than the limit of {limit}: raise it with `ulimit -n {}` (the hard limit too, as root) and run again",
+            "{} connections need {needed} open files in the server (two a connection) and the limit is {limit}: \
+             raise it with `ulimit -n {}` (the hard limit too, as root), or ask for fewer with --connections",
             p.connections,
-            p.connections + 1024
+            needed + 512
         );
     }
     let mut server = ctx.launcher.start().await?;

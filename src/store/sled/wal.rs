@@ -15,13 +15,23 @@
 //! so a commit is recovered whole or not at all; reading stops at the first record that is
 //! short or does not match its checksum (the tail of a write a crash cut), and that tail is
 //! cut off before anything is appended after it.
+//!
+//! A segment is filled with zeros ahead of its records, [`FILL`] bytes at a time, and each
+//! record is written over them in place. `fdatasync` after a write that grows a file must
+//! also write the inode (its new length); after one inside the file's length it writes the
+//! record alone. Measured on this machine's ext4 (5 KB records): 150 µs a sync when
+//! appending, 95 µs when writing in place, the fill included. Zeros after the last record
+//! read as the end of the segment: a record's length is never zero.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// A segment this long is checkpointed (sled flushed) and a new one started, by default.
 pub(super) const SEGMENT_BYTES: u64 = 64 << 20;
+/// A segment is filled with zeros this far ahead of its records at a time.
+const FILL: u64 = 1 << 20;
 const HEADER: usize = 8;
 const KEY: usize = 32;
 
@@ -46,7 +56,10 @@ pub(super) struct Wal {
     dir: PathBuf,
     file: File,
     segment: u64,
+    /// Where the next record goes: the end of the last one.
     written: u64,
+    /// How far the segment is filled with zeros (its length).
+    filled: u64,
     /// How long a segment grows before it is full.
     limit: u64,
     record: Vec<u8>,
@@ -86,11 +99,22 @@ fn checksum(segment: u64, payload: &[u8]) -> u32 {
     hasher.finalize()
 }
 
-/// The commits a segment holds, and the length of its valid prefix.
-fn read_segment(path: &Path, segment: u64) -> io::Result<(Vec<Commit>, u64)> {
-    let mut bytes = Vec::new();
-    File::open(path)?.read_to_end(&mut bytes)?;
-    Ok(parse(&bytes, segment))
+/// What a segment holds.
+struct Read {
+    commits: Vec<Commit>,
+    /// The length of the valid prefix: the end of the last whole record.
+    valid: u64,
+    /// Whether anything but the fill's zeros follows it: the end of a write a crash cut
+    /// short, or damage.
+    torn: bool,
+    len: u64,
+}
+
+fn read_segment(path: &Path, segment: u64) -> io::Result<Read> {
+    let bytes = fs::read(path)?;
+    let (commits, valid) = parse(&bytes, segment);
+    let torn = bytes[valid as usize..].iter().any(|&byte| byte != 0);
+    Ok(Read { commits, valid, torn, len: bytes.len() as u64 })
 }
 
 /// Appends one commit's record to `record`.
@@ -147,7 +171,7 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 pub(super) fn read_all(dir: &Path) -> io::Result<Vec<Commit>> {
     let mut all = Vec::new();
     for segment in segments(dir)? {
-        all.extend(read_segment(&segment_path(dir, segment), segment)?.0);
+        all.extend(read_segment(&segment_path(dir, segment), segment)?.commits);
     }
     Ok(all)
 }
@@ -174,22 +198,19 @@ impl Wal {
         let existing = segments(dir)?;
         for (i, &segment) in existing.iter().enumerate() {
             let path = segment_path(dir, segment);
-            let (commits, valid) = read_segment(&path, segment)?;
-            let len = fs::metadata(&path)?.len();
-            if len > valid {
-                let later: u64 = existing[i + 1..]
-                    .iter()
-                    .map(|&s| fs::metadata(segment_path(dir, s)).map(|m| m.len()))
-                    .sum::<io::Result<u64>>()?;
-                if later > 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "the write-ahead log {} is damaged at byte {valid} of {len}, and later segments hold \
-                             commits: refusing to replay past the damage",
-                            path.display()
-                        ),
-                    ));
+            let Read { commits, valid, torn, len } = read_segment(&path, segment)?;
+            if torn {
+                for &later in &existing[i + 1..] {
+                    if !read_segment(&segment_path(dir, later), later)?.commits.is_empty() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "the write-ahead log {} is damaged at byte {valid} of {len}, and later segments \
+                                 hold commits: refusing to replay past the damage",
+                                path.display()
+                            ),
+                        ));
+                    }
                 }
                 // The end of a write a crash cut short: cut off, so nothing is read past it.
                 tracing::warn!(segment, bytes = len - valid, "cutting off the torn end of the write-ahead log");
@@ -207,9 +228,9 @@ impl Wal {
     }
 
     fn create(dir: &Path, segment: u64, limit: u64) -> io::Result<Wal> {
-        let file = OpenOptions::new().create_new(true).append(true).open(segment_path(dir, segment))?;
+        let file = OpenOptions::new().create_new(true).write(true).open(segment_path(dir, segment))?;
         sync_dir(dir)?;
-        Ok(Wal { dir: dir.to_path_buf(), file, segment, written: 0, limit, record: Vec::new() })
+        Ok(Wal { dir: dir.to_path_buf(), file, segment, written: 0, filled: 0, limit, record: Vec::new() })
     }
 
     /// Appends one commit (of at least one event: an empty record would read as the end)
@@ -220,14 +241,42 @@ impl Wal {
     pub fn append<'a>(&mut self, events: impl Iterator<Item = (&'a [u8; KEY], &'a [u8])>) -> Result<(), Failed> {
         self.record.clear();
         encode(&mut self.record, self.segment, events);
-        if let Err(error) = self.file.write_all(&self.record).and_then(|()| self.file.sync_data()) {
-            return match self.file.set_len(self.written).and_then(|()| self.file.sync_all()) {
-                Ok(()) => Err(Failed::Refused(error)),
-                Err(undo) => Err(Failed::Broken(io::Error::other(format!("{error}; cutting the record off: {undo}")))),
-            };
+        let end = self.written + self.record.len() as u64;
+        if end > self.filled {
+            let to = end.next_multiple_of(FILL);
+            if let Err(error) = self.fill(to) {
+                return Err(self.cut(error));
+            }
         }
-        self.written += self.record.len() as u64;
+        if let Err(error) = self.file.write_all_at(&self.record, self.written).and_then(|()| self.file.sync_data()) {
+            return Err(self.cut(error));
+        }
+        self.written = end;
         Ok(())
+    }
+
+    /// Fills the segment with zeros up to `to`, from a static buffer: a megabyte allocated
+    /// and freed would raise glibc's threshold for serving allocations from fresh mappings,
+    /// and the server would keep more memory after large requests (the hostile-subscriber
+    /// test's server grew by 53-57 MB instead of 32).
+    fn fill(&mut self, to: u64) -> io::Result<()> {
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        while self.filled < to {
+            let len = (to - self.filled).min(ZEROS.len() as u64);
+            self.file.write_all_at(&ZEROS[..len as usize], self.filled)?;
+            self.filled += len;
+        }
+        Ok(())
+    }
+
+    /// After a failed append: cuts the segment off at the end of its last record, fill and
+    /// all (which frees what a full disk needs), so that it ends where it did.
+    fn cut(&mut self, error: io::Error) -> Failed {
+        self.filled = self.written;
+        match self.file.set_len(self.written).and_then(|()| self.file.sync_all()) {
+            Ok(()) => Failed::Refused(error),
+            Err(undo) => Failed::Broken(io::Error::other(format!("{error}; cutting it off again: {undo}"))),
+        }
     }
 
     /// The bytes free for an unprivileged writer on the log's file system.
@@ -351,6 +400,9 @@ mod tests {
         assert_eq!(last, None);
         wal.append([(&key(1), &b"one"[..]), (&key(2), &b"two"[..])].into_iter()).unwrap();
         wal.append([(&key(3), &b""[..])].into_iter()).unwrap();
+        // Written over zeros filled ahead of them, which read as the segment's end.
+        let path = segment_path(dir.path(), wal.segment());
+        assert_eq!((wal.written, fs::metadata(&path).unwrap().len()), ((2 * HEADER + 3 * (KEY + 4) + 6) as u64, FILL));
         let seen = replayed(dir.path());
         assert_eq!(seen, vec![vec![(key(1), b"one".to_vec()), (key(2), b"two".to_vec())], vec![(key(3), Vec::new())]]);
     }
@@ -362,12 +414,14 @@ mod tests {
         wal.append([(&key(1), &b"kept"[..])].into_iter()).unwrap();
         wal.append([(&key(2), &b"torn"[..])].into_iter()).unwrap();
         let path = segment_path(dir.path(), wal.segment());
-        let len = fs::metadata(&path).unwrap().len();
-        OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 3).unwrap();
+        // The last record's last three bytes never reached the disk (the fill's zeros are
+        // there instead).
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&[0; 3], wal.written - 3).unwrap();
         assert_eq!(replayed(dir.path()), vec![vec![(key(1), b"kept".to_vec())]]);
         // The cut is permanent: a record appended later in a new segment is not mistaken
         // for the torn one's continuation.
-        assert_eq!(fs::metadata(&path).unwrap().len(), len - (HEADER + KEY + 4 + 4) as u64);
+        assert_eq!(fs::metadata(&path).unwrap().len(), wal.written - (HEADER + KEY + 4 + 4) as u64);
     }
 
     #[test]
@@ -378,7 +432,7 @@ mod tests {
         wal.append([(&key(2), &b"second"[..])].into_iter()).unwrap();
         let path = segment_path(dir.path(), wal.segment());
         let mut bytes = fs::read(&path).unwrap();
-        let last = bytes.len() - 1;
+        let last = wal.written as usize - 1;
         bytes[last] ^= 1;
         fs::write(&path, bytes).unwrap();
         assert_eq!(replayed(dir.path()), vec![vec![(key(1), b"first".to_vec())]]);
@@ -391,6 +445,7 @@ mod tests {
         wal.append([(&key(1), &b"a"[..])].into_iter()).unwrap();
         let ended = wal.rotate().unwrap();
         wal.append([(&key(2), &b"b"[..])].into_iter()).unwrap();
+        // The first segment's fill after its record is not damage before the second's.
         assert_eq!(replayed(dir.path()).len(), 2);
         remove_through(dir.path(), ended).unwrap();
         assert_eq!(replayed(dir.path()), vec![vec![(key(2), b"b".to_vec())]]);
