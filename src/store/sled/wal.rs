@@ -100,7 +100,7 @@ fn checksum(segment: u64, payload: &[u8]) -> u32 {
 }
 
 /// What a segment holds.
-struct Read {
+struct Contents {
     commits: Vec<Commit>,
     /// The length of the valid prefix: the end of the last whole record.
     valid: u64,
@@ -110,11 +110,11 @@ struct Read {
     len: u64,
 }
 
-fn read_segment(path: &Path, segment: u64) -> io::Result<Read> {
+fn read_segment(path: &Path, segment: u64) -> io::Result<Contents> {
     let bytes = fs::read(path)?;
     let (commits, valid) = parse(&bytes, segment);
     let torn = bytes[valid as usize..].iter().any(|&byte| byte != 0);
-    Ok(Read { commits, valid, torn, len: bytes.len() as u64 })
+    Ok(Contents { commits, valid, torn, len: bytes.len() as u64 })
 }
 
 /// Appends one commit's record to `record`.
@@ -198,7 +198,7 @@ impl Wal {
         let existing = segments(dir)?;
         for (i, &segment) in existing.iter().enumerate() {
             let path = segment_path(dir, segment);
-            let Read { commits, valid, torn, len } = read_segment(&path, segment)?;
+            let Contents { commits, valid, torn, len } = read_segment(&path, segment)?;
             if torn {
                 for &later in &existing[i + 1..] {
                     if !read_segment(&segment_path(dir, later), later)?.commits.is_empty() {
