@@ -547,7 +547,8 @@ impl SledLog {
         self.inner.config.path.as_deref().map_or(0, |path| wal::segments(&wal::dir(path)).map_or(0, |s| s.len()))
     }
 
-    /// The bytes the write-ahead log holds now.
+    /// The bytes the write-ahead log takes on disk now (its records, and the zeros each
+    /// segment is filled with ahead of them).
     pub fn wal_bytes(&self) -> u64 {
         self.inner.config.path.as_deref().map_or(0, |path| wal::len(&wal::dir(path)).unwrap_or(0))
     }

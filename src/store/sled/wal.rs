@@ -107,6 +107,7 @@ struct Contents {
     /// Whether anything but the fill's zeros follows it: the end of a write a crash cut
     /// short, or damage.
     torn: bool,
+    /// The file's length, fill included.
     len: u64,
 }
 
@@ -310,7 +311,8 @@ impl Wal {
     }
 }
 
-/// The bytes the segments in `dir` hold.
+/// The bytes the segments in `dir` take on disk: their records, and the zeros filled ahead
+/// of them.
 pub(super) fn len(dir: &Path) -> io::Result<u64> {
     segments(dir)?.into_iter().map(|s| fs::metadata(segment_path(dir, s)).map(|m| m.len())).sum()
 }
