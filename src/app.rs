@@ -6,14 +6,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use actix_http::{error::DispatchError, HttpService, KeepAlive};
+use actix_service::{fn_service, map_config, IntoServiceFactory, ServiceFactoryExt};
 use actix_web::body::{EitherBody, MessageBody};
-use actix_web::dev::{Server, ServiceFactory, ServiceRequest, ServiceResponse};
+use actix_web::dev::{AppConfig, Server, ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{from_fn, Next};
-use actix_web::{web, App, HttpServer};
+use actix_web::rt::net::TcpStream;
+use actix_web::{web, App};
 use tokio_util::sync::CancellationToken;
 use utoipa_actix_web::AppExt;
 
-use crate::api::conn::{Conn, Watched};
+use crate::api::conn::{Conn, Socket, Watched};
 use crate::api::{self, AppState, StreamCounter};
 use crate::config::Settings;
 use crate::metrics;
@@ -73,20 +76,46 @@ impl Application {
         };
         let routes = web::Data::new(api::openapi::Routes::new(&api::openapi::document(settings.limits.max_page_size)));
         let head_timeout = Duration::from_millis(settings.server.request_head_timeout_ms);
-        let server = HttpServer::new(move || views(state.clone(), routes.clone()).wrap(from_fn(observe)))
-            .on_connect(move |connection, data| api::conn::on_connect(connection, data, head_timeout))
-            .client_request_timeout(head_timeout)
+        raise_open_files_limit();
+        let listener = listen(requested).map_err(|source| BuildError::Bind { addr: requested, source })?;
+        let addr = listener.local_addr().map_err(|source| BuildError::Bind { addr: requested, source })?;
+        // actix-web's `HttpServer`, assembled by hand so that actix reads and writes a
+        // [`Socket`] of ours rather than the TCP stream itself: see `api::conn`.
+        let builder = actix_server::Server::build();
+        let graceful = builder.graceful_shutdown_signal();
+        let server = builder
             .workers(workers)
-            // Applied only when the server binds the socket itself (not to a listener handed
-            // in), so it binds: a thousand clients connecting at once must not overflow it.
-            .backlog(4096)
-            .max_connections(100_000)
+            .max_concurrent_connections(100_000)
             .disable_signals()
             .shutdown_timeout(settings.server.shutdown_timeout_secs)
-            .bind(requested)
-            .map_err(|source| BuildError::Bind { addr: requested, source })?;
-        let addr = *server.addrs().first().expect("a bound address");
-        let server = server.run();
+            .listen("turnlog", listener, move || {
+                let graceful = graceful.clone();
+                let app = views(state.clone(), routes.clone()).wrap(from_fn(observe)).into_factory();
+                // `HttpServer`'s settings where turnlog has none of its own. The app's config
+                // holds the host and address used for a request with no Host header, for URLs
+                // turnlog does not make; only its scheme (http) is read.
+                let http = HttpService::build()
+                    .keep_alive(KeepAlive::default())
+                    .client_request_timeout(head_timeout)
+                    .client_disconnect_timeout(Duration::from_secs(1))
+                    .h1_allow_half_closed(true)
+                    .local_addr(addr)
+                    .graceful_shutdown_signal(move || {
+                        let graceful = graceful.clone();
+                        async move { graceful.notified().await }
+                    })
+                    .on_connect_ext(move |socket: &Socket, data: &mut _| {
+                        api::conn::on_connect(socket, data, head_timeout)
+                    })
+                    .h1(map_config(app.map_err(|error| error.error_response()), |_| AppConfig::default()));
+                fn_service(|tcp: TcpStream| async move {
+                    let peer = tcp.peer_addr().ok();
+                    Ok::<_, DispatchError>((Socket::new(tcp), peer))
+                })
+                .and_then(http)
+            })
+            .map_err(|source| BuildError::Bind { addr: requested, source })?
+            .run();
         Ok(Application { server, addr, service, shutdown })
     }
 
@@ -135,6 +164,38 @@ pub(crate) async fn wait_for_signal() {
     {
         let _ = ctrl_c.await;
     }
+}
+
+/// Every connection holds a descriptor: raises the soft limit on open files to the hard
+/// one, as Go's runtime does for every server, so that a node holds as many subscribers as
+/// it is allowed (systemd's soft default of 1,024 would cap it near a thousand).
+fn raise_open_files_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some() && limit.current != limit.maximum {
+        match setrlimit(Resource::Nofile, Rlimit { current: limit.maximum, maximum: limit.maximum }) {
+            Ok(()) => tracing::info!(
+                "open files: soft limit raised from {} to {}",
+                limit.current.unwrap_or(u64::MAX),
+                limit.maximum.map_or("unlimited".to_string(), |n| n.to_string())
+            ),
+            Err(error) => tracing::warn!(%error, "open files: the soft limit could not be raised to the hard one"),
+        }
+    }
+}
+
+/// The listening socket, bound here so that [`Application::addr`] can say where port 0 went:
+/// with a backlog of 4,096, so that a thousand clients connecting at once do not overflow it.
+fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use rustix::net::{self, sockopt, AddressFamily, SocketType};
+    let family = if addr.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
+    let socket = net::socket(family, SocketType::STREAM, None)?;
+    sockopt::set_socket_reuseaddr(&socket, true)?;
+    net::bind(&socket, &addr)?;
+    net::listen(&socket, 4096)?;
+    let listener = std::net::TcpListener::from(socket);
+    listener.set_nonblocking(true)?;
+    Ok(listener)
 }
 
 /// Every view's routes on `state`, and the answer for paths none of them has; the server

@@ -10,18 +10,23 @@
 //! data. Memory stays bounded before that (actix buffers at most its write buffer, the
 //! kernel its socket buffers; a stream behind the live bus re-reads the store), so the cut
 //! is about what the offender holds, not what it costs.
+//!
+//! To cut a socket that actix holds, the server hands actix a [`Socket`]: the connection's
+//! one descriptor, shared with its record, which can shut it down. A duplicated descriptor
+//! would do the same at the cost of a second open file a connection.
 
-use std::any::Any;
 use std::cell::Cell;
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::dev::Extensions;
+use actix_web::rt::net::TcpStream;
 use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 
 use crate::metrics;
@@ -32,21 +37,83 @@ const ACTIX_CLOCK_STEP: Duration = Duration::from_millis(500);
 /// What turnlog keeps of a connection while it is open.
 pub struct Conn {
     opened: Instant,
-    /// The connection's socket, duplicated: to cut it off while actix holds it.
-    socket: Option<Rc<OwnedFd>>,
+    /// The connection's socket, to cut it off while actix holds it.
+    socket: Weak<TcpStream>,
     /// Requests whose head arrived whole.
     requests: Cell<u64>,
     head_timeout: Duration,
 }
 
-/// For `HttpServer::on_connect`: records the connection.
-pub fn on_connect(connection: &dyn Any, data: &mut Extensions, head_timeout: Duration) {
-    let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() else { return };
+/// For the HTTP service's `on_connect_ext`: records the connection.
+pub fn on_connect(socket: &Socket, data: &mut Extensions, head_timeout: Duration) {
     // Small SSE frames must not wait for the peer's delayed ACK (about 40 ms a frame).
-    let _ = tcp.set_nodelay(true);
-    let socket = tcp.as_fd().try_clone_to_owned().ok().map(Rc::new);
+    let _ = socket.0.set_nodelay(true);
     metrics::CONNECTIONS_OPEN.inc();
+    let socket = Rc::downgrade(&socket.0);
     data.insert(Conn { opened: Instant::now(), socket, requests: Cell::new(0), head_timeout });
+}
+
+/// An accepted connection as actix reads and writes it: the TCP stream, shared with the
+/// connection's [`Conn`] so that a stalled stream can be cut off. Dropped by actix when the
+/// connection ends, which closes the socket.
+pub struct Socket(Rc<TcpStream>);
+
+impl Socket {
+    pub fn new(tcp: TcpStream) -> Socket {
+        Socket(Rc::new(tcp))
+    }
+}
+
+/// `TcpStream`'s own reads and writes need `&mut`; these are its `&self` forms, as tokio
+/// documents them: wait until ready, try, and wait again if the readiness was stale.
+impl AsyncRead for Socket {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            ready!(self.0.poll_read_ready(cx))?;
+            match self.0.try_read_buf(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                done => return Poll::Ready(done.map(drop)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(rustix::net::shutdown(&*self.0, rustix::net::Shutdown::Write).map_err(io::Error::from))
+    }
 }
 
 impl Conn {
@@ -95,7 +162,7 @@ impl Watched {
         stall: Duration,
         route: impl FnOnce() -> String,
     ) -> Result<Watched, B> {
-        match conn.and_then(|conn| conn.socket.clone()) {
+        match conn.map(|conn| conn.socket.clone()) {
             Some(socket) if body.size() == BodySize::Stream => {
                 let watch = Rc::new(Watch { waiting: Cell::new(None) });
                 let (done, dropped) = oneshot::channel();
@@ -112,7 +179,7 @@ impl Watched {
 async fn watchdog(
     watch: Weak<Watch>,
     mut dropped: oneshot::Receiver<()>,
-    socket: Rc<OwnedFd>,
+    socket: Weak<TcpStream>,
     stall: Duration,
     route: String,
 ) {
@@ -124,6 +191,8 @@ async fn watchdog(
         }
         let Some(watch) = watch.upgrade() else { return };
         if watch.waiting.get().is_some_and(|since| since.elapsed() >= stall) {
+            // Gone already: actix closed the connection.
+            let Some(socket) = socket.upgrade() else { return };
             metrics::CLIENTS_CUT_OFF.with_label_values(&["stalled_stream"]).inc();
             tracing::warn!(
                 %route,

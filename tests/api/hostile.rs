@@ -150,6 +150,39 @@ async fn subscribers_that_stop_reading_are_cut_off_and_slow_no_one() {
     assert!(grown < 48 << 10, "the server grew {grown} KiB while two subscribers did not read");
 }
 
+/// The server's open file descriptors.
+fn open_fds(app: &TestApp) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", app.pid())).unwrap().count()
+}
+
+/// A connection costs the server one descriptor, also while a stream on it is watched for a
+/// stalled client: the open-file limit is what caps how many subscribers a node can hold.
+#[tokio::test]
+async fn an_idle_subscriber_holds_one_descriptor() {
+    let app = spawn_with(CONFIG).await;
+    let session = app.create_session().await;
+    let request = format!("GET /sessions/{session}/events/stream HTTP/1.1\r\nHost: turnlog\r\n\r\n");
+    let before = open_fds(&app);
+    let subscribers = 300;
+    let mut held = Vec::new();
+    for _ in 0..subscribers {
+        let mut stream = connect(&app).await;
+        stream.write_all(request.as_bytes()).await.unwrap();
+        held.push(stream);
+    }
+    // Each has its answer's head: the stream is open, and watched.
+    for stream in &mut held {
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+    }
+    let during = open_fds(&app);
+    println!("{subscribers} subscribers: the server's descriptors went from {before} to {during}");
+    let added = during - before;
+    assert!(added >= subscribers, "{added} descriptors for {subscribers} connections: not counted right");
+    assert!(added < subscribers + 20, "{added} descriptors for {subscribers} connections");
+}
+
 #[tokio::test]
 async fn connections_that_never_finish_a_request_head_are_cut_off() {
     let app = spawn_with(CONFIG).await;

@@ -60,12 +60,12 @@ pub fn raise_fd_limit() -> u64 {
 pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
     let mut report = Report::new("connections", p);
     let limit = raise_fd_limit();
-    // The server holds two descriptors a connection: the socket, and the duplicate its
-    // watchdog cuts a stalled stream off with (src/api/conn.rs). It inherits this limit.
-    let needed = 2 * p.connections + 512;
+    // The server and this client each hold a descriptor a connection (the server raises its
+    // soft limit to the hard one at start; this one was raised just now).
+    let needed = p.connections + 512;
     if (limit as usize) < needed {
         bail!(
-            "{} connections need {needed} open files in the server (two a connection) and the limit is {limit}: \
+            "{} connections need {needed} open files in the server and in this client and the limit is {limit}: \
              raise it with `ulimit -n {}` (the hard limit too, as root), or ask for fewer with --connections",
             p.connections,
             needed + 512
