@@ -342,6 +342,7 @@ async fn every_node_lists_every_session_filtered_and_paged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_mid_turn_is_taken_over_once_its_lease_expires() {
+    let _heavy = crate::helpers::HEAVY.lock().await;
     let mut cluster = Cluster::start().await;
     let session = cluster.nodes[0].create_session().await;
     let mut on_b = sse(cluster.nodes[1].stream(&session, None, None).await);
@@ -381,6 +382,7 @@ async fn a_node_killed_mid_turn_is_taken_over_once_its_lease_expires() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_server_killed_under_load_loses_nothing_acknowledged() {
+    let _heavy = crate::helpers::HEAVY.lock().await;
     let mut cluster = Cluster::start().await;
     let session = cluster.nodes[0].create_session().await;
     let stop = tokio_util::sync::CancellationToken::new();
@@ -469,6 +471,7 @@ async fn a_nats_server_killed_under_load_loses_nothing_acknowledged() {
 /// the servers are back, on the streams it makes then.
 #[tokio::test]
 async fn a_node_started_before_its_cluster_is_ready_waits_for_it() {
+    let _heavy = crate::helpers::HEAVY.lock().await;
     let mut nats = Nats::cluster().await;
     nats.kill(1);
     nats.kill(2);

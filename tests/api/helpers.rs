@@ -81,6 +81,39 @@ pub async fn launch(config: &Path, data: &Path, addr: &str) -> Result<(Child, St
     }
 }
 
+/// Every event of the session, through the event API of the server at `url` (`get` makes a
+/// request of a path there), page by page; why not, if a page is refused.
+pub async fn list_events(
+    get: impl Fn(&str) -> reqwest::RequestBuilder,
+    url: &str,
+    session: &str,
+) -> Result<Vec<Value>, String> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut path = format!("/sessions/{session}/events?limit=1000");
+        if let Some(after) = &after {
+            path.push_str(&format!("&after_id={after}"));
+        }
+        let response = get(&path).send().await.unwrap();
+        if response.status() != 200 {
+            return Err(format!("the events of {session} through {url} answered {}", response.status()));
+        }
+        let page: Value = response.json().await.unwrap();
+        all.extend(page["data"].as_array().unwrap().iter().cloned());
+        if !page["has_more"].as_bool().unwrap() {
+            return Ok(all);
+        }
+        after = page["last_id"].as_str().map(String::from);
+    }
+}
+
+/// Taken by the tests that keep both cores busy for a minute (the soaks) and by those that
+/// time a JetStream cluster's failover or start: one of each at once would measure the
+/// other's load, not the failover (a leader's kill took 30 s to recover from beside a soak,
+/// against 5-15 s alone).
+pub static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 impl TestApp {
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
@@ -177,21 +210,7 @@ impl TestApp {
 
     /// Every event of the session, through the list API.
     pub async fn all_events(&self, session: &str) -> Vec<Value> {
-        let mut all = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let mut path = format!("/sessions/{session}/events?limit=1000");
-            if let Some(after) = &after {
-                path.push_str(&format!("&after_id={after}"));
-            }
-            let page: Value = self.get(&path).send().await.unwrap().json().await.unwrap();
-            let data = page["data"].as_array().unwrap();
-            all.extend(data.iter().cloned());
-            if !page["has_more"].as_bool().unwrap() {
-                return all;
-            }
-            after = page["last_id"].as_str().map(String::from);
-        }
+        list_events(|path| self.get(path), &self.url, session).await.unwrap_or_else(|why| panic!("{why}"))
     }
 
     /// Opens the native stream after `after_id` (query) or `last_event_id` (header).

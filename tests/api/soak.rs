@@ -47,7 +47,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::helpers::{spawn_app, TestApp};
+use crate::helpers::{list_events, spawn_app, TestApp};
 
 pub(super) const APPEND_SESSIONS: usize = 3;
 pub(super) const APPENDERS: usize = 4;
@@ -951,7 +951,7 @@ async fn read_log(client: &reqwest::Client, url: &str, session: &str) -> Result<
         "hash": hex::encode(prev), "verified": true});
     assert_eq!(audit, head, "{session}: the audit head is the export's last hash, verified");
 
-    let listed = list_events(client, url, session).await?;
+    let listed = list_events(|path| client.get(format!("{url}{path}")), url, session).await?;
     if listed.len() != log.len() {
         return Err(format!("{session} through {url}: the event API lists {}, the export {}", listed.len(), log.len()));
     }
@@ -1008,28 +1008,6 @@ async fn read_log(client: &reqwest::Client, url: &str, session: &str) -> Result<
     Ok(log)
 }
 
-/// Every event of the session, through the event API of the node at `url`.
-async fn list_events(client: &reqwest::Client, url: &str, session: &str) -> Result<Vec<Value>, String> {
-    let mut all = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let mut path = format!("{url}/sessions/{session}/events?limit=1000");
-        if let Some(after) = &after {
-            path.push_str(&format!("&after_id={after}"));
-        }
-        let response = client.get(path).send().await.unwrap();
-        if response.status() != 200 {
-            return Err(format!("the events of {session} through {url} answered {}", response.status()));
-        }
-        let page: Value = response.json().await.unwrap();
-        all.extend(page["data"].as_array().unwrap().iter().cloned());
-        if !page["has_more"].as_bool().unwrap() {
-            return Ok(all);
-        }
-        after = page["last_id"].as_str().map(String::from);
-    }
-}
-
 /// The replies of the turns the log shows ended `end_turn`.
 fn finished_replies(log: &[Stored]) -> HashSet<String> {
     let ended: HashSet<&str> = log
@@ -1072,6 +1050,30 @@ pub(super) struct Clients {
     pub drivers: Vec<JoinHandle<Driver>>,
     pub deleter: JoinHandle<Deleter>,
     pub acp: JoinHandle<AcpClient>,
+}
+
+impl Clients {
+    /// Whether a client has ended before the kill: it failed (its panic is reported when it
+    /// is joined).
+    pub fn ended(&self) -> bool {
+        self.appenders.iter().any(|h| h.is_finished())
+            || self.subscribers.iter().any(|h| h.is_finished())
+            || self.drivers.iter().any(|h| h.is_finished())
+            || self.deleter.is_finished()
+            || self.acp.is_finished()
+    }
+
+    /// Waits until every client is going: appends acknowledged, every subscriber following,
+    /// every driver in a turn, the ACP client ready.
+    pub async fn under_way(&self, cycle: &Cycle) {
+        let going = || {
+            cycle.appended.load(Ordering::SeqCst) > 0
+                && cycle.subscribed.load(Ordering::SeqCst) == self.subscribers.len()
+                && cycle.turning.load(Ordering::SeqCst) == self.drivers.len()
+                && cycle.acp_ready.load(Ordering::SeqCst)
+        };
+        wait_for(&format!("cycle {}: the load under way", cycle.number), going, || self.ended()).await;
+    }
 }
 
 impl Soak {
@@ -1344,7 +1346,10 @@ pub(super) async fn finish(
         assert_eq!(answer, json!({"stopReason": "end_turn", "messages": [{"role": "assistant", "content": expected}]}));
     }
     for session in &soak.append_sessions {
-        let mut last = list_events(&client, &urls[0], session).await.unwrap_or_else(|why| panic!("{why}")).len();
+        let mut last = list_events(|path| client.get(format!("{}{path}", urls[0])), &urls[0], session)
+            .await
+            .unwrap_or_else(|why| panic!("{why}"))
+            .len();
         for url in urls {
             let event = json!({"type": "user.define_outcome", "outcome": "after the last restart"});
             let response =
@@ -1379,6 +1384,7 @@ pub(super) async fn finish(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_sigkill_under_mixed_load() {
+    let _heavy = crate::helpers::HEAVY.lock().await;
     let cycles = env_number("TURNLOG_SOAK_CYCLES", 20) as usize;
     let load_ms = env_number("TURNLOG_SOAK_MS", 400);
     let seed = env_number("TURNLOG_SOAK_SEED", rand::random::<u32>() as u64);
@@ -1432,22 +1438,10 @@ async fn soak_sigkill_under_mixed_load() {
         let acp_client = tokio::spawn(acp(cycle.clone(), std::mem::take(&mut soak.acp), process, 0, cwd.clone()));
 
         // The load under way (every client going), then the kill at a random moment.
-        let ended = || {
-            appenders.iter().any(|h| h.is_finished())
-                || subscribers.iter().any(|h| h.is_finished())
-                || drivers.iter().any(|h| h.is_finished())
-                || deleter.is_finished()
-                || acp_client.is_finished()
-        };
-        let going = || {
-            cycle.appended.load(Ordering::SeqCst) > 0
-                && cycle.subscribed.load(Ordering::SeqCst) == subscribers.len()
-                && cycle.turning.load(Ordering::SeqCst) == drivers.len()
-                && cycle.acp_ready.load(Ordering::SeqCst)
-        };
-        wait_for(&format!("cycle {number}: the load under way"), &going, &ended).await;
+        let clients = Clients { appenders, subscribers, drivers, deleter, acp: acp_client };
+        clients.under_way(&cycle).await;
         let delay = rng.random_range(0..=load_ms);
-        if !ended() {
+        if !clients.ended() {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         cycle.kill(0);
@@ -1456,8 +1450,7 @@ async fn soak_sigkill_under_mixed_load() {
         acp_child.start_kill().expect("kill turnlog acp");
         acp_child.wait().await.expect("reap turnlog acp");
 
-        let (appended, requests) =
-            soak.gather(Clients { appenders, subscribers, drivers, deleter, acp: acp_client }).await;
+        let (appended, requests) = soak.gather(clients).await;
 
         app.restart().await;
         let checking = Instant::now();

@@ -61,8 +61,8 @@ use tokio::task::JoinHandle;
 use super::cluster::{Cluster, LEASE_TTL_SECS};
 use super::helpers::{launch, TestApp};
 use super::soak::{
-    acp, append, check_until, delete_sessions, drive, env_number, finish, subscribe, wait_for, AcpProcess, Appended,
-    Clients, Cycle, Driver, Soak, Subscriber, APPENDERS, APPEND_SESSIONS, MODES,
+    acp, append, check_until, delete_sessions, drive, env_number, finish, subscribe, AcpProcess, Appended, Clients,
+    Cycle, Driver, Soak, Subscriber, APPENDERS, APPEND_SESSIONS, MODES,
 };
 
 /// How long the checks after a restart may wait for the nodes to agree and for the turns
@@ -98,6 +98,7 @@ impl Drop for LogsOnFailure {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_three_nodes_sigkilled_under_mixed_load() {
+    let _heavy = crate::helpers::HEAVY.lock().await;
     let cycles = env_number("TURNLOG_CLUSTER_SOAK_CYCLES", 6) as usize;
     let load_ms = env_number("TURNLOG_CLUSTER_SOAK_MS", 400);
     let seed = env_number("TURNLOG_CLUSTER_SOAK_SEED", rand::random::<u32>() as u64);
@@ -174,20 +175,8 @@ async fn soak_three_nodes_sigkilled_under_mixed_load() {
             tokio::spawn(acp(cycle.clone(), std::mem::take(&mut soak.acp), process, acp_node, cwd.clone()));
 
         // The load under way (every client going), then the kills at a random moment.
-        let ended = || {
-            appenders.iter().any(|h| h.is_finished())
-                || subscribers.iter().any(|h| h.is_finished())
-                || drivers.iter().any(|h| h.is_finished())
-                || deleter.is_finished()
-                || acp_client.is_finished()
-        };
-        let going = || {
-            cycle.appended.load(Ordering::SeqCst) > 0
-                && cycle.subscribed.load(Ordering::SeqCst) == subscribers.len()
-                && cycle.turning.load(Ordering::SeqCst) == drivers.len()
-                && cycle.acp_ready.load(Ordering::SeqCst)
-        };
-        wait_for(&format!("cycle {number}: the load under way"), &going, &ended).await;
+        let clients = Clients { appenders, subscribers, drivers, deleter, acp: acp_client };
+        clients.under_way(&cycle).await;
         let victim = rng.random_range(0..nodes);
         // Every third cycle a nats-server too: a replica of the events stream; with leader
         // kills asked for, its leader and a replica by turns.
@@ -204,7 +193,7 @@ async fn soak_three_nodes_sigkilled_under_mixed_load() {
         };
         let delay = rng.random_range(0..=load_ms);
         let down_ms = rng.random_range(0..=LEASE_TTL_SECS * 1500);
-        if !ended() {
+        if !clients.ended() {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         cycle.kill(victim);
@@ -238,8 +227,7 @@ async fn soak_three_nodes_sigkilled_under_mixed_load() {
         let _ = acp_child.start_kill();
         acp_child.wait().await.expect("reap turnlog acp");
 
-        let (appended, requests) =
-            soak.gather(Clients { appenders, subscribers, drivers, deleter, acp: acp_client }).await;
+        let (appended, requests) = soak.gather(clients).await;
 
         let checking = Instant::now();
         let urls: Vec<String> = cluster.nodes.iter().map(|node| node.url.clone()).collect();
