@@ -55,18 +55,6 @@ pub static JETSTREAM_PUBLISH_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
         exponential_buckets(0.000_05, 2.0, 16).expect("buckets"),
     )
 });
-pub static JETSTREAM_PLACED: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    register(
-        IntCounterVec::new(
-            Opts::new(
-                "turnlog_jetstream_placed_total",
-                "Appends with replicas whose place in the log was checked, by what answered: this node's consumer, or a read of the stream.",
-            ),
-            &["by"],
-        )
-        .expect("valid metric"),
-    )
-});
 pub static JETSTREAM_CONSUMER_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
     register(
         IntGauge::new(

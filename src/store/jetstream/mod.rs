@@ -101,11 +101,6 @@ const RECENT_MESSAGES: usize = 256;
 /// messages (see [`JetStreamLog::past_void`]).
 const VOID_PASSES: usize = 3;
 
-/// How long an append waits for this node's consumer to bring its own message, before it
-/// reads the stream to learn whether the message is part of the log (see
-/// [`JetStreamLog::placed`]). The consumer takes about as long as the publish's answer.
-const PLACED_WAIT: Duration = Duration::from_millis(20);
-
 /// Messages fetched from the stream at once by a read.
 const FETCH_AHEAD: usize = 16;
 
@@ -897,26 +892,10 @@ impl JetStreamLog {
     /// batch (a publish sent again), or another batch, which makes this one void: refused
     /// as a race, as if JetStream had refused it. Without replicas JetStream checks the
     /// expected sequence in order, and a message right after `expect` has nothing before it.
-    ///
-    /// This node's consumer usually answers first, and without a request: it takes the
-    /// stream's messages in order and folds them by the same rule, so once it has brought
-    /// `at`, the batch is at `at` if the index holds it there. Anything else (a void copy,
-    /// another batch, a consumer slower than [`PLACED_WAIT`]) is settled by reading the
-    /// stream.
     async fn placed(&self, session: &Session, expect: u64, at: u64, first: &RawEvent) -> Result<u64, AppendError> {
         if self.inner.config.replicas <= 1 || at == expect + 1 {
             return Ok(at);
         }
-        let mut seen = session.seen.subscribe();
-        if let Ok(Ok(_)) = tokio::time::timeout(PLACED_WAIT, seen.wait_for(|seen| *seen >= at)).await {
-            let state = session.state.lock();
-            let taken = state.index.binary_search_by_key(&at, |entry| entry.stream_seq).ok();
-            if taken.is_some_and(|i| state.index[i].first_seq == first.seq && state.index[i].first_id == first.id) {
-                metrics::JETSTREAM_PLACED.with_label_values(&["consumer"]).inc();
-                return Ok(at);
-            }
-        }
-        metrics::JETSTREAM_PLACED.with_label_values(&["stream"]).inc();
         let (stream, subject) = (&self.inner.stream, self.subject(session.id));
         let mut from = expect + 1;
         loop {
