@@ -156,6 +156,18 @@ struct SessionState {
 struct Job {
     events: Vec<(RawEvent, chain::Hash)>,
     reply: oneshot::Sender<Result<(), AppendError>>,
+    /// The channel's epoch when the events were numbered (see [`drop_tail`]).
+    epoch: u64,
+}
+
+/// Drops the session's tail and chain head (the caller holds the tail's lock, `tail`), so
+/// that the next append loads them again, and raises the channel's epoch: appends numbered
+/// on the old tail and still queued are refused, never published with ones numbered on
+/// the new one (one message would hold, say, events 107-109 and then 105 again).
+fn drop_tail(channel: &Channel, tail: &mut Option<Tail>) {
+    *tail = None;
+    *channel.chain_head.lock() = None;
+    channel.epoch.fetch_add(1, Ordering::SeqCst);
 }
 
 /// The log on JetStream.
@@ -724,9 +736,11 @@ impl JetStreamLog {
     fn queue(&self, session: &Arc<Session>, events: Vec<(RawEvent, chain::Hash)>) -> Result<Ordered, AppendError> {
         let (reply, answer) = oneshot::channel();
         let appended: Vec<RawEvent> = events.iter().map(|(event, _)| event.clone()).collect();
+        // Under the tail's lock (see `order_with`), which `drop_tail` takes too.
+        let epoch = session.channel.epoch.load(Ordering::SeqCst);
         let start = {
             let mut state = session.state.lock();
-            state.queue.push(Job { events, reply });
+            state.queue.push(Job { events, reply, epoch });
             !std::mem::replace(&mut state.publishing, true)
         };
         if start {
@@ -769,6 +783,16 @@ impl JetStreamLog {
                 }
                 (state.queue.drain(..take).collect::<Vec<_>>(), state.expect)
             };
+            // Numbered on a tail dropped since: refused as the append that dropped it was
+            // (or as raced, if another node's append did), whatever `expect` says now.
+            let epoch = session.channel.epoch.load(Ordering::SeqCst);
+            let (jobs, stale): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|job| job.epoch == epoch);
+            for job in stale {
+                let _ = job.reply.send(Err(failed.clone().unwrap_or_else(|| raced(session.id))));
+            }
+            if jobs.is_empty() {
+                continue;
+            }
             let events: Vec<(RawEvent, chain::Hash)> = jobs.iter().flat_map(|job| job.events.iter().cloned()).collect();
             let result = match (expect, &failed) {
                 (Some(expect), _) => self.publish(session, expect, &events).await,
@@ -780,8 +804,7 @@ impl JetStreamLog {
                 failed = Some(error.clone());
                 // The tail and the chain head counted these events: load them again before
                 // the next append, and refuse what was ordered after these.
-                *session.channel.tail.lock() = None;
-                *session.channel.chain_head.lock() = None;
+                drop_tail(&session.channel, &mut session.channel.tail.lock());
                 session.state.lock().expect = None;
                 tracing::warn!(%error, session_id = %session.id, events = events.len(), "an append was not stored");
             }
@@ -1239,8 +1262,7 @@ impl Session {
             let mut tail = self.channel.tail.lock();
             let stale = tail.is_some_and(|tail| tail.position.seq < entry.last_seq());
             if stale {
-                *tail = None;
-                *self.channel.chain_head.lock() = None;
+                drop_tail(&self.channel, &mut tail);
             }
             stale
         };
@@ -1336,8 +1358,7 @@ impl Log for JetStreamLog {
     fn release(&self, session: SessionId) {
         if let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) {
             // The tail's lock before the state's, as an append takes them.
-            *loaded.channel.tail.lock() = None;
-            *loaded.channel.chain_head.lock() = None;
+            drop_tail(&loaded.channel, &mut loaded.channel.tail.lock());
             loaded.state.lock().expect = None;
         }
     }
