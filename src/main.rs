@@ -7,6 +7,12 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use turnlog::{Application, Settings};
 
+/// mimalloc rather than glibc's malloc: the writer and the HTTP thread allocate and free
+/// many short-lived buffers (sled's nodes, request bodies, rendered events), and glibc
+/// kept returning that memory to the kernel and faulting it back in.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(name = "turnlog", version, about = "An event-sourced session service for LLM agents")]
 struct Cli {
