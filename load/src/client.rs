@@ -1,4 +1,4 @@
-//! Typed verbs over turnlog's HTTP API, and its SSE streams parsed by `eventsource-stream`.
+//! Typed verbs over turnlog's HTTP API, and its SSE streams parsed by `sse-stream`.
 //!
 //! Event ids travel as `u128` (the ULID after `evt_`): compact, and ordered exactly as the
 //! log orders a session's events.
@@ -7,11 +7,10 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use bytes::Bytes;
-use eventsource_stream::{Event, EventStreamError, Eventsource};
-use futures_util::{stream, Stream, StreamExt};
+use futures_util::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use sse_stream::{Sse, SseStream};
 use ulid::Ulid;
 
 use crate::server::Metrics;
@@ -228,11 +227,19 @@ pub async fn text(response: reqwest::Response) -> String {
     body
 }
 
-type Events = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
+type Events = Pin<Box<dyn Stream<Item = Result<Sse, sse_stream::Error>> + Send>>;
 
 /// An open SSE response.
 pub struct EventStream {
     events: Events,
+}
+
+/// One SSE event: its `id:`, `event:` and `data:` fields (empty where the frame had none).
+#[derive(Debug, Clone, Default)]
+pub struct Event {
+    pub id: String,
+    pub event: String,
+    pub data: String,
 }
 
 /// One log event as a stream delivered it, and when.
@@ -243,6 +250,10 @@ pub struct Frame {
 }
 
 impl EventStream {
+    /// The stream of a 200 `text/event-stream` response. `sse-stream` parses it line by
+    /// line, in one pass over each chunk: `eventsource-stream`, used before, parsed each
+    /// line with `nom` and, fed a replay's large chunks, moved the rest of its buffer down
+    /// after every line, so that the load client, not the server, bounded a replay.
     pub async fn new(response: reqwest::Response) -> anyhow::Result<EventStream> {
         let status = response.status();
         if status != 200 {
@@ -252,20 +263,18 @@ impl EventStream {
         if !kind.starts_with("text/event-stream") {
             bail!("stream answered content-type {kind:?}, not text/event-stream");
         }
-        let pieces = response.bytes_stream().flat_map(|chunk| {
-            stream::iter(match chunk {
-                Ok(chunk) => split_after_frames(chunk).into_iter().map(Ok).collect(),
-                Err(error) => vec![Err(error)],
-            })
-        });
-        Ok(EventStream { events: Box::pin(pieces.eventsource()) })
+        Ok(EventStream { events: Box::pin(SseStream::from_bytes_stream(response.bytes_stream())) })
     }
 
     /// The next SSE event as it is; `None` when the server ended the stream.
     pub async fn next_raw(&mut self) -> anyhow::Result<Option<Event>> {
         match self.events.next().await {
             None => Ok(None),
-            Some(Ok(event)) => Ok(Some(event)),
+            Some(Ok(sse)) => Ok(Some(Event {
+                id: sse.id.unwrap_or_default(),
+                event: sse.event.unwrap_or_default(),
+                data: sse.data.unwrap_or_default(),
+            })),
             Some(Err(error)) => Err(anyhow!("reading the stream: {error}")),
         }
     }
@@ -286,26 +295,6 @@ impl EventStream {
         }
         Ok(Some(Frame { id, at }))
     }
-}
-
-/// `chunk` cut after each blank line (the end of a frame), without copying.
-///
-/// `eventsource-stream` moves the rest of its buffer down after every line it parses, which
-/// is quadratic in the size of what it is given at once: a replay chunk of a few hundred
-/// events made the load client, not the server, the bottleneck. Fed one frame at a time,
-/// its buffer never holds more than one frame.
-fn split_after_frames(chunk: Bytes) -> Vec<Bytes> {
-    let mut pieces = Vec::new();
-    let mut start = 0;
-    while let Some(end) = chunk[start..].windows(2).position(|w| w == b"\n\n") {
-        let cut = start + end + 2;
-        pieces.push(chunk.slice(start..cut));
-        start = cut;
-    }
-    if start < chunk.len() {
-        pieces.push(chunk.slice(start..));
-    }
-    pieces
 }
 
 /// Whether the data of `event` is the event its `id:` and `event:` lines name. The fast
@@ -339,28 +328,8 @@ mod tests {
     }
 
     #[test]
-    fn chunks_are_cut_after_each_frame() {
-        let chunk = Bytes::from_static(b"id: 1\ndata: a\n\n: ping\n\nid: 2\nda");
-        let pieces = split_after_frames(chunk);
-        assert_eq!(
-            pieces,
-            vec![
-                Bytes::from_static(b"id: 1\ndata: a\n\n"),
-                Bytes::from_static(b": ping\n\n"),
-                Bytes::from_static(b"id: 2\nda"),
-            ]
-        );
-        assert!(split_after_frames(Bytes::new()).is_empty());
-    }
-
-    #[test]
     fn data_must_be_the_event_the_frame_names() {
-        let event = |id: &str, kind: &str, data: &str| Event {
-            id: id.into(),
-            event: kind.into(),
-            data: data.into(),
-            retry: None,
-        };
+        let event = |id: &str, kind: &str, data: &str| Event { id: id.into(), event: kind.into(), data: data.into() };
         assert!(data_is_event(&event("evt_1", "a", r#"{"id":"evt_1","type":"a","x":1}"#)));
         assert!(data_is_event(&event("evt_1", "a", r#"{"type":"a","id":"evt_1"}"#)));
         assert!(!data_is_event(&event("evt_1", "a", r#"{"id":"evt_2","type":"a"}"#)));

@@ -8,7 +8,7 @@
 //! - [`server`]: starting the `turnlog` binary (or using a running one), its RSS, CPU and
 //!   `/metrics`.
 //! - [`client`]: typed verbs over the HTTP API, and SSE streams parsed by
-//!   `eventsource-stream`.
+//!   `sse-stream`.
 //! - [`check`]: the correctness checks (the log itself, and each client's view of it).
 //! - [`stats`], [`report`], [`progress`]: histograms, the Markdown/JSON report, progress bars.
 //! - [`scenarios`]: one module per scenario.
