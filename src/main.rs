@@ -7,11 +7,19 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use turnlog::{Application, Settings};
 
-/// mimalloc rather than glibc's malloc: the writer and the HTTP thread allocate and free
-/// many short-lived buffers (sled's nodes, request bodies, rendered events), and glibc
-/// kept returning that memory to the kernel and faulting it back in.
+/// jemalloc rather than glibc's malloc: the writer and the HTTP thread allocate and free
+/// many short-lived buffers (sled's node copies, request bodies, rendered events), and
+/// glibc kept handing that memory back to the kernel and faulting it in again.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read before `main`: unused pages go back to the kernel after about a
+/// second rather than ten, so that the server's RSS follows what it holds (a burst's
+/// buffers, once freed, do not stay counted against it).
+/// The symbol is the C `const char *malloc_conf` (prefixed as this build of jemalloc is):
+/// one thin pointer to a NUL-terminated string.
+#[export_name = "_rjem_malloc_conf"]
+pub static MALLOC_CONF: Option<&u8> = Some(&b"dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0]);
 
 #[derive(Parser)]
 #[command(name = "turnlog", version, about = "An event-sourced session service for LLM agents")]
