@@ -10,7 +10,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::FollowConfig;
 use crate::domain::{EventId, RawEvent, SessionId};
 use crate::metrics;
-use crate::store::{Log, Position, ReadRange, StoreError, Subscription};
+use crate::store::{Live, Log, Position, ReadRange, StoreError, Subscription};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FollowError {
@@ -80,13 +80,15 @@ impl Follower {
             }
             self.replay_to = None;
             match self.subscription.live.recv().await {
-                Ok(batch) => {
+                Ok(Live::Events(batch)) => {
                     let fresh: Vec<RawEvent> = batch.iter().filter(|e| Some(e.id) > self.sent.last).cloned().collect();
                     if !fresh.is_empty() {
                         metrics::EVENTS_LIVE.inc_by(fresh.len() as u64);
                         return Ok(Some(self.mark(fresh)));
                     }
                 }
+                // A large commit: read from the log up to its end, then back to the bus.
+                Ok(Live::Stored(end)) => self.replay_to = Some(end),
                 Err(RecvError::Lagged(_)) => {
                     metrics::SUBSCRIBERS_LAGGED.inc();
                     let head = self.subscription.channel.durable();

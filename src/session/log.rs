@@ -12,7 +12,7 @@ use super::follow::Follower;
 use super::{FollowConfig, SessionError};
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
 use crate::projection::{SessionIndex, SessionSummary};
-use crate::store::{AppendError, Appended, Key, Log, Position, ReadRange, Scan, StoreError};
+use crate::store::{AppendError, Appended, Key, Live, Log, Position, ReadRange, Scan, StoreError};
 
 #[derive(Clone)]
 pub(crate) struct SessionLog {
@@ -77,7 +77,8 @@ impl SessionLog {
         let mut at = subscription.at.seq;
         while at < seq {
             at = match subscription.live.recv().await {
-                Ok(batch) => batch.last().map_or(at, |event| event.seq),
+                Ok(Live::Events(batch)) => batch.last().map_or(at, |event| event.seq),
+                Ok(Live::Stored(end)) => end.seq,
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => subscription.channel.durable().seq,
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return Err(SessionError::ShuttingDown),
             };

@@ -25,10 +25,26 @@ pub struct Position {
 
 pub type Batch = Arc<[RawEvent]>;
 
+/// A commit larger than this goes on the bus as where it ends, not as its events: a
+/// subscriber that stops reading keeps up to the bus's capacity of commits alive until it is
+/// cut off, so the bus is bounded in bytes as well as in commits (256 of at most 64 KiB
+/// each, where a commit may carry a 4 MiB request).
+pub const BUS_BATCH_BYTES: usize = 64 << 10;
+
+/// What a session's bus carries for one commit.
+#[derive(Clone)]
+pub enum Live {
+    /// The commit's events.
+    Events(Batch),
+    /// A commit of more than [`BUS_BATCH_BYTES`]: it ends here, and subscribers read its
+    /// events from the log (they are readable before this is sent).
+    Stored(Position),
+}
+
 pub struct Channel {
     session: Ulid,
     durable: Mutex<Position>,
-    bus: broadcast::Sender<Batch>,
+    bus: broadcast::Sender<Live>,
     /// Where the next append goes, counting those ordered but not yet durable: kept by a
     /// log that numbers appends as they are ordered, loaded when the first one comes. The
     /// channel outlives every append in flight (each holds it), so a tail loaded from the
@@ -48,7 +64,7 @@ impl Channel {
         *self.durable.lock()
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<Batch> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Live> {
         self.bus.subscribe()
     }
 
@@ -83,7 +99,12 @@ impl Channel {
         // No receivers is not an error: nobody is watching this session right now.
         // Deltas change neither the session nor its state: only the rest is a change.
         let changed = events.iter().any(|event| !event.is_delta());
-        let _ = self.bus.send(events);
+        let bytes: usize = events.iter().map(|event| event.json.len()).sum();
+        let live = match events.last() {
+            Some(last) if bytes > BUS_BATCH_BYTES => Live::Stored(Position { last: Some(last.id), seq: last.seq }),
+            _ => Live::Events(events),
+        };
+        let _ = self.bus.send(live);
         if changed {
             let _ = self.changes.send(self.session);
         }

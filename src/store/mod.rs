@@ -22,7 +22,7 @@ use tokio::sync::broadcast;
 use ulid::Ulid;
 
 use crate::domain::{Draft, Event, EventId, RawEvent, SessionId};
-pub use hub::{Batch, Channel, Position};
+pub use hub::{Batch, Channel, Live, Position};
 
 /// The answer to an append that was made or refused as the log stood: the stored events,
 /// or the conflict when the log did not end where the caller expected.
@@ -155,7 +155,7 @@ pub struct ReadRange {
 /// everything after `at` arrives on `live` (or is in the log when the bus lags).
 pub struct Subscription {
     pub channel: Arc<Channel>,
-    pub live: broadcast::Receiver<Batch>,
+    pub live: broadcast::Receiver<Live>,
     pub at: Position,
 }
 

@@ -150,6 +150,46 @@ async fn read_with_reconnects(
     }
 }
 
+/// A commit too large to keep on the live bus (over 64 KiB) goes there as where it ends, and
+/// each subscriber reads its events from the log: every one, once, in order, between the
+/// small commits around it, which come from the bus.
+#[tokio::test]
+async fn a_commit_too_large_for_the_bus_reaches_subscribers_from_the_log() {
+    let app = spawn_app().await;
+    let session = app.create_session().await;
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let mut stream = sse(app.stream(&session, None, None).await);
+        assert_eq!(take(&mut stream, 1, 10).await[0].event, "session.created");
+        streams.push(stream);
+    }
+    let (replayed, live) = (
+        app.metric("turnlog_stream_events_replayed_total").await,
+        app.metric("turnlog_stream_events_live_total").await,
+    );
+
+    let before = app.post_outcomes(&session, &texts("before", 2)).await;
+    let payload = "x".repeat(3000);
+    let events: Vec<Value> =
+        (0..40).map(|i| json!({"type": "user.define_outcome", "outcome": format!("{i}-{payload}")})).collect();
+    let response =
+        app.post(&format!("/sessions/{session}/events")).json(&json!({"events": events})).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let large: Vec<Value> = response.json::<Value>().await.unwrap()["data"].as_array().unwrap().clone();
+    let after = app.post_outcomes(&session, &texts("after", 2)).await;
+
+    let expected: Vec<String> = [ids(&before), ids(&large), ids(&after)].concat();
+    for stream in &mut streams {
+        let got = take(stream, expected.len(), 20).await;
+        assert_eq!(got.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), expected);
+        assert_eq!(got[2].data, large[0], "the stream sends exactly the stored event");
+    }
+    // The 40 large events came from the log to each of the three, the 4 small ones from the bus.
+    let from_log = app.metric("turnlog_stream_events_replayed_total").await - replayed;
+    let from_bus = app.metric("turnlog_stream_events_live_total").await - live;
+    assert_eq!((from_log, from_bus), (120.0, 12.0));
+}
+
 /// A subscriber that stops reading while thousands of events are appended slows neither
 /// the writer nor the others; past the backlog limit it is cut off, and it gets the rest
 /// by resuming from its last id.
