@@ -19,7 +19,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// The symbol is the C `const char *malloc_conf` (prefixed as this build of jemalloc is):
 /// one thin pointer to a NUL-terminated string.
 #[export_name = "_rjem_malloc_conf"]
-pub static MALLOC_CONF: Option<&u8> = Some(&b"dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0]);
+static MALLOC_CONF: Option<&u8> = Some(&b"dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0]);
 
 #[derive(Parser)]
 #[command(name = "turnlog", version, about = "An event-sourced session service for LLM agents")]

@@ -68,6 +68,16 @@ impl Channel {
         self.bus.subscribe()
     }
 
+    /// Drops the session's tail and chain head (`tail` is the tail's lock, which the caller
+    /// holds), so that the next append loads them again, and raises the epoch: appends
+    /// numbered on the old tail and still queued are refused, never stored with ones
+    /// numbered on the new one (one commit would hold, say, events 107-109 and then 105).
+    pub(super) fn drop_tail(&self, tail: &mut Option<Tail>) {
+        *tail = None;
+        *self.chain_head.lock() = None;
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Sets the watermark of a channel made before its session was read (a log that reads
     /// asynchronously makes the channel first, so that no publish is missed meanwhile).
     pub(super) fn set_durable(&self, position: Position) {

@@ -156,18 +156,8 @@ struct SessionState {
 struct Job {
     events: Vec<(RawEvent, chain::Hash)>,
     reply: oneshot::Sender<Result<(), AppendError>>,
-    /// The channel's epoch when the events were numbered (see [`drop_tail`]).
+    /// The channel's epoch when the events were numbered (see [`Channel::drop_tail`]).
     epoch: u64,
-}
-
-/// Drops the session's tail and chain head (the caller holds the tail's lock, `tail`), so
-/// that the next append loads them again, and raises the channel's epoch: appends numbered
-/// on the old tail and still queued are refused, never published with ones numbered on
-/// the new one (one message would hold, say, events 107-109 and then 105 again).
-fn drop_tail(channel: &Channel, tail: &mut Option<Tail>) {
-    *tail = None;
-    *channel.chain_head.lock() = None;
-    channel.epoch.fetch_add(1, Ordering::SeqCst);
 }
 
 /// The log on JetStream.
@@ -736,7 +726,7 @@ impl JetStreamLog {
     fn queue(&self, session: &Arc<Session>, events: Vec<(RawEvent, chain::Hash)>) -> Result<Ordered, AppendError> {
         let (reply, answer) = oneshot::channel();
         let appended: Vec<RawEvent> = events.iter().map(|(event, _)| event.clone()).collect();
-        // Under the tail's lock (see `order_with`), which `drop_tail` takes too.
+        // Under the tail's lock (see `order_with`), which `Channel::drop_tail` is given too.
         let epoch = session.channel.epoch.load(Ordering::SeqCst);
         let start = {
             let mut state = session.state.lock();
@@ -804,7 +794,7 @@ impl JetStreamLog {
                 failed = Some(error.clone());
                 // The tail and the chain head counted these events: load them again before
                 // the next append, and refuse what was ordered after these.
-                drop_tail(&session.channel, &mut session.channel.tail.lock());
+                session.channel.drop_tail(&mut session.channel.tail.lock());
                 session.state.lock().expect = None;
                 tracing::warn!(%error, session_id = %session.id, events = events.len(), "an append was not stored");
             }
@@ -1262,7 +1252,7 @@ impl Session {
             let mut tail = self.channel.tail.lock();
             let stale = tail.is_some_and(|tail| tail.position.seq < entry.last_seq());
             if stale {
-                drop_tail(&self.channel, &mut tail);
+                self.channel.drop_tail(&mut tail);
             }
             stale
         };
@@ -1358,7 +1348,7 @@ impl Log for JetStreamLog {
     fn release(&self, session: SessionId) {
         if let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) {
             // The tail's lock before the state's, as an append takes them.
-            drop_tail(&loaded.channel, &mut loaded.channel.tail.lock());
+            loaded.channel.drop_tail(&mut loaded.channel.tail.lock());
             loaded.state.lock().expect = None;
         }
     }

@@ -227,10 +227,7 @@ impl Writer {
             tracing::error!(%error, "the log cannot store appends; refusing them until it can");
         }
         for job in &jobs {
-            let mut tail = job.channel.tail.lock();
-            *tail = None;
-            *job.channel.chain_head.lock() = None;
-            job.channel.epoch.fetch_add(1, Ordering::SeqCst);
+            job.channel.drop_tail(&mut job.channel.tail.lock());
         }
         let why = format!("the log could not store this append ({error}); nothing was stored: send it again later");
         for job in jobs {
