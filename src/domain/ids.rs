@@ -18,11 +18,16 @@ macro_rules! prefixed_id {
             pub fn ulid(self) -> Ulid {
                 self.0
             }
+
+            /// The id as text, on the stack.
+            pub fn text(self) -> IdText {
+                IdText::new($prefix, self.0)
+            }
         }
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}{}", $prefix, self.0)
+                f.write_str(self.text().as_str())
             }
         }
 
@@ -43,7 +48,7 @@ macro_rules! prefixed_id {
 
         impl Serialize for $name {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_str(self)
+                s.serialize_str(self.text().as_str())
             }
         }
 
@@ -54,6 +59,30 @@ macro_rules! prefixed_id {
             }
         }
     };
+}
+
+/// A prefixed id as text, without a `String`: what streams write for every event they send.
+pub struct IdText {
+    buf: [u8; IdText::CAPACITY],
+    len: usize,
+}
+
+impl IdText {
+    /// The longest prefix and a ULID.
+    const CAPACITY: usize = 8 + ulid::ULID_LEN;
+
+    fn new(prefix: &str, ulid: Ulid) -> IdText {
+        let mut buf = [0; IdText::CAPACITY];
+        let (head, tail) = buf.split_at_mut(prefix.len());
+        head.copy_from_slice(prefix.as_bytes());
+        let mut encoded = [0; ulid::ULID_LEN];
+        tail[..ulid::ULID_LEN].copy_from_slice(ulid.array_to_str(&mut encoded).as_bytes());
+        IdText { buf, len: prefix.len() + ulid::ULID_LEN }
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).expect("a prefix and a ULID are ASCII")
+    }
 }
 
 prefixed_id!(SessionId, "sess_");
@@ -137,6 +166,24 @@ mod tests {
         assert_eq!(text.parse::<SessionId>().unwrap(), id);
         assert_eq!("evt_x".parse::<SessionId>(), Err(IdError::Prefix("sess_")));
         assert_eq!("sess_x".parse::<SessionId>(), Err(IdError::Ulid("sess_")));
+    }
+
+    #[test]
+    fn ids_as_text_are_the_prefix_and_the_ulid_in_every_form() {
+        let ulid = Ulid::from_parts(1_700_000_000_000, u128::MAX);
+        let texts = [
+            (
+                EventId(ulid).text().as_str().to_owned(),
+                EventId(ulid).to_string(),
+                serde_json::to_string(&EventId(ulid)),
+            ),
+            (TurnId(ulid).text().as_str().to_owned(), TurnId(ulid).to_string(), serde_json::to_string(&TurnId(ulid))),
+        ];
+        for (prefix, (text, display, json)) in ["evt_", "turn_"].into_iter().zip(texts) {
+            assert_eq!(text, format!("{prefix}{ulid}"));
+            assert_eq!(display, text);
+            assert_eq!(json.unwrap(), format!("\"{text}\""));
+        }
     }
 
     #[test]
