@@ -724,6 +724,12 @@ mod tests {
         let turn = TurnId(Ulid::new());
         let json =
             Envelope { id, session, turn: Some((turn, 3)), seq: 7, now: "2026-01-01T00:00:00.000000Z" }.write(&draft);
+        let head = format!(
+            "{{\"id\":\"{id}\",\"type\":\"user.message\",\"session_id\":\"{session}\",\"turn_id\":\"{turn}\",\
+             \"turn_sequence_number\":3,\"sequence_number\":7,\"created_at\":\"2026-01-01T00:00:00.000000Z\",\
+             \"processed_at\":\"2026-01-01T00:00:00.000000Z\",\"schema_version\":1,\"content\":"
+        );
+        assert!(json.starts_with(head.as_bytes()), "{}", String::from_utf8_lossy(&json));
         let raw = RawEvent::stored(id, json);
         assert_eq!(raw.seq, 7);
         assert_eq!(raw.turn(), Some((turn, 3)));
