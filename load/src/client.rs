@@ -199,6 +199,16 @@ impl Api {
         }
     }
 
+    /// The native stream of `session` from the start as bytes, unparsed (see
+    /// `scenarios::replay`); fails unless it is a 200.
+    pub async fn stream_bytes(&self, session: &str) -> anyhow::Result<reqwest::Response> {
+        let response = self.stream_request(session, Cursor::Start).send().await.context("opening a stream")?;
+        if response.status() != 200 {
+            bail!("stream answered {}: {}", response.status(), text(response).await);
+        }
+        Ok(response)
+    }
+
     /// Opens the native stream of `session` at `cursor`; fails unless it is a 200 SSE.
     pub async fn stream(&self, session: &str, cursor: Cursor) -> anyhow::Result<EventStream> {
         let response = self.stream_request(session, cursor).send().await.context("opening a stream")?;
