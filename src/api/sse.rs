@@ -81,17 +81,17 @@ where
                     for _ in 0..SHUTDOWN_DRAIN_BATCHES {
                         let Some(Ok(Some(events))) = follower.next().now_or_never() else { break };
                         let ready = coalescer.push(events, tokio::time::Instant::now());
-                        if render_all(&mut out, &ready, &mut render) == Flow::End {
+                        if !ready.iter().all(|event| render(&mut out, event) == Flow::Continue) {
                             break;
                         }
                     }
                     false
                 }
                 next = follower.next() => match next {
-                    Ok(Some(events)) => {
-                        let ready = coalescer.push(events, tokio::time::Instant::now());
-                        render_all(&mut out, &ready, &mut render) == Flow::Continue
-                    }
+                    Ok(Some(events)) => coalescer
+                        .push(events, tokio::time::Instant::now())
+                        .iter()
+                        .all(|event| render(&mut out, event) == Flow::Continue),
                     Ok(None) => false,
                     Err(error) => {
                         tracing::info!(%error, "closing a stream");
@@ -120,23 +120,6 @@ where
         }
     }
 }
-
-/// Renders `events` into `out` until one ends the stream. `out` is sized for them first:
-/// a replay's chunk is hundreds of frames, and growing the buffer frame by frame copied
-/// it over and over.
-fn render_all<R>(out: &mut BytesMut, events: &[RawEvent], render: &mut R) -> Flow
-where
-    R: FnMut(&mut BytesMut, &RawEvent) -> Flow,
-{
-    out.reserve(events.iter().map(|event| event.json.len() + FRAME_OVERHEAD).sum());
-    match events.iter().all(|event| render(out, event) == Flow::Continue) {
-        true => Flow::Continue,
-        false => Flow::End,
-    }
-}
-
-/// About what a native frame adds to its event's JSON: the `id:` and `event:` lines.
-const FRAME_OVERHEAD: usize = 96;
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     if let Some(deadline) = deadline {

@@ -724,8 +724,9 @@ mod tests {
         let turn = TurnId(Ulid::new());
         let json =
             Envelope { id, session, turn: Some((turn, 3)), seq: 7, now: "2026-01-01T00:00:00.000000Z" }.write(&draft);
+        let (id_ulid, session_ulid, turn_ulid) = (id.ulid(), session.ulid(), turn.ulid());
         let head = format!(
-            "{{\"id\":\"{id}\",\"type\":\"user.message\",\"session_id\":\"{session}\",\"turn_id\":\"{turn}\",\
+            "{{\"id\":\"evt_{id_ulid}\",\"type\":\"user.message\",\"session_id\":\"sess_{session_ulid}\",\"turn_id\":\"turn_{turn_ulid}\",\
              \"turn_sequence_number\":3,\"sequence_number\":7,\"created_at\":\"2026-01-01T00:00:00.000000Z\",\
              \"processed_at\":\"2026-01-01T00:00:00.000000Z\",\"schema_version\":1,\"content\":"
         );

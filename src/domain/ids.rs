@@ -12,6 +12,8 @@ macro_rules! prefixed_id {
         #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name(pub Ulid);
 
+        const _: () = assert!($prefix.len() <= IdText::MAX_PREFIX, "an id prefix longer than IdText holds");
+
         impl $name {
             pub const PREFIX: &'static str = $prefix;
 
@@ -61,22 +63,24 @@ macro_rules! prefixed_id {
     };
 }
 
-/// A prefixed id as text, without a `String`: what streams write for every event they send.
+/// A prefixed id as text, on the stack: what the native stream writes for every event it
+/// sends, and what `Display` and `Serialize` write.
 pub struct IdText {
     buf: [u8; IdText::CAPACITY],
     len: usize,
 }
 
 impl IdText {
-    /// The longest prefix and a ULID.
-    const CAPACITY: usize = 8 + ulid::ULID_LEN;
+    /// The longest prefix an id type may have (checked where each is declared).
+    const MAX_PREFIX: usize = 8;
+    const CAPACITY: usize = IdText::MAX_PREFIX + ulid::ULID_LEN;
 
     fn new(prefix: &str, ulid: Ulid) -> IdText {
         let mut buf = [0; IdText::CAPACITY];
         let (head, tail) = buf.split_at_mut(prefix.len());
         head.copy_from_slice(prefix.as_bytes());
-        let mut encoded = [0; ulid::ULID_LEN];
-        tail[..ulid::ULID_LEN].copy_from_slice(ulid.array_to_str(&mut encoded).as_bytes());
+        let encoded: &mut [u8; ulid::ULID_LEN] = (&mut tail[..ulid::ULID_LEN]).try_into().expect("room for a ULID");
+        ulid.array_to_str(encoded);
         IdText { buf, len: prefix.len() + ulid::ULID_LEN }
     }
 
