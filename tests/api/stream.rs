@@ -169,13 +169,7 @@ async fn a_commit_too_large_for_the_bus_reaches_subscribers_from_the_log() {
     );
 
     let before = app.post_outcomes(&session, &texts("before", 2)).await;
-    let payload = "x".repeat(3000);
-    let events: Vec<Value> =
-        (0..40).map(|i| json!({"type": "user.define_outcome", "outcome": format!("{i}-{payload}")})).collect();
-    let response =
-        app.post(&format!("/sessions/{session}/events")).json(&json!({"events": events})).send().await.unwrap();
-    assert_eq!(response.status(), 200);
-    let large: Vec<Value> = response.json::<Value>().await.unwrap()["data"].as_array().unwrap().clone();
+    let large = app.post_outcomes(&session, &texts(&"x".repeat(3000), 40)).await;
     let after = app.post_outcomes(&session, &texts("after", 2)).await;
 
     let expected: Vec<String> = [ids(&before), ids(&large), ids(&after)].concat();

@@ -84,7 +84,7 @@ pub async fn run(ctx: &Ctx, p: &Params, raw_scan: Option<f64>) -> anyhow::Result
                 }
             }
         }
-        counted_figures(&mut report, &mut counted, raw_scan);
+        counted_figures(&mut report, log.ids.len(), &mut counted, raw_scan);
         observe.finish_as(&format!("{} counted replays: ", counted.len()), &server, &api, &mut report).await;
     }
     let follower = Follower { client: 0, session: 0, first: Cursor::Start, received };
@@ -100,10 +100,9 @@ pub async fn run(ctx: &Ctx, p: &Params, raw_scan: Option<f64>) -> anyhow::Result
 /// so a single one moves with whatever else the machine does in that moment.
 const COUNTED_REPLAYS: usize = 5;
 
-/// A replay read as bytes: its frames, its bytes, and how long from the request to the
-/// end of the last frame.
+/// A replay read as bytes: its bytes, and how long from the request to the end of the
+/// last frame.
 struct Counted {
-    frames: usize,
     bytes: usize,
     secs: f64,
 }
@@ -129,7 +128,7 @@ async fn count_frames(api: &Api, session: &str, events: usize, deadline: Deadlin
     if frames.seen > events {
         return Err(anyhow!("{} event frames, where the log holds {events} events", frames.seen));
     }
-    Ok(Counted { frames: frames.seen, bytes, secs: sent.elapsed().as_secs_f64().max(1e-9) })
+    Ok(Counted { bytes, secs: sent.elapsed().as_secs_f64().max(1e-9) })
 }
 
 /// Counts the event frames of a native stream read in chunks of any size, by their one
@@ -168,10 +167,11 @@ impl EventFrames {
     }
 }
 
-fn counted_figures(report: &mut Report, counted: &mut [Counted], raw_scan: Option<f64>) {
+/// The median of the counted replays (each of `events` events).
+fn counted_figures(report: &mut Report, events: usize, counted: &mut [Counted], raw_scan: Option<f64>) {
     counted.sort_by(|a, b| a.secs.total_cmp(&b.secs));
     let Some(median) = counted.get(counted.len() / 2) else { return };
-    let rate = |c: &Counted| c.frames as f64 / c.secs;
+    let rate = |c: &Counted| events as f64 / c.secs;
     report.figure("replay, frames counted (server alone; median)", rate(median), "events/s");
     report.figure("same, bytes", median.bytes as f64 / median.secs / 1e6, "MB/s");
     if let Some(raw) = raw_scan {
