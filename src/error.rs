@@ -89,6 +89,7 @@ impl From<SessionError> for ApiError {
             SessionError::PreviousTurn(_) => ApiError::new(Code::PreviousTurn, message),
             SessionError::Invalid(_) => ApiError::new(Code::InvalidRequest, message),
             SessionError::Limit(_) => ApiError::new(Code::LimitExceeded, message),
+            SessionError::TooLarge(_) => ApiError::new(Code::PayloadTooLarge, message),
             SessionError::Forbidden(_) => ApiError::new(Code::Forbidden, message),
             SessionError::ShuttingDown | SessionError::Retry(_) | SessionError::Unavailable(_) => {
                 ApiError::new(Code::Unavailable, message)

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::agent::{tools::Tools, Agents};
 use crate::config::{Settings, StoreBackend};
 use crate::session::cluster::Cluster;
-use crate::session::{Catalog, Engine, FollowConfig, SessionLog, Sessions};
+use crate::session::{Catalog, Engine, FollowConfig, InputLimits, SessionLog, Sessions};
 use crate::store::sled::{SledConfig, SledLog};
 use crate::store::{Log, StoreError};
 
@@ -81,7 +81,11 @@ impl Service {
         let catalog = Catalog::open(session_log.clone(), agents.clone())
             .await
             .map_err(|error| StartError::Refused(format!("could not read the catalog: {error}")))?;
-        let engine = Engine::new(session_log.clone(), agents.clone(), settings.engine.clone(), cluster.clone());
+        let limits = InputLimits {
+            max_events_per_request: settings.limits.max_events_per_request,
+            max_event_bytes: settings.limits.max_event_bytes,
+        };
+        let engine = Engine::new(session_log.clone(), agents.clone(), settings.engine.clone(), limits, cluster.clone());
         let recovered = match engine.recover().await {
             Ok(0) => 0,
             Ok(closed) => {

@@ -48,9 +48,10 @@ impl From<SessionError> for DoorError {
             SessionError::NotFound(_) | SessionError::TurnNotFound { .. } | SessionError::CatalogNotFound(_) => {
                 DoorError::NotFound(message)
             }
-            SessionError::Invalid(_) | SessionError::Limit(_) | SessionError::UnknownCursor(_) => {
-                DoorError::Invalid(message)
-            }
+            SessionError::Invalid(_)
+            | SessionError::Limit(_)
+            | SessionError::TooLarge(_)
+            | SessionError::UnknownCursor(_) => DoorError::Invalid(message),
             SessionError::Busy(_) => DoorError::Busy(message),
             SessionError::Conflict(_) | SessionError::PreviousTurn(_) | SessionError::Forbidden(_) => {
                 DoorError::Refused(message)

@@ -472,7 +472,8 @@ impl Actor {
                 }
                 let of_session = agent.insert(actor.agent()?);
                 let update = rules::update(of_session, &tools, &actor.summary.spec, &submission.update)?;
-                decide(&actor.state, &submission, update, TurnId::generate())
+                let limit = actor.engine.inner.limits.max_event_bytes;
+                decide(&actor.state, &submission, update, TurnId::generate(), limit)
             })
             .await?;
         if let (Some(turn), Some(agent)) = (decision.start, agent) {

@@ -23,15 +23,19 @@ pub struct Decision {
 struct Resolved<'a> {
     call: &'a PendingCall,
     input: &'a Input,
+    /// The input's place in the submission.
+    index: usize,
 }
 
 /// Decides a submission. `update` is the `session.updated` its changes make (checked by the
-/// caller); `new_turn` is the id of the turn it starts, if it starts one.
+/// caller); `new_turn` is the id of the turn it starts, if it starts one. Input whose event
+/// would be larger than `max_event_bytes` (its body as stored) is refused.
 pub fn decide(
     state: &TurnState,
     submission: &Submission,
     update: Option<EventBody>,
     new_turn: TurnId,
+    max_event_bytes: usize,
 ) -> Result<Decision, SessionError> {
     let with_remembered = remembered(state, &submission.inputs);
     let inputs = with_remembered.as_deref().unwrap_or(&submission.inputs);
@@ -54,6 +58,7 @@ pub fn decide(
         _ => {}
     }
     let resolved = if resolving { match_resolutions(state, inputs, submission.all_at_once)? } else { Vec::new() };
+    let fits = |i, draft| fits(i, draft, max_event_bytes);
 
     let mut decision =
         Decision { drafts: update.iter().map(|body| Draft::new(None, body)).collect(), ..Decision::default() };
@@ -62,11 +67,12 @@ pub fn decide(
     // input starting a turn cancels that turn as it starts.
     let mut current = current_turn(state);
     let mut resolutions_written = resolved.is_empty();
-    for input in inputs {
+    for (i, input) in inputs.iter().enumerate() {
         match input {
             // As the Qoder event catalog has it, an outcome belongs to no turn.
             Input::Outcome(outcome) => {
-                decision.drafts.push(Draft::new(None, &EventBody::UserDefineOutcome { outcome: outcome.clone() }))
+                let draft = Draft::new(None, &EventBody::UserDefineOutcome { outcome: outcome.clone() });
+                decision.drafts.push(fits(i, draft)?);
             }
             Input::Cancel => {
                 if decision.start.is_some() || matches!(state.phase, Phase::Running(_)) {
@@ -86,22 +92,24 @@ pub fn decide(
             // While a turn runs (or once this request has started one), a message waits
             // for the next turn.
             Input::Message(content) if queue && (decision.start.is_some() || state.phase != Phase::Idle) => {
-                decision.drafts.push(Draft::queued(&EventBody::UserMessage { content: content.clone() }));
+                decision.drafts.push(fits(i, Draft::queued(&EventBody::UserMessage { content: content.clone() }))?);
             }
             Input::Message(content) => {
+                let message =
+                    fits(i, Draft::new(Some(new_turn), &EventBody::UserMessage { content: content.clone() }))?;
                 decision.drafts.push(Draft::new(Some(new_turn), &EventBody::TurnStarted {}));
                 // Messages queued before this one come first.
                 if !state.queued.is_empty() {
                     decision.drafts.push(Draft::new(Some(new_turn), &turn_input(state)));
                 }
-                decision.drafts.push(Draft::new(Some(new_turn), &EventBody::UserMessage { content: content.clone() }));
+                decision.drafts.push(message);
                 decision.drafts.push(Draft::new(Some(new_turn), &running()));
                 decision.start = Some(new_turn);
                 current = decision.start;
             }
             Input::Result { .. } | Input::Permission { .. } if !resolutions_written => {
                 resolutions_written = true;
-                let (drafts, start) = resolve(state, &resolved, new_turn);
+                let (drafts, start) = resolve(state, &resolved, new_turn, max_event_bytes)?;
                 decision.drafts.extend(drafts);
                 decision.start = start;
                 current = start.or(current);
@@ -110,6 +118,18 @@ pub fn decide(
         }
     }
     Ok(decision)
+}
+
+/// The event that records input `i`, unless it is larger than `limit`.
+fn fits(i: usize, draft: Draft, limit: usize) -> Result<Draft, SessionError> {
+    let size = draft.len();
+    if size > limit {
+        return Err(SessionError::TooLarge(format!(
+            "event {i} ({}) is {size} bytes; the limit is {limit}",
+            draft.kind()
+        )));
+    }
+    Ok(draft)
 }
 
 /// The turn that answers the messages queued while the last one ran, once the session is
@@ -193,19 +213,32 @@ pub fn seed_settled(stored: &[RawEvent]) -> Vec<Draft> {
 
 /// The events that resolve waiting calls; when none is left waiting, they start the turn
 /// that goes on, else the session stays waiting for the rest.
-fn resolve(state: &TurnState, resolved: &[Resolved], new_turn: TurnId) -> (Vec<Draft>, Option<TurnId>) {
-    let Phase::Waiting(waiting) = state.phase else { return (Vec::new(), None) };
+fn resolve(
+    state: &TurnState,
+    resolved: &[Resolved],
+    new_turn: TurnId,
+    limit: usize,
+) -> Result<(Vec<Draft>, Option<TurnId>), SessionError> {
+    let Phase::Waiting(waiting) = state.phase else { return Ok((Vec::new(), None)) };
     let remaining: Vec<EventId> =
         state.pending.keys().filter(|id| !resolved.iter().any(|r| r.call.event_id == **id)).copied().collect();
+    let turn = if remaining.is_empty() { new_turn } else { waiting };
+    let mut drafts = Vec::with_capacity(resolved.len() + 2);
     if remaining.is_empty() {
-        let mut drafts = vec![Draft::new(Some(new_turn), &EventBody::TurnStarted {})];
-        drafts.extend(resolved.iter().flat_map(|r| resolution_events(new_turn, r)));
+        drafts.push(Draft::new(Some(new_turn), &EventBody::TurnStarted {}));
+    }
+    for r in resolved {
+        // The first records the input; a denial's tool result follows it.
+        let mut events = resolution_events(turn, r).into_iter();
+        drafts.extend(events.next().map(|recorded| fits(r.index, recorded, limit)).transpose()?);
+        drafts.extend(events);
+    }
+    if remaining.is_empty() {
         drafts.push(Draft::new(Some(new_turn), &running()));
-        (drafts, Some(new_turn))
+        Ok((drafts, Some(new_turn)))
     } else {
-        let mut drafts: Vec<Draft> = resolved.iter().flat_map(|r| resolution_events(waiting, r)).collect();
         drafts.push(Draft::new(Some(waiting), &idle(StopReason::RequiresAction, remaining, Usage::default())));
-        (drafts, None)
+        Ok((drafts, None))
     }
 }
 
@@ -306,7 +339,7 @@ fn match_resolutions<'a>(
         }
     }
     let mut resolved: Vec<Resolved> = Vec::new();
-    for input in inputs {
+    for (index, input) in inputs.iter().enumerate() {
         let (call, wants_result) = match input {
             Input::Result { call, .. } => (call, true),
             Input::Permission { call, .. } => (call, false),
@@ -334,7 +367,7 @@ fn match_resolutions<'a>(
             }
             _ => {}
         }
-        resolved.push(Resolved { call: pending, input });
+        resolved.push(Resolved { call: pending, input, index });
     }
     if all_at_once && resolved.len() < state.pending.len() {
         let missing: Vec<&str> = state
@@ -374,7 +407,7 @@ fn tool_result(call: &PendingCall, text: String) -> EventBody {
     }
 }
 
-/// The events that record one resolution. A denial also writes the tool result the
+/// The events that record one resolution: the input's own event first. A denial also writes the tool result the
 /// model will read: `Tool call denied`, or `Tool call denied: <reason>`.
 fn resolution_events(turn: TurnId, resolved: &Resolved) -> Vec<Draft> {
     let call = resolved.call;
@@ -429,6 +462,9 @@ mod tests {
     use crate::domain::event::Envelope;
     use crate::domain::{RawEvent, SessionId};
 
+    /// Room for any event these tests make.
+    const ROOM: usize = 1 << 20;
+
     fn kinds(decision: &Decision) -> Vec<&str> {
         decision.drafts.iter().map(Draft::kind).collect()
     }
@@ -461,21 +497,40 @@ mod tests {
     fn a_message_starts_a_turn_and_a_second_is_refused_while_it_runs() {
         let turn = TurnId::generate();
         let message = submission(vec![Input::Message(vec![Block::text("hi")])]);
-        let decision = decide(&TurnState::default(), &message, None, turn).unwrap();
+        let decision = decide(&TurnState::default(), &message, None, turn, ROOM).unwrap();
         assert_eq!(kinds(&decision), ["turn.started", "user.message", "session.status_running"]);
         assert_eq!((decision.start, decision.cancel), (Some(turn), false));
         let running = fold(&decision.drafts);
-        let refused = decide(&running, &message, None, TurnId::generate()).unwrap_err();
+        let refused = decide(&running, &message, None, TurnId::generate(), ROOM).unwrap_err();
         assert!(matches!(refused, SessionError::Busy(ref m) if m.contains("a turn is running")), "{refused}");
-        let interrupt = decide(&running, &submission(vec![Input::Interrupt]), None, TurnId::generate()).unwrap();
+        let interrupt = decide(&running, &submission(vec![Input::Interrupt]), None, TurnId::generate(), ROOM).unwrap();
         assert_eq!((kinds(&interrupt), interrupt.cancel), (vec!["user.interrupt"], true));
+    }
+
+    #[test]
+    fn input_larger_than_the_limit_is_refused_naming_its_place() {
+        let text = |n: usize| vec![Block::text("x".repeat(n))];
+        let (outcome, message) = (Input::Outcome(serde_json::json!("done")), Input::Message(text(50)));
+        let fits =
+            decide(&TurnState::default(), &submission(vec![outcome.clone(), message]), None, TurnId::generate(), 150);
+        assert_eq!(
+            kinds(&fits.unwrap()),
+            ["user.define_outcome", "turn.started", "user.message", "session.status_running"]
+        );
+        let over = submission(vec![outcome, Input::Message(text(200))]);
+        let refused = decide(&TurnState::default(), &over, None, TurnId::generate(), 150).unwrap_err();
+        assert!(
+            matches!(refused, SessionError::TooLarge(ref m) if m.starts_with("event 1 (user.message) is ")),
+            "{refused}"
+        );
+        assert!(refused.to_string().ends_with("; the limit is 150"), "{refused}");
     }
 
     #[test]
     fn an_interrupt_after_input_that_starts_a_turn_cancels_that_turn() {
         let turn = TurnId::generate();
         let both = submission(vec![Input::Message(vec![Block::text("hi")]), Input::Interrupt]);
-        let decision = decide(&TurnState::default(), &both, None, turn).unwrap();
+        let decision = decide(&TurnState::default(), &both, None, turn, ROOM).unwrap();
         assert_eq!(kinds(&decision), ["turn.started", "user.message", "session.status_running", "user.interrupt"]);
         assert!(decision.drafts.iter().all(|d| d.turn == Some(turn)), "the interrupt is the new turn's");
         assert_eq!((decision.start, decision.cancel), (Some(turn), true));
@@ -511,8 +566,18 @@ mod tests {
             Input::Permission { call: "b".into(), granted: true, reason: None, remember: false },
         ]);
         let next = TurnId::generate();
-        let decision = decide(&state, &answer, None, next).unwrap();
+        let decision = decide(&state, &answer, None, next, ROOM).unwrap();
         assert_eq!(decision.start, Some(next));
+        // A result larger than the limit is refused, naming its place in the input.
+        let large = submission(vec![
+            Input::Permission { call: "b".into(), granted: true, reason: None, remember: false },
+            Input::Result { call: "a".into(), content: vec![Block::text("x".repeat(200))], is_error: false },
+        ]);
+        let refused = decide(&state, &large, None, next, 150).unwrap_err();
+        assert!(
+            matches!(refused, SessionError::TooLarge(ref m) if m.starts_with("event 1 (user.custom_tool_result) is ")),
+            "{refused}"
+        );
         assert!(seed_waiting(&[Message::User { content: vec![] }], &plan, turn).is_empty());
         assert!(seed_settled(&[]).is_empty());
     }

@@ -31,6 +31,15 @@ pub struct EngineSettings {
     pub actor_idle_secs: u64,
 }
 
+/// How much input one submission may carry, whichever view it came through (`[limits]`).
+#[derive(Debug, Clone, Copy)]
+pub struct InputLimits {
+    /// Pieces of input (events) in one submission.
+    pub max_events_per_request: usize,
+    /// The size of each event that input is stored as: its body's JSON, the envelope aside.
+    pub max_event_bytes: usize,
+}
+
 /// One piece of input for a session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Input {
@@ -185,6 +194,7 @@ pub(super) struct EngineInner {
     pub log: SessionLog,
     pub agents: Arc<Agents>,
     pub settings: EngineSettings,
+    pub limits: InputLimits,
     actors: DashMap<SessionId, (u64, mpsc::Sender<Command>)>,
     generation: AtomicU64,
     stopping: AtomicBool,
@@ -245,12 +255,14 @@ impl Engine {
         log: SessionLog,
         agents: Arc<Agents>,
         settings: EngineSettings,
+        limits: InputLimits,
         cluster: Option<Arc<dyn Cluster>>,
     ) -> Engine {
         let inner = EngineInner {
             log,
             agents,
             settings,
+            limits,
             actors: DashMap::new(),
             generation: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
@@ -264,6 +276,10 @@ impl Engine {
     /// Hands input to the session's actor and waits for its decision. Refusals (a turn is
     /// running, unknown calls, ...) come back before anything is stored.
     pub async fn submit(&self, session: SessionId, mut submission: Submission) -> Result<Submitted, SessionError> {
+        let (sent, max) = (submission.inputs.len(), self.inner.limits.max_events_per_request);
+        if sent > max {
+            return Err(SessionError::Invalid(format!("at most {max} events per request; this one has {sent}")));
+        }
         loop {
             let (reply, answer) = oneshot::channel();
             self.send(session, Command::Submit(Box::new(submission), reply)).await?;

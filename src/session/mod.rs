@@ -23,7 +23,9 @@ pub mod turn;
 pub use audit::{start_replay, Pace};
 pub use catalog::Catalog;
 pub use coalesce::Coalescer;
-pub use engine::{AgentChanges, EngineSettings, Follows, Input, SessionUpdate, Submission, Submitted, WhenBusy};
+pub use engine::{
+    AgentChanges, EngineSettings, Follows, Input, InputLimits, SessionUpdate, Submission, Submitted, WhenBusy,
+};
 pub use follow::{FollowError, Follower};
 pub use sessions::{
     Activity, Changed, EventPage, EventQuery, ListFilter, Page, Sessions, Status, TimeBounds, TurnQuery,
@@ -117,6 +119,9 @@ pub enum SessionError {
     Invalid(String),
     #[error("{0}")]
     Limit(String),
+    /// A piece of input would be stored as an event larger than `limits.max_event_bytes`.
+    #[error("{0}")]
+    TooLarge(String),
     /// Something the request needs cannot be reached now (an MCP server): try again later.
     #[error("{0}")]
     Unavailable(String),

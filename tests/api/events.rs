@@ -160,7 +160,7 @@ async fn bad_input_is_refused_with_the_field_named_and_stores_nothing() {
             json!({"events": [{"type": "user.message", "content": "x".repeat(2000)}]}).to_string(),
             413,
             "payload_too_large",
-            "event 0",
+            "event 0 (user.message)",
         ),
         (
             json!({"events": [{"type": "user.message", "content": "x".repeat(5000)}]}).to_string(),
@@ -215,4 +215,61 @@ async fn the_cloud_prefix_serves_the_same_log() {
         .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(app.all_events(&session).await.len(), 4);
+}
+
+/// The size of each event and the number per request are the session layer's rules, so
+/// every view refuses the same input, each in its own shape, and stores none of it.
+#[tokio::test]
+async fn every_view_holds_input_to_the_same_limits_and_stores_nothing_it_refuses() {
+    let app =
+        spawn_with("[server]\nmax_body_bytes = 8192\n[limits]\nmax_event_bytes = 1024\nmax_events_per_request = 3\n")
+            .await;
+    let session = app.create_session().await;
+    let big = "x".repeat(1500);
+    let text = json!([{"type": "text", "text": big}]);
+    // (view, path, body, the error's code where the view's shape has one)
+    let cases = [
+        (
+            "native",
+            format!("/sessions/{session}/events"),
+            json!({"events": [{"type": "user.message", "content": big}]}),
+        ),
+        ("aap", format!("/sessions/{session}/turns"), json!({"messages": [{"role": "user", "content": big}]})),
+        (
+            "managed",
+            format!("/v1/sessions/{session}/events"),
+            json!({"events": [{"type": "user.message", "content": text}]}),
+        ),
+        (
+            "harness",
+            format!("/v1/agents/sessions/{session}/turns"),
+            json!({"input": [{"type": "user.message", "content": big}]}),
+        ),
+    ];
+    for (view, path, body) in cases {
+        let (status, refused) = crate::helpers::post_json(&app, &path, body).await;
+        assert_eq!(status, 413, "{view}: {refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("event 0 (user.message)") && message.contains("limit is 1024"), "{view}: {refused}");
+        match view {
+            "managed" => assert_eq!(refused["error"]["type"], "request_too_large", "{refused}"),
+            _ => assert_eq!(refused["error"]["code"], "payload_too_large", "{view}: {refused}"),
+        }
+    }
+    let four = json!({"events": vec![json!({"type": "user.interrupt"}); 4]});
+    for path in [format!("/sessions/{session}/events"), format!("/v1/sessions/{session}/events")] {
+        let (status, refused) = crate::helpers::post_json(&app, &path, four.clone()).await;
+        assert_eq!(status, 400, "{path}: {refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("at most 3 events per request; this one has 4"), "{path}: {refused}");
+    }
+    let events = app.all_events(&session).await;
+    assert_eq!(events.len(), 1, "nothing but session.created was stored: {events:?}");
+    let (status, fits) = crate::helpers::post_json(
+        &app,
+        &format!("/sessions/{session}/events"),
+        json!({"events": [{"type": "user.message", "content": "x".repeat(900)}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "an event within the limit is stored: {fits}");
 }

@@ -18,7 +18,7 @@ use crate::api::State;
 use crate::domain::event::Confirmation;
 use crate::domain::ids::prefixed;
 use crate::domain::{Block, EventBody, RawEvent};
-use crate::error::{ApiError, Code};
+use crate::error::ApiError;
 use crate::session::{Cursor, EventQuery, Input, Submission, WhenBusy};
 
 #[derive(Debug, Deserialize)]
@@ -42,17 +42,9 @@ pub async fn send(
     body: Json<SendEvents>,
 ) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
-    let limits = &state.settings.limits;
     let events = body.0.events;
-    if events.is_empty() || events.len() > limits.max_events_per_request {
-        let message = format!("invalid field `events`: send 1 to {} events", limits.max_events_per_request);
-        return Err(ApiError::invalid(message).into());
-    }
-    if let Some((i, size)) =
-        events.iter().map(|e| e.to_string().len()).enumerate().find(|(_, n)| *n > limits.max_event_bytes)
-    {
-        let message = format!("event {i} is {size} bytes; the limit is {}", limits.max_event_bytes);
-        return Err(ApiError::new(Code::PayloadTooLarge, message).into());
+    if events.is_empty() {
+        return Err(ApiError::invalid("invalid field `events`: at least one event is needed").into());
     }
     let allowed =
         ["user.message", "user.interrupt", "user.tool_confirmation", "user.custom_tool_result", "user.define_outcome"];

@@ -9,8 +9,8 @@ use crate::api::auth::Auth;
 use crate::api::body::{newest_first, JsonBody, Query};
 use crate::api::{Error, State};
 use crate::domain::event::Confirmation;
-use crate::domain::{Draft, EventBody, RawEvent};
-use crate::error::{ApiError, Code};
+use crate::domain::{EventBody, RawEvent};
+use crate::error::ApiError;
 use crate::session::{Cursor, EventQuery, Input, Submission};
 
 /// Appends user events; answered once they are durable, with the events as stored.
@@ -29,31 +29,12 @@ pub async fn post(
     body: JsonBody<PostEvents>,
 ) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
-    let limits = &state.settings.limits;
     let events = body.0.events;
     if events.is_empty() {
         return Err(ApiError::invalid("invalid field `events`: at least one event is needed").into());
     }
-    if events.len() > limits.max_events_per_request {
-        return Err(ApiError::invalid(format!(
-            "invalid field `events`: at most {} events per request",
-            limits.max_events_per_request
-        ))
-        .into());
-    }
-    let mut inputs = Vec::with_capacity(events.len());
-    for (i, event) in events.iter().enumerate() {
-        let body = user_event(i, event)?;
-        let size = Draft::new(None, &body).len();
-        if size > limits.max_event_bytes {
-            return Err(ApiError::new(
-                Code::PayloadTooLarge,
-                format!("event {i} is {size} bytes; the limit is {}", limits.max_event_bytes),
-            )
-            .into());
-        }
-        inputs.push(input(body));
-    }
+    let inputs =
+        events.iter().enumerate().map(|(i, event)| user_event(i, event).map(input)).collect::<Result<_, _>>()?;
     let submission = Submission { inputs, ..Submission::default() };
     let submitted = state.sessions.submit(&summary, submission).await?;
     let stored: Vec<RawEvent> = submitted.events.into_iter().filter(|e| e.kind().starts_with("user.")).collect();
