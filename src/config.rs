@@ -198,6 +198,9 @@ impl Settings {
         if self.limits.max_event_bytes > self.server.max_body_bytes {
             return invalid("limits.max_event_bytes cannot exceed server.max_body_bytes");
         }
+        if self.limits.max_events_per_request == 0 || self.limits.max_event_bytes == 0 {
+            return invalid("limits.max_events_per_request and limits.max_event_bytes must be positive");
+        }
         if self.store.max_batch_events == 0 || self.streams.replay_chunk_events == 0 {
             return invalid("store.max_batch_events and streams.replay_chunk_events must be positive");
         }
@@ -267,5 +270,13 @@ mod tests {
         settings.auth.keys.push(ApiKey { subject: "alice".into(), sha256: "abc".into(), admin: false });
         let error = settings.validate().unwrap_err().to_string();
         assert!(error.contains("alice"), "{error}");
+    }
+
+    #[test]
+    fn input_limits_of_zero_are_refused() {
+        let mut settings = Settings::load(None).unwrap();
+        settings.limits.max_events_per_request = 0;
+        let error = settings.validate().unwrap_err().to_string();
+        assert!(error.contains("limits.max_events_per_request"), "{error}");
     }
 }

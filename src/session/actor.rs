@@ -472,8 +472,7 @@ impl Actor {
                 }
                 let of_session = agent.insert(actor.agent()?);
                 let update = rules::update(of_session, &tools, &actor.summary.spec, &submission.update)?;
-                let limit = actor.engine.inner.limits.max_event_bytes;
-                decide(&actor.state, &submission, update, TurnId::generate(), limit)
+                decide(&actor.state, &submission, update, TurnId::generate(), actor.engine.inner.limits)
             })
             .await?;
         if let (Some(turn), Some(agent)) = (decision.start, agent) {

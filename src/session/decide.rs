@@ -2,7 +2,7 @@
 //! events to append (and whether they start a turn or cancel the running one), or the
 //! refusal. The actor folds the log, calls this, and appends what it returns.
 
-use super::engine::{Follows, Input, Submission, WhenBusy};
+use super::engine::{Follows, Input, InputLimits, Submission, WhenBusy};
 use super::turn::{Mode, ToolPlan};
 use super::SessionError;
 use crate::domain::event::{Confirmation, Permission, StopInfo, StopReason};
@@ -28,17 +28,27 @@ struct Resolved<'a> {
 }
 
 /// Decides a submission. `update` is the `session.updated` its changes make (checked by the
-/// caller); `new_turn` is the id of the turn it starts, if it starts one. Input whose event
-/// would be larger than `max_event_bytes` (its body as stored) is refused.
+/// caller); `new_turn` is the id of the turn it starts, if it starts one. Input is held to
+/// `limits`: the events per request (as many as there are waiting calls to answer at
+/// least), and the size of the event each piece of input is stored as.
 pub fn decide(
     state: &TurnState,
     submission: &Submission,
     update: Option<EventBody>,
     new_turn: TurnId,
-    max_event_bytes: usize,
+    limits: InputLimits,
 ) -> Result<Decision, SessionError> {
+    let (sent, max) = (submission.inputs.len(), limits.max_events_per_request);
+    if sent > max.max(state.pending.len()) {
+        return Err(SessionError::Invalid(format!("at most {max} events per request; this one has {sent}")));
+    }
     let with_remembered = remembered(state, &submission.inputs);
-    let inputs = with_remembered.as_deref().unwrap_or(&submission.inputs);
+    let (inputs, copied_from) = match &with_remembered {
+        Some((inputs, copied_from)) => (inputs.as_slice(), copied_from.as_slice()),
+        None => (submission.inputs.as_slice(), &[][..]),
+    };
+    // Where input `k` stood in the request: a remembered decision's copy, where its original did.
+    let place = |k: usize| k.checked_sub(sent).and_then(|copy| copied_from.get(copy).copied()).unwrap_or(k);
     let queue = submission.when_busy == WhenBusy::Queue;
     let messages = inputs.iter().filter(|i| matches!(i, Input::Message(_))).count();
     let resolving = inputs.iter().any(|i| matches!(i, Input::Result { .. } | Input::Permission { .. }));
@@ -57,8 +67,9 @@ pub fn decide(
         _ if messages > 0 => check_idle(state)?,
         _ => {}
     }
-    let resolved = if resolving { match_resolutions(state, inputs, submission.all_at_once)? } else { Vec::new() };
-    let fits = |i, draft| fits(i, draft, max_event_bytes);
+    let resolved =
+        if resolving { match_resolutions(state, inputs, &place, submission.all_at_once)? } else { Vec::new() };
+    let check = |i, draft| fits(i, draft, limits.max_event_bytes);
 
     let mut decision =
         Decision { drafts: update.iter().map(|body| Draft::new(None, body)).collect(), ..Decision::default() };
@@ -67,12 +78,13 @@ pub fn decide(
     // input starting a turn cancels that turn as it starts.
     let mut current = current_turn(state);
     let mut resolutions_written = resolved.is_empty();
-    for (i, input) in inputs.iter().enumerate() {
+    for (k, input) in inputs.iter().enumerate() {
+        let i = place(k);
         match input {
             // As the Qoder event catalog has it, an outcome belongs to no turn.
             Input::Outcome(outcome) => {
                 let draft = Draft::new(None, &EventBody::UserDefineOutcome { outcome: outcome.clone() });
-                decision.drafts.push(fits(i, draft)?);
+                decision.drafts.push(check(i, draft)?);
             }
             Input::Cancel => {
                 if decision.start.is_some() || matches!(state.phase, Phase::Running(_)) {
@@ -92,11 +104,11 @@ pub fn decide(
             // While a turn runs (or once this request has started one), a message waits
             // for the next turn.
             Input::Message(content) if queue && (decision.start.is_some() || state.phase != Phase::Idle) => {
-                decision.drafts.push(fits(i, Draft::queued(&EventBody::UserMessage { content: content.clone() }))?);
+                decision.drafts.push(check(i, Draft::queued(&EventBody::UserMessage { content: content.clone() }))?);
             }
             Input::Message(content) => {
                 let message =
-                    fits(i, Draft::new(Some(new_turn), &EventBody::UserMessage { content: content.clone() }))?;
+                    check(i, Draft::new(Some(new_turn), &EventBody::UserMessage { content: content.clone() }))?;
                 decision.drafts.push(Draft::new(Some(new_turn), &EventBody::TurnStarted {}));
                 // Messages queued before this one come first.
                 if !state.queued.is_empty() {
@@ -109,7 +121,7 @@ pub fn decide(
             }
             Input::Result { .. } | Input::Permission { .. } if !resolutions_written => {
                 resolutions_written = true;
-                let (drafts, start) = resolve(state, &resolved, new_turn, max_event_bytes)?;
+                let (drafts, start) = resolve(state, &resolved, new_turn, limits.max_event_bytes)?;
                 decision.drafts.extend(drafts);
                 decision.start = start;
                 current = start.or(current);
@@ -228,10 +240,10 @@ fn resolve(
         drafts.push(Draft::new(Some(new_turn), &EventBody::TurnStarted {}));
     }
     for r in resolved {
-        // The first records the input; a denial's tool result follows it.
-        let mut events = resolution_events(turn, r).into_iter();
-        drafts.extend(events.next().map(|recorded| fits(r.index, recorded, limit)).transpose()?);
-        drafts.extend(events);
+        // A denial's tool result carries the reason given, as its confirmation does.
+        for draft in resolution_events(turn, r) {
+            drafts.push(fits(r.index, draft, limit)?);
+        }
     }
     if remaining.is_empty() {
         drafts.push(Draft::new(Some(new_turn), &running()));
@@ -294,16 +306,17 @@ fn pending_text(state: &TurnState) -> String {
 }
 
 /// The submission's input, plus, for each decision to remember, the same decision on every
-/// other waiting call of its tool that the input does not answer; `None` when nothing is
-/// to remember.
-fn remembered(state: &TurnState, inputs: &[Input]) -> Option<Vec<Input>> {
+/// other waiting call of its tool that the input does not answer, with the place in the
+/// input of the decision each copies; `None` when nothing is to remember.
+fn remembered(state: &TurnState, inputs: &[Input]) -> Option<(Vec<Input>, Vec<usize>)> {
     if !inputs.iter().any(|i| matches!(i, Input::Permission { remember: true, .. })) {
         return None;
     }
     let named = |call: &str, p: &PendingCall| p.tool_call_id == call || p.event_id.to_string() == call;
     let answers = |i: &Input, p: &PendingCall| matches!(i, Input::Permission { call, .. } | Input::Result { call, .. } if named(call, p));
     let mut out = inputs.to_vec();
-    for input in inputs {
+    let mut copied_from = Vec::new();
+    for (i, input) in inputs.iter().enumerate() {
         let Input::Permission { call, granted, reason, remember: true } = input else { continue };
         let Some(tool) = state.pending.values().find(|p| named(call, p)).map(|p| &p.name) else { continue };
         let same: Vec<Input> = state
@@ -317,14 +330,16 @@ fn remembered(state: &TurnState, inputs: &[Input]) -> Option<Vec<Input>> {
                 remember: false,
             })
             .collect();
+        copied_from.extend(std::iter::repeat_n(i, same.len()));
         out.extend(same);
     }
-    (out.len() > inputs.len()).then_some(out)
+    (out.len() > inputs.len()).then_some((out, copied_from))
 }
 
 fn match_resolutions<'a>(
     state: &'a TurnState,
     inputs: &'a [Input],
+    place: &dyn Fn(usize) -> usize,
     all_at_once: bool,
 ) -> Result<Vec<Resolved<'a>>, SessionError> {
     match state.phase {
@@ -367,7 +382,7 @@ fn match_resolutions<'a>(
             }
             _ => {}
         }
-        resolved.push(Resolved { call: pending, input, index });
+        resolved.push(Resolved { call: pending, input, index: place(index) });
     }
     if all_at_once && resolved.len() < state.pending.len() {
         let missing: Vec<&str> = state
@@ -407,7 +422,7 @@ fn tool_result(call: &PendingCall, text: String) -> EventBody {
     }
 }
 
-/// The events that record one resolution: the input's own event first. A denial also writes the tool result the
+/// The events that record one resolution. A denial also writes the tool result the
 /// model will read: `Tool call denied`, or `Tool call denied: <reason>`.
 fn resolution_events(turn: TurnId, resolved: &Resolved) -> Vec<Draft> {
     let call = resolved.call;
@@ -462,8 +477,13 @@ mod tests {
     use crate::domain::event::Envelope;
     use crate::domain::{RawEvent, SessionId};
 
-    /// Room for any event these tests make.
-    const ROOM: usize = 1 << 20;
+    /// Room for any input these tests make.
+    const ROOM: InputLimits = InputLimits { max_events_per_request: 100, max_event_bytes: 1 << 20 };
+
+    /// Room for events of at most `max_event_bytes`.
+    fn bytes(max_event_bytes: usize) -> InputLimits {
+        InputLimits { max_event_bytes, ..ROOM }
+    }
 
     fn kinds(decision: &Decision) -> Vec<&str> {
         decision.drafts.iter().map(Draft::kind).collect()
@@ -511,14 +531,19 @@ mod tests {
     fn input_larger_than_the_limit_is_refused_naming_its_place() {
         let text = |n: usize| vec![Block::text("x".repeat(n))];
         let (outcome, message) = (Input::Outcome(serde_json::json!("done")), Input::Message(text(50)));
-        let fits =
-            decide(&TurnState::default(), &submission(vec![outcome.clone(), message]), None, TurnId::generate(), 150);
+        let fits = decide(
+            &TurnState::default(),
+            &submission(vec![outcome.clone(), message]),
+            None,
+            TurnId::generate(),
+            bytes(150),
+        );
         assert_eq!(
             kinds(&fits.unwrap()),
             ["user.define_outcome", "turn.started", "user.message", "session.status_running"]
         );
         let over = submission(vec![outcome, Input::Message(text(200))]);
-        let refused = decide(&TurnState::default(), &over, None, TurnId::generate(), 150).unwrap_err();
+        let refused = decide(&TurnState::default(), &over, None, TurnId::generate(), bytes(150)).unwrap_err();
         assert!(
             matches!(refused, SessionError::TooLarge(ref m) if m.starts_with("event 1 (user.message) is ")),
             "{refused}"
@@ -573,12 +598,66 @@ mod tests {
             Input::Permission { call: "b".into(), granted: true, reason: None, remember: false },
             Input::Result { call: "a".into(), content: vec![Block::text("x".repeat(200))], is_error: false },
         ]);
-        let refused = decide(&state, &large, None, next, 150).unwrap_err();
+        let refused = decide(&state, &large, None, next, bytes(150)).unwrap_err();
         assert!(
             matches!(refused, SessionError::TooLarge(ref m) if m.starts_with("event 1 (user.custom_tool_result) is ")),
             "{refused}"
         );
         assert!(seed_waiting(&[Message::User { content: vec![] }], &plan, turn).is_empty());
         assert!(seed_settled(&[]).is_empty());
+    }
+
+    /// A session waiting for permissions on calls of one server tool, by these call ids.
+    fn waiting_for(ids: &[&str]) -> TurnState {
+        let plan = ToolPlan { modes: [("calculator".to_string(), Mode::Inline)].into(), ..ToolPlan::default() };
+        let call = |id: &&str| crate::domain::Part::ToolUse {
+            tool_call_id: id.to_string(),
+            name: "calculator".into(),
+            input: serde_json::json!({}),
+        };
+        let mut drafts =
+            seed_waiting(&[Message::Assistant { content: ids.iter().map(call).collect() }], &plan, TurnId::generate());
+        drafts.extend(seed_settled(&stored(&drafts)));
+        fold(&drafts)
+    }
+
+    #[test]
+    fn every_event_of_a_resolution_is_held_to_the_limit_under_the_place_of_its_input() {
+        let long = "a-call-id-much-longer-than-the-other-one-0123456789";
+        let state = waiting_for(&["b", long]);
+        let allow = |remember| Input::Permission { call: "b".into(), granted: true, reason: None, remember };
+        // Remembered, the decision is copied to the other call, whose longer id makes the
+        // copy the larger event: it is refused under the place of the decision it copies.
+        let decision = decide(&state, &submission(vec![allow(true)]), None, TurnId::generate(), ROOM).unwrap();
+        let confirmations: Vec<usize> =
+            decision.drafts.iter().filter(|d| d.kind() == "user.tool_confirmation").map(Draft::len).collect();
+        assert!(confirmations.len() == 2 && confirmations[1] > confirmations[0], "{confirmations:?}");
+        let limit = bytes(confirmations[0]);
+        let refused = decide(&state, &submission(vec![allow(true)]), None, TurnId::generate(), limit).unwrap_err();
+        assert!(matches!(refused, SessionError::TooLarge(ref m) if m.starts_with("event 0 ")), "{refused}");
+        // A denial's tool result repeats its reason: it is held to the limit too.
+        let reason = Some("r".repeat(100));
+        let deny = Input::Permission { call: "b".into(), granted: false, reason: reason.clone(), remember: false };
+        let deny = Submission { inputs: vec![deny], ..Submission::default() };
+        let decision = decide(&state, &deny, None, TurnId::generate(), ROOM).unwrap();
+        let size = |kind| decision.drafts.iter().find(|d| d.kind() == kind).map(Draft::len).unwrap();
+        let (confirmation, result) = (size("user.tool_confirmation"), size("agent.tool_result"));
+        assert!(result > confirmation, "{result} > {confirmation}");
+        let refused = decide(&state, &deny, None, TurnId::generate(), bytes(confirmation));
+        assert!(matches!(refused, Err(SessionError::TooLarge(ref m)) if m.starts_with("event 0 (agent.tool_result)")));
+    }
+
+    #[test]
+    fn a_request_may_answer_every_waiting_call_even_past_the_events_per_request() {
+        let state = waiting_for(&["c1", "c2", "c3"]);
+        let allow = |call: &str| Input::Permission { call: call.into(), granted: true, reason: None, remember: false };
+        let two = InputLimits { max_events_per_request: 2, ..ROOM };
+        let all = submission(vec![allow("c1"), allow("c2"), allow("c3")]);
+        assert!(decide(&state, &all, None, TurnId::generate(), two).unwrap().start.is_some());
+        let more = submission(vec![allow("c1"), allow("c2"), allow("c3"), Input::Interrupt]);
+        let refused = decide(&state, &more, None, TurnId::generate(), two).unwrap_err();
+        assert!(matches!(refused, SessionError::Invalid(ref m) if m == "at most 2 events per request; this one has 4"));
+        let idle = submission(vec![Input::Interrupt; 3]);
+        assert!(decide(&TurnState::default(), &idle, None, TurnId::generate(), two).is_err());
     }
 }

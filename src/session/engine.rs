@@ -276,10 +276,6 @@ impl Engine {
     /// Hands input to the session's actor and waits for its decision. Refusals (a turn is
     /// running, unknown calls, ...) come back before anything is stored.
     pub async fn submit(&self, session: SessionId, mut submission: Submission) -> Result<Submitted, SessionError> {
-        let (sent, max) = (submission.inputs.len(), self.inner.limits.max_events_per_request);
-        if sent > max {
-            return Err(SessionError::Invalid(format!("at most {max} events per request; this one has {sent}")));
-        }
         loop {
             let (reply, answer) = oneshot::channel();
             self.send(session, Command::Submit(Box::new(submission), reply)).await?;

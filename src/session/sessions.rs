@@ -455,6 +455,13 @@ impl Sessions {
         Ok(self.redacted(summary.ok_or_else(|| SessionError::NotFound(session.id.to_string()))?))
     }
 
+    /// Refuses input a new session would refuse as its first (too much of it, an event too
+    /// large): called before the session is made, so that such a request leaves nothing.
+    pub fn check_first(&self, submission: &Submission) -> Result<(), SessionError> {
+        let limits = self.engine.inner.limits;
+        super::decide::decide(&Default::default(), submission, None, TurnId::generate(), limits).map(drop)
+    }
+
     /// Hands input to the session's engine. Refusals come back before anything is stored.
     pub async fn submit(&self, session: &SessionSummary, submission: Submission) -> Result<Submitted, SessionError> {
         self.engine.submit(session.id, submission).await

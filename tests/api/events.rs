@@ -257,8 +257,13 @@ async fn every_view_holds_input_to_the_same_limits_and_stores_nothing_it_refuses
         }
     }
     let four = json!({"events": vec![json!({"type": "user.interrupt"}); 4]});
-    for path in [format!("/sessions/{session}/events"), format!("/v1/sessions/{session}/events")] {
-        let (status, refused) = crate::helpers::post_json(&app, &path, four.clone()).await;
+    let input = json!({"input": vec![json!({"type": "user.message", "content": "hi"}); 4]});
+    for (path, body) in [
+        (format!("/sessions/{session}/events"), &four),
+        (format!("/v1/sessions/{session}/events"), &four),
+        (format!("/v1/agents/sessions/{session}/turns"), &input),
+    ] {
+        let (status, refused) = crate::helpers::post_json(&app, &path, body.clone()).await;
         assert_eq!(status, 400, "{path}: {refused}");
         let message = refused["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains("at most 3 events per request; this one has 4"), "{path}: {refused}");

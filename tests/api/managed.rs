@@ -132,6 +132,17 @@ async fn errors_are_in_anthropics_shape_and_store_nothing() {
     assert_eq!(status, 400);
     assert!(body["error"]["message"].as_str().unwrap().contains("tools[0].type"), "{body}");
 
+    // Input the new session would refuse is refused before the session is made.
+    let (_, sessions) = get(&app, "/v1/sessions?limit=100").await;
+    let huge = json!({"type": "user.message", "content": [{"type": "text", "text": "x".repeat(1 << 20)}]});
+    let (_, agent) = get(&app, &format!("/v1/sessions/{session}")).await;
+    let body =
+        json!({"agent": agent["agent"]["id"], "environment_id": agent["environment_id"], "initial_events": [huge]});
+    let (status, refused) = post(&app, "/v1/sessions", body).await;
+    assert_eq!((status, error(&refused)), (413, (json!("error"), json!("request_too_large"))), "{refused:.300}");
+    let (_, after) = get(&app, "/v1/sessions?limit=100").await;
+    assert_eq!(after["data"], sessions["data"], "no session was made");
+
     let (status, body) = get(&app, "/v1/sessions/sess_01J00000000000000000000000").await;
     assert_eq!((status, error(&body)), (404, (json!("error"), json!("not_found_error"))));
     let (status, body) = get(&app, "/v1/nothing/here").await;

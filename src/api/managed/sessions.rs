@@ -93,10 +93,13 @@ pub async fn create(
         environment_id: Some(request.environment_id),
         ..SessionSpec::default()
     };
+    let first = Submission { inputs: initial, when_busy: WhenBusy::Queue, ..Submission::default() };
+    if !first.inputs.is_empty() {
+        state.sessions.check_first(&first)?;
+    }
     let summary = state.sessions.create(&caller, spec).await?;
-    if !initial.is_empty() {
-        let submission = Submission { inputs: initial, when_busy: WhenBusy::Queue, ..Submission::default() };
-        state.sessions.submit(&summary, submission).await?;
+    if !first.inputs.is_empty() {
+        state.sessions.submit(&summary, first).await?;
     }
     Ok(HttpResponse::Ok().json(render(&state, &summary).await?))
 }
