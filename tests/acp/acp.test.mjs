@@ -310,7 +310,7 @@ for (const mode of ["embedded", "bridge"]) {
       });
     });
 
-    test("bad requests: unknown session -32002 with data.sessionId, bad prompt params -32602, unknown method -32601; the agent keeps serving", TEST, async (t) => {
+    test("bad requests: unknown session -32002 with data.sessionId, bad prompt params -32602, a prompt over the event size limit -32602, unknown method -32601; the agent keeps serving", TEST, async (t) => {
       await run(t, async (c) => {
         const sessionId = await c.openSession();
         const unknown = "sess_01ARZ3NDEKTSV4RRFFQ69G5FAV"; // well formed, never created
@@ -329,6 +329,12 @@ for (const mode of ["embedded", "bridge"]) {
           const error = await c.fails(m.agent.session.prompt, params);
           assert.equal(error.code, -32602, `session/prompt ${show(params)}: ${showError(error)}`);
         }
+
+        // A prompt whose event would be over the limit (`limits.max_event_bytes`, 1 MiB) is
+        // refused as the other views refuse it; the session goes on (below).
+        const huge = await c.fails(m.agent.session.prompt, { sessionId, prompt: [{ type: "text", text: "x".repeat(1 << 20) }] });
+        assert.equal(huge.code, -32602, `an oversized prompt: ${showError(huge)}`);
+        assert.match(String(huge.data), /^event 0 \(user\.message\) is \d+ bytes; the limit is 1048576$/, showError(huge));
 
         const noMethod = await c.fails("turnlog/no_such_method", {});
         assert.equal(noMethod.code, -32601, `unknown method: ${showError(noMethod)}`);
