@@ -17,7 +17,7 @@ use crate::domain::event::SessionSpec;
 use crate::domain::message::waiting_calls;
 use crate::domain::{Draft, EventBody, EventId, Message, RawEvent, SessionId, TurnId, Usage};
 use crate::projection::history::History;
-use crate::projection::turns::{OpenTurn, OpenTurns, Processed, ProcessedInput};
+use crate::projection::turns::{OpenTurn, OpenTurns, Processed, ProcessedInput, TurnState};
 use crate::projection::{SessionIndex, SessionSummary, TurnIndex, TurnSummary};
 use crate::store::{Key, Position, ReadRange, Scan};
 
@@ -455,11 +455,26 @@ impl Sessions {
         Ok(self.redacted(summary.ok_or_else(|| SessionError::NotFound(session.id.to_string()))?))
     }
 
-    /// Refuses input a new session would refuse as its first (too much of it, an event too
-    /// large): called before the session is made, so that such a request leaves nothing.
-    pub fn check_first(&self, submission: &Submission) -> Result<(), SessionError> {
-        let limits = self.engine.inner.limits;
-        super::decide::decide(&Default::default(), submission, None, TurnId::generate(), limits).map(drop)
+    /// Makes a session and hands it its first input. Input a new session would refuse (too
+    /// much of it, an event too large) is refused before the session is made, so that such
+    /// a request leaves nothing behind. (A seed history decides the new session's state, so
+    /// with one the input is checked as it is submitted, after.)
+    pub async fn create_with_input(
+        &self,
+        caller: &Caller,
+        spec: SessionSpec,
+        first: Submission,
+    ) -> Result<SessionSummary, SessionError> {
+        if first.inputs.is_empty() {
+            return self.create(caller, spec).await;
+        }
+        if spec.messages.is_empty() {
+            let new = TurnState::default();
+            super::decide::decide(&new, &first, None, TurnId::generate(), self.engine.inner.limits)?;
+        }
+        let summary = self.create(caller, spec).await?;
+        self.submit(&summary, first).await?;
+        Ok(summary)
     }
 
     /// Hands input to the session's engine. Refusals come back before anything is stored.

@@ -94,13 +94,7 @@ pub async fn create(
         ..SessionSpec::default()
     };
     let first = Submission { inputs: initial, when_busy: WhenBusy::Queue, ..Submission::default() };
-    if !first.inputs.is_empty() {
-        state.sessions.check_first(&first)?;
-    }
-    let summary = state.sessions.create(&caller, spec).await?;
-    if !first.inputs.is_empty() {
-        state.sessions.submit(&summary, first).await?;
-    }
+    let summary = state.sessions.create_with_input(&caller, spec, first).await?;
     Ok(HttpResponse::Ok().json(render(&state, &summary).await?))
 }
 
