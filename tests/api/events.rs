@@ -227,7 +227,7 @@ async fn every_view_holds_input_to_the_same_limits_and_stores_nothing_it_refuses
     let session = app.create_session().await;
     let big = "x".repeat(1500);
     let text = json!([{"type": "text", "text": big}]);
-    // (view, path, body, the error's code where the view's shape has one)
+    // (view, path, a body whose one message is over the limit)
     let cases = [
         (
             "native",
@@ -256,6 +256,8 @@ async fn every_view_holds_input_to_the_same_limits_and_stores_nothing_it_refuses
             _ => assert_eq!(refused["error"]["code"], "payload_too_large", "{view}: {refused}"),
         }
     }
+    // AAP takes one user message a turn (or answers to the calls that wait, which the limit
+    // always lets through), so only the other three can be sent four events.
     let four = json!({"events": vec![json!({"type": "user.interrupt"}); 4]});
     let input = json!({"input": vec![json!({"type": "user.message", "content": "hi"}); 4]});
     for (path, body) in [
