@@ -29,9 +29,12 @@ lua=${TL_APPEND_LUA:-../../shared/bench/tl_append.lua}
 [ -f "$lua" ] || { echo "no $lua: set TL_APPEND_LUA to the peer benchmark's tl_append.lua" >&2; exit 2; }
 command -v wrk >/dev/null || { echo "wrk is missing: apt-get install -y wrk" >&2; exit 2; }
 ticks=$(getconf CLK_TCK)
+# The server of the run under way, stopped and its data dir removed however the script ends.
+pid='' dir=''
+trap 'if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi; if [ -n "$dir" ]; then rm -rf "$dir"; fi' EXIT
 
 run() {
-  local bin=$1 dir pid addr session
+  local bin=$1 addr session
   dir=$(mktemp -d)
   "$bin" serve --addr 127.0.0.1:0 --data-dir "$dir/data" >"$dir/out" 2>"$dir/log" &
   pid=$!
@@ -41,9 +44,10 @@ run() {
     kill -0 "$pid" 2>/dev/null || { cat "$dir/log" >&2; exit 1; }
     sleep 0.1
   done
-  [ -n "$addr" ] || { echo "$bin did not start" >&2; kill "$pid"; exit 1; }
+  [ -n "$addr" ] || { echo "$bin did not start" >&2; exit 1; }
   session=$(curl -sf -X POST -H 'content-type: application/json' -d '{"agent":{"name":"default"}}' \
     "http://$addr/sessions" | sed -n 's/.*"sessionId":"\([^"]*\)".*/\1/p')
+  [ -n "$session" ] || { echo "$bin: could not create a session" >&2; exit 1; }
   local before after out metrics
   before=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   out=$(wrk -t1 -c"$connections" -d"$duration" -s "$lua" "http://$addr/sessions/$session/events")
@@ -52,6 +56,7 @@ run() {
   kill "$pid"
   wait "$pid" 2>/dev/null || true
   rm -rf "$dir"
+  pid='' dir=''
   # tl_append.lua's summary line: appends/s=N p50_ms=X p99_ms=Y non2xx=N socket_errors=N
   local line
   line=$(grep '^appends/s=' <<<"$out")
