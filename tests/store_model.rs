@@ -430,6 +430,76 @@ async fn two_nodes_race_on_jetstream(nats: nats::Nats, replicas: usize) {
     b.close().await.unwrap();
 }
 
+/// Two nodes publish batches that start with the same event id: two logs imported into one
+/// new session at once through two nodes, or two writers numbering from one tail within a
+/// millisecond of its last event (or on clocks that disagree), whose ids then each follow
+/// the last one's by one. JetStream's duplicate detection, keyed on a batch's message id,
+/// must not answer the second as if it were the first: exactly one is acknowledged, and
+/// the log holds that one, byte for byte, on both nodes.
+#[tokio::test]
+async fn batches_that_start_with_one_id_are_not_taken_for_each_other_on_jetstream() {
+    batches_that_start_with_one_id(nats::Nats::single().await, 1).await;
+}
+
+#[tokio::test]
+async fn batches_that_start_with_one_id_are_not_taken_for_each_other_with_three_replicas() {
+    batches_that_start_with_one_id(nats::Nats::cluster().await, 3).await;
+}
+
+async fn batches_that_start_with_one_id(nats: nats::Nats, replicas: usize) {
+    use turnlog::domain::event::Envelope;
+    use turnlog::domain::RawEvent;
+    let (a, b) = (nats::open_log_with(&nats, replicas).await, nats::open_log_with(&nats, replicas).await);
+    for round in 0..5 {
+        let session = SessionId::generate();
+        let first = ulid::Ulid::new();
+        let log_of = |who: &str, count: usize| -> Vec<RawEvent> {
+            let mut id = first;
+            (0..count as u64)
+                .map(|i| {
+                    let body = match i {
+                        0 => EventBody::SessionCreated { spec: Default::default(), created_by: who.into() },
+                        _ => EventBody::UserDefineOutcome { outcome: serde_json::json!(format!("{who}-{i}")) },
+                    };
+                    let envelope =
+                        Envelope { id: EventId(id), session, turn: None, seq: i + 1, now: "2026-11-27T00:00:00Z" };
+                    let event =
+                        RawEvent { id: EventId(id), seq: i + 1, json: envelope.write(&Draft::new(None, &body)) };
+                    id = id.increment().unwrap();
+                    event
+                })
+                .collect()
+        };
+        let (x, y) = (log_of("a", 2), log_of("b", 3));
+        a.prepare(session).await.unwrap();
+        b.prepare(session).await.unwrap();
+        let (to_a, to_b) = (a.adopt(session, x.clone()).unwrap(), b.adopt(session, y.clone()).unwrap());
+        let (by_a, by_b) = tokio::join!(to_a.durable(), to_b.durable());
+        let acknowledged: Vec<&Vec<RawEvent>> = [(&by_a, &x), (&by_b, &y)]
+            .into_iter()
+            .filter(|(outcome, _)| matches!(outcome, Ok(Ok(_))))
+            .map(|(_, events)| events)
+            .collect();
+        assert_eq!(acknowledged.len(), 1, "round {round}: exactly one import stands: {by_a:?} / {by_b:?}");
+        let range = ReadRange { after: None, before: None, limit: 100, newest_first: false };
+        for node in [&a, &b] {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let mut held = node.read(session, range).await.unwrap();
+            while held.len() < acknowledged[0].len() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                held = node.read(session, range).await.unwrap();
+            }
+            assert_eq!(
+                stored(held),
+                stored(acknowledged[0].clone()),
+                "round {round}: the log is the acknowledged import"
+            );
+        }
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
 /// Appends ordered in a row while one is being published go out together, but never as a
 /// message larger than one append may be: 10 MB of appends of 50 KB each, more than the test
 /// servers' 8 MB `max_payload`, all land, in order.

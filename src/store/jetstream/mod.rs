@@ -816,9 +816,12 @@ impl JetStreamLog {
             |context: &str, error: &dyn std::fmt::Display| AppendError::Storage(format!("{context}: {error}"));
         let open_before = session.state.lock().index.last().and_then(|entry| entry.open);
         let (mut headers, payload) = wire::encode(events, open_before);
-        // The batch's own first event id: a publish sent again is recognised as this batch,
-        // never confused with another batch at the same position.
-        headers.insert("Nats-Msg-Id", events[0].0.id.ulid().to_string().as_str());
+        // The chain hash of the batch's last event, which covers its every byte and every
+        // event before it: a publish sent again is recognised as this batch, and never
+        // confused with another batch at the same position, even one whose events have the
+        // same ids (two writers numbering from one tail within a millisecond of its last
+        // event, or on clocks that disagree, each take its id plus one).
+        headers.insert("Nats-Msg-Id", hex::encode(events[events.len() - 1].1).as_str());
         let subject = self.subject(session.id);
         let started = Instant::now();
         use jetstream::context::PublishErrorKind as Kind;
@@ -854,7 +857,7 @@ impl JetStreamLog {
                 }
             }
         };
-        let stream_seq = self.placed(session, expect, ack.sequence, &events[0].0).await?;
+        let stream_seq = self.placed(session, expect, ack.sequence, events[0].0.seq, &payload).await?;
         metrics::JETSTREAM_PUBLISH_SECONDS.observe(started.elapsed().as_secs_f64());
         session.state.lock().expect = Some(ack.sequence);
         // Applied here at once, not when this node's consumer brings it back (it may be
@@ -898,14 +901,22 @@ impl JetStreamLog {
         (held + 1 == first_seq).then(|| *session.seen.borrow())
     }
 
-    /// Where the batch that starts with `first` is in the log, now that JetStream has stored
-    /// a copy at `at`, published after the subject's message `expect`: the first message
-    /// after `expect` at its position ([`follows`]) is the log's, and void messages (copies
-    /// of older batches) may come before it. That is `at`, or an earlier copy of this same
-    /// batch (a publish sent again), or another batch, which makes this one void: refused
-    /// as a race, as if JetStream had refused it. Without replicas JetStream checks the
-    /// expected sequence in order, and a message right after `expect` has nothing before it.
-    async fn placed(&self, session: &Session, expect: u64, at: u64, first: &RawEvent) -> Result<u64, AppendError> {
+    /// Where the batch `payload` (its first event numbered `first_seq`) is in the log, now
+    /// that JetStream has stored a copy at `at`, published after the subject's message
+    /// `expect`: the first message after `expect` at its position ([`follows`]) is the
+    /// log's, and void messages (copies of older batches) may come before it. That is `at`,
+    /// or an earlier copy of this same batch, byte for byte (a publish sent again), or
+    /// another batch, which makes this one void: refused as a race, as if JetStream had
+    /// refused it. Without replicas JetStream checks the expected sequence in order, and a
+    /// message right after `expect` has nothing before it.
+    async fn placed(
+        &self,
+        session: &Session,
+        expect: u64,
+        at: u64,
+        first_seq: u64,
+        payload: &Bytes,
+    ) -> Result<u64, AppendError> {
         if self.inner.config.replicas <= 1 || at == expect + 1 {
             return Ok(at);
         }
@@ -920,8 +931,8 @@ impl JetStreamLog {
                 return Ok(at);
             }
             let entry = wire::entry(message.sequence, Some(&message.headers)).map_err(AppendError::Storage)?;
-            if entry.first_seq == first.seq {
-                if entry.first_id == first.id {
+            if entry.first_seq == first_seq {
+                if message.payload == *payload {
                     return Ok(message.sequence);
                 }
                 metrics::APPENDS_REFUSED.with_label_values(&["raced"]).inc();
