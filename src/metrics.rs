@@ -73,6 +73,19 @@ pub static JETSTREAM_PUBLISHING: LazyLock<IntGauge> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
+pub static JETSTREAM_FOLLOWERS_REPLACED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "turnlog_jetstream_followers_replaced_total",
+                "Times this node replaced its consumer of the events stream (`events`) or its watch of the \
+                 projections (`projections`) because it brought nothing the stream held (its server died).",
+            ),
+            &["follower"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static LEASE_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(

@@ -466,6 +466,87 @@ async fn a_nats_server_killed_under_load_loses_nothing_acknowledged() {
     }
 }
 
+/// A node whose consumer of the events stream lived on a nats-server that died, while the
+/// node's own connection is to another server, replaces the consumer as soon as the stream
+/// holds a message it has not brought: its client alone would notice only after two missed
+/// heartbeats (10 s after the last message), and meanwhile the node's live streams, reads
+/// and appends would wait. A live stream on the node gets the next append, and `/metrics`
+/// counts the replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_died_with_its_server_is_replaced_at_once() {
+    let _heavy = crate::helpers::HEAVY.lock().await;
+    let mut nats = Nats::cluster().await;
+    let urls = nats.urls();
+    let config = |name: &str, server: usize| {
+        format!(
+            "[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = [{:?}]\nreplicas = 3\nnode = \"{name}\"\n\
+             lease_ttl_secs = {LEASE_TTL_SECS}\n",
+            urls[server]
+        )
+    };
+    let admin = async_nats::jetstream::new(async_nats::connect(urls.clone()).await.unwrap());
+    // Node x connects to one server; its consumer must live on another (JetStream places it,
+    // usually with the stream's leader): x starts again on another server until it does.
+    let mut x = spawn_with(&config("x", 0)).await;
+    let (mut connected, mut earlier) = (0, BTreeSet::new());
+    let consumer_on = loop {
+        let (name, on) = follower(&admin, &earlier).await;
+        if on != connected {
+            break on;
+        }
+        assert!(earlier.len() < 8, "node x's consumer kept to the server x is connected to");
+        earlier.insert(name);
+        connected = (connected + 1) % 3;
+        x.kill().await;
+        std::fs::write(x.dir.path().join("config.toml"), config("x", connected)).unwrap();
+        x.restart().await;
+    };
+    let other = (0..3).find(|s| *s != connected && *s != consumer_on).unwrap();
+    let y = spawn_with(&config("y", other)).await;
+    let session = y.create_session().await;
+    let made = x.all_events(&session).await;
+    let last = made.last().unwrap()["id"].as_str().unwrap().to_string();
+    let mut live = sse(x.stream(&session, Some(&last), None).await);
+    // Just before the kill, so that x's client has had a message a moment ago: its own
+    // check would wait the whole 10 s.
+    let before = json!({"type": "user.define_outcome", "outcome": "before"});
+    assert_eq!(y.post_event(&session, before).await.status(), 200);
+    assert_eq!(take(&mut live, 1, 10).await[0].data["outcome"], "before");
+    nats.kill(consumer_on);
+    // Appended through y once the stream has elected another leader (refused until then).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let after = json!({"type": "user.define_outcome", "outcome": "after"});
+        let response = y.post_event(&session, after).await;
+        match response.status().as_u16() {
+            200 => break,
+            503 if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+            status => panic!("an append after the kill was refused with {status}: {}", response.text().await.unwrap()),
+        }
+    }
+    let acknowledged = Instant::now();
+    let delivered = take(&mut live, 1, 20).await;
+    assert_eq!(delivered[0].data["outcome"], "after", "{}", x.log());
+    eprintln!("node x's live stream had the append {:?} after its acknowledgement", acknowledged.elapsed());
+    let replaced = x.metric("turnlog_jetstream_followers_replaced_total{follower=\"events\"}").await;
+    assert!(replaced >= 1.0, "x's consumer was not replaced; it recovered by its client's heartbeats:\n{}", x.log());
+}
+
+/// The consumer following the whole events stream (a node's: from a start sequence, on
+/// every session's subject) not named in `earlier`, and the server whose JetStream runs it.
+async fn follower(js: &async_nats::jetstream::Context, earlier: &BTreeSet<String>) -> (String, usize) {
+    use async_nats::jetstream::consumer::DeliverPolicy;
+    let stream = js.get_stream("TURNLOG_EVENTS").await.expect("the stream exists");
+    let consumers: Vec<_> = stream.consumers().collect::<Vec<_>>().await.into_iter().map(|c| c.unwrap()).collect();
+    let follower = consumers
+        .into_iter()
+        .filter(|c| c.config.filter_subject == "turnlog.events.*" && !earlier.contains(&c.name))
+        .find(|c| matches!(c.config.deliver_policy, DeliverPolicy::ByStartSequence { .. }))
+        .expect("a node's consumer");
+    let server = follower.cluster.and_then(|cluster| cluster.leader).expect("the consumer's server");
+    (follower.name, server.strip_prefix('n').and_then(|n| n.parse().ok()).expect("servers are named n0, n1, ..."))
+}
+
 /// A node started while its cluster has no quorum (a fresh cluster still electing its
 /// leaders, or two of three servers down) waits for it, says so in its log, and starts once
 /// the servers are back, on the streams it makes then.

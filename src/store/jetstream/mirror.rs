@@ -65,7 +65,7 @@ pub struct Mirror {
     /// the watch or from this node's own puts, never replaces a newer one; and the last
     /// event folded into it.
     revisions: RwLock<HashMap<String, (u64, u64)>>,
-    /// The bucket's revision this copy has applied.
+    /// The bucket's revision this copy has applied from the watch.
     applied: watch::Sender<u64>,
     /// Sessions whose summary changed, for the service's feed of changed sessions.
     sessions_projection: &'static str,
@@ -108,13 +108,53 @@ impl Mirror {
             kv::Operation::Put => Some(entry.value.clone()),
             kv::Operation::Delete | kv::Operation::Purge => None,
         };
-        let changed = self.set(&entry.key, value, entry.revision);
+        self.applied_at(&entry.key, value, entry.revision)
+    }
+
+    /// Applies a value (`None`: removed) of the bucket at `revision`, from its watch or
+    /// fetched while there is none.
+    fn applied_at(&self, key: &str, value: Option<Bytes>, revision: u64) -> Option<SessionId> {
+        let changed = self.set(key, value, revision);
         self.applied.send_if_modified(|applied| {
-            let moved = entry.revision > *applied;
-            *applied = (*applied).max(entry.revision);
+            let moved = revision > *applied;
+            *applied = (*applied).max(revision);
             moved
         });
         changed
+    }
+
+    /// Applies the bucket's entries after revision `applied` that its stream's leader holds
+    /// (as many as [`super::FETCH_ROUND`]), one request each, while there is no watch (the
+    /// node's consumer of the events stream does the same).
+    async fn fetch_after(&self, bucket: &kv::Store, changed: &impl Fn(SessionId)) {
+        let stream = &bucket.stream;
+        let wait = super::QUIET_WAIT;
+        let Ok(Ok(info)) = tokio::time::timeout(wait, stream.get_info()).await else { return };
+        let prefix = format!("$KV.{}.", bucket.name);
+        let last = info.state.last_sequence.min(*self.applied.borrow() + super::FETCH_ROUND);
+        loop {
+            let revision = *self.applied.borrow() + 1;
+            if revision > last {
+                return;
+            }
+            let (key, value) = match tokio::time::timeout(wait, stream.get_raw_message(revision)).await {
+                Ok(Ok(message)) => {
+                    let removed = message.headers.get("KV-Operation").is_some_and(|op| op.as_str() != "PUT");
+                    let key = message.subject.as_str().strip_prefix(&prefix).unwrap_or_default().to_string();
+                    (key, (!removed).then_some(message.payload))
+                }
+                // Removed from the stream (a purge): nothing to apply.
+                Ok(Err(error))
+                    if error.kind() == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+                {
+                    (String::new(), None)
+                }
+                _ => return,
+            };
+            if let Some(session) = self.applied_at(&key, value, revision) {
+                changed(session);
+            }
+        }
     }
 
     /// Holds what this node has just put at `revision`, without waiting for the watch to
@@ -150,24 +190,51 @@ impl Mirror {
 
     /// Keeps the copy current from the bucket's watch, from its current values on; calls
     /// `changed` for each session whose summary changes. Answers once the copy holds the
-    /// bucket as it stood (its last revision, `upto`).
+    /// bucket as it stood (its last revision, `upto`). A watch that has gone quiet is
+    /// replaced by one from the revision after the last applied (see [`super::Quiet`]).
     pub async fn follow(
         self: &Arc<Mirror>,
         bucket: &kv::Store,
         upto: u64,
-        changed: impl Fn(SessionId) + Send + 'static,
+        changed: impl Fn(SessionId) + Send + Sync + 'static,
     ) -> Result<tokio::task::JoinHandle<()>, StoreError> {
         let mut watch = bucket.watch_with_history(">").await.map_err(StoreError::new)?;
-        let mirror = self.clone();
+        let (mirror, bucket) = (self.clone(), bucket.clone());
         let task = tokio::spawn(async move {
-            while let Some(entry) = watch.next().await {
-                match entry {
-                    Ok(entry) => {
-                        if let Some(session) = mirror.apply(&entry) {
-                            changed(session);
+            let mut quiet = super::Quiet::new(*mirror.applied.borrow());
+            let mut tick = super::quiet_ticks();
+            loop {
+                tokio::select! {
+                    entry = watch.next() => match entry {
+                        Some(Ok(entry)) => {
+                            if let Some(session) = mirror.apply(&entry) {
+                                changed(session);
+                            }
                         }
+                        Some(Err(error)) => tracing::warn!(%error, "the projections watch failed; it resumes"),
+                        None => break,
+                    },
+                    _ = tick.tick() => {
+                        let applied = *mirror.applied.borrow();
+                        if !quiet.stalled(applied, &bucket.stream).await {
+                            continue;
+                        }
+                        tracing::warn!(from = applied + 1, "the projections watch brings nothing the bucket holds; watching it again");
+                        crate::metrics::JETSTREAM_FOLLOWERS_REPLACED.with_label_values(&["projections"]).inc();
+                        // As the node's consumer of the events stream does: fetch, then watch.
+                        loop {
+                            mirror.fetch_after(&bucket, &changed).await;
+                            let from = *mirror.applied.borrow() + 1;
+                            match tokio::time::timeout(2 * super::QUIET_WAIT, bucket.watch_all_from_revision(from)).await {
+                                Ok(Ok(new)) => break watch = new,
+                                Ok(Err(error)) => {
+                                    tracing::warn!(%error, "could not watch the projections again; fetching meanwhile")
+                                }
+                                Err(_) => tracing::warn!("could not watch the projections again in time; fetching meanwhile"),
+                            }
+                        }
+                        tick.reset();
                     }
-                    Err(error) => tracing::warn!(%error, "the projections watch failed; it resumes"),
                 }
             }
             tracing::warn!("the projections watch ended");
