@@ -52,15 +52,27 @@ pub fn client() -> reqwest::Client {
 }
 
 /// Runs the binary and waits for its `listening on` line; `Err` carries what it printed if
-/// it exited instead.
+/// it exited instead. Its log (`<data>.log`) keeps every life of the server on that data
+/// dir, each after a line that says when it started, so a failure after a restart still
+/// shows what happened before it. `TURNLOG_TEST_RUST_LOG` sets the servers' `RUST_LOG`
+/// (`warn` unless set), to look closer at a rare failure.
 pub async fn launch(config: &Path, data: &Path, addr: &str) -> Result<(Child, String), String> {
-    let log = std::fs::File::create(data.with_extension("log")).expect("log file");
+    let path = data.with_extension("log");
+    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("log file");
+    let started = log.metadata().expect("log file").len();
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    std::io::Write::write_all(
+        &mut log,
+        format!("--- started at {:.3} s since the epoch\n", since.as_secs_f64()).as_bytes(),
+    )
+    .expect("log file");
+    let filter = std::env::var("TURNLOG_TEST_RUST_LOG").unwrap_or_else(|_| "warn".to_string());
     let mut child = Command::new(env!("CARGO_BIN_EXE_turnlog"))
         .args(["serve", "--addr", addr, "--config"])
         .arg(config)
         .arg("--data-dir")
         .arg(data)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", filter)
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))
         .kill_on_drop(true)
@@ -76,7 +88,8 @@ pub async fn launch(config: &Path, data: &Path, addr: &str) -> Result<(Child, St
         }
         _ => {
             let _ = child.wait().await;
-            Err(std::fs::read_to_string(data.with_extension("log")).unwrap_or_default())
+            let log = std::fs::read(&path).unwrap_or_default();
+            Err(String::from_utf8_lossy(log.get(started as usize..).unwrap_or_default()).into_owned())
         }
     }
 }

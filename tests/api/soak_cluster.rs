@@ -80,7 +80,8 @@ async fn restart(node: &mut TestApp) {
     }
 }
 
-/// The end of each node's log, printed if the test fails (the nodes' dirs go with it).
+/// The end of each node's log, printed if the test fails (the nodes' dirs go with it); the
+/// whole logs are copied to the folder `TURNLOG_TEST_KEEP_LOGS` names, if set.
 struct LogsOnFailure(Vec<Arc<tempfile::TempDir>>);
 
 impl Drop for LogsOnFailure {
@@ -88,7 +89,15 @@ impl Drop for LogsOnFailure {
         if !std::thread::panicking() {
             return;
         }
+        let keep = std::env::var_os("TURNLOG_TEST_KEEP_LOGS").map(std::path::PathBuf::from);
         for (n, dir) in self.0.iter().enumerate() {
+            if let Some(keep) = &keep {
+                let copied = std::fs::create_dir_all(keep)
+                    .and_then(|_| std::fs::copy(dir.path().join("data.log"), keep.join(format!("node-{n}.log"))));
+                if let Err(error) = copied {
+                    eprintln!("node {n}'s log was not kept in {}: {error}", keep.display());
+                }
+            }
             let log = std::fs::read_to_string(dir.path().join("data.log")).unwrap_or_default();
             let tail: String = log.chars().rev().take(6000).collect::<Vec<_>>().into_iter().rev().collect();
             eprintln!("--- node {n}'s log, its end:\n{tail}");

@@ -649,6 +649,7 @@ impl JetStreamLog {
                 recent.push_back((upto, events));
             }
         }
+        tracing::debug!(session_id = %session.id, upto, messages = index.len(), "a session loaded");
         session.loaded_with(index, recent, upto);
         Ok(())
     }
@@ -802,7 +803,7 @@ impl JetStreamLog {
         if let Some(found) = self.find_held(&session, &before, &matches).await? {
             return Ok(Some(found));
         }
-        if !self.catch_up(&session, held).await? {
+        let found = if !self.catch_up(&session, held).await? {
             if beyond(&session.channel.durable()) {
                 let deadline = Instant::now() + UNSEEN_WAIT;
                 while Instant::now() < deadline {
@@ -814,9 +815,19 @@ impl JetStreamLog {
                     self.catch_up(&session, held).await?;
                 }
             }
-            return Ok(None);
+            None
+        } else {
+            self.find_held(&session, &before, &matches).await?
+        };
+        if found.is_none() {
+            // A client's cursor this node cannot place: foreign, or a fault of the log's.
+            let (durable, seen) = (session.channel.durable(), *session.seen.borrow());
+            let state = session.state.lock();
+            let near = state.index.get(state.index.partition_point(|entry| before(entry))).copied();
+            tracing::debug!(session_id = %id, held, seen, durable = ?durable, messages = state.index.len(),
+                last = ?state.index.last(), near = ?near, "an event looked for is not in this node's log");
         }
-        self.find_held(&session, &before, &matches).await
+        Ok(found)
     }
 
     /// Waits until this node has taken the session's last message, which its consumer may
@@ -1425,6 +1436,8 @@ impl Session {
     /// indexed, kept, and published; if void, skipped, but the next append names it.
     fn publish(&self, state: &mut SessionState, entry: Entry, events: Hashed) -> bool {
         let taken = follows(&state.index, &entry);
+        tracing::debug!(session_id = %self.id, stream_seq = entry.stream_seq, first = entry.first_seq,
+            count = entry.count, taken, "a message taken");
         if taken {
             state.index.push(entry);
             state.recent.push_back((entry.stream_seq, events.clone()));
