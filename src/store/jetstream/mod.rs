@@ -221,7 +221,7 @@ fn quiet_ticks() -> tokio::time::Interval {
 /// at that tick, and still nothing a tick later, has: a live one brings a message within
 /// moments of its being stored.
 #[derive(Default)]
-pub struct Quiet {
+struct Quiet {
     at_tick: u64,
     /// The stream's last message, asked at a tick the follower had brought nothing since
     /// the one before.
@@ -232,12 +232,12 @@ pub struct Quiet {
 }
 
 impl Quiet {
-    pub fn new(at: u64) -> Quiet {
+    fn new(at: u64) -> Quiet {
         Quiet { at_tick: at, ..Quiet::default() }
     }
 
     /// Whether the follower, at `now`, is to be replaced.
-    pub async fn stalled(&mut self, now: u64, stream: &stream::Stream) -> bool {
+    async fn stalled(&mut self, now: u64, stream: &stream::Stream) -> bool {
         if std::mem::replace(&mut self.at_tick, now) != now {
             self.suspect = None;
             return false;
@@ -786,11 +786,14 @@ impl JetStreamLog {
     /// resuming here after an event it had from that node): it is looked for again once
     /// this node holds the session's last message.
     ///
-    /// If the stream says this node has its last message but the event would come after
-    /// everything it holds (`beyond`), the stream is asked again for a moment
-    /// ([`UNSEEN_WAIT`]) before the event is called unknown: an append a client has seen
-    /// acknowledged through another node can be missing for a moment from what the stream
-    /// answers (seen in the cluster soak in its first cycles, as its streams settled).
+    /// It is looked for again in what the node holds after the stream was asked, whatever
+    /// the stream answered: the stream's leader answers what it has stored, and a replica
+    /// may have stored a message, and served it to a node's consumer, a moment before the
+    /// leader did. So the leader may say this node holds the session's last message while
+    /// this node's own consumer brings the event meanwhile (the cluster soak once had a
+    /// client's cursor called unknown that way). If the event would still come after
+    /// everything this node holds (`beyond`), the stream is asked again for a moment
+    /// ([`UNSEEN_WAIT`]) before the event is called unknown.
     async fn find(
         &self,
         id: SessionId,
@@ -803,31 +806,28 @@ impl JetStreamLog {
         if let Some(found) = self.find_held(&session, &before, &matches).await? {
             return Ok(Some(found));
         }
-        let found = if !self.catch_up(&session, held).await? {
-            if beyond(&session.channel.durable()) {
-                let deadline = Instant::now() + UNSEEN_WAIT;
-                while Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    let held = *session.seen.borrow();
-                    if let Some(found) = self.find_held(&session, &before, &matches).await? {
-                        return Ok(Some(found));
-                    }
-                    self.catch_up(&session, held).await?;
-                }
-            }
-            None
-        } else {
-            self.find_held(&session, &before, &matches).await?
-        };
-        if found.is_none() {
-            // A client's cursor this node cannot place: foreign, or a fault of the log's.
-            let (durable, seen) = (session.channel.durable(), *session.seen.borrow());
-            let state = session.state.lock();
-            let near = state.index.get(state.index.partition_point(|entry| before(entry))).copied();
-            tracing::debug!(session_id = %id, held, seen, durable = ?durable, messages = state.index.len(),
-                last = ?state.index.last(), near = ?near, "an event looked for is not in this node's log");
+        let caught_up = self.catch_up(&session, held).await?;
+        if let Some(found) = self.find_held(&session, &before, &matches).await? {
+            return Ok(Some(found));
         }
-        Ok(found)
+        if !caught_up && beyond(&session.channel.durable()) {
+            let deadline = Instant::now() + UNSEEN_WAIT;
+            while Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let held = *session.seen.borrow();
+                if let Some(found) = self.find_held(&session, &before, &matches).await? {
+                    return Ok(Some(found));
+                }
+                self.catch_up(&session, held).await?;
+            }
+        }
+        // A client's cursor this node cannot place: foreign, or a fault of the log's.
+        let (durable, seen) = (session.channel.durable(), *session.seen.borrow());
+        let state = session.state.lock();
+        let near = state.index.get(state.index.partition_point(|entry| before(entry))).copied();
+        tracing::debug!(session_id = %id, held, seen, durable = ?durable, messages = state.index.len(),
+            last = ?state.index.last(), near = ?near, "an event looked for is not in this node's log");
+        Ok(None)
     }
 
     /// Waits until this node has taken the session's last message, which its consumer may
