@@ -104,6 +104,10 @@ const RECENT_MESSAGES: usize = 256;
 /// messages (see [`JetStreamLog::past_void`]).
 const VOID_PASSES: usize = 3;
 
+/// How many of the messages its consumer brought last a node remembers the session of:
+/// far more than its consumer can run ahead of the stream's leader (see `load`).
+const HEARD: usize = 4096;
+
 /// Messages fetched from the stream at once by a read.
 const FETCH_AHEAD: usize = 16;
 
@@ -126,6 +130,9 @@ struct Inner {
     /// Sessions whose turn is open after their last message, as read when the node started
     /// and then from what its consumer delivers (see [`Log::turns_seen_open`]).
     seen_open: Mutex<std::collections::HashSet<SessionId>>,
+    /// The session and stream sequence of the last [`HEARD`] messages the node's consumer
+    /// brought, loaded here or not (see `load`).
+    heard: Mutex<VecDeque<(SessionId, u64)>>,
 }
 
 /// A session this node has loaded.
@@ -378,6 +385,7 @@ impl JetStreamLog {
             tasks: Mutex::new(Vec::new()),
             publishing: watch::channel(0).0,
             seen_open: Mutex::default(),
+            heard: Mutex::new(VecDeque::with_capacity(HEARD)),
         });
         let log = JetStreamLog { inner };
         log.rebuild_if_needed().await?;
@@ -582,6 +590,13 @@ impl JetStreamLog {
     ) {
         metrics::JETSTREAM_CONSUMER_PENDING.set(pending as i64);
         let Some(session) = self.session_of(subject) else { return };
+        {
+            let mut heard = self.inner.heard.lock();
+            if heard.len() == HEARD {
+                heard.pop_front();
+            }
+            heard.push_back((session, stream_seq));
+        }
         // Every session's, loaded here or not: the message's header says whether it left a
         // turn open, whatever the node that appended it managed to project.
         if let Some(open) = wire::turn(headers) {
@@ -638,18 +653,23 @@ impl JetStreamLog {
             Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
             Err(error) => return Err(store_error(&format!("could not read session {}", session.id), error)),
         };
+        // The leader answers what it has stored; this node's consumer may have brought a
+        // later message of the session from a replica a moment earlier, before the session
+        // was loading here (see `find`), and will not bring it again: read up to it too.
+        let heard = self.inner.heard.lock().iter().filter(|(of, _)| *of == session.id).map(|(_, seq)| *seq).max();
+        let upto = last.as_ref().map_or(0, |last| last.sequence).max(heard.unwrap_or(0));
         let mut index = Vec::new();
         let mut recent = VecDeque::new();
-        let mut upto = 0;
-        if let Some(last) = last {
-            upto = last.sequence;
+        if upto > 0 {
             index = self.index(session.id, &subject, upto).await?;
-            if index.last().is_some_and(|entry| entry.stream_seq == upto) {
-                let events = Hashed::from(wire::decode(&last.payload).map_err(StoreError::new)?);
-                recent.push_back((upto, events));
+            if let Some(last) = last.filter(|last| last.sequence == upto) {
+                if index.last().is_some_and(|entry| entry.stream_seq == upto) {
+                    let events = Hashed::from(wire::decode(&last.payload).map_err(StoreError::new)?);
+                    recent.push_back((upto, events));
+                }
             }
         }
-        tracing::debug!(session_id = %session.id, upto, messages = index.len(), "a session loaded");
+        tracing::debug!(session_id = %session.id, upto, heard, messages = index.len(), "a session loaded");
         session.loaded_with(index, recent, upto);
         Ok(())
     }
