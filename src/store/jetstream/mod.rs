@@ -25,11 +25,12 @@
 //! reaches the sessions this node has loaded through the in-process hub (their watermark,
 //! index and live bus), the path to every subscriber. A consumer that brings nothing while
 //! the stream holds more (its server died) is replaced within seconds ([`Quiet`]), the
-//! messages meanwhile fetched one by one; the projections' watch likewise. A node's own append is applied when
-//! JetStream acknowledges it (it follows what the session holds, by the expected sequence),
-//! and the consumer's copy of it is then skipped by its stream sequence. A loaded session
-//! keeps an index of its messages (read once from their headers) and its most recent
-//! messages; older events are fetched from the stream by sequence.
+//! messages meanwhile fetched one by one; the projections' watch likewise. A node's own
+//! append is applied when JetStream acknowledges it (it follows what the session holds, by
+//! the expected sequence), and the consumer's copy of it is then skipped by its stream
+//! sequence. A loaded session keeps an index of its messages (read once from their
+//! headers) and its most recent messages; older events are fetched from the stream by
+//! sequence.
 //!
 //! Projections live in a key-value bucket ([`mirror`]).
 
@@ -478,7 +479,7 @@ impl JetStreamLog {
                             continue;
                         }
                         tracing::warn!(from = followed + 1, "the stream's consumer brings nothing the stream holds; following it again");
-                        crate::metrics::JETSTREAM_FOLLOWERS_REPLACED.with_label_values(&["events"]).inc();
+                        metrics::JETSTREAM_FOLLOWERS_REPLACED.with_label_values(&["events"]).inc();
                         // What the stream holds, fetched from its leader message by message,
                         // then a new consumer: JetStream makes one through its metadata leader,
                         // which may be electing too, and meanwhile the node fetches again.
