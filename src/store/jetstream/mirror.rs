@@ -115,12 +115,17 @@ impl Mirror {
     /// fetched while there is none.
     fn applied_at(&self, key: &str, value: Option<Bytes>, revision: u64) -> Option<SessionId> {
         let changed = self.set(key, value, revision);
+        self.passed(revision);
+        changed
+    }
+
+    /// Records that the copy has applied the bucket up to `revision`.
+    fn passed(&self, revision: u64) {
         self.applied.send_if_modified(|applied| {
             let moved = revision > *applied;
             *applied = (*applied).max(revision);
             moved
         });
-        changed
     }
 
     /// Applies the bucket's entries after revision `applied` that its stream's leader holds
@@ -137,22 +142,21 @@ impl Mirror {
             if revision > last {
                 return;
             }
-            let (key, value) = match tokio::time::timeout(wait, stream.get_raw_message(revision)).await {
+            match tokio::time::timeout(wait, stream.get_raw_message(revision)).await {
                 Ok(Ok(message)) => {
                     let removed = message.headers.get("KV-Operation").is_some_and(|op| op.as_str() != "PUT");
-                    let key = message.subject.as_str().strip_prefix(&prefix).unwrap_or_default().to_string();
-                    (key, (!removed).then_some(message.payload))
+                    let key = message.subject.as_str().strip_prefix(&prefix).unwrap_or_default();
+                    if let Some(session) = self.applied_at(key, (!removed).then_some(message.payload), revision) {
+                        changed(session);
+                    }
                 }
-                // Removed from the stream (a purge): nothing to apply.
+                // Removed from the stream (a purge): nothing to apply, only to pass.
                 Ok(Err(error))
                     if error.kind() == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound =>
                 {
-                    (String::new(), None)
+                    self.passed(revision)
                 }
                 _ => return,
-            };
-            if let Some(session) = self.applied_at(&key, value, revision) {
-                changed(session);
             }
         }
     }
