@@ -219,8 +219,8 @@ fn tool(serve: &ServeArgs, command: Command) -> i32 {
             Command::Import { file, remote } => {
                 for (session, imported) in audit::import(&source(&remote)?, &file).await? {
                     let said = match imported {
-                        turnlog::store::audit::Imported::New { events } => format!("imported, {events} events"),
-                        turnlog::store::audit::Imported::Unchanged { events } => {
+                        turnlog::audit::import::Imported::New { events } => format!("imported, {events} events"),
+                        turnlog::audit::import::Imported::Unchanged { events } => {
                             format!("already there, the same {events} events")
                         }
                     };

@@ -739,7 +739,7 @@ async fn the_chain_on_the_jetstream_log() {
 /// and finds every event once, in order, across pages.
 #[tokio::test]
 async fn a_replay_reads_every_event_once_across_pages() {
-    use turnlog::store::audit::Replay;
+    use turnlog::audit::export::Pages;
     let log = MemoryLog::new(turnlog::projection::all(), 256, 1_000_000);
     let session = SessionId::generate();
     let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
@@ -755,7 +755,7 @@ async fn a_replay_reads_every_event_once_across_pages() {
     let replayed = |from: Option<EventId>| {
         let log = &log;
         async move {
-            let mut replay = Replay::start(log, session, from).await.unwrap()?;
+            let mut replay = Pages::start(log, session, from).await.unwrap()?;
             let mut ids = Vec::new();
             loop {
                 let page = replay.next(log).await.unwrap();

@@ -5,10 +5,12 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
 use super::{input, open_data_dir, progress, Client, Failure};
+use crate::audit::export::Export;
+use crate::audit::format::{self, Line};
+use crate::audit::import::{self as audit, ImportError, Imported};
+use crate::audit::verify::{self, Verifier};
 use crate::domain::SessionId;
 use crate::projection::{SessionIndex, SessionSummary};
-use crate::store::audit::{self, Export, ImportError, Imported};
-use crate::store::chain::{Line, Verifier};
 use crate::store::{Key, Log};
 
 /// Where sessions come from or go to.
@@ -137,7 +139,7 @@ async fn list_server(client: &Client, selection: &Selection) -> Result<Vec<Sessi
 fn read_file(path: &Path) -> Result<Vec<Vec<Line>>, Failure> {
     let file = std::fs::File::open(path).map_err(|e| Failure::Input(format!("{}: {e}", path.display())))?;
     let lines = std::io::BufReader::new(file).lines().enumerate().map(|(i, line)| line.map(|line| (i + 1, line)));
-    crate::store::chain::group(lines).map_err(|e| Failure::Input(format!("{}: {e}", path.display())))
+    format::group(lines).map_err(|e| Failure::Input(format!("{}: {e}", path.display())))
 }
 
 /// Checks every chain in an export file or a data dir; what was checked, per session (the
@@ -170,7 +172,7 @@ async fn verify_log(log: &dyn Log, checked: &mut Vec<(SessionId, u64)>) -> Resul
         let page = log.session_ids(after, 1000).await.map_err(input)?;
         let Some(last) = page.last().copied() else { return Ok(()) };
         for session in page {
-            match audit::verify(log, session).await.map_err(input)? {
+            match verify::verify(log, session).await.map_err(input)? {
                 Ok(head) => checked.push((session, head.seq)),
                 Err(broken) => return Err(Failure::Wrong(format!("broken link: {broken}"))),
             }
@@ -187,7 +189,7 @@ pub async fn import(target: &Source, file: &Path) -> Result<Vec<(SessionId, Impo
     let mut checked = Vec::with_capacity(groups.len());
     for group in &groups {
         checked.push(audit::events_of(group).map_err(import_failure)?);
-        crate::session::Sessions::at_rest(group).map_err(|error| Failure::Wrong(format!("refused: {error}")))?;
+        audit::at_rest(group).map_err(|error| Failure::Wrong(format!("refused: {error}")))?;
     }
     let bar = progress(groups.len() as u64, "sessions");
     let mut done = Vec::new();
@@ -220,7 +222,7 @@ pub async fn import(target: &Source, file: &Path) -> Result<Vec<(SessionId, Impo
                 let body: Vec<u8> = group
                     .iter()
                     .flat_map(|line| {
-                        crate::store::chain::export_line(
+                        format::export_line(
                             line.session_id,
                             line.sequence_number,
                             &line.prev,

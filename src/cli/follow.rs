@@ -9,8 +9,8 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::{input, open_data_dir, Client, Failure};
+use crate::audit::{pages, Pace};
 use crate::domain::SessionId;
-use crate::session::{start_replay, Pace};
 use crate::store::Log;
 
 /// How events are printed: raw JSON lines, or one readable line per event with text
@@ -234,7 +234,7 @@ async fn replay_log<W: Write>(
     pace: &mut Pace,
     printer: &mut Printer<W>,
 ) -> Result<usize, Failure> {
-    let mut replay = start_replay(log, session, from).await.map_err(input)?;
+    let mut replay = pages(log, session, from).await.map_err(input)?;
     let mut printed = 0;
     loop {
         let page = replay.next(log).await.map_err(input)?;

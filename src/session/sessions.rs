@@ -6,19 +6,20 @@ use std::sync::Arc;
 
 use ulid::Ulid;
 
-use super::decide::seed_waiting;
-use super::engine::Closing;
 use super::log::SessionLog;
-use super::turn::ToolPlan;
-use super::{rules, Caller, Catalog, Cursor, Engine, Follower, SessionError, SessionUpdate, Submission, Submitted};
+use super::{Caller, Cursor, Follower, SessionError};
 use crate::agent::mcp::{name_tools, McpServerConfig};
 use crate::agent::Agents;
+use crate::catalog::Catalog;
 use crate::domain::event::SessionSpec;
 use crate::domain::message::waiting_calls;
 use crate::domain::{Draft, EventBody, EventId, Message, RawEvent, SessionId, TurnId, Usage};
+use crate::engine::decide::seed_waiting;
+use crate::engine::plan::ToolPlan;
+use crate::engine::{rules, Closing, Engine, SessionUpdate, Submission, Submitted};
 use crate::projection::history::History;
 use crate::projection::turns::{OpenTurn, OpenTurns, Processed, ProcessedInput, TurnState};
-use crate::projection::{SessionIndex, SessionSummary, TurnIndex, TurnSummary};
+use crate::projection::{Page, SessionIndex, SessionSummary, TimeBounds, TurnIndex, TurnSummary};
 use crate::store::{Key, Position, ReadRange, Scan};
 
 #[derive(Debug, Clone, Default)]
@@ -49,45 +50,6 @@ impl ListFilter {
         };
         ListFilter { running, archived, ..self }
     }
-}
-
-/// Bounds on a time, each RFC 3339 in UTC with microseconds as stored (so they compare as
-/// text): strictly after `gt`, at or after `gte`, strictly before `lt`, at or before `lte`.
-#[derive(Debug, Clone, Default)]
-pub struct TimeBounds {
-    pub gt: Option<String>,
-    pub gte: Option<String>,
-    pub lt: Option<String>,
-    pub lte: Option<String>,
-}
-
-impl TimeBounds {
-    pub fn is_empty(&self) -> bool {
-        self.gt.is_none() && self.gte.is_none() && self.lt.is_none() && self.lte.is_none()
-    }
-
-    pub fn contains(&self, time: &str) -> bool {
-        self.gt.as_deref().is_none_or(|b| time > b)
-            && self.gte.as_deref().is_none_or(|b| time >= b)
-            && self.lt.as_deref().is_none_or(|b| time < b)
-            && self.lte.as_deref().is_none_or(|b| time <= b)
-    }
-
-    /// Whether everything older than `time` is out of bounds too (so a newest-first
-    /// listing can stop).
-    fn older_all_out(&self, time: &str) -> bool {
-        self.gt.as_deref().is_some_and(|b| time <= b) || self.gte.as_deref().is_some_and(|b| time < b)
-    }
-
-    /// Whether everything newer than `time` is out of bounds too.
-    fn newer_all_out(&self, time: &str) -> bool {
-        self.lt.as_deref().is_some_and(|b| time >= b) || self.lte.as_deref().is_some_and(|b| time > b)
-    }
-}
-
-pub struct Page<T> {
-    pub items: Vec<T>,
-    pub has_more: bool,
 }
 
 /// A page of a session's events: after and before cursors (exclusive), in either order,
@@ -180,7 +142,7 @@ pub struct Sessions {
 impl Sessions {
     /// The engine underneath the log, if it is a client of one (see [`crate::store::Log::health`]).
     pub fn health(&self) -> Option<crate::store::Health> {
-        self.log.raw().health()
+        self.log.health()
     }
 
     pub(crate) fn new(log: SessionLog, engine: Engine, agents: Arc<Agents>, catalog: Arc<Catalog>) -> Sessions {
@@ -236,20 +198,8 @@ impl Sessions {
             plan.add_mcp(tools);
         }
         let waiting = seed_waiting(&spec.messages, &plan, TurnId::generate());
-        let mut drafts =
-            vec![Draft::new(None, &EventBody::SessionCreated { spec, created_by: caller.subject.clone() })];
-        if waiting.is_empty() {
-            // One append, at the start of a log no one else knows: nothing can come between.
-            self.log
-                .append(id, 0, drafts)
-                .await?
-                .map_err(|_| SessionError::Conflict(format!("session {id} exists")))?;
-        } else {
-            // Two appends (the second names the calls by the ids the first gives them): made
-            // by the session's actor, its one writer from the start.
-            drafts.extend(waiting);
-            self.engine.create(id, drafts).await?;
-        }
+        let created = Draft::new(None, &EventBody::SessionCreated { spec, created_by: caller.subject.clone() });
+        self.engine.start(id, created, waiting).await?;
         let summary = self.log.summary(id).await?.ok_or_else(|| SessionError::NotFound(id.to_string()))?;
         Ok(self.redacted(summary))
     }
@@ -330,7 +280,7 @@ impl Sessions {
         let not_found = || SessionError::NotFound(id.to_string());
         let session: SessionId = id.parse().map_err(|_| not_found())?;
         match self.log.summary(session).await? {
-            Some(summary) if !summary.deleted && caller.may_see(&summary) => Ok(self.redacted(summary)),
+            Some(summary) if !summary.deleted && caller.may_use(&summary.created_by) => Ok(self.redacted(summary)),
             _ => Err(not_found()),
         }
     }
@@ -381,7 +331,7 @@ impl Sessions {
         summary: &SessionSummary,
     ) -> Result<bool, SessionError> {
         let shown = !summary.deleted
-            && caller.may_see(summary)
+            && caller.may_use(&summary.created_by)
             && filter.archived.is_none_or(|archived| summary.archived_at.is_some() == archived)
             && filter.agent.as_ref().is_none_or(|agent| &summary.spec.agent.name == agent)
             && filter.agent_version.is_none_or(|v| summary.spec.agent.version == Some(v))
@@ -396,8 +346,8 @@ impl Sessions {
     /// The caller's session `id` as it stands now: for watchers of [`Sessions::changes`].
     pub async fn changed(&self, caller: &Caller, id: SessionId) -> Result<Changed, SessionError> {
         match self.log.summary(id).await? {
-            Some(summary) if caller.may_see(&summary) && summary.deleted => Ok(Changed::Gone(id)),
-            Some(summary) if caller.may_see(&summary) => {
+            Some(summary) if caller.may_use(&summary.created_by) && summary.deleted => Ok(Changed::Gone(id)),
+            Some(summary) if caller.may_use(&summary.created_by) => {
                 let status = Status::of(&summary, &self.activity(&summary).await?);
                 Ok(Changed::Shown(Box::new(self.redacted(summary)), status))
             }
@@ -470,7 +420,7 @@ impl Sessions {
         }
         if spec.messages.is_empty() {
             let new = TurnState::default();
-            super::decide::decide(&new, &first, None, TurnId::generate(), self.engine.inner.limits)?;
+            crate::engine::decide::decide(&new, &first, None, TurnId::generate(), self.engine.limits())?;
         }
         let summary = self.create(caller, spec).await?;
         self.submit(&summary, first).await?;

@@ -7,8 +7,8 @@
 //! [`numbering`]; the live channels and durable watermarks in `hub`. Nothing here knows
 //! about HTTP, and no sled type leaves [`sled`].
 
-pub mod audit;
 pub mod chain;
+pub mod follow;
 mod hub;
 pub mod jetstream;
 pub mod memory;
@@ -149,6 +149,26 @@ pub struct ReadRange {
     pub before: Option<EventId>,
     pub limit: usize,
     pub newest_first: bool,
+}
+
+/// Events read per step when a whole log is folded.
+const FOLD_CHUNK: usize = 1024;
+
+/// Reads every event of `session` after `after`, in order, to the end of its log, a chunk
+/// at a time, handing each to `apply`; answers the last position read.
+pub async fn fold(
+    log: &dyn Log,
+    session: SessionId,
+    mut after: Position,
+    mut apply: impl FnMut(&RawEvent),
+) -> Result<Position, StoreError> {
+    loop {
+        let range = ReadRange { after: after.last, before: None, limit: FOLD_CHUNK, newest_first: false };
+        let events = log.read(session, range).await?;
+        let Some(last) = events.last() else { return Ok(after) };
+        after = Position { last: Some(last.id), seq: last.seq };
+        events.iter().for_each(&mut apply);
+    }
 }
 
 /// A live subscription: the bus receiver, taken before the watermark was read, so

@@ -1,113 +1,16 @@
-//! What audit tools do with any log: export a session with its chain, verify a session's
-//! chain against its events, and bring exported sessions into a log. The command line runs
-//! these on a data dir; the server, through the session layer.
+//! Bringing exported sessions into a log: each session's lines are checked (the chain
+//! verifies, each event is the one its line says, the session is at rest), then stored
+//! byte for byte, or found there already.
 
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::chain::{self, Broken, Hash, Line, Verifier};
-use super::{AppendError, Log, ReadRange, StoreError};
+use super::format::Line;
+use super::verify::{Broken, Verifier};
 use crate::domain::{EventId, RawEvent, SessionId};
-
-/// Events read per step.
-const PAGE: usize = 1000;
-
-/// One session's export, page by page.
-pub struct Export {
-    session: SessionId,
-    after: Option<EventId>,
-    prev: Hash,
-}
-
-impl Export {
-    pub fn new(session: SessionId) -> Export {
-        Export { session, after: None, prev: chain::GENESIS }
-    }
-
-    /// The next page of export lines; empty at the end of the log.
-    pub async fn next(&mut self, log: &dyn Log) -> Result<Vec<u8>, StoreError> {
-        let range = ReadRange { after: self.after, before: None, limit: PAGE, newest_first: false };
-        let mut out = Vec::new();
-        for (event, hash) in log.chained(self.session, range).await? {
-            let hash = hash.ok_or_else(|| {
-                StoreError::new(format!(
-                    "session {}: event {} has no chain hash (see `turnlog verify`)",
-                    self.session, event.id
-                ))
-            })?;
-            out.extend(chain::export_line(self.session, event.seq, &self.prev, &hash, &event.json));
-            (self.after, self.prev) = (Some(event.id), hash);
-        }
-        Ok(out)
-    }
-}
-
-/// One session's log read again page by page, from an event on: for a replay, which holds
-/// one page at a time, however long the log.
-pub struct Replay {
-    session: SessionId,
-    after: Option<EventId>,
-}
-
-impl Replay {
-    /// From event `from` (the start, without it); `None` when the log has no such event.
-    pub async fn start(log: &dyn Log, session: SessionId, from: Option<EventId>) -> Result<Option<Replay>, StoreError> {
-        let Some(from) = from else { return Ok(Some(Replay { session, after: None })) };
-        if log.event(session, from).await?.is_none() {
-            return Ok(None);
-        }
-        let before = ReadRange { after: None, before: Some(from), limit: 1, newest_first: true };
-        let after = log.read(session, before).await?.pop().map(|event| event.id);
-        Ok(Some(Replay { session, after }))
-    }
-
-    /// The next page of events; empty at the end of the log.
-    pub async fn next(&mut self, log: &dyn Log) -> Result<Vec<RawEvent>, StoreError> {
-        let range = ReadRange { after: self.after, before: None, limit: PAGE, newest_first: false };
-        let events = log.read(self.session, range).await?;
-        if let Some(last) = events.last() {
-            self.after = Some(last.id);
-        }
-        Ok(events)
-    }
-}
-
-/// A session's chain checked against its events: the head (last sequence number, last id,
-/// hash), or the first broken link.
-pub async fn verify(log: &dyn Log, session: SessionId) -> Result<Result<Head, Broken>, StoreError> {
-    let mut verifier = Verifier::new(session);
-    let mut after = None;
-    loop {
-        let range = ReadRange { after, before: None, limit: PAGE, newest_first: false };
-        let events = log.chained(session, range).await?;
-        let Some(last) = events.last().map(|(event, _)| event.id) else { break };
-        for (event, hash) in &events {
-            let Some(hash) = hash else {
-                return Ok(Err(Broken {
-                    session,
-                    seq: event.seq,
-                    what: "the chain has no hash for it",
-                    expected: "a recorded hash".into(),
-                    found: "none".into(),
-                }));
-            };
-            if let Err(broken) = verifier.next(event.seq, &event.json, hash, None) {
-                return Ok(Err(broken));
-            }
-        }
-        after = Some(last);
-    }
-    let (seq, hash) = verifier.head();
-    Ok(Ok(Head { seq, last: after, hash }))
-}
-
-/// A chain's head: its last sequence number and event, and that event's hash.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Head {
-    pub seq: u64,
-    pub last: Option<EventId>,
-    pub hash: Hash,
-}
+use crate::error::SessionError;
+use crate::projection::turns::{OpenTurn, OpenTurns};
+use crate::store::{AppendError, Key, Log, Projection, ReadRange, StoreError};
 
 /// What became of one session of an import.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,4 +111,24 @@ pub async fn adopt(log: &dyn Log, session: SessionId, events: Vec<RawEvent>) -> 
             None => Err(ImportError::Invalid(format!("session {session} changed while it was imported"))),
         },
     }
+}
+
+/// A session imported with a turn running, or with messages no turn has taken yet, would
+/// have a turn run on it at this server's next start: it is refused until it is at rest.
+pub fn at_rest(lines: &[Line]) -> Result<(), SessionError> {
+    let session = lines[0].session_id;
+    let mut open: Option<Vec<u8>> = None;
+    for line in lines {
+        let Ok(event) = serde_json::from_slice::<crate::domain::Event>(line.stored()) else { continue };
+        if let Some(value) = OpenTurns.apply(Key::session(session), open.as_deref(), &event) {
+            open = Some(value);
+        }
+    }
+    let open: OpenTurn = open.and_then(|bytes| serde_json::from_slice(&bytes).ok()).unwrap_or_default();
+    if open.turn.is_some() || !open.queued.is_empty() {
+        return Err(SessionError::Invalid(format!(
+            "session {session} has a turn running or messages waiting for one: export it once it is idle"
+        )));
+    }
+    Ok(())
 }
