@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use command::{
@@ -43,13 +43,14 @@ pub use command::{
 use self::cluster::Cluster;
 use self::env::Env;
 use self::mailbox::{Command, Reply};
-use self::registry::Registry;
+use self::registry::{Registry, Route};
 use crate::agent::Agents;
 use crate::domain::{Draft, RawEvent, SessionId};
 use crate::error::SessionError;
 use crate::store::{Appended, Log};
 
-/// How many times a command is sent again when the actor that took it stopped first.
+/// How many times a command is sent again when the actor that took it stopped first (and
+/// how many actors a command is offered to: each found stopped as it is sent is replaced).
 const ATTEMPTS: usize = 8;
 
 #[derive(Clone)]
@@ -177,5 +178,32 @@ impl Engine {
             tracing::warn!(wait_secs, "some turns did not stop in time; the next start closes them");
         }
         (stopped.load(Ordering::Relaxed), senders.len())
+    }
+
+    /// Hands `command` to the session's actor, wherever it runs.
+    async fn send(&self, session: SessionId, mut command: Command) -> Result<(), SessionError> {
+        for _ in 0..ATTEMPTS {
+            let (generation, sender) = match self.route(session).await? {
+                Route::Local(generation, sender) => (generation, sender),
+                Route::Remote(node) => return self.forward(session, node, command).await,
+            };
+            match sender.send(command).await {
+                Ok(()) => return Ok(()),
+                // The actor stopped as we sent: forget it and start a new one.
+                Err(mpsc::error::SendError(returned)) => {
+                    command = returned;
+                    self.registry.forget(session, generation);
+                }
+            }
+        }
+        Err(SessionError::ShuttingDown)
+    }
+
+    /// The session's actor here, or the node that holds its lease.
+    async fn route(&self, session: SessionId) -> Result<Route, SessionError> {
+        if self.env.stopping() {
+            return Err(SessionError::ShuttingDown);
+        }
+        self.registry.route(&self.env, self.cluster.as_ref(), session).await
     }
 }

@@ -1,6 +1,6 @@
 //! The actors of this node, one per active session: found by id, started on demand (with
-//! the session's lease when other nodes share the log), and forgotten when they stop.
-//! A command for a session whose lease another node holds goes there ([`super::forward`]).
+//! the session's lease when other nodes share the log, claimed one claim at a time), and
+//! forgotten when they stop.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -8,16 +8,12 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use tokio::sync::mpsc;
 
-use super::actor::Actor;
-use super::cluster::{Claim, Lease};
+use super::actor::{Actor, Slot};
+use super::cluster::{Claim, Cluster, Lease};
+use super::env::Env;
 use super::mailbox::Command;
-use super::Engine;
 use crate::domain::SessionId;
 use crate::error::SessionError;
-
-/// How many actors a command is offered to before the engine gives up (each one it finds
-/// stopped as it sends is replaced by a new one).
-const SEND_ATTEMPTS: usize = 8;
 
 #[derive(Default)]
 pub(super) struct Registry {
@@ -27,21 +23,10 @@ pub(super) struct Registry {
     claiming: DashMap<SessionId, Arc<tokio::sync::Mutex<()>>>,
 }
 
-/// An actor's place in the registry: it leaves it when it stops, if it still holds it.
-pub(super) struct Slot {
-    registry: Arc<Registry>,
-    session: SessionId,
-    generation: u64,
-}
-
-impl Slot {
-    pub fn session(&self) -> SessionId {
-        self.session
-    }
-
-    pub fn retire(&self) {
-        self.registry.actors.remove_if(&self.session, |_, (g, _)| *g == self.generation);
-    }
+/// Where a session's commands go: to its actor here, or to the node that holds its lease.
+pub(super) enum Route {
+    Local(u64, mpsc::Sender<Command>),
+    Remote(String),
 }
 
 impl Registry {
@@ -53,55 +38,35 @@ impl Registry {
     pub fn contains(&self, session: SessionId) -> bool {
         self.actors.contains_key(&session)
     }
-}
 
-/// Where a session's commands go: to its actor here, or to the node that holds its lease.
-pub(super) enum Route {
-    Local(u64, mpsc::Sender<Command>),
-    Remote(String),
-}
-
-impl Engine {
-    /// Hands `command` to the session's actor, wherever it runs.
-    pub(super) async fn send(&self, session: SessionId, mut command: Command) -> Result<(), SessionError> {
-        for _ in 0..SEND_ATTEMPTS {
-            let (generation, sender) = match self.route(session).await? {
-                Route::Local(generation, sender) => (generation, sender),
-                Route::Remote(node) => return self.forward(session, node, command).await,
-            };
-            match sender.send(command).await {
-                Ok(()) => return Ok(()),
-                // The actor stopped as we sent: forget it and start a new one.
-                Err(mpsc::error::SendError(returned)) => {
-                    command = returned;
-                    self.registry.actors.remove_if(&session, |_, (g, _)| *g == generation);
-                }
-            }
-        }
-        Err(SessionError::ShuttingDown)
+    /// Forgets the actor of `session` started as `generation`, if it is still the one here
+    /// (it stopped as a command was sent to it).
+    pub fn forget(&self, session: SessionId, generation: u64) {
+        self.actors.remove_if(&session, |_, (g, _)| *g == generation);
     }
 
-    /// The session's actor here (started if need be, with its lease when nodes share the
-    /// log), or the node that holds its lease.
-    pub(super) async fn route(&self, session: SessionId) -> Result<Route, SessionError> {
-        if self.env.stopping() {
-            return Err(SessionError::ShuttingDown);
-        }
-        let registry = &self.registry;
-        if let Some(entry) = registry.actors.get(&session) {
+    /// The session's actor here (started if need be, with its lease when other nodes share
+    /// the log), or the node that holds its lease.
+    pub async fn route(
+        self: &Arc<Self>,
+        env: &Arc<Env>,
+        cluster: Option<&Arc<dyn Cluster>>,
+        session: SessionId,
+    ) -> Result<Route, SessionError> {
+        if let Some(entry) = self.actors.get(&session) {
             return Ok(Route::Local(entry.0, entry.1.clone()));
         }
-        let Some(cluster) = self.cluster.clone() else {
-            let (generation, sender) = self.spawn(session, None);
+        let Some(cluster) = cluster else {
+            let (generation, sender) = self.spawn(env, session, None);
             return Ok(Route::Local(generation, sender));
         };
-        let gate = registry.claiming.entry(session).or_default().clone();
+        let gate = self.claiming.entry(session).or_default().clone();
         let held = gate.lock().await;
-        let route = match registry.actors.get(&session).map(|entry| entry.clone()) {
+        let route = match self.actors.get(&session).map(|entry| entry.clone()) {
             Some((generation, sender)) => Ok(Route::Local(generation, sender)),
             None => match cluster.claim(session).await {
                 Ok(Claim::Mine(lease)) => {
-                    let (generation, sender) = self.spawn(session, Some(lease));
+                    let (generation, sender) = self.spawn(env, session, Some(lease));
                     Ok(Route::Local(generation, sender))
                 }
                 Ok(Claim::Theirs(node)) => Ok(Route::Remote(node)),
@@ -109,18 +74,23 @@ impl Engine {
             },
         };
         drop(held);
-        registry.claiming.remove_if(&session, |_, gate| Arc::strong_count(gate) <= 2);
+        self.claiming.remove_if(&session, |_, gate| Arc::strong_count(gate) <= 2);
         route
     }
 
-    fn spawn(&self, session: SessionId, lease: Option<Box<dyn Lease>>) -> (u64, mpsc::Sender<Command>) {
-        let registry = &self.registry;
-        let entry = registry.actors.entry(session).or_insert_with(|| {
-            let generation = registry.generation.fetch_add(1, Ordering::Relaxed);
+    fn spawn(
+        self: &Arc<Self>,
+        env: &Arc<Env>,
+        session: SessionId,
+        lease: Option<Box<dyn Lease>>,
+    ) -> (u64, mpsc::Sender<Command>) {
+        let entry = self.actors.entry(session).or_insert_with(|| {
+            let generation = self.generation.fetch_add(1, Ordering::Relaxed);
             let (sender, receiver) = mpsc::channel(64);
-            let slot = Slot { registry: registry.clone(), session, generation };
+            let registry = self.clone();
+            let slot = Slot::new(session, move || registry.forget(session, generation));
             // The actor reads the session's log in its own task, not under the registry's lock.
-            tokio::spawn(Actor::start(self.env.clone(), slot, sender.downgrade(), receiver, lease));
+            tokio::spawn(Actor::start(env.clone(), slot, sender.downgrade(), receiver, lease));
             (generation, sender)
         });
         entry.clone()

@@ -17,7 +17,6 @@ use super::command::Closing;
 use super::decide;
 use super::env::Env;
 use super::mailbox::{Command, Reply};
-use super::registry::Slot;
 use super::writer::Writer;
 use crate::domain::{SessionId, TurnId};
 use crate::error::SessionError;
@@ -39,12 +38,33 @@ pub(super) struct Actor {
     lost: CancellationToken,
 }
 
+/// An actor's place in this node's registry, which it leaves when it stops (if it still
+/// holds it: a newer actor may have taken the session's place).
+pub(super) struct Slot {
+    session: SessionId,
+    retire: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Slot {
+    pub fn new(session: SessionId, retire: impl Fn() + Send + Sync + 'static) -> Slot {
+        Slot { session, retire: Box::new(retire) }
+    }
+
+    pub fn session(&self) -> SessionId {
+        self.session
+    }
+
+    pub fn retire(&self) {
+        (self.retire)()
+    }
+}
+
 enum AfterTurn {
     Close(Closing, oneshot::Sender<Result<(), SessionError>>),
     Stop(oneshot::Sender<()>),
     /// The answer to a cancel: given once the turn's end is recorded, so that the session
     /// takes a new turn as soon as the cancel is answered.
-    Answer(oneshot::Sender<Reply>, super::Submitted),
+    Answer(oneshot::Sender<Reply>, super::command::Submitted),
 }
 
 impl Actor {
