@@ -11,8 +11,8 @@ use serde_json::{Map, Value};
 
 use super::ids::{EventId, SessionId, TurnId};
 
-/// The version of the stored event format that each event follows (the README's "The
-/// event format" says what each holds). Additive changes (a new optional field, a new event
+/// The version of the stored event format that each event follows ("The event format" in
+/// docs/native.md says what each holds). Additive changes (a new optional field, a new event
 /// type) keep it; a change that a reader of the last version would misread raises it, for
 /// the events it concerns, and readers keep accepting every earlier version.
 /// - 1: the format.
