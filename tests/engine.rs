@@ -963,6 +963,41 @@ async fn an_archived_session_keeps_its_log_and_takes_no_input(log: Backend) {
     assert_eq!(g.log().await.len(), mark + 1, "nothing stored");
 }
 
+async fn deleting_a_session_ends_its_running_turn_first(log: Backend) {
+    let g = given(log, &[]).await;
+    g.when(vec![text("/delay 20\n/words 500")]).await.unwrap();
+    g.wait_for("agent.message.delta").await;
+    let caller = Caller { subject: "t".into(), admin: false };
+    g.sessions.delete(&caller, &g.session.id.to_string()).await.unwrap();
+    let events = g.log().await;
+    let tail: Vec<String> = kinds(&events).into_iter().rev().take(3).collect();
+    assert_eq!(tail, ["terminated", "session.deleted", "session.status_idle"], "the turn ends, then the session");
+    let ends = events.iter().filter(|e| e.body_is_idle()).collect::<Vec<_>>();
+    assert_eq!(ends.len(), 1);
+    assert!(
+        matches!(&ends[0].body, EventBody::StatusIdle { stop_reason, .. } if stop_reason.kind == StopReason::Cancelled)
+    );
+    // Gone: a second delete, and any input, find no session; nothing more is stored.
+    let again = g.sessions.delete(&caller, &g.session.id.to_string()).await.unwrap_err();
+    assert!(matches!(again, SessionError::NotFound(_)), "{again}");
+    assert!(matches!(g.when(vec![text("hi")]).await.unwrap_err(), SessionError::NotFound(_)));
+    assert_eq!(g.log().await.len(), events.len());
+}
+
+async fn archiving_a_running_session_ends_its_turn_and_takes_only_cancels(log: Backend) {
+    let g = given(log, &[]).await;
+    g.when(vec![text("/delay 20\n/words 500")]).await.unwrap();
+    g.wait_for("agent.message.delta").await;
+    g.sessions.archive(&g.session).await.unwrap();
+    let events = g.log().await;
+    let tail: Vec<String> = kinds(&events).into_iter().rev().take(2).collect();
+    assert_eq!(tail, ["session.archived", "session.status_idle"], "the turn ends, then the session is archived");
+    // An archived session runs nothing: a cancel is answered and stores nothing.
+    let cancelled = g.when(vec![Input::Cancel]).await.unwrap();
+    assert!(cancelled.events.is_empty() && cancelled.turn.is_none());
+    assert_eq!(g.log().await.len(), events.len());
+}
+
 async fn metadata_is_a_patch_and_title_replaces(log: Backend) {
     let g = given(log, &[]).await;
     let patch = |pairs: serde_json::Value| turnlog::session::SessionUpdate {
@@ -1118,6 +1153,8 @@ on_every_log!(
     another_writer_during_a_turn_ends_it_with_a_log_error,
     a_message_sent_while_a_turn_runs_waits_for_the_next_turn,
     an_archived_session_keeps_its_log_and_takes_no_input,
+    deleting_a_session_ends_its_running_turn_first,
+    archiving_a_running_session_ends_its_turn_and_takes_only_cancels,
     metadata_is_a_patch_and_title_replaces,
     a_queued_message_left_by_a_crash_is_answered_at_the_next_start,
     an_interrupt_of_waiting_calls_lets_queued_messages_through,

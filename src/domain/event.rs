@@ -831,4 +831,12 @@ mod tests {
         let bare: ClientTool = serde_json::from_str(r#"{"name":"t"}"#).unwrap();
         assert_eq!(bare.input_schema, ClientTool::any_object());
     }
+
+    #[test]
+    fn a_stop_reasons_name_is_the_one_the_log_stores() {
+        use StopReason::*;
+        for reason in [EndTurn, RequiresAction, MaxTokens, MaxTurnRequests, Refusal, Cancelled, Error] {
+            assert_eq!(serde_json::to_value(reason).unwrap(), reason.as_str());
+        }
+    }
 }

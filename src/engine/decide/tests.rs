@@ -2,11 +2,14 @@
 
 use super::*;
 use crate::domain::event::Envelope;
+use crate::domain::event::ModelStop;
 use crate::domain::{Block, Message, RawEvent, SessionId};
+use crate::engine::command::Closing;
 use crate::engine::command::{Input, InputLimits, Submission};
 use crate::engine::plan::{Mode, ToolPlan};
 use crate::error::SessionError;
 use crate::projection::turns::{CallKind, TurnState};
+use crate::projection::SessionSummary;
 
 /// Room for any input these tests make.
 const ROOM: InputLimits = InputLimits { max_events_per_request: 100, max_event_bytes: 1 << 20 };
@@ -190,4 +193,160 @@ fn a_request_may_answer_every_waiting_call_even_past_the_events_per_request() {
     assert!(matches!(refused, SessionError::Invalid(ref m) if m == "at most 2 events per request; this one has 4"));
     let idle = submission(vec![Input::Interrupt; 3]);
     assert!(decide(&TurnState::default(), &idle, None, TurnId::generate(), two).is_err());
+}
+
+/// A session as the index has it, live or not.
+fn summary(archived: bool, deleted: bool) -> SessionSummary {
+    let at = "2026-01-01T00:00:00.000000Z".to_string();
+    SessionSummary {
+        id: SessionId::generate(),
+        spec: Default::default(),
+        created_by: "t".into(),
+        created_at: at.clone(),
+        updated_at: at.clone(),
+        deleted,
+        archived_at: archived.then_some(at),
+    }
+}
+
+#[test]
+fn a_turn_ends_with_its_stop_or_with_its_failure_then_idle() {
+    let turn = TurnId::generate();
+    let usage = Usage { input_tokens: 3, output_tokens: 4 };
+    let waiting = vec![EventId(ulid::Ulid::from_parts(1, 1))];
+    let stopped = Outcome { stop: Ok((StopReason::RequiresAction, waiting.clone())), usage };
+    let drafts = end_turn(turn, &stopped);
+    let events = stored(&drafts);
+    assert_eq!(drafts.iter().map(Draft::kind).collect::<Vec<_>>(), ["session.status_idle"]);
+    match events[0].decode().unwrap().body {
+        EventBody::StatusIdle { stop_reason, usage: recorded, .. } => {
+            assert_eq!(
+                (stop_reason.kind, stop_reason.event_ids, recorded),
+                (StopReason::RequiresAction, waiting, usage)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut error = crate::agent::ModelError::new("model_overloaded_error", "busy");
+    error.mcp_server = Some("fs".into());
+    let failed = Outcome { stop: Err(error), usage };
+    assert_eq!(failed.stop_reason(), StopReason::Error);
+    let events = stored(&end_turn(turn, &failed));
+    let bodies: Vec<EventBody> = events.iter().map(|e| e.decode().unwrap().body).collect();
+    assert!(matches!(&bodies[0], EventBody::SessionError { code, mcp_server: Some(s), .. }
+        if code == "model_overloaded_error" && s == "fs"));
+    assert!(matches!(&bodies[1], EventBody::StatusIdle { stop_reason, usage: u, .. }
+        if stop_reason.kind == StopReason::Error && stop_reason.event_ids.is_empty() && *u == usage));
+    assert!(events.iter().all(|e| e.turn().map(|(t, _)| t) == Some(turn)), "both are the turn's");
+}
+
+#[test]
+fn a_turn_nothing_runs_is_abandoned_with_the_reason() {
+    let turn = TurnId::generate();
+    let events = stored(&interrupted(turn));
+    let bodies: Vec<EventBody> = events.iter().map(|e| e.decode().unwrap().body).collect();
+    assert!(matches!(&bodies[0], EventBody::SessionError { code, error, .. }
+        if code == "interrupted" && error == "the server stopped while this turn was running"));
+    assert!(matches!(&bodies[1], EventBody::StatusIdle { stop_reason, .. } if stop_reason.kind == StopReason::Error));
+    let why = stored(&abandoned(turn, "the replay ended before this turn did"));
+    assert!(matches!(why[0].decode().unwrap().body, EventBody::SessionError { ref error, .. }
+        if error == "the replay ended before this turn did"));
+}
+
+#[test]
+fn closing_ends_a_turn_nothing_here_runs_then_deletes_or_archives_once() {
+    let session = SessionId::generate();
+    let (live, idle) = (summary(false, false), TurnState::default());
+    let delete = close(session, &live, &idle, Closing::Delete, false).unwrap();
+    assert_eq!(kinds(&delete), ["session.deleted", "terminated"]);
+    assert_eq!(kinds(&close(session, &live, &idle, Closing::Archive, false).unwrap()), ["session.archived"]);
+    assert!(kinds(&close(session, &summary(true, false), &idle, Closing::Archive, false).unwrap()).is_empty());
+    let gone = close(session, &summary(false, true), &idle, Closing::Delete, false).unwrap_err();
+    assert!(matches!(gone, SessionError::NotFound(_)));
+    // A turn the log shows running: ended first when nothing here runs it (a replay's, or
+    // one another actor left), left to end itself when this actor's turn is it.
+    let running = fold(
+        &decide(&idle, &submission(vec![Input::Message(vec![Block::text("hi")])]), None, TurnId::generate(), ROOM)
+            .unwrap()
+            .drafts,
+    );
+    let orphan = close(session, &live, &running, Closing::Delete, false).unwrap();
+    assert_eq!(kinds(&orphan), ["session.error", "session.status_idle", "session.deleted", "terminated"]);
+    let ours = close(session, &live, &running, Closing::Delete, true).unwrap();
+    assert_eq!(kinds(&ours), ["session.deleted", "terminated"]);
+}
+
+#[test]
+fn a_closed_or_replayed_session_takes_only_what_it_may() {
+    let session = SessionId::generate();
+    let message = submission(vec![Input::Message(vec![Block::text("hi")])]);
+    let cancel = submission(vec![Input::Cancel]);
+    assert!(admit(session, &summary(false, false), &message, false).is_ok());
+    let archived = summary(true, false);
+    assert!(
+        matches!(admit(session, &archived, &message, false), Err(SessionError::Conflict(m)) if m.contains("archived"))
+    );
+    assert!(admit(session, &archived, &cancel, false).is_ok(), "a cancel has nothing to do, and is answered");
+    assert!(matches!(admit(session, &summary(false, true), &cancel, false), Err(SessionError::NotFound(_))));
+    assert!(
+        matches!(admit(session, &summary(false, false), &cancel, true), Err(SessionError::Conflict(m)) if m.contains("replaying"))
+    );
+}
+
+#[test]
+fn a_models_calls_are_recorded_as_the_plan_handles_each_tool_and_the_denied_answered() {
+    let plan = ToolPlan {
+        modes: [
+            ("calculator".to_string(), Mode::Inline),
+            ("fetch_url".to_string(), Mode::Ask),
+            ("get_weather".to_string(), Mode::Client),
+            ("rm".to_string(), Mode::Rejected),
+        ]
+        .into(),
+        ..ToolPlan::default()
+    };
+    let call = |id: &str, name: &str| (id.to_string(), name.to_string(), serde_json::json!({}));
+    let names = ["calculator", "fetch_url", "get_weather", "rm", "launch_rockets"];
+    let (bodies, calls) = plan_calls(&plan, names.iter().enumerate().map(|(i, n)| call(&format!("c{i}"), n)).collect());
+    let permission = |body: &EventBody| match body {
+        EventBody::AgentToolUse { evaluated_permission, .. } => Some(*evaluated_permission),
+        EventBody::AgentCustomToolUse { .. } => None,
+        other => panic!("{other:?}"),
+    };
+    use crate::domain::event::Permission;
+    assert_eq!(
+        bodies.iter().map(permission).collect::<Vec<_>>(),
+        [Some(Permission::Allow), Some(Permission::Ask), None, Some(Permission::Deny), Some(Permission::Deny)]
+    );
+    let modes: Vec<Option<Mode>> = calls.iter().map(|c| c.mode).collect();
+    assert_eq!(modes, [Some(Mode::Inline), Some(Mode::Ask), Some(Mode::Client), Some(Mode::Rejected), None]);
+    let ids: Vec<EventId> = (0..5).map(|i| EventId(ulid::Ulid::from_parts(2, i))).collect();
+    let denied = denials(ids.iter().copied().zip(&calls));
+    let texts: Vec<(EventId, String)> = denied
+        .iter()
+        .map(|body| match body {
+            EventBody::AgentToolResult { tool_use_id, content, is_error: true, .. } => {
+                (*tool_use_id, Block::join_text(content))
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            (ids[3], "Tool call denied: the user rejects this tool for this session".to_string()),
+            (ids[4], "Tool call denied: no tool named \"launch_rockets\" is available".to_string()),
+        ]
+    );
+}
+
+#[test]
+fn after_a_response_the_turn_stops_or_asks_the_model_again() {
+    let waiting = vec![EventId(ulid::Ulid::from_parts(3, 1))];
+    assert_eq!(after_response(ModelStop::ToolUse, true, waiting.clone()), Some((StopReason::RequiresAction, waiting)));
+    assert_eq!(after_response(ModelStop::ToolUse, true, vec![]), None, "every call answered: the model again");
+    assert_eq!(after_response(ModelStop::ToolUse, false, vec![]), Some((StopReason::EndTurn, vec![])));
+    assert_eq!(after_response(ModelStop::EndTurn, true, vec![]), Some((StopReason::EndTurn, vec![])));
+    assert_eq!(after_response(ModelStop::MaxTokens, false, vec![]), Some((StopReason::MaxTokens, vec![])));
+    assert_eq!(after_response(ModelStop::Refusal, false, vec![]), Some((StopReason::Refusal, vec![])));
 }
