@@ -4,11 +4,15 @@
 //! ([`crate::engine`]), and reads, pages and follows logs and turns by cursor.
 
 mod coalesce;
+mod list;
 mod log;
+mod read;
 mod sessions;
 
 pub use coalesce::Coalescer;
-pub use sessions::{Activity, Changed, EventPage, EventQuery, ListFilter, Sessions, Status, TurnQuery};
+pub use list::{Changed, ListFilter, Status};
+pub use read::{Activity, EventPage, EventQuery, TurnQuery};
+pub use sessions::Sessions;
 
 pub use crate::domain::Caller;
 pub use crate::engine::rules;
