@@ -119,7 +119,9 @@ fn fixture() -> Fixture {
         .collect();
     let (call, service, ids) = system.block_on(async move {
         let log = Arc::new(MemoryLog::new(crate::projection::all(), 256, 1_000_000));
-        let service = Arc::new(Service::with_log(&settings, log).await.expect("the service starts"));
+        let service = Arc::new(
+            Service::with_store(&settings, crate::store::Store::embedded(log)).await.expect("the service starts"),
+        );
         let state = web::Data::new(AppState::new(&service, Arc::new(settings), api::auth::Keys::new(&[])));
         let routes = web::Data::new(api::openapi::Routes::new(&document));
         let app = Rc::new(test::init_service(crate::app::views(state, routes)).await);
@@ -261,7 +263,11 @@ pub fn acp(data: &[u8]) {
             let settings = Settings::from_toml("").expect("the defaults load");
             let service = runtime.block_on(async {
                 let log = Arc::new(MemoryLog::new(crate::projection::all(), 256, 1_000_000));
-                Arc::new(Service::with_log(&settings, log).await.expect("the service starts"))
+                Arc::new(
+                    Service::with_store(&settings, crate::store::Store::embedded(log))
+                        .await
+                        .expect("the service starts"),
+                )
             });
             **cell = Some((runtime, service, 0));
         }

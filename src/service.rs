@@ -15,7 +15,7 @@ use crate::engine::cluster::Cluster;
 use crate::engine::{Engine, InputLimits};
 use crate::session::{FollowConfig, SessionLog, Sessions};
 use crate::store::sled::{SledConfig, SledLog};
-use crate::store::{Log, StoreError};
+use crate::store::{Log, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -48,7 +48,7 @@ impl Service {
                 .await
                 .map_err(|source| StartError::Store { path: format!("NATS JetStream at {servers}"), source })?;
             tracing::info!(node = cluster.node(), servers, "the log is on JetStream");
-            return Service::start(settings, agents, Arc::new(log), Some(cluster)).await;
+            return Service::start(settings, agents, Store::shared(Arc::new(log)), Some(cluster)).await;
         }
         let config = SledConfig {
             path: Some(settings.server.data_dir.clone()),
@@ -62,18 +62,18 @@ impl Service {
         let path = settings.server.data_dir.display().to_string();
         let log =
             SledLog::open(config, crate::projection::all()).map_err(|source| StartError::Store { path, source })?;
-        Service::start(settings, agents, Arc::new(log), None).await
+        Service::start(settings, agents, Store::embedded(Arc::new(log)), None).await
     }
 
     /// Builds the service on a log that is already open (the in-memory one, in tests).
-    pub async fn with_log(settings: &Settings, log: Arc<dyn Log>) -> Result<Service, StartError> {
-        Service::start(settings, agents(settings)?, log, None).await
+    pub async fn with_store(settings: &Settings, store: Store) -> Result<Service, StartError> {
+        Service::start(settings, agents(settings)?, store, None).await
     }
 
     async fn start(
         settings: &Settings,
         agents: Agents,
-        log: Arc<dyn Log>,
+        store: Store,
         cluster: Option<Arc<dyn Cluster>>,
     ) -> Result<Service, StartError> {
         let follow = FollowConfig {
@@ -85,9 +85,9 @@ impl Service {
             max_events_per_request: settings.limits.max_events_per_request,
             max_event_bytes: settings.limits.max_event_bytes,
         };
-        let engine = Engine::new(log.clone(), agents.clone(), settings.engine.clone(), limits, cluster.clone());
+        let engine = Engine::new(&store, agents.clone(), settings.engine.clone(), limits, cluster.clone());
         // The catalog before recovery: a session that recovery wakes may run one of its agents.
-        let catalog = Catalog::open(log.clone(), engine.clone(), agents.clone(), follow)
+        let catalog = Catalog::open(&store, engine.clone(), agents.clone(), follow)
             .await
             .map_err(|error| StartError::Refused(format!("could not read the catalog: {error}")))?;
         let catalog = Arc::new(catalog);
@@ -99,8 +99,9 @@ impl Service {
             }
             Err(error) => return Err(StartError::Refused(format!("could not close interrupted turns: {error}"))),
         };
-        let sessions = Sessions::new(SessionLog::new(log.clone(), follow), engine.clone(), agents, catalog.clone());
-        let audit = Audit::new(sessions.clone(), log.clone(), engine.clone());
+        let sessions = Sessions::new(SessionLog::new(&store, follow), engine.clone(), agents, catalog.clone());
+        let audit = Audit::new(sessions.clone(), store.clone(), engine.clone());
+        let log = store.log;
         let mut background = vec![tokio::spawn(sweep(log.clone()))];
         if cluster.is_some() {
             let serving = engine.serve_forwarded().await.map_err(|error| StartError::Refused(error.to_string()))?;

@@ -19,7 +19,7 @@ use turnlog::session::{
 };
 use turnlog::store::memory::MemoryLog;
 use turnlog::store::sled::{SledConfig, SledLog};
-use turnlog::store::{AppendError, Key, Log, Position, ReadRange, Scan, StoreError, Subscription};
+use turnlog::store::{AppendError, Log, Position, ReadRange, Store, StoreError, Subscription};
 use turnlog::{Service, Settings};
 
 /// The log a test runs on.
@@ -31,20 +31,26 @@ enum Backend {
     JetStream,
 }
 
-async fn open_log(backend: Backend) -> (Arc<dyn Log>, Option<Arc<nats::Nats>>) {
+async fn open_log(backend: Backend) -> (Store, Option<Arc<nats::Nats>>) {
     match backend {
-        Backend::Sled => (Arc::new(SledLog::open(SledConfig::default(), turnlog::projection::all()).unwrap()), None),
-        Backend::Memory => (Arc::new(MemoryLog::new(turnlog::projection::all(), 256, 1_000_000)), None),
+        Backend::Sled => {
+            (Store::embedded(Arc::new(SledLog::open(SledConfig::default(), turnlog::projection::all()).unwrap())), None)
+        }
+        Backend::Memory => {
+            (Store::embedded(Arc::new(MemoryLog::new(turnlog::projection::all(), 256, 1_000_000))), None)
+        }
         Backend::JetStream => {
             let nats = nats::Nats::single().await;
             let log = nats::open_log(&nats).await;
-            (Arc::new(log), Some(Arc::new(nats)))
+            (Store::shared(Arc::new(log)), Some(Arc::new(nats)))
         }
     }
 }
 
 struct Given {
     settings: Settings,
+    store: Store,
+    /// The store's log, to append to it as another writer would.
     log: Arc<dyn Log>,
     /// Held so that the service (its sweeper, its engine) lives as long as the test.
     _service: Service,
@@ -65,10 +71,10 @@ async fn given_with(backend: Backend, server_tools: &[(&str, bool)], tweak: impl
     Given { _nats: nats, ..given_on(log, server_tools, tweak).await }
 }
 
-async fn given_on(log: Arc<dyn Log>, server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
+async fn given_on(store: Store, server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
     let mut settings = Settings::load(None).unwrap();
     tweak(&mut settings);
-    let service = Service::with_log(&settings, log.clone()).await.unwrap();
+    let service = Service::with_store(&settings, store.clone()).await.unwrap();
     let sessions = service.sessions().clone();
     let spec = SessionSpec {
         agent: AgentSpec {
@@ -86,7 +92,8 @@ async fn given_on(log: Arc<dyn Log>, server_tools: &[(&str, bool)], tweak: impl 
     };
     let caller = Caller { subject: "t".into(), admin: false };
     let session = sessions.create(&caller, spec).await.unwrap();
-    Given { settings, log, _service: service, _nats: None, sessions, session }
+    let log = store.log.clone();
+    Given { settings, store, log, _service: service, _nats: None, sessions, session }
 }
 
 fn text(t: &str) -> Input {
@@ -148,7 +155,7 @@ impl Given {
     /// Starts the service again on the same log, as the process would after a crash;
     /// answers how many turns it closed.
     async fn restart(&self) -> usize {
-        Service::with_log(&self.settings, self.log.clone()).await.unwrap().recovered()
+        Service::with_store(&self.settings, self.store.clone()).await.unwrap().recovered()
     }
 }
 
@@ -379,14 +386,8 @@ impl Log for HeldLog {
         };
         Ok(turnlog::store::Ordered::new(appended, Box::pin(held)))
     }
-    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<turnlog::store::Ordered, AppendError> {
-        self.inner.adopt(session, events)
-    }
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
         self.inner.position(session).await
-    }
-    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<turnlog::store::Chained>, StoreError> {
-        self.inner.chained(session, range).await
     }
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
         self.inner.read(session, range).await
@@ -399,15 +400,6 @@ impl Log for HeldLog {
     }
     async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
         self.inner.subscribe(session).await
-    }
-    async fn projected(&self, projection: &str, key: Key) -> Result<Option<bytes::Bytes>, StoreError> {
-        self.inner.projected(projection, key).await
-    }
-    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, bytes::Bytes)>, StoreError> {
-        self.inner.scan(projection, scan).await
-    }
-    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
-        self.inner.session_ids(after, limit).await
     }
     fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
         self.inner.changes()
@@ -424,14 +416,18 @@ impl Log for HeldLog {
 /// slow to make the call durable waits, and runs the tool once the log catches up.
 #[tokio::test]
 async fn a_server_tool_runs_only_once_its_call_is_durable() {
+    let memory = MemoryLog::new(turnlog::projection::all(), 256, 1_000_000);
     let log = Arc::new(HeldLog {
-        inner: MemoryLog::new(turnlog::projection::all(), 256, 1_000_000),
+        inner: memory.clone(),
         holding: false.into(),
         ordered: Default::default(),
         checkpoint: tokio::sync::watch::channel(false).0,
         released: tokio::sync::watch::channel(false).0,
     });
-    let g = given_on(log.clone(), &[("calculator", true)], |_| {}).await;
+    // The held log, and the memory log's projections and audit side beneath it.
+    let store =
+        Store { log: log.clone(), projections: Arc::new(memory.clone()), audit: Arc::new(memory), shared: None };
+    let g = given_on(store, &[("calculator", true)], |_| {}).await;
     let mut checkpoint = log.checkpoint.subscribe();
     g.when(vec![text("/tool calculator {\"expression\": \"2*(3+4)\"}")]).await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), checkpoint.wait_for(|c| *c))

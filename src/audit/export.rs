@@ -4,7 +4,7 @@
 use super::format::export_line;
 use crate::domain::{EventId, RawEvent, SessionId};
 use crate::store::chain::{self, Hash};
-use crate::store::{Log, ReadRange, StoreError};
+use crate::store::{AuditLog, Log, ReadRange, StoreError};
 
 /// Events read per step.
 const PAGE: usize = 1000;
@@ -22,7 +22,7 @@ impl Export {
     }
 
     /// The next page of export lines; empty at the end of the log.
-    pub async fn next(&mut self, log: &dyn Log) -> Result<Vec<u8>, StoreError> {
+    pub async fn next(&mut self, log: &dyn AuditLog) -> Result<Vec<u8>, StoreError> {
         let range = ReadRange { after: self.after, before: None, limit: PAGE, newest_first: false };
         let mut out = Vec::new();
         for (event, hash) in log.chained(self.session, range).await? {

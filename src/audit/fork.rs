@@ -31,7 +31,7 @@ impl Audit {
         let upto = ReadRange { after: None, before: Some(past), limit: 1, newest_first: true };
         let (point, hash) = self.chained_at(source.id, upto).await?.filter(|(e, _)| e.id == at).ok_or_else(invalid)?;
         let mut history = History::default();
-        store::fold(self.log.as_ref(), source.id, Position::default(), |raw| {
+        store::fold(self.store.log.as_ref(), source.id, Position::default(), |raw| {
             if raw.seq <= point.seq {
                 if let Ok(event) = raw.decode() {
                     history.apply(&event);
@@ -41,7 +41,7 @@ impl Audit {
         .await?;
         // The source as stored (not redacted), so that the fork keeps its options.
         let stored: Option<SessionSummary> =
-            read::get(self.log.as_ref(), SessionIndex::NAME, Key::session(source.id)).await?;
+            read::get(self.store.projections.as_ref(), SessionIndex::NAME, Key::session(source.id)).await?;
         let stored = stored.ok_or_else(|| SessionError::NotFound(source.id.to_string()))?;
         let mut spec = stored.spec;
         if let Some(agent) = agent {

@@ -10,7 +10,7 @@ use super::verify::{Broken, Verifier};
 use crate::domain::{EventId, RawEvent, SessionId};
 use crate::error::SessionError;
 use crate::projection::turns::{OpenTurn, OpenTurns};
-use crate::store::{AppendError, Key, Log, Projection, ReadRange, StoreError};
+use crate::store::{AppendError, Key, Log, Projection, ReadRange, Store, StoreError};
 
 /// What became of one session of an import.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,19 +93,18 @@ pub async fn compare(log: &dyn Log, session: SessionId, events: &[RawEvent]) -> 
 /// Brings one session's export lines (all of them, in order) into `log`: refused unless the
 /// chain verifies and each event is the one its line says; a session the log already holds
 /// is left alone when its events are the same, and refused when they differ.
-pub async fn import(log: &dyn Log, lines: &[Line]) -> Result<Imported, ImportError> {
+pub async fn import(store: &Store, lines: &[Line]) -> Result<Imported, ImportError> {
     let events = events_of(lines)?;
-    adopt(log, lines[0].session_id, events).await
+    adopt(store, lines[0].session_id, events).await
 }
 
 /// Stores `events` (checked by [`events_of`]) as `session`'s log in `log`, or finds them
 /// there already.
-pub async fn adopt(log: &dyn Log, session: SessionId, events: Vec<RawEvent>) -> Result<Imported, ImportError> {
+pub async fn adopt(store: &Store, session: SessionId, events: Vec<RawEvent>) -> Result<Imported, ImportError> {
     let count = events.len();
-    log.prepare(session).await?;
-    match log.adopt(session, events.clone())?.durable().await? {
+    match store.audit.adopt(session, events.clone()).await? {
         Ok(_) => Ok(Imported::New { events: count }),
-        Err(_) => match compare(log, session, &events).await? {
+        Err(_) => match compare(store.log.as_ref(), session, &events).await? {
             Some(imported) => Ok(imported),
             // Emptied meanwhile: not something a log does; say it as it is.
             None => Err(ImportError::Invalid(format!("session {session} changed while it was imported"))),

@@ -15,8 +15,6 @@ pub mod import;
 pub mod replay;
 pub mod verify;
 
-use std::sync::Arc;
-
 use self::export::{Export, Pages};
 use self::format::Line;
 use self::import::{ImportError, Imported};
@@ -27,7 +25,7 @@ use crate::error::SessionError;
 use crate::projection::SessionSummary;
 use crate::session::Sessions;
 use crate::store::chain::Hash;
-use crate::store::{Log, ReadRange, StoreError};
+use crate::store::{Log, ReadRange, Store, StoreError};
 
 pub use replay::Pace;
 
@@ -36,20 +34,20 @@ pub use replay::Pace;
 #[derive(Clone)]
 pub struct Audit {
     sessions: Sessions,
-    log: Arc<dyn Log>,
+    store: Store,
     engine: Engine,
 }
 
 impl Audit {
-    pub fn new(sessions: Sessions, log: Arc<dyn Log>, engine: Engine) -> Audit {
-        Audit { sessions, log, engine }
+    pub fn new(sessions: Sessions, store: Store, engine: Engine) -> Audit {
+        Audit { sessions, store, engine }
     }
 
     /// The session's chain head: its last event and that event's hash; with `verify`, the
     /// whole chain checked against the events first (the first broken link, if any).
     pub async fn head(&self, session: &SessionSummary, verify: bool) -> Result<Result<Head, Broken>, SessionError> {
         if verify {
-            return Ok(verify::verify(self.log.as_ref(), session.id).await?);
+            return Ok(verify::verify(self.store.audit.as_ref(), session.id).await?);
         }
         let newest = ReadRange { after: None, before: None, limit: 1, newest_first: true };
         let (last, hash) =
@@ -59,7 +57,7 @@ impl Audit {
 
     /// The first event of `range` and its chain hash, which every event the server wrote has.
     async fn chained_at(&self, session: SessionId, range: ReadRange) -> Result<Option<(RawEvent, Hash)>, SessionError> {
-        let Some((event, hash)) = self.log.chained(session, range).await?.into_iter().next() else {
+        let Some((event, hash)) = self.store.audit.chained(session, range).await?.into_iter().next() else {
             return Ok(None);
         };
         let hash = hash.ok_or_else(|| {
@@ -76,7 +74,7 @@ impl Audit {
 
     /// The next page of an export: empty at the end.
     pub async fn export_page(&self, export: &mut Export) -> Result<Vec<u8>, SessionError> {
-        Ok(export.next(self.log.as_ref()).await?)
+        Ok(export.next(self.store.audit.as_ref()).await?)
     }
 
     /// Whether the caller may import: only an admin may, since the sessions keep the
@@ -100,7 +98,7 @@ impl Audit {
         for group in groups {
             let session = group[0].session_id;
             import::at_rest(&group)?;
-            let imported = import::import(self.log.as_ref(), &group).await.map_err(|error| match error {
+            let imported = import::import(&self.store, &group).await.map_err(|error| match error {
                 ImportError::Exists(_) => SessionError::Conflict(error.to_string()),
                 ImportError::Store(error) => SessionError::Storage(error),
                 ImportError::Append(error) => SessionError::from_append(session, error),
@@ -113,12 +111,12 @@ impl Audit {
 
     /// The session's log from event `from` on (from the start, without it), page by page.
     pub async fn pages(&self, session: &SessionSummary, from: Option<&str>) -> Result<Pages, SessionError> {
-        pages(self.log.as_ref(), session.id, from).await
+        pages(self.store.log.as_ref(), session.id, from).await
     }
 
     /// The next page: empty at the end.
     pub async fn next_page(&self, pages: &mut Pages) -> Result<Vec<RawEvent>, SessionError> {
-        Ok(pages.next(self.log.as_ref()).await?)
+        Ok(pages.next(self.store.log.as_ref()).await?)
     }
 }
 

@@ -55,7 +55,7 @@ impl Audit {
         // The source as it stood at the start: its settings, its history as the seed, and
         // the calls of that history (to know the copy's by).
         let (mut summary, mut history, mut calls) = (None, History::default(), HashMap::new());
-        store::fold(self.log.as_ref(), source.id, Position::default(), |raw| {
+        store::fold(self.store.log.as_ref(), source.id, Position::default(), |raw| {
             if raw.seq >= start.seq {
                 return;
             }
@@ -80,7 +80,7 @@ impl Audit {
         let mut copier = Copier::new(session, pace);
         // The seed's calls, by the source's ids: the copy's creation made its own of them.
         let all = ReadRange { after: None, before: None, limit: 10_000, newest_first: false };
-        for copy in self.log.read(session, all).await? {
+        for copy in self.store.log.read(session, all).await? {
             if let Ok(event) = copy.decode() {
                 if let EventBody::AgentToolUse { tool_call_id, .. }
                 | EventBody::AgentCustomToolUse { tool_call_id, .. } = &event.body
@@ -92,8 +92,8 @@ impl Audit {
             }
         }
         let Some(first) = start.first else { return Ok(created) };
-        let mut replay = pages(self.log.as_ref(), source.id, Some(&first.to_string())).await?;
-        let (engine, log) = (self.engine.clone(), self.log.clone());
+        let mut replay = pages(self.store.log.as_ref(), source.id, Some(&first.to_string())).await?;
+        let (engine, log) = (self.engine.clone(), self.store.log.clone());
         let cancel = engine.start_replaying(session);
         let replaying = Replaying { engine: engine.clone(), session };
         tokio::spawn(async move {
@@ -139,7 +139,7 @@ impl Audit {
         let (mut seed, mut in_seed) = (None, false);
         let mut starts: HashMap<TurnId, Start> = HashMap::new();
         let (mut after_creation, mut found) = (None, None);
-        store::fold(self.log.as_ref(), source, Position::default(), |raw| {
+        store::fold(self.store.log.as_ref(), source, Position::default(), |raw| {
             let turn = raw.turn().map(|(turn, _)| turn);
             if raw.seq == 1 {
                 return;
@@ -174,7 +174,7 @@ impl Audit {
     /// The source's first event, its creation.
     async fn first(&self, source: SessionId) -> Result<RawEvent, SessionError> {
         let first = ReadRange { after: None, before: None, limit: 1, newest_first: false };
-        let event = self.log.read(source, first).await?.into_iter().next();
+        let event = self.store.log.read(source, first).await?.into_iter().next();
         event.ok_or_else(|| SessionError::NotFound(source.to_string()))
     }
 }

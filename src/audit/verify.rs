@@ -3,14 +3,14 @@
 
 use crate::domain::{EventId, SessionId};
 use crate::store::chain::{link, Hash, GENESIS};
-use crate::store::{Log, ReadRange, StoreError};
+use crate::store::{AuditLog, ReadRange, StoreError};
 
 /// Events read per step.
 const PAGE: usize = 1000;
 
 /// A session's chain checked against its events: the head (last sequence number, last id,
 /// hash), or the first broken link.
-pub async fn verify(log: &dyn Log, session: SessionId) -> Result<Result<Head, Broken>, StoreError> {
+pub async fn verify(log: &dyn AuditLog, session: SessionId) -> Result<Result<Head, Broken>, StoreError> {
     let mut verifier = Verifier::new(session);
     let mut after = None;
     loop {

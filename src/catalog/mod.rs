@@ -23,7 +23,7 @@ use crate::error::SessionError;
 use crate::projection::catalog::{catalog_key, AgentVersions, CatalogAgents};
 use crate::projection::{read, Page, TimeBounds};
 use crate::store::follow::{FollowConfig, Follower};
-use crate::store::{Key, Log, Scan};
+use crate::store::{Key, Log, Projections, Scan, Store};
 
 pub use agents::describe;
 
@@ -85,6 +85,7 @@ pub struct CatalogFilter {
 
 pub struct Catalog {
     log: Arc<dyn Log>,
+    projections: Arc<dyn Projections>,
     /// What appends to the catalog's log.
     engine: Engine,
     agents: Arc<Agents>,
@@ -101,19 +102,20 @@ const SCAN_CHUNK: usize = 256;
 impl Catalog {
     /// Opens the catalog and teaches the registry every stored agent version.
     pub async fn open(
-        log: Arc<dyn Log>,
+        store: &Store,
         engine: Engine,
         agents: Arc<Agents>,
         follow: FollowConfig,
     ) -> Result<Catalog, SessionError> {
-        let catalog = Catalog { log, engine, agents, writing: tokio::sync::Mutex::new(()) };
+        let (log, projections) = (store.log.clone(), store.projections.clone());
+        let catalog = Catalog { log, projections, engine, agents, writing: tokio::sync::Mutex::new(()) };
         // Followed from before the scan, so that nothing made meanwhile is missed.
         let follower = Follower::live(catalog.log.clone(), CATALOG, follow).await?;
         tokio::spawn(learn(follower, catalog.agents.clone()));
         let mut after = None;
         loop {
             let scan = Scan { session: Some(CATALOG), after, newest_first: false, limit: SCAN_CHUNK };
-            let page = read::scan::<AgentVersions>(catalog.log.as_ref(), CatalogAgents::NAME, scan).await?;
+            let page = read::scan::<AgentVersions>(catalog.projections.as_ref(), CatalogAgents::NAME, scan).await?;
             let Some((last, _)) = page.last() else { return Ok(catalog) };
             after = Some(*last);
             for definition in page.iter().flat_map(|(_, all)| &all.versions) {
@@ -161,7 +163,7 @@ impl Catalog {
         let mut items = Vec::new();
         loop {
             let scan = Scan { session: Some(CATALOG), after, newest_first: true, limit: SCAN_CHUNK };
-            let page: Vec<(Key, S)> = read::scan(self.log.as_ref(), projection, scan).await?;
+            let page: Vec<(Key, S)> = read::scan(self.projections.as_ref(), projection, scan).await?;
             let Some((last, _)) = page.last() else { return Ok(Page { items, has_more: false }) };
             after = Some(*last);
             for (_, value) in page {
@@ -176,7 +178,7 @@ impl Catalog {
 
     /// A value of a catalog projection, decoded.
     async fn projected<T: DeserializeOwned>(&self, projection: &str, key: Key) -> Result<Option<T>, SessionError> {
-        Ok(read::get(self.log.as_ref(), projection, key).await?)
+        Ok(read::get(self.projections.as_ref(), projection, key).await?)
     }
 }
 

@@ -11,7 +11,8 @@ use crate::audit::import::{self as audit, ImportError, Imported};
 use crate::audit::verify::{self, Verifier};
 use crate::domain::SessionId;
 use crate::projection::{SessionIndex, SessionSummary};
-use crate::store::{Key, Log};
+use crate::store::sled::SledLog;
+use crate::store::{AuditLog, Key, Log, Projections, Store};
 
 /// Where sessions come from or go to.
 pub enum Source {
@@ -64,7 +65,7 @@ pub async fn export(source: &Source, selection: &Selection, out: &mut dyn Write)
 }
 
 async fn export_log(
-    log: &dyn Log,
+    log: &SledLog,
     named: Vec<SessionId>,
     selection: &Selection,
     out: &mut dyn Write,
@@ -80,7 +81,7 @@ async fn export_log(
         }
         let mut chosen = Vec::new();
         for session in all {
-            let summary = log.projected(SessionIndex::NAME, Key::session(session)).await.map_err(input)?;
+            let summary = log.get(SessionIndex::NAME, Key::session(session)).await.map_err(input)?;
             let summary: Option<SessionSummary> = summary.and_then(|bytes| serde_json::from_slice(&bytes).ok());
             // The catalog's log has no summary: it goes with an unfiltered export.
             let filtered = selection.agent.is_some() || selection.created_by.is_some();
@@ -166,7 +167,7 @@ pub async fn verify(file: Option<&Path>, data_dir: Option<&Path>) -> Result<Vec<
     result.map(|()| checked)
 }
 
-async fn verify_log(log: &dyn Log, checked: &mut Vec<(SessionId, u64)>) -> Result<(), Failure> {
+async fn verify_log(log: &SledLog, checked: &mut Vec<(SessionId, u64)>) -> Result<(), Failure> {
     let mut after = None;
     loop {
         let page = log.session_ids(after, 1000).await.map_err(input)?;
@@ -205,7 +206,7 @@ pub async fn import(target: &Source, file: &Path) -> Result<Vec<(SessionId, Impo
             }
             let pending = if result.is_ok() { groups.iter().zip(checked).collect() } else { Vec::new() };
             for (group, events) in pending {
-                match audit::adopt(log.as_ref(), group[0].session_id, events).await {
+                match audit::adopt(&Store::embedded(log.clone()), group[0].session_id, events).await {
                     Ok(imported) => done.push((group[0].session_id, imported)),
                     Err(error) => {
                         result = Err(import_failure(error));

@@ -8,11 +8,16 @@ use crate::domain::{Draft, RawEvent, SessionId, TurnId};
 use crate::error::SessionError;
 use crate::projection::turns::{OpenTurn, OpenTurns};
 use crate::projection::{read, SessionIndex, SessionSummary};
-use crate::store::{self, AppendError, Appended, Conflict, Key, Live, Log, Ordered, Position, Scan};
+use crate::store::{
+    self, AppendError, Appended, Conflict, Key, Live, Log, Ordered, Position, Projections, Scan, SharedLog, Store,
+};
 
 #[derive(Clone)]
 pub(super) struct EngineLog {
     log: Arc<dyn Log>,
+    projections: Arc<dyn Projections>,
+    /// What a log shared by several nodes adds (`None` on one node).
+    shared: Option<Arc<dyn SharedLog>>,
 }
 
 /// A session with a turn open, or messages waiting for one, as the open-turn index has it.
@@ -23,8 +28,8 @@ pub(super) struct Open {
 }
 
 impl EngineLog {
-    pub fn new(log: Arc<dyn Log>) -> EngineLog {
-        EngineLog { log }
+    pub fn new(store: &Store) -> EngineLog {
+        EngineLog { log: store.log.clone(), projections: store.projections.clone(), shared: store.shared.clone() }
     }
 
     /// Appends at `expected`: the stored events or the conflict, once durable.
@@ -58,14 +63,19 @@ impl EngineLog {
         self.log.order(session, expected, drafts)
     }
 
-    /// Makes the log ready to order appends to `session` (see [`Log::prepare`]).
+    /// Makes a shared log ready to order appends to `session` (see [`SharedLog::prepare`]).
     pub async fn prepare(&self, session: SessionId) -> Result<(), SessionError> {
-        Ok(self.log.prepare(session).await?)
+        match &self.shared {
+            Some(shared) => Ok(shared.prepare(session).await?),
+            None => Ok(()),
+        }
     }
 
-    /// This node's writer of `session` has stopped (see [`Log::release`]).
+    /// This node's writer of `session` has stopped (see [`SharedLog::release`]).
     pub fn release(&self, session: SessionId) {
-        self.log.release(session);
+        if let Some(shared) = &self.shared {
+            shared.release(session);
+        }
     }
 
     pub async fn position(&self, session: SessionId) -> Result<Position, SessionError> {
@@ -100,7 +110,7 @@ impl EngineLog {
     }
 
     pub async fn summary(&self, session: SessionId) -> Result<Option<SessionSummary>, SessionError> {
-        Ok(read::get(self.log.as_ref(), SessionIndex::NAME, Key::session(session)).await?)
+        Ok(read::get(self.projections.as_ref(), SessionIndex::NAME, Key::session(session)).await?)
     }
 
     /// Every session with a turn open or messages waiting for one, by the open-turn index.
@@ -109,7 +119,7 @@ impl EngineLog {
         let mut after = None;
         loop {
             let scan = Scan { session: None, after, newest_first: false, limit: 1024 };
-            let page = read::scan::<OpenTurn>(self.log.as_ref(), OpenTurns::NAME, scan).await?;
+            let page = read::scan::<OpenTurn>(self.projections.as_ref(), OpenTurns::NAME, scan).await?;
             let Some((last, _)) = page.last() else { return Ok(open) };
             after = Some(*last);
             let found = page.into_iter().filter(|(_, state)| state.turn.is_some() || !state.queued.is_empty());
@@ -121,8 +131,8 @@ impl EngineLog {
         }
     }
 
-    /// Sessions a shared log has seen end with a turn open (see [`Log::turns_seen_open`]).
+    /// Sessions a shared log has seen end with a turn open (see [`SharedLog::turns_seen_open`]).
     pub fn turns_seen_open(&self) -> Vec<SessionId> {
-        self.log.turns_seen_open()
+        self.shared.as_ref().map(|shared| shared.turns_seen_open()).unwrap_or_default()
     }
 }

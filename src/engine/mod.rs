@@ -47,7 +47,7 @@ use self::registry::{Registry, Route};
 use crate::agent::Agents;
 use crate::domain::{Draft, RawEvent, SessionId};
 use crate::error::SessionError;
-use crate::store::{Appended, Log};
+use crate::store::{Appended, Store};
 
 /// How many times a command is sent again when the actor that took it stopped first (and
 /// how many actors a command is offered to: each found stopped as it is sent is replaced).
@@ -63,13 +63,13 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(
-        log: Arc<dyn Log>,
+        store: &Store,
         agents: Arc<Agents>,
         settings: EngineSettings,
         limits: InputLimits,
         cluster: Option<Arc<dyn Cluster>>,
     ) -> Engine {
-        let env = Env::new(log::EngineLog::new(log), agents, settings, limits, cluster.is_some());
+        let env = Env::new(log::EngineLog::new(store), agents, settings, limits, cluster.is_some());
         Engine { env: Arc::new(env), registry: Arc::default(), cluster }
     }
 

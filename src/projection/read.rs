@@ -3,21 +3,25 @@
 
 use serde::de::DeserializeOwned;
 
-use crate::store::{Key, Log, Scan, StoreError};
+use crate::store::{Key, Projections, Scan, StoreError};
 
 /// The value under `key`, decoded.
-pub async fn get<T: DeserializeOwned>(log: &dyn Log, projection: &str, key: Key) -> Result<Option<T>, StoreError> {
-    let Some(bytes) = log.projected(projection, key).await? else { return Ok(None) };
+pub async fn get<T: DeserializeOwned>(
+    projections: &dyn Projections,
+    projection: &str,
+    key: Key,
+) -> Result<Option<T>, StoreError> {
+    let Some(bytes) = projections.get(projection, key).await? else { return Ok(None) };
     Ok(decode(projection, &bytes))
 }
 
 /// A page of values, decoded (those that do not decode are left out).
 pub async fn scan<T: DeserializeOwned>(
-    log: &dyn Log,
+    projections: &dyn Projections,
     projection: &str,
     scan: Scan,
 ) -> Result<Vec<(Key, T)>, StoreError> {
-    let page = log.scan(projection, scan).await?;
+    let page = projections.scan(projection, scan).await?;
     Ok(page.into_iter().filter_map(|(key, bytes)| Some((key, decode(projection, &bytes)?))).collect())
 }
 

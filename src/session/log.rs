@@ -9,11 +9,13 @@ use crate::domain::{EventId, RawEvent, SessionId};
 use crate::error::SessionError;
 use crate::projection::{read, SessionIndex, SessionSummary};
 use crate::store::follow::{FollowConfig, Follower};
-use crate::store::{self, Key, Log, Position, ReadRange, Scan};
+use crate::store::{self, Key, Log, Position, Projections, ReadRange, Scan, SharedLog, Store};
 
 #[derive(Clone)]
 pub(crate) struct SessionLog {
     log: Arc<dyn Log>,
+    projections: Arc<dyn Projections>,
+    shared: Option<Arc<dyn SharedLog>>,
     pub follow: FollowConfig,
     /// Summaries decoded lately, each with the stored bytes it was decoded from: a lookup
     /// still reads the projection, and decodes only when its bytes have changed (every
@@ -25,8 +27,9 @@ pub(crate) struct SessionLog {
 const SUMMARIES_KEPT: usize = 4096;
 
 impl SessionLog {
-    pub fn new(log: Arc<dyn Log>, follow: FollowConfig) -> SessionLog {
-        SessionLog { log, follow, summaries: Arc::default() }
+    pub fn new(store: &Store, follow: FollowConfig) -> SessionLog {
+        let (log, projections, shared) = (store.log.clone(), store.projections.clone(), store.shared.clone());
+        SessionLog { log, projections, shared, follow, summaries: Arc::default() }
     }
 
     pub async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, SessionError> {
@@ -53,17 +56,17 @@ impl SessionLog {
 
     /// A projected value, decoded.
     pub async fn projected<T: DeserializeOwned>(&self, projection: &str, key: Key) -> Result<Option<T>, SessionError> {
-        Ok(read::get(self.log.as_ref(), projection, key).await?)
+        Ok(read::get(self.projections.as_ref(), projection, key).await?)
     }
 
     /// A page of a projection's values, decoded (undecodable ones are logged and skipped).
     pub async fn scan<T: DeserializeOwned>(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, T)>, SessionError> {
-        Ok(read::scan(self.log.as_ref(), projection, scan).await?)
+        Ok(read::scan(self.projections.as_ref(), projection, scan).await?)
     }
 
     /// The engine underneath the log, if it is a client of one.
     pub fn health(&self) -> Option<crate::store::Health> {
-        self.log.health()
+        self.shared.as_ref().map(|shared| shared.health())
     }
 
     /// Every session whose log grows from now on.
@@ -72,7 +75,7 @@ impl SessionLog {
     }
 
     pub async fn summary(&self, session: SessionId) -> Result<Option<SessionSummary>, SessionError> {
-        let Some(bytes) = self.log.projected(SessionIndex::NAME, Key::session(session)).await? else {
+        let Some(bytes) = self.projections.get(SessionIndex::NAME, Key::session(session)).await? else {
             return Ok(None);
         };
         if let Some(cached) = self.summaries.get(&session).filter(|cached| cached.0 == bytes) {

@@ -27,7 +27,7 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    /// The engine underneath the log, if it is a client of one (see [`crate::store::Log::health`]).
+    /// The engine underneath the log, if it is a client of one (see [`crate::store::SharedLog::health`]).
     pub fn health(&self) -> Option<crate::store::Health> {
         self.log.health()
     }

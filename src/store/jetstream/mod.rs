@@ -55,8 +55,8 @@ use self::wire::Entry;
 use super::hub::{Channel, Hub};
 use super::numbering::{Clock, Tail};
 use super::{
-    chain, project, signature, AppendError, Conflict, Key, Log, Ordered, Position, Projection, ReadRange, Scan,
-    StoreError, Subscription,
+    chain, project, signature, AppendError, AuditLog, Conflict, Key, Log, Ordered, Position, Projection, Projections,
+    ReadRange, Scan, SharedLog, StoreError, Subscription,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
 use crate::metrics;
@@ -1507,45 +1507,8 @@ impl Log for JetStreamLog {
     fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> super::AppendFuture {
         let log = self.clone();
         Box::pin(async move {
-            log.prepare(session).await.map_err(|e| match e.is_unavailable() {
-                true => AppendError::Unavailable(e.to_string()),
-                false => AppendError::Storage(e.to_string()),
-            })?;
+            log.prepare(session).await.map_err(unprepared)?;
             log.order(session, expected, drafts)?.durable().await
-        })
-    }
-
-    async fn prepare(&self, session: SessionId) -> Result<(), StoreError> {
-        let loaded = self.session(session).await?;
-        if loaded.channel.tail.lock().is_none() {
-            // Fold onto the projections as they stand in the bucket, not as this node's copy
-            // had them (another node may have appended to the session until a moment ago).
-            let upto = self.bucket_revision().await?;
-            if tokio::time::timeout(FAILOVER_WAIT, self.inner.mirror.applied(upto)).await.is_err() {
-                return Err(StoreError::unavailable("this node's copy of the projections is behind the bucket"));
-            }
-            self.load_tail(&loaded).await?;
-            self.repair(&loaded).await?;
-        }
-        Ok(())
-    }
-
-    fn release(&self, session: SessionId) {
-        if let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) {
-            // The tail's lock before the state's, as an append takes them.
-            loaded.channel.drop_tail(&mut loaded.channel.tail.lock());
-            loaded.state.lock().expect = None;
-        }
-    }
-
-    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
-        let adopted = Tail::adopted(&events, self.inner.config.max_events_per_session)?;
-        self.order_with(session, |tail| {
-            if tail.position.seq > 0 {
-                return Ok(Err(Conflict { expected: 0, actual: tail.position }));
-            }
-            *tail = adopted;
-            Ok(Ok(events))
         })
     }
 
@@ -1574,57 +1537,8 @@ impl Log for JetStreamLog {
         Ok(Subscription { channel, live, at })
     }
 
-    async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
-        if !self.inner.projections.iter().any(|p| p.name() == projection) {
-            return Err(super::unknown_projection(projection));
-        }
-        if let Some(value) = self.inner.mirror.get(projection, key) {
-            return Ok(Some(value));
-        }
-        // Not in this node's copy: perhaps made on another node a moment ago, and the
-        // watch has not brought it yet. The bucket itself has the answer.
-        let bucket_key = mirror::value_key(projection, key);
-        let bucket = &self.inner.bucket;
-        let entry = patiently("a projection", || bucket.entry(&bucket_key), |_| false)
-            .await
-            .map_err(|e| store_error("could not read a projection", e))?;
-        Ok(entry.filter(|entry| entry.operation == kv::Operation::Put).map(|entry| {
-            self.inner.mirror.put(&bucket_key, entry.value.clone(), entry.revision);
-            mirror::unstamp(entry.value).1
-        }))
-    }
-
-    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
-        if !self.inner.projections.iter().any(|p| p.name() == projection) {
-            return Err(super::unknown_projection(projection));
-        }
-        Ok(self.inner.mirror.scan(projection, scan))
-    }
-
-    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
-        Ok(self.within(session, range).await?.into_iter().map(|(event, hash)| (event, Some(hash))).collect())
-    }
-
-    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
-        let filter = format!("{}.events.*", self.inner.config.prefix);
-        let subjects = self.inner.stream.info_with_subjects(filter).await.map_err(|e| store_error("the stream", e))?;
-        let mut ids: Vec<SessionId> = subjects
-            .map_ok(|(subject, _)| self.session_of(&subject))
-            .try_filter_map(|id| std::future::ready(Ok(id)))
-            .try_collect()
-            .await
-            .map_err(|e| store_error("the stream's subjects", e))?;
-        ids.sort_unstable();
-        ids.dedup();
-        Ok(ids.into_iter().filter(|id| after.is_none_or(|after| *id > after)).take(limit).collect())
-    }
-
     fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
         self.inner.hub.changes()
-    }
-
-    fn turns_seen_open(&self) -> Vec<SessionId> {
-        self.inner.seen_open.lock().iter().copied().collect()
     }
 
     fn sweep(&self) {
@@ -1652,8 +1566,110 @@ impl Log for JetStreamLog {
         self.inner.client.flush().await.map_err(|e| store_error("flushing the NATS connection", e))?;
         Ok(())
     }
+}
 
-    fn health(&self) -> Option<super::Health> {
-        Some(super::Health { engine: "jetstream", connected: self.connected() })
+#[async_trait::async_trait]
+impl Projections for JetStreamLog {
+    async fn get(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
+        if !self.inner.projections.iter().any(|p| p.name() == projection) {
+            return Err(super::unknown_projection(projection));
+        }
+        if let Some(value) = self.inner.mirror.get(projection, key) {
+            return Ok(Some(value));
+        }
+        // Not in this node's copy: perhaps made on another node a moment ago, and the
+        // watch has not brought it yet. The bucket itself has the answer.
+        let bucket_key = mirror::value_key(projection, key);
+        let bucket = &self.inner.bucket;
+        let entry = patiently("a projection", || bucket.entry(&bucket_key), |_| false)
+            .await
+            .map_err(|e| store_error("could not read a projection", e))?;
+        Ok(entry.filter(|entry| entry.operation == kv::Operation::Put).map(|entry| {
+            self.inner.mirror.put(&bucket_key, entry.value.clone(), entry.revision);
+            mirror::unstamp(entry.value).1
+        }))
+    }
+
+    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
+        if !self.inner.projections.iter().any(|p| p.name() == projection) {
+            return Err(super::unknown_projection(projection));
+        }
+        Ok(self.inner.mirror.scan(projection, scan))
+    }
+}
+
+#[async_trait::async_trait]
+impl AuditLog for JetStreamLog {
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
+        Ok(self.within(session, range).await?.into_iter().map(|(event, hash)| (event, Some(hash))).collect())
+    }
+
+    async fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<super::Appended, AppendError> {
+        self.prepare(session).await.map_err(unprepared)?;
+        let adopted = Tail::adopted(&events, self.inner.config.max_events_per_session)?;
+        let ordered = self.order_with(session, |tail| {
+            if tail.position.seq > 0 {
+                return Ok(Err(Conflict { expected: 0, actual: tail.position }));
+            }
+            *tail = adopted;
+            Ok(Ok(events))
+        })?;
+        ordered.durable().await
+    }
+
+    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
+        let filter = format!("{}.events.*", self.inner.config.prefix);
+        let subjects = self.inner.stream.info_with_subjects(filter).await.map_err(|e| store_error("the stream", e))?;
+        let mut ids: Vec<SessionId> = subjects
+            .map_ok(|(subject, _)| self.session_of(&subject))
+            .try_filter_map(|id| std::future::ready(Ok(id)))
+            .try_collect()
+            .await
+            .map_err(|e| store_error("the stream's subjects", e))?;
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids.into_iter().filter(|id| after.is_none_or(|after| *id > after)).take(limit).collect())
+    }
+}
+
+#[async_trait::async_trait]
+impl SharedLog for JetStreamLog {
+    async fn prepare(&self, session: SessionId) -> Result<(), StoreError> {
+        let loaded = self.session(session).await?;
+        if loaded.channel.tail.lock().is_none() {
+            // Fold onto the projections as they stand in the bucket, not as this node's copy
+            // had them (another node may have appended to the session until a moment ago).
+            let upto = self.bucket_revision().await?;
+            if tokio::time::timeout(FAILOVER_WAIT, self.inner.mirror.applied(upto)).await.is_err() {
+                return Err(StoreError::unavailable("this node's copy of the projections is behind the bucket"));
+            }
+            self.load_tail(&loaded).await?;
+            self.repair(&loaded).await?;
+        }
+        Ok(())
+    }
+
+    fn release(&self, session: SessionId) {
+        if let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) {
+            // The tail's lock before the state's, as an append takes them.
+            loaded.channel.drop_tail(&mut loaded.channel.tail.lock());
+            loaded.state.lock().expect = None;
+        }
+    }
+
+    fn turns_seen_open(&self) -> Vec<SessionId> {
+        self.inner.seen_open.lock().iter().copied().collect()
+    }
+
+    fn health(&self) -> super::Health {
+        super::Health { engine: "jetstream", connected: self.connected() }
+    }
+}
+
+/// A session that could not be made ready to append to, as an append's failure.
+fn unprepared(error: StoreError) -> AppendError {
+    match error.is_unavailable() {
+        true => AppendError::Unavailable(error.to_string()),
+        false => AppendError::Storage(error.to_string()),
     }
 }

@@ -19,8 +19,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::hub::Hub;
 use super::numbering::{Clock, Tail};
 use super::{
-    chain, project, signature, AppendError, Key, Log, Ordered, Position, Projection, ReadRange, Scan, StoreError,
-    Subscription, Values,
+    chain, project, signature, AppendError, Appended, AuditLog, Key, Log, Ordered, Position, Projection, Projections,
+    ReadRange, Scan, StoreError, Subscription, Values,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
 use crate::metrics;
@@ -563,6 +563,25 @@ impl SledLog {
     /// Stops the writer after it has written everything queued; then, if asked and nothing
     /// failed, flushes sled, removes the write-ahead log it has made redundant, and marks
     /// the log clean.
+    /// Orders a whole log brought in from elsewhere as `session`'s, if it has no events.
+    fn order_adopted(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
+        if let Some(error) = self.inner.failed() {
+            return Err(error);
+        }
+        let tail = Tail::adopted(&events, self.inner.config.max_events_per_session)?;
+        let storage = |error: StoreError| AppendError::Storage(error.to_string());
+        let channel = self.inner.channel(session).map_err(storage)?;
+        let slot = channel.tail.lock();
+        let now = match *slot {
+            Some(tail) => tail,
+            None => Tail::recover(self.inner.newest_first(session)).map_err(|e| storage(e.into()))?,
+        };
+        if now.position.seq > 0 {
+            return Ok(Ordered::settled(Err(super::Conflict { expected: 0, actual: now.position })));
+        }
+        self.queue(session, channel.clone(), events, slot, tail)
+    }
+
     fn stop(&self, clean: bool) -> Result<(), StoreError> {
         if !self.inner.writable {
             return Ok(());
@@ -622,33 +641,8 @@ impl Log for SledLog {
         self.queue(session, channel.clone(), events, slot, tail)
     }
 
-    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
-        if let Some(error) = self.inner.failed() {
-            return Err(error);
-        }
-        let tail = Tail::adopted(&events, self.inner.config.max_events_per_session)?;
-        let storage = |error: StoreError| AppendError::Storage(error.to_string());
-        let channel = self.inner.channel(session).map_err(storage)?;
-        let slot = channel.tail.lock();
-        let now = match *slot {
-            Some(tail) => tail,
-            None => Tail::recover(self.inner.newest_first(session)).map_err(|e| storage(e.into()))?,
-        };
-        if now.position.seq > 0 {
-            return Ok(Ordered::settled(Err(super::Conflict { expected: 0, actual: now.position })));
-        }
-        self.queue(session, channel.clone(), events, slot, tail)
-    }
-
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
         Ok(self.inner.channel(session)?.durable())
-    }
-
-    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
-        self.scan_events(session, range, |key, value| {
-            let hash = unseal(&value).1;
-            (raw_event(key, value), hash)
-        })
     }
 
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
@@ -675,12 +669,42 @@ impl Log for SledLog {
         Ok(Subscription { channel, live, at })
     }
 
-    async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
+        self.inner.hub.changes()
+    }
+
+    fn sweep(&self) {
+        self.inner.hub.sweep();
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        let log = self.clone();
+        tokio::task::spawn_blocking(move || log.stop(true)).await.map_err(StoreError::new)?
+    }
+}
+
+#[async_trait::async_trait]
+impl Projections for SledLog {
+    async fn get(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
         Ok(self.inner.tree(projection)?.get(keys::projection_key(key))?.map(bytes_of))
     }
 
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
         self.scan_sync(projection, scan)
+    }
+}
+
+#[async_trait::async_trait]
+impl AuditLog for SledLog {
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
+        self.scan_events(session, range, |key, value| {
+            let hash = unseal(&value).1;
+            (raw_event(key, value), hash)
+        })
+    }
+
+    async fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Appended, AppendError> {
+        self.order_adopted(session, events)?.durable().await
     }
 
     async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
@@ -700,18 +724,5 @@ impl Log for SledLog {
             from = Some(u128::from(session.ulid()).checked_add(1));
         }
         Ok(ids)
-    }
-
-    fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
-        self.inner.hub.changes()
-    }
-
-    fn sweep(&self) {
-        self.inner.hub.sweep();
-    }
-
-    async fn close(&self) -> Result<(), StoreError> {
-        let log = self.clone();
-        tokio::task::spawn_blocking(move || log.stop(true)).await.map_err(StoreError::new)?
     }
 }
