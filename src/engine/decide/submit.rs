@@ -6,7 +6,7 @@ use super::calls::error_result;
 use super::ends::turn_input;
 use super::{idle, running, Decision};
 use crate::domain::event::{Confirmation, StopReason};
-use crate::domain::{Draft, EventBody, EventId, TurnId, Usage};
+use crate::domain::{Block, Draft, EventBody, EventId, TurnId, Usage};
 use crate::engine::command::{Follows, Input, InputLimits, Submission, WhenBusy};
 use crate::error::SessionError;
 use crate::projection::turns::{CallKind, PendingCall, Phase, TurnState};
@@ -41,6 +41,32 @@ pub fn decide(
     };
     // Where input `k` stood in the request: a remembered decision's copy, where its original did.
     let place = |k: usize| k.checked_sub(sent).and_then(|copy| copied_from.get(copy).copied()).unwrap_or(k);
+    let resolving = check_together(state, submission, inputs)?;
+    let resolved =
+        if resolving { match_resolutions(state, inputs, &place, submission.all_at_once)? } else { Vec::new() };
+    let mut record = Record {
+        state,
+        resolved: &resolved,
+        new_turn,
+        limit: limits.max_event_bytes,
+        queue: submission.when_busy == WhenBusy::Queue,
+        decision: Decision {
+            drafts: update.iter().map(|body| Draft::new(None, body)).collect(),
+            ..Decision::default()
+        },
+        current: current_turn(state),
+        resolutions_written: resolved.is_empty(),
+    };
+    for (k, input) in inputs.iter().enumerate() {
+        record.input(place(k), input)?;
+    }
+    Ok(record.decision)
+}
+
+/// Whether the input may come together, as the session stands: one user message (unless
+/// the view queues them), never mixed with results or permissions, after the turn the
+/// client names, and only when the session takes one. Answers whether it resolves calls.
+fn check_together(state: &TurnState, submission: &Submission, inputs: &[Input]) -> Result<bool, SessionError> {
     let queue = submission.when_busy == WhenBusy::Queue;
     let messages = inputs.iter().filter(|i| matches!(i, Input::Message(_))).count();
     let resolving = inputs.iter().any(|i| matches!(i, Input::Result { .. } | Input::Permission { .. }));
@@ -59,69 +85,90 @@ pub fn decide(
         _ if messages > 0 => check_idle(state)?,
         _ => {}
     }
-    let resolved =
-        if resolving { match_resolutions(state, inputs, &place, submission.all_at_once)? } else { Vec::new() };
-    let check = |i, draft| fits(i, draft, limits.max_event_bytes);
+    Ok(resolving)
+}
 
-    let mut decision =
-        Decision { drafts: update.iter().map(|body| Draft::new(None, body)).collect(), ..Decision::default() };
-    // Input becomes events in the order it came; the resolutions go where the first of
-    // them stood. An interrupt belongs to the turn current when it comes: one that follows
-    // input starting a turn cancels that turn as it starts.
-    let mut current = current_turn(state);
-    let mut resolutions_written = resolved.is_empty();
-    for (k, input) in inputs.iter().enumerate() {
-        let i = place(k);
+/// The events a submission's input becomes, in the order it came; the resolutions go
+/// where the first of them stood. An interrupt belongs to the turn current when it comes:
+/// one that follows input starting a turn cancels that turn as it starts.
+struct Record<'a> {
+    state: &'a TurnState,
+    resolved: &'a [Resolved<'a>],
+    new_turn: TurnId,
+    limit: usize,
+    queue: bool,
+    decision: Decision,
+    current: Option<TurnId>,
+    resolutions_written: bool,
+}
+
+impl Record<'_> {
+    /// Records input `i` (its place in the request).
+    fn input(&mut self, i: usize, input: &Input) -> Result<(), SessionError> {
+        let (state, current) = (self.state, self.current);
         match input {
             // As the Qoder event catalog has it, an outcome belongs to no turn.
             Input::Outcome(outcome) => {
                 let draft = Draft::new(None, &EventBody::UserDefineOutcome { outcome: outcome.clone() });
-                decision.drafts.push(check(i, draft)?);
+                self.push(i, draft)?;
             }
             Input::Cancel => {
-                if decision.start.is_some() || matches!(state.phase, Phase::Running(_)) {
-                    decision.drafts.push(Draft::new(current, &EventBody::UserInterrupt {}));
-                    decision.cancel = true;
+                if self.decision.start.is_some() || matches!(state.phase, Phase::Running(_)) {
+                    self.decision.drafts.push(Draft::new(current, &EventBody::UserInterrupt {}));
+                    self.decision.cancel = true;
                 }
             }
             Input::Interrupt => {
-                decision.drafts.push(Draft::new(current, &EventBody::UserInterrupt {}));
+                self.decision.drafts.push(Draft::new(current, &EventBody::UserInterrupt {}));
                 match state.phase {
-                    _ if decision.start.is_some() => decision.cancel = true,
-                    Phase::Running(_) => decision.cancel = true,
-                    Phase::Waiting(turn) if resolved.is_empty() => decision.drafts.extend(close_waiting(state, turn)),
+                    _ if self.decision.start.is_some() => self.decision.cancel = true,
+                    Phase::Running(_) => self.decision.cancel = true,
+                    Phase::Waiting(turn) if self.resolved.is_empty() => {
+                        self.decision.drafts.extend(close_waiting(state, turn))
+                    }
                     _ => {}
                 }
             }
             // While a turn runs (or once this request has started one), a message waits
             // for the next turn.
-            Input::Message(content) if queue && (decision.start.is_some() || state.phase != Phase::Idle) => {
-                decision.drafts.push(check(i, Draft::queued(&EventBody::UserMessage { content: content.clone() }))?);
+            Input::Message(content) if self.queue && (self.decision.start.is_some() || state.phase != Phase::Idle) => {
+                self.push(i, Draft::queued(&EventBody::UserMessage { content: content.clone() }))?;
             }
-            Input::Message(content) => {
-                let message =
-                    check(i, Draft::new(Some(new_turn), &EventBody::UserMessage { content: content.clone() }))?;
-                decision.drafts.push(Draft::new(Some(new_turn), &EventBody::TurnStarted {}));
-                // Messages queued before this one come first.
-                if !state.queued.is_empty() {
-                    decision.drafts.push(Draft::new(Some(new_turn), &turn_input(state)));
-                }
-                decision.drafts.push(message);
-                decision.drafts.push(Draft::new(Some(new_turn), &running()));
-                decision.start = Some(new_turn);
-                current = decision.start;
-            }
-            Input::Result { .. } | Input::Permission { .. } if !resolutions_written => {
-                resolutions_written = true;
-                let (drafts, start) = resolve(state, &resolved, new_turn, limits.max_event_bytes)?;
-                decision.drafts.extend(drafts);
-                decision.start = start;
-                current = start.or(current);
+            Input::Message(content) => self.start_turn(i, content)?,
+            Input::Result { .. } | Input::Permission { .. } if !self.resolutions_written => {
+                self.resolutions_written = true;
+                let (drafts, start) = resolve(state, self.resolved, self.new_turn, self.limit)?;
+                self.decision.drafts.extend(drafts);
+                self.decision.start = start;
+                self.current = start.or(current);
             }
             Input::Result { .. } | Input::Permission { .. } => {}
         }
+        Ok(())
     }
-    Ok(decision)
+
+    /// A user message that starts a turn, after the messages queued before it.
+    fn start_turn(&mut self, i: usize, content: &[Block]) -> Result<(), SessionError> {
+        let turn = self.new_turn;
+        let message =
+            fits(i, Draft::new(Some(turn), &EventBody::UserMessage { content: content.to_vec() }), self.limit)?;
+        let drafts = &mut self.decision.drafts;
+        drafts.push(Draft::new(Some(turn), &EventBody::TurnStarted {}));
+        if !self.state.queued.is_empty() {
+            drafts.push(Draft::new(Some(turn), &turn_input(self.state)));
+        }
+        drafts.push(message);
+        drafts.push(Draft::new(Some(turn), &running()));
+        self.decision.start = Some(turn);
+        self.current = Some(turn);
+        Ok(())
+    }
+
+    /// Input `i`'s event, held to the limit.
+    fn push(&mut self, i: usize, draft: Draft) -> Result<(), SessionError> {
+        self.decision.drafts.push(fits(i, draft, self.limit)?);
+        Ok(())
+    }
 }
 
 /// The event that records input `i`, unless it is larger than `limit`.
