@@ -19,8 +19,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::export::Pages;
 use super::{event_from, pages, unknown_from, Audit};
-use crate::domain::event::ReplayOf;
+use crate::domain::event::{ReplayOf, SessionSpec};
 use crate::domain::{Caller, Draft, EventBody, EventId, RawEvent, SessionId, TurnId};
 use crate::engine::Engine;
 use crate::error::SessionError;
@@ -34,6 +35,16 @@ const NOT_COPIED: &[&str] = &["session.created", "session.deleted", "terminated"
 
 /// Fields that name events of the log (their ids are the copies' in a replay).
 const ID_FIELDS: &[&str] = &["tool_use_id", "custom_tool_use_id", "event_ids", "model_request_start_id"];
+
+/// The tool call id of a call's event.
+fn call_id(body: &EventBody) -> Option<&str> {
+    match body {
+        EventBody::AgentToolUse { tool_call_id, .. } | EventBody::AgentCustomToolUse { tool_call_id, .. } => {
+            Some(tool_call_id)
+        }
+        _ => None,
+    }
+}
 
 /// Kinds whose ids other events name.
 const NAMED: &[&str] = &["agent.tool_use", "agent.custom_tool_use", "user.message", "span.model_request_start"];
@@ -52,10 +63,34 @@ impl Audit {
         let pace = Pace::new(speed)?;
         let from = event_from(from)?;
         let start = self.replay_start(source.id, from).await?.ok_or_else(|| unknown_from(from))?;
-        // The source as it stood at the start: its settings, its history as the seed, and
-        // the calls of that history (to know the copy's by).
+        let (mut spec, calls) = self.as_it_stood(source.id, start).await?;
+        spec.replay_of = Some(ReplayOf { session_id: source.id, from, speed });
+        let created = self.sessions.create(caller, spec).await?;
+        let mut copier = Copier::new(created.id, pace);
+        // The seed's calls, by the source's ids: the copy's creation made its own of them.
+        let all = ReadRange { after: None, before: None, limit: 10_000, newest_first: false };
+        for copy in self.store.log.read(created.id, all).await? {
+            let event = copy.decode().ok();
+            if let Some(original) = event.as_ref().and_then(|e| call_id(&e.body)).and_then(|id| calls.get(id)) {
+                copier.ids.insert(original.clone(), copy.id.to_string());
+            }
+        }
+        if let Some(first) = start.first {
+            let replay = pages(self.store.log.as_ref(), source.id, Some(&first.to_string())).await?;
+            tokio::spawn(self.copy_all(replay, copier));
+        }
+        Ok(created)
+    }
+
+    /// The source as it stood at the start: its settings, with its history as the seed;
+    /// and the calls of that history (to know the copy's by), by tool call id.
+    async fn as_it_stood(
+        &self,
+        source: SessionId,
+        start: Start,
+    ) -> Result<(SessionSpec, HashMap<String, String>), SessionError> {
         let (mut summary, mut history, mut calls) = (None, History::default(), HashMap::new());
-        store::fold(self.store.log.as_ref(), source.id, Position::default(), |raw| {
+        store::fold(self.store.log.as_ref(), source, Position::default(), |raw| {
             if raw.seq >= start.seq {
                 return;
             }
@@ -64,39 +99,24 @@ impl Audit {
             if let Some(next) = SessionSummary::apply(summary.take(), &event) {
                 summary = Some(next);
             }
-            if let EventBody::AgentToolUse { tool_call_id, .. } | EventBody::AgentCustomToolUse { tool_call_id, .. } =
-                &event.body
-            {
-                calls.insert(tool_call_id.clone(), event.id.to_string());
+            if let Some(tool_call_id) = call_id(&event.body) {
+                calls.insert(tool_call_id.to_string(), event.id.to_string());
             }
         })
         .await?;
-        let mut spec = summary.ok_or_else(|| SessionError::NotFound(source.id.to_string()))?.spec;
+        let mut spec = summary.ok_or_else(|| SessionError::NotFound(source.to_string()))?.spec;
         spec.messages = history.messages.into_iter().map(Arc::unwrap_or_clone).collect();
         spec.forked_from = None;
-        spec.replay_of = Some(ReplayOf { session_id: source.id, from, speed });
-        let created = self.sessions.create(caller, spec).await?;
-        let session = created.id;
-        let mut copier = Copier::new(session, pace);
-        // The seed's calls, by the source's ids: the copy's creation made its own of them.
-        let all = ReadRange { after: None, before: None, limit: 10_000, newest_first: false };
-        for copy in self.store.log.read(session, all).await? {
-            if let Ok(event) = copy.decode() {
-                if let EventBody::AgentToolUse { tool_call_id, .. }
-                | EventBody::AgentCustomToolUse { tool_call_id, .. } = &event.body
-                {
-                    if let Some(original) = calls.get(tool_call_id) {
-                        copier.ids.insert(original.clone(), copy.id.to_string());
-                    }
-                }
-            }
-        }
-        let Some(first) = start.first else { return Ok(created) };
-        let mut replay = pages(self.store.log.as_ref(), source.id, Some(&first.to_string())).await?;
-        let (engine, log) = (self.engine.clone(), self.store.log.clone());
+        Ok((spec, calls))
+    }
+
+    /// Copies every page of `replay` into the copier's session, unless the session is
+    /// closed meanwhile; then closes a copied turn left open.
+    fn copy_all(&self, mut replay: Pages, mut copier: Copier) -> impl std::future::Future<Output = ()> + 'static {
+        let (engine, log, session) = (self.engine.clone(), self.store.log.clone(), copier.session);
         let cancel = engine.start_replaying(session);
         let replaying = Replaying { engine: engine.clone(), session };
-        tokio::spawn(async move {
+        async move {
             let copied = async {
                 loop {
                     let page = replay.next(log.as_ref()).await?;
@@ -122,8 +142,7 @@ impl Audit {
                 }
             }
             drop(replaying);
-        });
-        Ok(created)
+        }
     }
 
     /// Where a replay of `source` from event `from` starts: that event, or the start of its
