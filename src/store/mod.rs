@@ -229,6 +229,12 @@ pub trait Projection: Send + Sync + 'static {
         1
     }
     fn wants(&self, kind: &str) -> bool;
+    /// Whether its values are the sessions' summaries, one per session: a log that learns
+    /// from its projections of appends made on other nodes (JetStream's) reports each
+    /// session whose summary changes on [`Log::changes`].
+    fn lists_sessions(&self) -> bool {
+        false
+    }
     /// The values `event` changes (most change one, or none).
     fn keys(&self, event: &Event) -> Vec<Key>;
     /// The new value under `key` after `event`, or `None` to keep the current one.

@@ -67,12 +67,14 @@ pub struct Mirror {
     revisions: RwLock<HashMap<String, (u64, u64)>>,
     /// The bucket's revision this copy has applied from the watch.
     applied: watch::Sender<u64>,
-    /// Sessions whose summary changed, for the service's feed of changed sessions.
-    sessions_projection: &'static str,
+    /// The projection of the sessions' summaries ([`Projection::lists_sessions`]): a session
+    /// whose summary changed goes to the service's feed of changed sessions.
+    sessions_projection: Option<&'static str>,
 }
 
 impl Mirror {
-    pub fn new(sessions_projection: &'static str) -> Arc<Mirror> {
+    pub fn new(projections: &[Arc<dyn Projection>]) -> Arc<Mirror> {
+        let sessions_projection = projections.iter().find(|p| p.lists_sessions()).map(|p| p.name());
         Arc::new(Mirror {
             values: RwLock::default(),
             revisions: RwLock::default(),
@@ -189,7 +191,7 @@ impl Mirror {
                 }
             }
         }
-        (projection == self.sessions_projection).then_some(key.session)
+        (Some(projection) == self.sessions_projection).then_some(key.session)
     }
 
     /// Keeps the copy current from the bucket's watch, from its current values on; calls
@@ -314,7 +316,7 @@ mod tests {
     #[test]
     fn a_value_folded_again_is_left_as_it_is() {
         let projections = crate::projection::all();
-        let mirror = Mirror::new("sessions");
+        let mirror = Mirror::new(&projections);
         let session = SessionId::generate();
         let created = crate::domain::EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
         let drafts = [crate::domain::Draft::new(None, &created)];

@@ -371,7 +371,7 @@ impl JetStreamLog {
         }
         let (start, messages) = (info.state.last_sequence + 1, info.state.messages);
         let bucket = open_bucket(&js, &config.projections_bucket, Duration::ZERO, config.replicas).await?;
-        let sessions_projection = crate::projection::SessionIndex::NAME;
+        let mirror = Mirror::new(&projections);
         let inner = Arc::new(Inner {
             client,
             js,
@@ -381,7 +381,7 @@ impl JetStreamLog {
             config,
             sessions: DashMap::new(),
             projections,
-            mirror: Mirror::new(sessions_projection),
+            mirror,
             closed: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
             publishing: watch::channel(0).0,
@@ -1181,7 +1181,7 @@ impl JetStreamLog {
         while let Some(key) = keys.try_next().await.map_err(|e| store_error("the projections' keys", e))? {
             bucket.purge(&key).await.map_err(|e| store_error("clearing the projections", e))?;
         }
-        let empty = Mirror::new(crate::projection::SessionIndex::NAME);
+        let empty = Mirror::new(&self.inner.projections);
         let mut staged = mirror::Staged::new(&empty, &self.inner.projections);
         let mut watermarks: BTreeMap<String, u64> = BTreeMap::new();
         let mut count = 0u64;
