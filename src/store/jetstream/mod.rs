@@ -33,6 +33,19 @@
 //! sequence.
 //!
 //! Projections live in a key-value bucket ([`mirror`]).
+//!
+//! The files, one concern each:
+//! - here: the shared state (a loaded [`Session`] and how it takes a message), the second
+//!   fence's rule ([`follows`]), and the store's traits ([`Log`], [`Projections`],
+//!   [`AuditLog`], [`SharedLog`]) implemented by calls into the others;
+//! - [`config`]: what a node is told of the engine;
+//! - [`open`]: connecting, making or checking the stream and the bucket, closing;
+//! - [`follow`]: the node's consumer of the whole stream, its replacement when quiet, the
+//!   turns seen open;
+//! - [`load`]: loading a session (its index and tail), reading it, finding an event;
+//! - [`publish`]: ordering an append and publishing it behind both fences;
+//! - [`projections`]: putting, repairing and rebuilding the projections;
+//! - [`mirror`]: each node's copy of the projections' bucket; [`wire`]: a message's form.
 
 mod config;
 mod follow;
