@@ -4,7 +4,7 @@
 //! The server's faces are `api::audit` (HTTP) and `cli::audit` (the command line, on a
 //! data dir or a server); the log computes the chain itself ([`crate::store::chain`]).
 //!
-//! - [`format`]: the export's JSON Lines; [`verify`]: a chain checked link by link;
+//! - [`format`](mod@format): the export's JSON Lines; [`verify`]: a chain checked link by link;
 //! - [`export`]: a log read out again; [`import`]: exported sessions brought in;
 //! - `fork` and [`replay`]: new sessions from a past one.
 

@@ -207,7 +207,7 @@ pub struct Scan {
     pub limit: usize,
 }
 
-/// A page of projected values kept in memory in key order, as [`Log::scan`] answers it.
+/// A page of projected values kept in memory in key order, as [`Projections::scan`] answers it.
 fn page(values: &std::collections::BTreeMap<Key, Bytes>, scan: Scan) -> Vec<(Key, Bytes)> {
     let in_scope = |key: &Key| scan.session.is_none_or(|s| key.session == s);
     let entries: Box<dyn Iterator<Item = (&Key, &Bytes)>> = match (scan.newest_first, scan.after) {

@@ -92,7 +92,7 @@ impl Mirror {
         self.revisions.read().get(&value_key(projection, key)).map_or(0, |(_, seq)| *seq)
     }
 
-    /// A page in key order, as [`crate::store::Log::scan`] answers it.
+    /// A page in key order, as [`crate::store::Projections::scan`] answers it.
     pub fn scan(&self, projection: &str, scan: crate::store::Scan) -> Vec<(Key, Bytes)> {
         let values = self.values.read();
         values.get(projection).map(|values| crate::store::page(values, scan)).unwrap_or_default()
@@ -131,14 +131,14 @@ impl Mirror {
     }
 
     /// Applies the bucket's entries after revision `applied` that its stream's leader holds
-    /// (as many as [`super::follow::FETCH_ROUND`]), one request each, while there is no watch (the
+    /// (as many as [`super::quiet::FETCH_ROUND`]), one request each, while there is no watch (the
     /// node's consumer of the events stream does the same).
     async fn fetch_after(&self, bucket: &kv::Store, changed: &impl Fn(SessionId)) {
         let stream = &bucket.stream;
-        let wait = super::follow::QUIET_WAIT;
+        let wait = super::quiet::QUIET_WAIT;
         let Ok(Ok(info)) = tokio::time::timeout(wait, stream.get_info()).await else { return };
         let prefix = format!("$KV.{}.", bucket.name);
-        let last = info.state.last_sequence.min(*self.applied.borrow() + super::follow::FETCH_ROUND);
+        let last = info.state.last_sequence.min(*self.applied.borrow() + super::quiet::FETCH_ROUND);
         loop {
             let revision = *self.applied.borrow() + 1;
             if revision > last {
@@ -197,7 +197,7 @@ impl Mirror {
     /// Keeps the copy current from the bucket's watch, from its current values on; calls
     /// `changed` for each session whose summary changes. Answers once the copy holds the
     /// bucket as it stood (its last revision, `upto`). A watch that has gone quiet is
-    /// replaced by one from the revision after the last applied (see [`super::follow::Quiet`]).
+    /// replaced by one from the revision after the last applied (see [`super::quiet::Quiet`]).
     pub async fn follow(
         self: &Arc<Mirror>,
         bucket: &kv::Store,
@@ -207,8 +207,8 @@ impl Mirror {
         let mut watch = bucket.watch_with_history(">").await.map_err(StoreError::new)?;
         let (mirror, bucket) = (self.clone(), bucket.clone());
         let task = tokio::spawn(async move {
-            let mut quiet = super::follow::Quiet::new(*mirror.applied.borrow());
-            let mut tick = super::follow::quiet_ticks();
+            let mut quiet = super::quiet::Quiet::new(*mirror.applied.borrow());
+            let mut tick = super::quiet::quiet_ticks();
             loop {
                 tokio::select! {
                     entry = watch.next() => match entry {
@@ -231,7 +231,7 @@ impl Mirror {
                         loop {
                             mirror.fetch_after(&bucket, &changed).await;
                             let from = *mirror.applied.borrow() + 1;
-                            match tokio::time::timeout(2 * super::follow::QUIET_WAIT, bucket.watch_all_from_revision(from)).await {
+                            match tokio::time::timeout(2 * super::quiet::QUIET_WAIT, bucket.watch_all_from_revision(from)).await {
                                 Ok(Ok(new)) => break watch = new,
                                 Ok(Err(error)) => {
                                     tracing::warn!(%error, "could not watch the projections again; fetching meanwhile")

@@ -13,18 +13,18 @@
 //! messages themselves: a message is part of its session's log only if its first event
 //! follows the last event of the messages before it that are ([`follows`]); any other is
 //! void, and every node, reading the same stream in the same order, skips the same ones. A
-//! node that publishes checks where its message landed before it answers ([`placed`]):
+//! node that publishes checks where its message landed before it answers ([`JetStreamLog::placed`]):
 //! a message made void by another is refused as a race, never acknowledged.
 //!
 //! The numbering rules are the same as sled's ([`crate::store::numbering`]), applied by the
-//! node that appends, which must have [`Log::prepare`]d the session (loaded its tail from
+//! node that appends, which must have [prepared](SharedLog::prepare) the session (loaded its tail from
 //! the stream). The session layer holds a lease per session so that one node appends at a
 //! time; the expected sequence is the fence if two ever do.
 //!
 //! Each node runs one ordered consumer on the whole stream: every message, from any node,
 //! reaches the sessions this node has loaded through the in-process hub (their watermark,
 //! index and live bus), the path to every subscriber. A consumer that brings nothing while
-//! the stream holds more (its server died) is replaced within seconds ([`follow::Quiet`]), the
+//! the stream holds more (its server died) is replaced within seconds ([`quiet::Quiet`]), the
 //! messages meanwhile fetched one by one; the projections' watch likewise. A node's own
 //! append is applied when JetStream acknowledges it (it follows what the session holds, by
 //! the expected sequence), and the consumer's copy of it is then skipped by its stream
@@ -40,8 +40,8 @@
 //!   [`AuditLog`], [`SharedLog`]) implemented by calls into the others;
 //! - [`config`]: what a node is told of the engine;
 //! - [`open`]: connecting, making or checking the stream and the bucket, closing;
-//! - [`follow`]: the node's consumer of the whole stream, its replacement when quiet, the
-//!   turns seen open;
+//! - [`follow`]: the node's consumer of the whole stream, its replacement when quiet
+//!   ([`quiet`] says when), the turns seen open;
 //! - [`load`]: loading a session (its index and tail), reading it, finding an event;
 //! - [`publish`]: ordering an append and publishing it behind both fences;
 //! - [`projections`]: putting, repairing and rebuilding the projections;
@@ -54,6 +54,7 @@ mod mirror;
 mod open;
 mod projections;
 mod publish;
+mod quiet;
 pub mod wire;
 
 use std::collections::VecDeque;
@@ -103,7 +104,7 @@ struct Inner {
     /// Publishes in flight, to wait for at close.
     publishing: watch::Sender<usize>,
     /// Sessions whose turn is open after their last message, as read when the node started
-    /// and then from what its consumer delivers (see [`Log::turns_seen_open`]).
+    /// and then from what its consumer delivers (see [`SharedLog::turns_seen_open`]).
     seen_open: Mutex<std::collections::HashSet<SessionId>>,
     /// The session and stream sequence of the last [`HEARD`] messages the node's consumer
     /// brought, loaded here or not (see `load`).

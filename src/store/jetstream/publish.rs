@@ -223,8 +223,14 @@ impl JetStreamLog {
             return Err(raced(session.id));
         }
         // The events are stored and published: the append stands. Projections this node
-        // could not put yet are put again, in order, before the session's next ones.
-        if let Err(error) = self.project(session.id, events).await {
+        // could not put yet are put again, in order, before the session's next ones: from
+        // the session's watermark in the bucket to its end, these events included.
+        let unprojected = std::mem::take(&mut session.state.lock().unprojected);
+        let projected = match unprojected {
+            true => self.repair(session).await,
+            false => self.project(session.id, events).await.map(drop),
+        };
+        if let Err(error) = projected {
             tracing::error!(%error, session_id = %session.id, "the projections of stored events were not put; repairing");
             session.state.lock().unprojected = true;
         }
@@ -250,7 +256,7 @@ impl JetStreamLog {
 
     /// Where the batch `payload` (its first event numbered `first_seq`) is in the log, now
     /// that JetStream has stored a copy at `at`, published after the subject's message
-    /// `expect`: the first message after `expect` at its position ([`follows`]) is the
+    /// `expect`: the first message after `expect` at its position ([`super::follows`]) is the
     /// log's, and void messages (copies of older batches) may come before it. That is `at`,
     /// or an earlier copy of this same batch, byte for byte (a publish sent again), or
     /// another batch, which makes this one void: refused as a race, as if JetStream had
