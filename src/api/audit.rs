@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::api::auth::Auth;
 use crate::api::body::{JsonBody, Query, RawBody};
+use crate::api::caller::Auth;
 use crate::api::{Error, State};
 use crate::audit::import::Imported;
 use crate::audit::{Audit, Pace};
@@ -69,7 +69,7 @@ async fn replay(
             }
         }
     };
-    Ok(crate::api::native::sse_response().streaming(body))
+    Ok(crate::api::sse::response().streaming(body))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

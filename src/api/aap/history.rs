@@ -6,8 +6,8 @@ use actix_web::{get, web, HttpResponse};
 use serde_json::json;
 
 use super::wire::{HistoryQuery, MessageOut};
-use crate::api::auth::Auth;
 use crate::api::body::Query;
+use crate::api::caller::Auth;
 use crate::api::{Error, State};
 use crate::error::{ApiError, Code};
 

@@ -3,8 +3,8 @@
 use actix_web::{delete, get, post, web, HttpResponse};
 
 use super::wire::{CreateSession, Created, ListQuery, SessionInfo, SessionList};
-use crate::api::auth::Auth;
 use crate::api::body::{utc_time, JsonBody, Query};
+use crate::api::caller::Auth;
 use crate::api::{Error, State};
 use crate::error::ApiError;
 use crate::session::{ListFilter, TimeBounds};

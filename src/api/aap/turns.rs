@@ -9,8 +9,8 @@ use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 
 use super::wire::{stop_reason, AgentResponse, MessageIn, MessageOut, StreamMode, TurnRequest};
-use crate::api::auth::Auth;
 use crate::api::body::JsonBody;
+use crate::api::caller::Auth;
 use crate::api::sse::{self, Flow, Follow};
 use crate::api::{Error, State};
 use crate::domain::{Block, Event, EventBody, TurnId};
@@ -137,7 +137,7 @@ fn stream(
             _ => Flow::Continue,
         },
     );
-    Ok(crate::api::native::sse_response().streaming(body))
+    Ok(crate::api::sse::response().streaming(body))
 }
 
 /// Whether [`render`] shows an event of type `kind` in this mode.

@@ -181,7 +181,7 @@ pub enum MessageIn {
         content: String,
     },
     User {
-        #[serde(deserialize_with = "crate::api::native::wire::content")]
+        #[serde(deserialize_with = "crate::api::content::blocks")]
         content: Vec<crate::domain::Block>,
     },
     Assistant {

@@ -24,26 +24,31 @@ use crate::error::{ApiError, Code};
 /// a 409 on its own.
 pub struct Harness;
 
-/// The status the harness answers a code with.
-pub fn status(code: Code) -> StatusCode {
-    match code {
-        Code::UnknownCursor => StatusCode::BAD_REQUEST,
-        Code::Busy | Code::PreviousTurn => StatusCode::PRECONDITION_FAILED,
-        Code::Conflict => StatusCode::UNPROCESSABLE_ENTITY,
-        _ => super::error::status(code),
-    }
-}
-
 impl Render for Harness {
-    fn render(error: &ApiError) -> HttpResponse {
-        let status = status(error.code);
-        let body = json!({"error": {"message": error.message, "type": error.code.kind(), "code": error.code.code()}});
-        HttpResponse::build(status).json(body)
+    type Body = wire::ErrorBody;
+
+    fn status(code: Code) -> StatusCode {
+        match code {
+            Code::UnknownCursor => StatusCode::BAD_REQUEST,
+            Code::Busy | Code::PreviousTurn => StatusCode::PRECONDITION_FAILED,
+            Code::Conflict => StatusCode::UNPROCESSABLE_ENTITY,
+            _ => super::error::status(code),
+        }
+    }
+
+    fn body(error: &ApiError) -> wire::ErrorBody {
+        wire::ErrorBody {
+            error: wire::ErrorDetail {
+                message: error.message.clone(),
+                kind: error.code.kind(),
+                code: error.code.code(),
+            },
+        }
     }
 }
 
 type Error = super::Error<Harness>;
-use super::auth::Auth;
+use super::caller::Auth;
 type Json<T> = super::body::JsonBody<T, Harness>;
 type Query<T> = super::body::Query<T, Harness>;
 

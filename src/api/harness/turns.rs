@@ -307,7 +307,7 @@ fn respond(
             }
         },
     );
-    crate::api::native::sse_response().streaming(body)
+    crate::api::sse::response().streaming(body)
 }
 
 fn frame(out: &mut BytesMut, item: &Item) {

@@ -1,7 +1,7 @@
 //! The harness's request shapes, as `truefoundry-gateway-sdk` sends them, and the input of a
 //! turn read into the session layer's [`Input`].
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use utoipa::{IntoParams, ToSchema};
 
@@ -231,4 +231,20 @@ fn data_uri(data: &str) -> Result<(), String> {
         return Err("the payload is not base64".to_string());
     }
     Ok(())
+}
+
+/// The harness's error body: `{"error":{"message","type","code"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = HarnessError)]
+pub struct ErrorBody {
+    #[schema(inline)]
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub code: &'static str,
 }

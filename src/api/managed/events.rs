@@ -71,7 +71,7 @@ pub(super) fn inputs(field: &str, events: Vec<Value>, allowed: &[&str]) -> Resul
 struct Message {
     #[serde(rename = "type")]
     _kind: String,
-    #[serde(deserialize_with = "crate::api::native::wire::content")]
+    #[serde(deserialize_with = "crate::api::content::blocks")]
     content: Vec<Block>,
 }
 
@@ -103,7 +103,7 @@ struct CustomToolResult {
     #[serde(rename = "type")]
     _kind: String,
     custom_tool_use_id: String,
-    #[serde(default, deserialize_with = "crate::api::native::wire::content")]
+    #[serde(default, deserialize_with = "crate::api::content::blocks")]
     content: Vec<Block>,
     #[serde(default)]
     is_error: Option<bool>,
@@ -292,7 +292,7 @@ pub async fn stream(
         },
         move |out, raw| previews.frame(out, raw),
     );
-    Ok(crate::api::native::sse_response().streaming(body))
+    Ok(crate::api::sse::response().streaming(body))
 }
 
 /// The stream's frames: each event with `event:` (the SDK drops frames without one) and

@@ -13,7 +13,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Value};
 
-use super::error::{status, Render};
+use super::error::{ErrorTag, Render};
 use crate::error::ApiError;
 
 /// Anthropic's error shape: `{"type":"error","error":{"type","message"}}`. The SDK retries a
@@ -21,17 +21,27 @@ use crate::error::ApiError;
 pub struct Managed;
 
 impl Render for Managed {
+    type Body = wire::ErrorBody;
+
+    fn body(error: &ApiError) -> wire::ErrorBody {
+        wire::ErrorBody {
+            kind: ErrorTag::Error,
+            error: wire::ErrorDetail { kind: error.code.kind(), message: error.message.clone() },
+        }
+    }
+
     fn render(error: &ApiError) -> HttpResponse {
-        let mut response = HttpResponse::build(status(error.code));
-        if status(error.code) == StatusCode::CONFLICT {
+        let status = Self::status(error.code);
+        let mut response = HttpResponse::build(status);
+        if status == StatusCode::CONFLICT {
             response.insert_header(("x-should-retry", "false"));
         }
-        response.json(json!({"type": "error", "error": {"type": error.code.kind(), "message": error.message}}))
+        response.json(Self::body(error))
     }
 }
 
 type Error = super::Error<Managed>;
-use super::auth::Auth;
+use super::caller::Auth;
 type Json<T> = super::body::JsonBody<T, Managed>;
 type Query<T> = super::body::Query<T, Managed>;
 

@@ -3,9 +3,11 @@
 //! union there is closed, so turnlog's own events and stop reasons are mapped or left out
 //! here, and never reach the wire as they are.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
 
+use crate::api::error::ErrorTag;
 use crate::domain::catalog::{AgentDefinition, Environment, McpToolset};
 use crate::domain::event::{ClientTool, Permission, StopReason};
 use crate::domain::{Block, Event, EventBody};
@@ -434,4 +436,21 @@ pub fn environment_config(config: Option<Value>) -> Result<Value, String> {
         _ => return Err("`type` must be cloud or self_hosted".into()),
     }
     Ok(config)
+}
+
+/// Anthropic's error body: `{"type":"error","error":{"type","message"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ManagedError)]
+pub struct ErrorBody {
+    #[serde(rename = "type")]
+    pub kind: ErrorTag,
+    #[schema(inline)]
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub message: String,
 }

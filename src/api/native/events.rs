@@ -5,8 +5,8 @@ use actix_web::{get, post, web, HttpResponse};
 use bytes::{BufMut, BytesMut};
 
 use super::wire::{user_event, ListQuery, PostEvents};
-use crate::api::auth::Auth;
 use crate::api::body::{newest_first, JsonBody, Query};
+use crate::api::caller::Auth;
 use crate::api::{Error, State};
 use crate::domain::event::Confirmation;
 use crate::domain::{EventBody, RawEvent};

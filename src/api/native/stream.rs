@@ -6,8 +6,8 @@ use std::time::Duration;
 use actix_web::{get, web, HttpRequest, HttpResponse};
 
 use super::wire::StreamQuery;
-use crate::api::auth::Auth;
 use crate::api::body::Query;
+use crate::api::caller::Auth;
 use crate::api::sse::{self, Follow};
 use crate::api::{Error, State};
 use crate::session::Cursor;
@@ -49,14 +49,5 @@ pub async fn stream(
         },
         sse::native_frame,
     );
-    Ok(sse_response().streaming(body))
-}
-
-pub fn sse_response() -> actix_web::HttpResponseBuilder {
-    let mut response = HttpResponse::Ok();
-    response
-        .content_type("text/event-stream")
-        .insert_header(("cache-control", "no-cache"))
-        .insert_header(("x-accel-buffering", "no"));
-    response
+    Ok(sse::response().streaming(body))
 }

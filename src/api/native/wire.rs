@@ -4,11 +4,12 @@
 use std::borrow::Cow;
 
 use serde::de::IgnoredAny;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
+use crate::api::content::blocks;
 use crate::domain::event::Confirmation;
 use crate::domain::{Block, EventBody};
 use crate::error::ApiError;
@@ -45,7 +46,7 @@ pub const USER_EVENT_TYPES: &[&str] =
 struct Message {
     #[serde(rename = "type")]
     _kind: IgnoredAny,
-    #[serde(deserialize_with = "content")]
+    #[serde(deserialize_with = "blocks")]
     content: Vec<Block>,
 }
 
@@ -83,7 +84,7 @@ struct CustomToolResult {
     #[serde(rename = "type")]
     _kind: IgnoredAny,
     custom_tool_use_id: String,
-    #[serde(default, deserialize_with = "content")]
+    #[serde(default, deserialize_with = "blocks")]
     content: Vec<Block>,
     #[serde(default)]
     is_error: bool,
@@ -145,28 +146,6 @@ pub fn user_event(i: usize, event: &RawValue) -> Result<EventBody, ApiError> {
         let at = if path == "." { format!("events[{i}]") } else { format!("events[{i}].{path}") };
         ApiError::invalid(format!("invalid field `{at}`: {}", error.into_inner()))
     })
-}
-
-/// Content as a string or an array of blocks, each with a string `type`, and a string
-/// `text` for text blocks.
-pub fn content<'de, D: Deserializer<'de>>(de: D) -> Result<Vec<Block>, D::Error> {
-    use serde::de::Error;
-    match Value::deserialize(de)? {
-        Value::String(text) => Ok(vec![Block::text(text)]),
-        Value::Array(items) => items
-            .into_iter()
-            .enumerate()
-            .map(|(i, item)| {
-                let block: Block =
-                    serde_json::from_value(item).map_err(|e| D::Error::custom(format!("block {i}: {e}")))?;
-                if block.kind == "text" && block.text.is_none() {
-                    return Err(D::Error::custom(format!("block {i}: a text block needs a string `text`")));
-                }
-                Ok(block)
-            })
-            .collect(),
-        other => Err(D::Error::custom(format!("expected a string or an array of content blocks, got {other}"))),
-    }
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
