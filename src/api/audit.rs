@@ -8,7 +8,7 @@ use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::api::body::{JsonBody, Query, RawBody};
-use crate::api::caller::Auth;
+use crate::api::caller::{Auth, CallerSession};
 use crate::api::{Error, State};
 use crate::audit::import::Imported;
 use crate::audit::{Audit, Pace};
@@ -39,11 +39,9 @@ pub struct ReplayQuery {
 #[get("/sessions/{session_id}/replay")]
 async fn replay(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession,
     query: Query<ReplayQuery>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let mut pace = Pace::new(query.0.speed.unwrap_or(1.0))?;
     let mut replay = state.audit.pages(&summary, query.0.from.as_deref()).await?;
     let (log, shutdown) = (state.audit.clone(), state.shutdown.clone());
@@ -90,11 +88,9 @@ pub struct AuditQuery {
 #[get("/sessions/{session_id}/audit")]
 async fn audit(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession,
     query: Query<AuditQuery>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let answer = match state.audit.head(&summary, query.0.verify).await? {
         Ok(head) => json!({
             "session_id": summary.id.to_string(),
@@ -125,8 +121,7 @@ async fn audit(
     responses((status = 200, description = "JSON Lines", body = String, content_type = "application/x-ndjson")),
 )]
 #[get("/sessions/{session_id}/export")]
-async fn export(state: State, Auth(caller, _): Auth, path: web::Path<String>) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
+async fn export(state: State, CallerSession { summary, .. }: CallerSession) -> Result<HttpResponse, Error> {
     let mut export = state.audit.export(&summary);
     // The first page now, so that a failure is an error answer, not a cut stream.
     let first = state.audit.export_page(&mut export).await?;
@@ -204,11 +199,9 @@ pub struct ReplayInto {
 #[post("/sessions/{session_id}/replay")]
 async fn replay_into(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { caller, summary: source, .. }: CallerSession,
     body: JsonBody<ReplayInto>,
 ) -> Result<HttpResponse, Error> {
-    let source = state.sessions.get(&caller, &path).await?;
     let ReplayInto { speed, from } = body.0;
     let copy = state.audit.replay_into(&caller, &source, from.as_deref(), speed.unwrap_or(1.0)).await?;
     tracing::info!(session_id = %copy.id, source = %source.id, "replay started");
@@ -259,11 +252,9 @@ pub struct ForkTool {
 #[post("/sessions/{session_id}/fork")]
 async fn fork(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { caller, summary: source, .. }: CallerSession,
     body: JsonBody<Fork>,
 ) -> Result<HttpResponse, Error> {
-    let source = state.sessions.get(&caller, &path).await?;
     let Fork { at, agent } = body.0;
     let agent = agent.map(|a| AgentSpec {
         name: a.name,

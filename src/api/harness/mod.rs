@@ -48,7 +48,7 @@ impl Render for Harness {
 }
 
 type Error = super::Error<Harness>;
-use super::caller::Auth;
+use super::caller::{Auth, CallerSession};
 type Json<T> = super::body::JsonBody<T, Harness>;
 type Query<T> = super::body::Query<T, Harness>;
 

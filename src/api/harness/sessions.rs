@@ -1,11 +1,11 @@
 //! Sessions: create, list, get and cancel, and a session's events across its turns.
 
-use actix_web::{get, post, web, HttpResponse};
+use actix_web::{get, post, HttpResponse};
 use serde_json::{json, Value};
 
 use super::turns::{folded, previous};
 use super::wire::{self, CreateSession, ListSessionEvents, ListSessions};
-use super::{bad_token, limit, page, Auth, Error, Harness, Json, Query};
+use super::{bad_token, limit, page, Auth, CallerSession, Error, Harness, Json, Query};
 use crate::api::body::{newest_first, utc_time};
 use crate::api::State;
 use crate::domain::event::{AgentSpec, SessionSpec};
@@ -92,8 +92,7 @@ pub async fn list(
     responses((status = 200, description = "The session", body = Object)),
 )]
 #[get("/{session_id}")]
-pub async fn get(state: State, Auth(caller, _): Auth<Harness>, path: web::Path<String>) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
+pub async fn get(CallerSession { summary, .. }: CallerSession<Harness>) -> Result<HttpResponse, Error> {
     Ok(HttpResponse::Ok().json(json!({"data": wire::session(&summary)})))
 }
 
@@ -109,10 +108,8 @@ pub async fn get(state: State, Auth(caller, _): Auth<Harness>, path: web::Path<S
 #[post("/{session_id}/cancel")]
 pub async fn cancel(
     state: State,
-    Auth(caller, _): Auth<Harness>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Harness>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let submission = Submission { inputs: vec![Input::Cancel], ..Submission::default() };
     let cancelled = state.sessions.submit(&summary, submission).await?;
     if !cancelled.events.is_empty() {
@@ -134,11 +131,9 @@ pub async fn cancel(
 #[get("/{session_id}/events")]
 pub async fn events(
     state: State,
-    Auth(caller, _): Auth<Harness>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Harness>,
     query: Query<ListSessionEvents>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     let limit = limit(query.limit, 100, 100)?;
     let sessions = &state.sessions;

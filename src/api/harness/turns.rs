@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::fold::{Item, TurnFold};
 use super::wire::{self, CreateTurn, ListTurnEvents, ListTurns, Subscribe};
-use super::{bad_token, limit, page, Auth, Error, Harness, Json, Query};
+use super::{bad_token, limit, page, CallerSession, Error, Harness, Json, Query};
 use crate::api::body::{newest_first, parse_json, RawBody};
 use crate::api::sse::{self, Flow, Follow};
 use crate::api::State;
@@ -31,11 +31,9 @@ use crate::session::{Cursor, EventQuery, Follower, SessionError, Submission, Tur
 #[post("/{session_id}/turns")]
 pub async fn create(
     state: State,
-    Auth(caller, _): Auth<Harness>,
-    path: web::Path<String>,
+    CallerSession { caller, summary, .. }: CallerSession<Harness>,
     body: Json<CreateTurn>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let CreateTurn { input, previous_turn_id, stream } = body.0;
     let inputs = wire::inputs(input)?;
     let follows = wire::follows(previous_turn_id.as_deref())?;
@@ -76,11 +74,9 @@ pub async fn create(
 #[get("/{session_id}/turns")]
 pub async fn list(
     state: State,
-    Auth(caller, _): Auth<Harness>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Harness>,
     query: Query<ListTurns>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     let limit = limit(query.limit, 10, 100)?;
     let before = match &query.page_token {
@@ -108,11 +104,10 @@ pub async fn list(
 #[get("/{session_id}/turns/{turn_id}")]
 pub async fn get(
     state: State,
-    Auth(caller, _): Auth<Harness>,
+    CallerSession { summary, .. }: CallerSession<Harness>,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, Error> {
-    let (session, turn) = path.into_inner();
-    let summary = state.sessions.get(&caller, &session).await?;
+    let (_, turn) = path.into_inner();
     let turn = state.sessions.turn(&summary, &turn).await?;
     let previous = previous(&state, &summary, turn.id).await?;
     let (fold, _) = folded(&state, &summary, &turn, previous).await?;
@@ -132,13 +127,12 @@ pub async fn get(
 #[post("/{session_id}/turns/{turn_id}/subscribe")]
 pub async fn subscribe(
     state: State,
-    Auth(caller, _): Auth<Harness>,
+    CallerSession { caller, summary, .. }: CallerSession<Harness>,
     path: web::Path<(String, String)>,
     request: HttpRequest,
     RawBody(body, _): RawBody<Harness>,
 ) -> Result<HttpResponse, Error> {
-    let (session, turn) = path.into_inner();
-    let summary = state.sessions.get(&caller, &session).await?;
+    let (_, turn) = path.into_inner();
     let turn = state.sessions.turn(&summary, &turn).await?;
     let asked: Subscribe = if body.is_empty() { Subscribe::default() } else { parse_json(&body)? };
     let header = request.headers().get("last-event-id").map(|v| {
@@ -192,12 +186,11 @@ async fn known_number(state: &State, summary: &SessionSummary, turn: &TurnSummar
 #[get("/{session_id}/turns/{turn_id}/events")]
 pub async fn events(
     state: State,
-    Auth(caller, _): Auth<Harness>,
+    CallerSession { summary, .. }: CallerSession<Harness>,
     path: web::Path<(String, String)>,
     query: Query<ListTurnEvents>,
 ) -> Result<HttpResponse, Error> {
-    let (session, turn) = path.into_inner();
-    let summary = state.sessions.get(&caller, &session).await?;
+    let (_, turn) = path.into_inner();
     let turn = state.sessions.turn(&summary, &turn).await?;
     let query = query.0;
     let limit = limit(query.limit, 25, 25)?;

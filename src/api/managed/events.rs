@@ -6,13 +6,13 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use actix_web::{get, post, web, HttpRequest, HttpResponse};
+use actix_web::{get, post, HttpRequest, HttpResponse};
 use bytes::BytesMut;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::wire::{self, TimeQuery};
-use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
+use super::{limit, page, time_bounds, CallerSession, Error, Json, Managed, Query};
 use crate::api::sse::{self, Flow, Follow};
 use crate::api::State;
 use crate::domain::event::Confirmation;
@@ -37,11 +37,9 @@ pub struct SendEvents {
 #[post("/sessions/{session_id}/events")]
 pub async fn send(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Managed>,
     body: Json<SendEvents>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let events = body.0.events;
     if events.is_empty() {
         return Err(ApiError::invalid("invalid field `events`: at least one event is needed").into());
@@ -216,11 +214,9 @@ pub struct ListQuery {
 #[get("/sessions/{session_id}/events")]
 pub async fn list(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Managed>,
     query: Query<ListQuery>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     let limit = limit(query.limit, 1000, state.settings.limits.max_page_size)?;
     let newest_first = crate::api::body::newest_first(query.order.as_deref(), false)?;
@@ -260,12 +256,10 @@ pub struct StreamQuery {
 #[get("/sessions/{session_id}/events/stream")]
 pub async fn stream(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { caller, summary, .. }: CallerSession<Managed>,
     query: Query<StreamQuery>,
     req: HttpRequest,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     if let Some(other) = query.event_deltas.iter().find(|d| !matches!(d.as_str(), "agent.message" | "agent.thinking")) {
         let message = format!("invalid query `event_deltas`: {other:?} is not agent.message or agent.thinking");

@@ -41,7 +41,7 @@ impl Render for Managed {
 }
 
 type Error = super::Error<Managed>;
-use super::caller::Auth;
+use super::caller::{Auth, CallerSession};
 type Json<T> = super::body::JsonBody<T, Managed>;
 type Query<T> = super::body::Query<T, Managed>;
 

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 use super::events::inputs;
 use super::wire::{self, TimeQuery};
-use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
+use super::{limit, page, time_bounds, Auth, CallerSession, Error, Json, Managed, Query};
 use crate::api::State;
 use crate::domain::event::{AgentSpec, ClientTool, SessionSpec};
 use crate::error::ApiError;
@@ -206,10 +206,8 @@ pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<Va
 #[get("/sessions/{session_id}")]
 pub async fn retrieve(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Managed>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(render(&state, &summary).await?))
 }
 
@@ -247,11 +245,9 @@ struct AgentUpdate {
 #[post("/sessions/{session_id}")]
 pub async fn update(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Managed>,
     body: Json<UpdateSession>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let request = body.0;
     unsupported("budget", request.budget.is_some())?;
     unsupported("vault_ids", request.vault_ids.is_some())?;
@@ -277,10 +273,8 @@ pub async fn update(
 #[post("/sessions/{session_id}/archive")]
 pub async fn archive(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Managed>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let summary = state.sessions.archive(&summary).await?;
     Ok(HttpResponse::Ok().json(render(&state, &summary).await?))
 }
