@@ -5,13 +5,13 @@
 //! and renders events and errors as the SDK's strict models want them.
 
 mod catalog;
+pub mod event;
 mod events;
 mod sessions;
 pub mod wire;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
-use serde_json::{json, Value};
 
 use super::error::{ErrorTag, Render};
 use crate::error::ApiError;
@@ -63,8 +63,8 @@ pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
 }
 
 /// A page as the SDK's cursor pages want it: `next_page` null at the end, or it loops.
-fn page(data: Vec<Value>, next: Option<String>) -> HttpResponse {
-    HttpResponse::Ok().json(json!({"data": data, "next_page": next, "prev_page": null}))
+fn page<T: serde::Serialize + utoipa::ToSchema>(data: Vec<T>, next: Option<String>) -> HttpResponse {
+    HttpResponse::Ok().json(wire::Page { data, next_page: next, prev_page: None })
 }
 
 /// `limit` as asked, within the server's page size (larger asks are cut, not refused: the

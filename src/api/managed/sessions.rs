@@ -4,7 +4,7 @@
 
 use actix_web::{delete, get, post, web, HttpResponse};
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::events::inputs;
 use super::wire::{self, TimeQuery};
@@ -60,7 +60,7 @@ struct AgentRef {
     tag = "managed",
     operation_id = "managed_sessions_create",
     request_body(content = Object, description = "`{agent, environment_id, title?, metadata?, initial_events?}`", example = json!({"agent": "AGENT_ID", "environment_id": "ENVIRONMENT_ID"})),
-    responses((status = 200, description = "The session", body = Object)),
+    responses((status = 200, description = "The session", body = wire::Session)),
 )]
 #[post("/sessions")]
 pub async fn create(
@@ -191,7 +191,7 @@ pub(super) fn metadata_patch(patch: Option<Map<String, Value>>) -> Result<Map<St
 }
 
 /// The session as the SDK wants it, with its agent's full snapshot.
-pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<Value, Error> {
+pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<wire::Session, Error> {
     let agent = state.sessions.catalog().snapshot(&summary.spec.agent.name, summary.spec.agent.version);
     let activity = state.sessions.activity(summary).await?;
     Ok(wire::session(summary, agent.as_ref(), activity))
@@ -201,7 +201,7 @@ pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<Va
     tag = "managed",
     operation_id = "managed_sessions_retrieve",
     params(("session_id" = String, Path, description = "The session's id")),
-    responses((status = 200, description = "The session", body = Object)),
+    responses((status = 200, description = "The session", body = wire::Session)),
 )]
 #[get("/sessions/{session_id}")]
 pub async fn retrieve(
@@ -240,7 +240,7 @@ struct AgentUpdate {
     operation_id = "managed_sessions_update",
     params(("session_id" = String, Path, description = "The session's id")),
     request_body(content = Object, description = "`{title?, metadata?, agent?: {tools?, mcp_servers?}}`", example = json!({"title": "renamed"})),
-    responses((status = 200, description = "The session", body = Object)),
+    responses((status = 200, description = "The session", body = wire::Session)),
 )]
 #[post("/sessions/{session_id}")]
 pub async fn update(
@@ -268,7 +268,7 @@ pub async fn update(
     tag = "managed",
     operation_id = "managed_sessions_archive",
     params(("session_id" = String, Path, description = "The session's id")),
-    responses((status = 200, description = "The session, archived", body = Object)),
+    responses((status = 200, description = "The session, archived", body = wire::Session)),
 )]
 #[post("/sessions/{session_id}/archive")]
 pub async fn archive(
@@ -283,7 +283,7 @@ pub async fn archive(
     tag = "managed",
     operation_id = "managed_sessions_delete",
     params(("session_id" = String, Path, description = "The session's id")),
-    responses((status = 200, description = "`{type: session_deleted, id}`", body = Object)),
+    responses((status = 200, description = "`{type: session_deleted, id}`", body = wire::SessionDeleted)),
 )]
 #[delete("/sessions/{session_id}")]
 pub async fn delete(
@@ -292,7 +292,8 @@ pub async fn delete(
     path: web::Path<String>,
 ) -> Result<HttpResponse, Error> {
     state.sessions.delete(&caller, &path).await?;
-    Ok(HttpResponse::Ok().json(json!({"type": "session_deleted", "id": path.as_str()})))
+    let id = path.into_inner();
+    Ok(HttpResponse::Ok().json(wire::SessionDeleted { kind: wire::SessionDeletedTag::Tag, id }))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -312,7 +313,7 @@ pub struct ListQuery {
     tag = "managed",
     operation_id = "managed_sessions_list",
     params(("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("order" = Option<String>, Query, description = "`asc` or `desc`"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page"), ("statuses[]" = Option<Vec<String>>, Query, description = "idle, running, rescheduling, terminated"), ("include_archived" = Option<bool>, Query), ("created_at[gt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[gte]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lte]" = Option<String>, Query, description = "RFC 3339"), ("agent_id" = Option<String>, Query), ("agent_version" = Option<u32>, Query)),
-    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = wire::Page<wire::Session>)),
 )]
 #[get("/sessions")]
 pub async fn list(
@@ -337,7 +338,7 @@ pub async fn list(
     let wants = |s: &str| query.statuses.is_empty() || query.statuses.iter().any(|w| w == s);
     // Deleted sessions are not listed, and no session is ever rescheduled here.
     if !wants("idle") && !wants("running") {
-        return Ok(page(Vec::new(), None));
+        return Ok(page(Vec::<wire::Session>::new(), None));
     }
     let filter = ListFilter {
         agent: query.agent_id,
