@@ -5,6 +5,7 @@
 //! log: it parses the SDK's shapes, calls the session layer, and renders each turn through
 //! one fold ([`fold::TurnFold`]).
 
+mod event;
 mod fold;
 mod sessions;
 mod turns;
@@ -12,7 +13,6 @@ mod wire;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
-use serde_json::{json, Value};
 
 use super::error::Render;
 use crate::error::{ApiError, Code};
@@ -82,12 +82,13 @@ fn limit(asked: Option<usize>, default: usize, max: usize) -> Result<usize, ApiE
 
 /// A page: `pagination.limit` always (the SDK needs it), `next_page_token` only when more
 /// exists.
-fn page(data: Vec<Value>, limit: usize, next: Option<String>) -> HttpResponse {
-    let mut pagination = json!({"limit": limit});
-    if let Some(next) = next {
-        pagination["next_page_token"] = json!(next);
-    }
-    HttpResponse::Ok().json(json!({"data": data, "pagination": pagination}))
+fn page<T: serde::Serialize + utoipa::ToSchema>(data: Vec<T>, limit: usize, next: Option<String>) -> HttpResponse {
+    HttpResponse::Ok().json(wire::Page { data, pagination: wire::Pagination { limit, next_page_token: next } })
+}
+
+/// `{"data": ...}`.
+fn data<T: serde::Serialize + utoipa::ToSchema>(data: T) -> HttpResponse {
+    HttpResponse::Ok().json(wire::Data { data })
 }
 
 /// A page token that does not parse.

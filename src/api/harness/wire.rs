@@ -2,10 +2,10 @@
 //! turn read into the session layer's [`Input`].
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::fold::{subject, THREAD};
+use super::event::{Subject, TurnEvent, THREAD};
 use crate::domain::{Block, TurnId};
 use crate::error::ApiError;
 use crate::projection::SessionSummary;
@@ -82,20 +82,72 @@ pub struct ListSessionEvents {
 }
 
 /// A session as the SDK's `Session` model has it.
-pub fn session(summary: &SessionSummary) -> Value {
-    let mut session = json!({
-        "type": "session",
-        "id": summary.id.to_string(),
-        "agent_name": summary.spec.agent.name,
-        "created_by_subject": subject(&summary.created_by),
-        "created_at": summary.created_at,
-        "updated_at": summary.updated_at,
-    });
-    if let Some(title) = &summary.spec.title {
-        session["title"] = json!(title);
-    }
-    session
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = HarnessSession)]
+pub struct Session {
+    #[serde(rename = "type")]
+    pub kind: SessionTag,
+    pub id: String,
+    pub agent_name: String,
+    pub created_by_subject: Subject,
+    pub created_at: String,
+    pub updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
 }
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub enum SessionTag {
+    #[serde(rename = "session")]
+    Session,
+}
+
+/// A session as the SDK's `Session` model has it.
+pub fn session(summary: &SessionSummary) -> Session {
+    Session {
+        kind: SessionTag::Session,
+        id: summary.id.to_string(),
+        agent_name: summary.spec.agent.name.clone(),
+        created_by_subject: Subject::named(&summary.created_by),
+        created_at: summary.created_at.clone(),
+        updated_at: summary.updated_at.clone(),
+        title: summary.spec.title.clone(),
+    }
+}
+
+/// `{"data": ...}`: how the harness answers with one object.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = HarnessData)]
+pub struct Data<T: ToSchema> {
+    pub data: T,
+}
+
+/// A page: `pagination.limit` always (the SDK needs it), `next_page_token` only when more
+/// exists.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = HarnessPage)]
+pub struct Page<T: ToSchema> {
+    pub data: Vec<T>,
+    pub pagination: Pagination,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Pagination {
+    pub limit: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_page_token: Option<String>,
+}
+
+/// An event of the session's list: the turn it belongs to, and the event.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionEvent {
+    pub turn_id: String,
+    pub event: TurnEvent,
+}
+
+/// What a cancel answers: `{}`.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct Cancelled {}
 
 /// The turn a new one follows: `auto` (the default), `none` (the session has no turn yet),
 /// or a turn id.
