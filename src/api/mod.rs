@@ -27,6 +27,7 @@ pub mod native;
 pub mod openapi;
 pub mod ops;
 pub mod routes;
+pub mod schema;
 pub mod sse;
 pub mod state;
 

@@ -112,7 +112,7 @@ fn error_statuses(shape: &Shape) -> Vec<u16> {
 /// accept, so that generated values test the handlers rather than the parsers' first line.
 /// An empty value is taken as no value, as the handlers take it.
 fn parameter_schema(name: &str, tag: &str, path: &str, max_page: usize) -> Option<Schema> {
-    let schema = |value: serde_json::Value| serde_json::from_value::<Schema>(value).expect("a valid schema");
+    let schema = super::schema::schema;
     let id =
         |prefix: &str| schema(json!({"type": "string", "pattern": format!("^$|^{prefix}_[0-9A-HJKMNP-TV-Z]{{26}}$")}));
     let time =
@@ -149,12 +149,11 @@ fn parameter_schema(name: &str, tag: &str, path: &str, max_page: usize) -> Optio
 
 /// An SSE event as schemathesis and any reader parse it: `data`, with `event` and `id`.
 fn sse_event() -> Schema {
-    serde_json::from_value(json!({
+    crate::api::schema::schema(json!({
         "type": "object",
         "required": ["data"],
         "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
     }))
-    .expect("a valid schema")
 }
 
 fn error_response(shape: &str) -> RefOr<Response> {

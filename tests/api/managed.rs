@@ -120,8 +120,9 @@ async fn errors_are_in_anthropics_shape_and_store_nothing() {
         (json!("error"), json!("invalid_request_error")),
         "a broken body answers in the view's shape"
     );
+    // Which agents exist is the server's to say: one that is not there is not found.
     let (status, body) = post(&app, "/v1/sessions", json!({"agent": "nobody", "environment_id": "env_x"})).await;
-    assert_eq!(status, 400);
+    assert_eq!((status, error(&body)), (404, (json!("error"), json!("not_found_error"))));
     assert!(body["error"]["message"].as_str().unwrap().contains("nobody"), "{body}");
     let (status, body) = post(
         &app,

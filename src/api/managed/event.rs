@@ -233,13 +233,12 @@ pub enum Stop {
 
 /// An outcome's rubric, as the client gave it: its text, or a file.
 fn rubric_schema() -> Schema {
-    serde_json::from_value(json!({"oneOf": [
+    crate::api::schema::schema(json!({"oneOf": [
         {"type": "object", "required": ["type", "content"],
          "properties": {"type": {"type": "string", "enum": ["text"]}, "content": {"type": "string"}}},
         {"type": "object", "required": ["type", "file_id"],
          "properties": {"type": {"type": "string", "enum": ["file"]}, "file_id": {"type": "string"}}},
     ]}))
-    .expect("a valid schema")
 }
 
 #[derive(Debug, Serialize, ToSchema)]

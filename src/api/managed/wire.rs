@@ -245,7 +245,7 @@ pub struct ContentBlock(pub Block);
 
 impl PartialSchema for ContentBlock {
     fn schema() -> RefOr<Schema> {
-        RefOr::T(serde_json::from_value(content_block_schema()).expect("a valid schema"))
+        RefOr::T(crate::api::schema::schema(content_block_schema()))
     }
 }
 

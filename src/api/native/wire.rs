@@ -26,7 +26,7 @@ pub struct PostEvents {
 
 /// `events` in the OpenAPI document: user events, each with its `type`.
 fn user_events() -> utoipa::openapi::schema::Schema {
-    serde_json::from_value(serde_json::json!({
+    crate::api::schema::schema(serde_json::json!({
         "type": "array",
         "minItems": 1,
         "items": {
@@ -35,7 +35,6 @@ fn user_events() -> utoipa::openapi::schema::Schema {
             "properties": {"type": {"type": "string", "enum": USER_EVENT_TYPES}},
         },
     }))
-    .expect("a valid schema")
 }
 
 pub const USER_EVENT_TYPES: &[&str] =
