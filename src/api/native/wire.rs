@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::Value;
+use serde_json::{json, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::api::content::blocks;
@@ -24,17 +24,32 @@ pub struct PostEvents {
     pub events: Vec<Box<RawValue>>,
 }
 
-/// `events` in the OpenAPI document: user events, each with its `type`.
+/// `events` in the OpenAPI document: user events, each as its type reads it (no other
+/// fields).
 fn user_events() -> utoipa::openapi::schema::Schema {
-    crate::api::schema::schema(serde_json::json!({
-        "type": "array",
-        "minItems": 1,
-        "items": {
-            "type": "object",
-            "required": ["type"],
-            "properties": {"type": {"type": "string", "enum": USER_EVENT_TYPES}},
-        },
-    }))
+    let event = |kind: &str, required: &[&str], properties: Value| {
+        let mut properties = properties;
+        properties["type"] = json!({"type": "string", "enum": [kind]});
+        let mut all = vec!["type"];
+        all.extend(required);
+        json!({"type": "object", "required": all, "properties": properties, "additionalProperties": false})
+    };
+    let string = json!({"type": "string"});
+    let content = crate::api::content::schema_json();
+    crate::api::schema::schema(json!({"type": "array", "minItems": 1, "items": {"oneOf": [
+        event("user.message", &["content"], json!({"content": content})),
+        event("user.interrupt", &[], json!({})),
+        event("user.define_outcome", &["outcome"], json!({"outcome": crate::api::schema::any()})),
+        event("user.tool_confirmation", &["tool_use_id", "result"], json!({
+            "tool_use_id": string,
+            "result": {"type": "string", "enum": ["allow", "deny"]},
+            "deny_message": {"type": ["string", "null"]},
+            "remember": {"type": "boolean"},
+        })),
+        event("user.custom_tool_result", &["custom_tool_use_id"], json!({
+            "custom_tool_use_id": string, "content": content, "is_error": {"type": "boolean"},
+        })),
+    ]}}))
 }
 
 pub const USER_EVENT_TYPES: &[&str] =
