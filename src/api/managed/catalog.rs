@@ -200,7 +200,7 @@ fn model(model: Value) -> Result<String, ApiError> {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_agents_create",
-    request_body(content = Object, description = "`{name, model, system?, tools?, mcp_servers?, metadata?}`", example = json!({"name": "helper", "model": "scripted"})),
+    request_body(content = super::request::CreateAgent, description = "`{name, model, system?, tools?, mcp_servers?, metadata?}`", example = json!({"name": "helper", "model": "scripted"})),
     responses((status = 200, description = "The agent", body = wire::Agent)),
 )]
 #[post("/agents")]
@@ -233,7 +233,7 @@ async fn create_agent(
     tag = "managed",
     operation_id = "managed_agents_update",
     params(("agent_id" = String, Path, description = "The agent's id")),
-    request_body(content = Object, description = "`{version, ...changes}`", example = json!({"version": 1, "description": "changed"})),
+    request_body(content = super::request::ChangeAgent, description = "`{version, ...changes}`", example = json!({"version": 1, "description": "changed"})),
     responses((status = 200, description = "The agent's new version", body = wire::Agent)),
 )]
 #[post("/agents/{agent_id}")]
@@ -406,7 +406,7 @@ fn scope(scope: &Option<String>) -> Result<(), ApiError> {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_environments_create",
-    request_body(content = Object, description = "`{name, config?}`", example = json!({"name": "env"})),
+    request_body(content = super::request::CreateEnvironment, description = "`{name, config?}`", example = json!({"name": "env"})),
     responses((status = 200, description = "The environment", body = wire::Environment)),
 )]
 #[post("/environments")]
@@ -434,7 +434,7 @@ async fn create_environment(
     tag = "managed",
     operation_id = "managed_environments_update",
     params(("environment_id" = String, Path, description = "The environment's id")),
-    request_body(content = Object, description = "`{name?, config?}`", example = json!({"name": "renamed"})),
+    request_body(content = super::request::ChangeEnvironment, description = "`{name?, config?}`", example = json!({"name": "renamed"})),
     responses((status = 200, description = "The environment", body = wire::Environment)),
 )]
 #[post("/environments/{environment_id}")]

@@ -32,7 +32,7 @@ pub struct SendEvents {
     tag = "managed",
     operation_id = "managed_events_send",
     params(("session_id" = String, Path, description = "The session's id")),
-    request_body(content = Object, description = "`{events: [user events]}`", example = json!({"events": [{"type": "user.define_outcome", "description": "done", "rubric": {"type": "text", "content": "done"}}]})),
+    request_body(content = super::request::SendEvents, description = "`{events: [user events]}`", example = json!({"events": [{"type": "user.define_outcome", "description": "done", "rubric": {"type": "text", "content": "done"}}]})),
     responses((status = 200, description = "`{data: [events as sent]}`", body = wire::Sent)),
 )]
 #[post("/sessions/{session_id}/events")]

@@ -59,7 +59,7 @@ struct AgentRef {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_sessions_create",
-    request_body(content = Object, description = "`{agent, environment_id, title?, metadata?, initial_events?}`", example = json!({"agent": "AGENT_ID", "environment_id": "ENVIRONMENT_ID"})),
+    request_body(content = super::request::CreateSession, description = "`{agent, environment_id, title?, metadata?, initial_events?}`", example = json!({"agent": "AGENT_ID", "environment_id": "ENVIRONMENT_ID"})),
     responses((status = 200, description = "The session", body = wire::Session)),
 )]
 #[post("/sessions")]
@@ -239,7 +239,7 @@ struct AgentUpdate {
     tag = "managed",
     operation_id = "managed_sessions_update",
     params(("session_id" = String, Path, description = "The session's id")),
-    request_body(content = Object, description = "`{title?, metadata?, agent?: {tools?, mcp_servers?}}`", example = json!({"title": "renamed"})),
+    request_body(content = super::request::UpdateSession, description = "`{title?, metadata?, agent?: {tools?, mcp_servers?}}`", example = json!({"title": "renamed"})),
     responses((status = 200, description = "The session", body = wire::Session)),
 )]
 #[post("/sessions/{session_id}")]

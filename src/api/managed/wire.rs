@@ -255,23 +255,37 @@ impl ToSchema for ContentBlock {
     }
 }
 
-/// Blocks as the SDK's unions read them (and as this view takes them).
+/// Blocks as the SDK's unions read them (and as this view takes them): text with its
+/// `text`; an image or a document with a `source` of a kind it has; a search result with
+/// its text.
 pub fn content_block_schema() -> Value {
-    let block = |kind: &str, required: &[&str], properties: Value| {
-        let mut properties = properties;
+    let string = json!({"type": "string"});
+    let block = |kind: &str, required: &[&str], mut properties: Value| {
         properties["type"] = json!({"type": "string", "enum": [kind]});
+        // Any block's `text` is a string.
+        properties["text"] = string.clone();
         let mut all = vec!["type"];
         all.extend(required);
         json!({"type": "object", "required": all, "properties": properties})
     };
-    let source = json!({"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}});
+    let source = |kinds: &[(&str, &str)]| {
+        let one_of: Vec<Value> = kinds
+            .iter()
+            .map(|(kind, field)| {
+                json!({"type": "object", "required": ["type", field],
+                       "properties": {"type": {"type": "string", "enum": [kind]}, *field: string}})
+            })
+            .collect();
+        json!({"oneOf": one_of})
+    };
     json!({"oneOf": [
-        block("text", &["text"], json!({"text": {"type": "string"}})),
-        block("image", &["source"], json!({"source": source})),
-        block("document", &["source"], json!({"source": source})),
+        block("text", &["text"], json!({})),
+        block("image", &["source"], json!({"source": source(&[("base64", "data"), ("url", "url"), ("file", "file_id")])})),
+        block("document", &["source"], json!({"source": source(&[("base64", "data"), ("text", "data"), ("url", "url"), ("file", "file_id")])})),
         block("search_result", &["source", "title", "content"], json!({
-            "source": {"type": "string"}, "title": {"type": "string"},
-            "content": {"type": "array", "items": block("text", &["text"], json!({"text": {"type": "string"}}))},
+            "source": string, "title": string,
+            "content": {"type": "array", "items": {"type": "object", "required": ["type", "text"],
+                "properties": {"type": {"type": "string", "enum": ["text"]}, "text": string}}},
         })),
     ]})
 }
