@@ -2,7 +2,7 @@
 //! turn read into the session layer's [`Input`].
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{json, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use super::event::{Subject, TurnEvent, THREAD};
@@ -16,6 +16,8 @@ use crate::session::{Follows, Input};
 #[schema(as = HarnessCreateSession)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
+    /// A configured agent's name, or a catalog agent's id (one that is not there is not
+    /// found: 404).
     pub agent_name: String,
     #[serde(default)]
     pub title: Option<String>,
@@ -35,9 +37,10 @@ pub struct ListSessions {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTurn {
-    /// Input items: messages, tool results, approvals.
+    /// One user message, or an approval or a response for each call the last turn waits
+    /// for.
     #[serde(default)]
-    #[schema(value_type = Option<Vec<Object>>)]
+    #[schema(schema_with = input_schema)]
     pub input: Option<Vec<Value>>,
     /// `auto` (the last turn), `none`, or a turn id.
     #[serde(default)]
@@ -49,6 +52,51 @@ pub struct CreateTurn {
 
 fn streamed() -> bool {
     true
+}
+
+/// `input` as [`inputs`] reads it.
+fn input_schema() -> utoipa::openapi::schema::Schema {
+    let string = json!({"type": "string"});
+    let item = |kind: &str, required: &[&str], mut properties: Value| {
+        properties["type"] = json!({"type": "string", "enum": [kind]});
+        let mut all = vec!["type"];
+        all.extend(required);
+        json!({"type": "object", "required": all, "properties": properties, "additionalProperties": false})
+    };
+    let base64 = "(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?";
+    let parts = json!({"type": "array", "minItems": 1, "items": {"oneOf": [
+        item("text", &["text"], json!({"text": string})),
+        item("file", &["name", "data"], json!({
+            "name": string,
+            "data": {"type": "string", "pattern": format!("^data:[^,]*/[^,]*;base64,{base64}$")},
+        })),
+    ]}});
+    let thread = json!({"type": "string", "enum": [THREAD]});
+    let message = item("user.message", &["content"], json!({"content": {"anyOf": [string, parts]}}));
+    let approval = item(
+        "user.tool_approval",
+        &["thread_id", "tool_call_id", "approval"],
+        json!({
+            "thread_id": thread, "tool_call_id": string,
+            "approval": {"oneOf": [
+                {"type": "object", "required": ["status"], "additionalProperties": false,
+                 "properties": {"status": {"type": "string", "enum": ["allow"]}}},
+                {"type": "object", "required": ["status"], "additionalProperties": false,
+                 "properties": {"status": {"type": "string", "enum": ["deny"]}, "reason": {"type": ["string", "null"]}}},
+            ]},
+        }),
+    );
+    let response = item(
+        "user.tool_response",
+        &["thread_id", "tool_call_id", "content"],
+        json!({
+            "thread_id": thread, "tool_call_id": string, "content": string,
+        }),
+    );
+    crate::api::schema::schema(json!({"oneOf": [
+        {"type": "array", "minItems": 1, "maxItems": 1, "items": message},
+        {"type": "array", "minItems": 1, "items": {"oneOf": [approval, response]}},
+    ]}))
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
