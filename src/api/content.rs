@@ -29,7 +29,7 @@ pub fn blocks<'de, D: Deserializer<'de>>(de: D) -> Result<Vec<Block>, D::Error> 
 }
 
 /// [`blocks`] as the OpenAPI document says it: a string, or a list of blocks, each an object
-/// with a string `type`; a text block has a string `text` (and any block's `text` is one).
+/// with a string `type`; a text block has a string `text`.
 pub fn schema() -> utoipa::openapi::schema::Schema {
     crate::api::schema::schema(schema_json())
 }
@@ -39,10 +39,11 @@ pub fn schema_json() -> Value {
     serde_json::json!({"anyOf": [{"type": "string"}, {"type": "array", "items": block_schema(true)}]})
 }
 
-/// A block as [`crate::domain::Block`] reads it: `with_text` says whether a text block must
-/// have its `text` (as content does; a tool's result in the AAP takes blocks as they come).
+/// A block as [`crate::domain::Block`] reads it: any block's `text` is a string or null;
+/// `with_text` says whether a text block must have a string `text` (as content does; a
+/// tool's result in the AAP takes blocks as they come).
 pub fn block_schema(with_text: bool) -> Value {
-    let text = serde_json::json!({"type": "string"});
+    let text = serde_json::json!({"type": ["string", "null"]});
     if !with_text {
         return serde_json::json!({
             "type": "object", "required": ["type"],
@@ -51,7 +52,7 @@ pub fn block_schema(with_text: bool) -> Value {
     }
     serde_json::json!({"oneOf": [
         {"type": "object", "required": ["type", "text"],
-         "properties": {"type": {"type": "string", "enum": ["text"]}, "text": text}},
+         "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}},
         {"type": "object", "required": ["type"],
          "properties": {"type": {"type": "string", "pattern": anything_but("text")}, "text": text}},
     ]})

@@ -14,6 +14,32 @@ pub fn schema(value: Value) -> Schema {
     }
 }
 
+/// `schema` with JSON Schema keywords utoipa has no field for (`contains`, `maxContains`),
+/// kept beside its own as it writes extensions.
+pub fn with_keywords(mut schema: Schema, keywords: Value) -> Schema {
+    let extensions = match &mut schema {
+        Schema::Array(array) => &mut array.extensions,
+        Schema::Object(object) => &mut object.extensions,
+        Schema::OneOf(one_of) => &mut one_of.extensions,
+        Schema::AnyOf(any_of) => &mut any_of.extensions,
+        _ => panic!("no place for more keywords in this schema"),
+    };
+    let extensions = extensions.get_or_insert_with(Default::default);
+    for (key, value) in keywords.as_object().expect("keywords are an object") {
+        extensions.insert(key.clone(), value.clone());
+    }
+    schema
+}
+
+/// Any of `schemas`.
+pub fn any_of(schemas: impl IntoIterator<Item = Schema>) -> Schema {
+    let mut any_of = utoipa::openapi::schema::AnyOfBuilder::new();
+    for schema in schemas {
+        any_of = any_of.item(schema);
+    }
+    Schema::AnyOf(any_of.build())
+}
+
 fn read(value: &Value) -> Option<Schema> {
     let schema: Schema = serde_json::from_value(value.clone()).ok()?;
     (serde_json::to_value(&schema).ok()? == *value).then_some(schema)

@@ -145,6 +145,7 @@ pub struct Session {
 }
 
 #[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[schema(as = HarnessSessionTag)]
 pub enum SessionTag {
     #[serde(rename = "session")]
     Session,
@@ -342,6 +343,7 @@ pub struct ErrorBody {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = HarnessErrorDetail)]
 pub struct ErrorDetail {
     pub message: String,
     #[serde(rename = "type")]

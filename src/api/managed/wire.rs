@@ -19,27 +19,63 @@ use crate::session::Activity;
 /// The SDK's metadata: string to string (other JSON values are shown as their text).
 pub type Metadata = Map<String, Value>;
 
-/// Constant `type` fields: each a one-value enum, so that the document says the value.
-macro_rules! tags {
-    ($($name:ident = $value:literal),* $(,)?) => {$(
-        #[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
-        pub enum $name {
-            #[default]
-            #[serde(rename = $value)]
-            Tag,
-        }
-    )*};
+// Constant `type` fields: each a one-value enum, so that the document says the value.
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedSessionTag)]
+pub enum SessionTag {
+    #[default]
+    #[serde(rename = "session")]
+    Tag,
 }
 
-tags!(
-    SessionTag = "session",
-    AgentTag = "agent",
-    EnvironmentTag = "environment",
-    UrlTag = "url",
-    ServiceAccount = "service_account",
-    SessionDeletedTag = "session_deleted",
-    EnvironmentDeletedTag = "environment_deleted",
-);
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedAgentTag)]
+pub enum AgentTag {
+    #[default]
+    #[serde(rename = "agent")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedEnvironmentTag)]
+pub enum EnvironmentTag {
+    #[default]
+    #[serde(rename = "environment")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedUrlTag)]
+pub enum UrlTag {
+    #[default]
+    #[serde(rename = "url")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedServiceAccount)]
+pub enum ServiceAccount {
+    #[default]
+    #[serde(rename = "service_account")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedSessionDeletedTag)]
+pub enum SessionDeletedTag {
+    #[default]
+    #[serde(rename = "session_deleted")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedEnvironmentDeletedTag)]
+pub enum EnvironmentDeletedTag {
+    #[default]
+    #[serde(rename = "environment_deleted")]
+    Tag,
+}
 
 /// A session as the SDK's strict `BetaManagedAgentsSession` wants it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -262,8 +298,8 @@ pub fn content_block_schema() -> Value {
     let string = json!({"type": "string"});
     let block = |kind: &str, required: &[&str], mut properties: Value| {
         properties["type"] = json!({"type": "string", "enum": [kind]});
-        // Any block's `text` is a string.
-        properties["text"] = string.clone();
+        // A text block's `text` is a string; any other block's, a string or null.
+        properties["text"] = if kind == "text" { string.clone() } else { json!({"type": ["string", "null"]}) };
         let mut all = vec!["type"];
         all.extend(required);
         json!({"type": "object", "required": all, "properties": properties})
@@ -547,6 +583,7 @@ pub struct ErrorBody {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ManagedErrorDetail)]
 pub struct ErrorDetail {
     #[serde(rename = "type")]
     pub kind: &'static str,

@@ -25,8 +25,9 @@ pub struct PostEvents {
 }
 
 /// `events` in the OpenAPI document: user events, each as its type reads it (no other
-/// fields).
+/// fields); at most one user message, and none beside tool results or permissions.
 fn user_events() -> utoipa::openapi::schema::Schema {
+    use crate::api::schema::{any_of, schema, with_keywords};
     let event = |kind: &str, required: &[&str], properties: Value| {
         let mut properties = properties;
         properties["type"] = json!({"type": "string", "enum": [kind]});
@@ -36,20 +37,31 @@ fn user_events() -> utoipa::openapi::schema::Schema {
     };
     let string = json!({"type": "string"});
     let content = crate::api::content::schema_json();
-    crate::api::schema::schema(json!({"type": "array", "minItems": 1, "items": {"oneOf": [
-        event("user.message", &["content"], json!({"content": content})),
-        event("user.interrupt", &[], json!({})),
-        event("user.define_outcome", &["outcome"], json!({"outcome": crate::api::schema::any()})),
-        event("user.tool_confirmation", &["tool_use_id", "result"], json!({
+    let message = event("user.message", &["content"], json!({"content": content}));
+    let interrupt = event("user.interrupt", &[], json!({}));
+    let outcome = event("user.define_outcome", &["outcome"], json!({"outcome": crate::api::schema::any()}));
+    let confirmation = event(
+        "user.tool_confirmation",
+        &["tool_use_id", "result"],
+        json!({
             "tool_use_id": string,
             "result": {"type": "string", "enum": ["allow", "deny"]},
             "deny_message": {"type": ["string", "null"]},
             "remember": {"type": "boolean"},
-        })),
-        event("user.custom_tool_result", &["custom_tool_use_id"], json!({
+        }),
+    );
+    let result = event(
+        "user.custom_tool_result",
+        &["custom_tool_use_id"],
+        json!({
             "custom_tool_use_id": string, "content": content, "is_error": {"type": "boolean"},
-        })),
-    ]}}))
+        }),
+    );
+    let list = |items: Vec<&Value>| json!({"type": "array", "minItems": 1, "items": {"oneOf": items}});
+    let talking = schema(list(vec![&message, &interrupt, &outcome]));
+    let talking = with_keywords(talking, json!({"contains": message, "maxContains": 1}));
+    let answering = schema(list(vec![&interrupt, &outcome, &confirmation, &result]));
+    any_of([talking, answering])
 }
 
 pub const USER_EVENT_TYPES: &[&str] =
