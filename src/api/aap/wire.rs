@@ -16,7 +16,7 @@ pub struct CreateSession {
     #[serde(deserialize_with = "objects")]
     pub agent: AgentRequest,
     /// Seed history: AAP messages (`role` system, user, assistant, tool, tool_permission).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "by_role")]
     #[schema(schema_with = seed_messages)]
     pub messages: Vec<MessageIn>,
     #[serde(default, deserialize_with = "objects")]
@@ -210,7 +210,7 @@ pub enum MessageIn {
 #[serde(untagged)]
 pub enum AssistantContent {
     Text(String),
-    Blocks(Vec<BlockIn>),
+    Blocks(#[serde(deserialize_with = "by_type")] Vec<BlockIn>),
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -350,6 +350,7 @@ pub struct TurnRequest {
     #[serde(default)]
     pub stream: StreamMode,
     /// One user message, or the results and permissions for every waiting tool call.
+    #[serde(deserialize_with = "by_role")]
     #[schema(schema_with = turn_messages)]
     pub messages: Vec<MessageIn>,
     #[serde(default, deserialize_with = "objects")]
@@ -416,6 +417,14 @@ pub fn stop_reason(reason: crate::domain::StopReason) -> &'static str {
         Cancelled => "cancelled",
         Error => "error",
     }
+}
+
+fn by_role<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<MessageIn>, D::Error> {
+    crate::api::body::tagged(d, "role")
+}
+
+fn by_type<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BlockIn>, D::Error> {
+    crate::api::body::tagged(d, "type")
 }
 
 /// A string with something in it.

@@ -250,6 +250,14 @@ pub fn inputs(items: Option<Vec<Value>>) -> Result<Vec<Input>, ApiError> {
 
 fn input(i: usize, item: Value) -> Result<Input, ApiError> {
     let field = |path: &str| if path == "." { format!("input[{i}]") } else { format!("input[{i}].{path}") };
+    // serde reads a tag from a number too (the variant's index): `type` and `status` are names.
+    for (tag, at) in
+        [(item.get("type"), "type"), (item.get("approval").and_then(|a| a.get("status")), "approval.status")]
+    {
+        if tag.is_some_and(|tag| !tag.is_string()) {
+            return Err(ApiError::invalid(format!("invalid field `{}`: a string is required", field(at))));
+        }
+    }
     let item: Item = serde_path_to_error::deserialize(item).map_err(|error| {
         let path = error.path().to_string();
         ApiError::invalid(format!("invalid field `{}`: {}", field(&path), error.into_inner()))

@@ -217,8 +217,11 @@ pub fn agent_body(create: bool) -> Schema {
         "system": {"type": ["string", "null"]},
         "tools": agent_tools(),
         "metadata": metadata(!create),
-        "mcp_servers": nullable(json!({"type": "array", "items": typed("url", &["name", "url"], json!({
-            "name": {"type": "string"}, "url": {"type": "string"},
+        // Each named once, with an `mcp_toolset` in `tools` that names it (a rule no schema
+        // says); a URL on `tools.mcp.allowed_hosts` unless the caller is an admin.
+        "mcp_servers": nullable(json!({"type": "array", "maxItems": 20, "items": typed("url", &["name", "url"], json!({
+            "name": {"type": "string", "maxLength": 255, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*\\S[^\\u0000-\\u001f\\u007f-\\u009f]*$"},
+            "url": {"type": "string", "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://"},
         }))})),
         "skills": empty_list(),
         "execution_identity": nullable(typed("service_account", &[], json!({}))),
