@@ -183,7 +183,7 @@ pub struct ReplayInto {
     speed: Option<f64>,
     /// The event to start at (default: the start); the history before it is the seed.
     #[serde(default)]
-    #[schema(pattern = "^$|^evt_[0-9A-HJKMNP-TV-Z]{26}$")]
+    #[schema(pattern = "^$|^evt_[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
     from: Option<String>,
 }
 
@@ -213,11 +213,10 @@ async fn replay_into(
 #[serde(deny_unknown_fields)]
 pub struct Fork {
     /// The id of the last event the fork keeps.
-    #[schema(pattern = "^evt_[0-9A-HJKMNP-TV-Z]{26}$")]
+    #[schema(pattern = "^evt_[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
     at: String,
     /// The agent the fork goes on with (by default the source's, with its settings).
     #[serde(default, deserialize_with = "crate::api::body::objects")]
-    #[schema(value_type = Option<Object>)]
     agent: Option<ForkAgent>,
 }
 

@@ -86,6 +86,21 @@ pub fn tagged<'de, D: serde::Deserializer<'de>, T: DeserializeOwned>(d: D, field
     items.into_iter().enumerate().map(read).collect()
 }
 
+/// An integer of a body, as JSON has them: `3` or `3.0` (a number with no fraction is an
+/// integer to JSON Schema, and to clients that write every number as a float), or null.
+pub fn integer<'de, D: serde::Deserializer<'de>, N: TryFrom<u64>>(d: D) -> Result<Option<N>, D::Error> {
+    use serde::de::Error as _;
+    use serde::Deserialize as _;
+    let Some(number) = Option::<serde_json::Number>::deserialize(d)? else { return Ok(None) };
+    let whole = match (number.as_u64(), number.as_f64()) {
+        (Some(n), _) => Some(n),
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => Some(f as u64),
+        _ => None,
+    };
+    let invalid = || D::Error::custom(format!("invalid value: {number}, expected a whole number in range"));
+    whole.ok_or_else(invalid).and_then(|n| N::try_from(n).map_err(|_| invalid())).map(Some)
+}
+
 /// How `objects` tells `parse_json` the path inside its field.
 const WITHIN: &str = "within `";
 

@@ -113,8 +113,9 @@ fn error_statuses(shape: &Shape) -> Vec<u16> {
 /// An empty value is taken as no value, as the handlers take it.
 fn parameter_schema(name: &str, tag: &str, path: &str, max_page: usize) -> Option<Schema> {
     let schema = super::schema::schema;
-    let id =
-        |prefix: &str| schema(json!({"type": "string", "pattern": format!("^$|^{prefix}_[0-9A-HJKMNP-TV-Z]{{26}}$")}));
+    let id = |prefix: &str| {
+        schema(json!({"type": "string", "pattern": format!("^$|^{prefix}_[0-7][0-9A-HJKMNP-TV-Z]{{25}}$")}))
+    };
     let time =
         || schema(json!({"anyOf": [{"type": "string", "format": "date-time"}, {"type": "string", "maxLength": 0}]}));
     // A number (or a flag), or empty: no value, as the handlers take it.
@@ -142,6 +143,13 @@ fn parameter_schema(name: &str, tag: &str, path: &str, max_page: usize) -> Optio
         "page" if tag == "managed" && path == "/v1/sessions" => id("sess"),
         "page" if path.ends_with("/versions") => schema(json!({"type": "string", "pattern": "^$|^\\+?[0-9]{1,9}$"})),
         "page_token" if path == "/v1/agents/sessions" => id("sess"),
+        "page_token" if path.ends_with("/{session_id}/turns") => id("turn"),
+        "page_token" if path.ends_with("/{session_id}/events") => {
+            schema(json!({"type": "string", "pattern": "^$|^turn_[0-7][0-9A-HJKMNP-TV-Z]{25}:\\+?[0-9]{1,19}$"}))
+        }
+        "page_token" if path.ends_with("/{turn_id}/events") => {
+            schema(json!({"type": "string", "pattern": "^$|^\\+?[0-9]{1,19}$"}))
+        }
         "last_turn_id" => id("turn"),
         "agent_version" | "version" => number(json!({"type": "integer", "minimum": 0, "maximum": u32::MAX})),
         "delta_flush_interval_ms" => number(json!({"type": "integer", "minimum": 0})),

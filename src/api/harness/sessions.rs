@@ -144,7 +144,7 @@ pub async fn events(
                 .split_once(':')
                 .and_then(|(turn, id)| Some((turn.parse::<TurnId>().ok()?, id.parse::<u64>().ok()?)))
                 .ok_or_else(|| bad_token(token))?;
-            let turn = sessions.turn(&summary, &turn.to_string()).await.map_err(|_| bad_token(token))?;
+            let turn = sessions.turn(&summary, &turn.to_string()).await?;
             (Some(turn), Some(id))
         }
         (None, Some(last)) => (Some(skip_running(&state, &summary, sessions.turn(&summary, last).await?).await?), None),

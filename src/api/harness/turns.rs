@@ -80,7 +80,11 @@ pub async fn list(
     let query = query.0;
     let limit = limit(query.limit, 10, 100)?;
     let before = match &query.page_token {
-        Some(token) => Some(state.sessions.turn(&summary, token).await.map_err(|_| bad_token(token))?.id),
+        // A token that is no turn's id is a bad one; a turn that is not there, not found.
+        Some(token) => {
+            let id = token.parse::<TurnId>().map_err(|_| bad_token(token))?;
+            Some(state.sessions.turn(&summary, &id.to_string()).await?.id)
+        }
         None => None,
     };
     // One more than the page: the turn before the page's last is that one's previous turn.

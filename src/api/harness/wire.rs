@@ -40,11 +40,11 @@ pub struct CreateTurn {
     /// One user message, or an approval or a response for each call the last turn waits
     /// for.
     #[serde(default)]
-    #[schema(schema_with = input_schema)]
+    #[schema(schema_with = input_schema, required = true)]
     pub input: Option<Vec<Value>>,
     /// `auto` (the last turn), `none`, or a turn id.
     #[serde(default)]
-    #[schema(pattern = "^(auto|none|turn_[0-9A-HJKMNP-TV-Z]{26})$")]
+    #[schema(pattern = "^(auto|none|turn_[0-7][0-9A-HJKMNP-TV-Z]{25})$")]
     pub previous_turn_id: Option<String>,
     #[serde(default = "streamed")]
     pub stream: bool,
@@ -102,7 +102,7 @@ fn input_schema() -> utoipa::openapi::schema::Schema {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Subscribe {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::integer")]
     pub after_sequence_number: Option<u64>,
 }
 

@@ -56,7 +56,7 @@ pub struct AgentBody {
     execution_identity: Option<Value>,
     #[serde(default)]
     multiagent: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::integer")]
     version: Option<u32>,
 }
 

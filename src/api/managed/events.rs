@@ -116,7 +116,7 @@ struct DefineOutcome {
     _kind: String,
     description: String,
     rubric: Value,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::integer")]
     max_iterations: Option<u32>,
 }
 

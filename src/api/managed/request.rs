@@ -103,11 +103,14 @@ pub fn user_events(allowed: &[&str]) -> Value {
     json!({"oneOf": shown})
 }
 
-/// `{"events": [...]}`.
+/// `{"events": [...]}`: user messages (a message sent while a turn runs waits for the
+/// next), or answers to waiting calls, never both in one request.
 pub fn send_events() -> Schema {
-    let all =
-        ["user.message", "user.interrupt", "user.tool_confirmation", "user.custom_tool_result", "user.define_outcome"];
-    schema(object(&["events"], json!({"events": {"type": "array", "minItems": 1, "items": user_events(&all)}})))
+    let list = |kinds: &[&str]| json!({"type": "array", "minItems": 1, "items": user_events(kinds)});
+    let talking = list(&["user.message", "user.interrupt", "user.define_outcome"]);
+    let answering =
+        list(&["user.interrupt", "user.tool_confirmation", "user.custom_tool_result", "user.define_outcome"]);
+    schema(object(&["events"], json!({"events": {"anyOf": [talking, answering]}})))
 }
 
 /// A `custom` tool.

@@ -42,7 +42,7 @@ struct AgentRef {
     #[serde(rename = "type")]
     kind: String,
     id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::integer")]
     version: Option<u32>,
     #[serde(default)]
     tools: Option<Vec<Value>>,
