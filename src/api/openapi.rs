@@ -122,7 +122,7 @@ fn parameter_schema(name: &str, tag: &str, path: &str, max_page: usize) -> Optio
     let number = |value: serde_json::Value| schema(json!({"anyOf": [value, {"type": "string", "maxLength": 0}]}));
     Some(match name {
         // The managed view cuts a larger page to the largest; the others refuse it.
-        "limit" if tag == "managed" => number(json!({"type": "integer", "minimum": 1})),
+        "limit" if tag == "managed" => number(json!({"type": "integer", "minimum": 1, "maximum": usize::MAX})),
         // The harness refuses more than its own page sizes, as the harness does.
         "limit" if tag == "harness" => {
             let max = if path.ends_with("/turns/{turn_id}/events") { 25 } else { 100 };
