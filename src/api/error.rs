@@ -79,6 +79,9 @@ impl Render for Standard {
     }
 }
 
+/// Named schemas, as a document's components hold them.
+pub type Schemas = Vec<(String, RefOr<Schema>)>;
+
 /// A view's errors as the OpenAPI document describes them: the tag its operations carry,
 /// the statuses it answers, and its body's schema (registered by the route table, which
 /// knows the views, so the document needs to know none).
@@ -86,7 +89,7 @@ pub struct Shape {
     pub tag: &'static str,
     pub status: fn(Code) -> StatusCode,
     /// The body's schema name, and each schema it needs.
-    pub schema: fn() -> (String, Vec<(String, RefOr<Schema>)>),
+    pub schema: fn() -> (String, Schemas),
 }
 
 impl Shape {

@@ -284,7 +284,7 @@ pub enum TurnState {
     },
     Done {
         /// The turn's last message, whole.
-        output: Option<Output>,
+        output: Option<Box<Output>>,
         required_actions: Vec<RequiredAction>,
         completed_at: String,
         metrics: Metrics,

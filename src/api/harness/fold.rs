@@ -495,7 +495,10 @@ impl TurnFold {
                 TurnState::Error { message, completed_at, metrics }
             }
             _ => TurnState::Done {
-                output: self.output.clone().map(|message| Output { kind: ModelMessageTag::ModelMessage, message }),
+                output: self
+                    .output
+                    .clone()
+                    .map(|message| Box::new(Output { kind: ModelMessageTag::ModelMessage, message })),
                 required_actions: waiting,
                 completed_at,
                 metrics,
