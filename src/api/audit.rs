@@ -9,6 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::api::body::{JsonBody, Query, RawBody};
 use crate::api::caller::{Auth, CallerSession};
+use crate::api::sse;
 use crate::api::{Error, State};
 use crate::audit::import::Imported;
 use crate::audit::{Audit, Pace};
@@ -45,6 +46,8 @@ async fn replay(
     let mut pace = Pace::new(query.0.speed.unwrap_or(1.0))?;
     let mut replay = state.audit.pages(&summary, query.0.from.as_deref()).await?;
     let (log, shutdown) = (state.audit.clone(), state.shutdown.clone());
+    // A slow replay waits long between events: `: ping` meanwhile, as every stream has.
+    let heartbeat = std::time::Duration::from_millis(state.settings.streams.heartbeat_ms);
     let body = async_stream::stream! {
         'log: loop {
             let page = match log.next_page(&mut replay).await {
@@ -57,17 +60,26 @@ async fn replay(
                 }
             };
             for event in &page {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break 'log,
-                    _ = pace.wait(event) => {}
+                let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
+                loop {
+                    // The wait is the same whenever it is made again (its deadline is the event's).
+                    let due = tokio::select! {
+                        _ = shutdown.cancelled() => break 'log,
+                        _ = pace.wait(event) => true,
+                        _ = beat.tick() => false,
+                    };
+                    if due {
+                        break;
+                    }
+                    yield Ok(web::Bytes::from_static(sse::PING));
                 }
                 let mut out = bytes::BytesMut::new();
-                crate::api::sse::native_frame(&mut out, event);
+                sse::native_frame(&mut out, event);
                 yield Ok(out.freeze());
             }
         }
     };
-    Ok(crate::api::sse::response().streaming(body))
+    Ok(sse::response().streaming(body))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
