@@ -91,43 +91,48 @@ fn agent_tools(tools: Vec<Value>) -> Result<(Vec<ClientTool>, Vec<McpToolset>), 
     Ok((custom, toolsets))
 }
 
+/// An `mcp_toolset` as sent.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Toolset {
+    #[serde(rename = "type")]
+    _kind: String,
+    mcp_server_name: String,
+    #[serde(default)]
+    default_config: Option<Config>,
+    #[serde(default)]
+    configs: Vec<ToolConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    permission_policy: Option<Policy>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolConfig {
+    name: String,
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    permission_policy: Option<Policy>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Policy {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
 /// `{"type": "mcp_toolset", "mcp_server_name", "default_config"?, "configs"?}`: every tool of
 /// the server, enabled and `always_ask` unless the defaults or a tool's config say otherwise.
 fn toolset(at: &str, tool: Value) -> Result<McpToolset, ApiError> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Toolset {
-        #[serde(rename = "type")]
-        _kind: String,
-        mcp_server_name: String,
-        #[serde(default)]
-        default_config: Option<Config>,
-        #[serde(default)]
-        configs: Vec<ToolConfig>,
-    }
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Config {
-        #[serde(default)]
-        enabled: Option<bool>,
-        #[serde(default)]
-        permission_policy: Option<Policy>,
-    }
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct ToolConfig {
-        name: String,
-        #[serde(default)]
-        enabled: Option<bool>,
-        #[serde(default)]
-        permission_policy: Option<Policy>,
-    }
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Policy {
-        #[serde(rename = "type")]
-        kind: String,
-    }
     let policy = |field: String, policy: Option<Policy>| -> Result<Option<Permission>, ApiError> {
         match policy.map(|p| p.kind).as_deref() {
             None => Ok(None),

@@ -271,6 +271,11 @@ pub struct ModelUsage {
 /// A log event as the SDK's event union has it, or `None` for what this view never shows
 /// (`session.created`, turns, deltas, archiving).
 pub fn event(e: &crate::domain::Event) -> Option<Event> {
+    user(e).or_else(|| agent(e)).or_else(|| session(e))
+}
+
+/// What the client sent, as it reads back.
+fn user(e: &crate::domain::Event) -> Option<Event> {
     let id = e.id.to_string();
     let processed_at = e.processed_at.clone();
     Some(match &e.body {
@@ -298,6 +303,15 @@ pub fn event(e: &crate::domain::Event) -> Option<Event> {
         EventBody::UserDefineOutcome { outcome } => {
             outcome_event(id, outcome, processed_at.unwrap_or_else(|| e.created_at.clone()))
         }
+        _ => return None,
+    })
+}
+
+/// What the agent said and did.
+fn agent(e: &crate::domain::Event) -> Option<Event> {
+    let id = e.id.to_string();
+    let processed_at = e.processed_at.clone();
+    Some(match &e.body {
         EventBody::AgentMessage { message_id, content } => Event::AgentMessage {
             id: message_id.clone(),
             content: content.iter().filter(|b| b.kind == "text").cloned().map(ContentBlock).collect(),
@@ -331,6 +345,15 @@ pub fn event(e: &crate::domain::Event) -> Option<Event> {
                 None => Event::AgentToolResult { id, tool_use_id: call, content, is_error, processed_at },
             }
         }
+        _ => return None,
+    })
+}
+
+/// Where the session is: its turns' starts and ends, model requests, changes, its end.
+fn session(e: &crate::domain::Event) -> Option<Event> {
+    let id = e.id.to_string();
+    let processed_at = e.processed_at.clone();
+    Some(match &e.body {
         EventBody::StatusRunning { .. } => Event::StatusRunning { id, processed_at },
         EventBody::StatusIdle { stop_reason, .. } => {
             let stop = match stop_reason.kind {

@@ -122,13 +122,6 @@ struct DefineOutcome {
 
 fn input(at: &str, event: Value, allowed: &[&str]) -> Result<Input, ApiError> {
     let kind = event.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
-    let invalid = |e: serde_json::Error| ApiError::invalid(format!("invalid field `{at}`: {e}"));
-    let thread = |thread: &Option<String>| match thread {
-        Some(thread) => Err(ApiError::invalid(format!(
-            "invalid field `{at}.session_thread_id`: {thread:?} is not a thread of this session (it has one)"
-        ))),
-        None => Ok(()),
-    };
     if !allowed.contains(&kind.as_str()) {
         let why = match kind.as_str() {
             "user.tool_result" => {
@@ -142,6 +135,18 @@ fn input(at: &str, event: Value, allowed: &[&str]) -> Result<Input, ApiError> {
             allowed.join(", ")
         )));
     }
+    read(at, &kind, event)
+}
+
+/// A user event of type `kind`, read by its type's fields.
+fn read(at: &str, kind: &str, event: Value) -> Result<Input, ApiError> {
+    let invalid = |e: serde_json::Error| ApiError::invalid(format!("invalid field `{at}`: {e}"));
+    let thread = |thread: &Option<String>| match thread {
+        Some(thread) => Err(ApiError::invalid(format!(
+            "invalid field `{at}.session_thread_id`: {thread:?} is not a thread of this session (it has one)"
+        ))),
+        None => Ok(()),
+    };
     let blocks = |content: &[Block], search_results: bool| {
         let problem = content.iter().enumerate().find_map(|(j, b)| Some((j, wire::block_problem(b, search_results)?)));
         match problem {
@@ -149,7 +154,7 @@ fn input(at: &str, event: Value, allowed: &[&str]) -> Result<Input, ApiError> {
             None => Ok(()),
         }
     };
-    Ok(match kind.as_str() {
+    Ok(match kind {
         "user.message" => {
             let content = serde_json::from_value::<Message>(event).map_err(invalid)?.content;
             blocks(&content, false)?;
