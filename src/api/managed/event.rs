@@ -203,6 +203,13 @@ impl Event {
     }
 }
 
+/// `{"data": [...]}`: the events a send stored, as the SDK echoes them.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ManagedSent)]
+pub struct Sent {
+    pub data: Vec<Event>,
+}
+
 /// A permission decision.
 #[derive(Debug, Clone, Copy, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]

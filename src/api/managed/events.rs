@@ -33,7 +33,7 @@ pub struct SendEvents {
     operation_id = "managed_events_send",
     params(("session_id" = String, Path, description = "The session's id")),
     request_body(content = super::request::SendEvents, description = "`{events: [user events]}`", example = json!({"events": [{"type": "user.define_outcome", "description": "done", "rubric": {"type": "text", "content": "done"}}]})),
-    responses((status = 200, description = "`{data: [events as sent]}`", body = wire::Sent)),
+    responses((status = 200, description = "`{data: [events as sent]}`", body = event::Sent)),
 )]
 #[post("/sessions/{session_id}/events")]
 pub async fn send(
@@ -51,7 +51,7 @@ pub async fn send(
     let submission = Submission { inputs, when_busy: WhenBusy::Queue, ..Submission::default() };
     let submitted = state.sessions.submit(&summary, submission).await?;
     let data = submitted.events.iter().filter(|e| e.kind().starts_with("user.")).filter_map(render).collect();
-    Ok(HttpResponse::Ok().json(wire::Sent { data }))
+    Ok(HttpResponse::Ok().json(event::Sent { data }))
 }
 
 fn render(raw: &RawEvent) -> Option<Event> {

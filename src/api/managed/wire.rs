@@ -250,13 +250,6 @@ pub struct Page<T: ToSchema> {
     pub prev_page: Option<String>,
 }
 
-/// `{"data": [...]}`: the events a send stored, as the SDK echoes them.
-#[derive(Debug, Serialize, ToSchema)]
-#[schema(as = ManagedSent)]
-pub struct Sent {
-    pub data: Vec<super::event::Event>,
-}
-
 /// What a delete answers: `{"type": "session_deleted", "id"}`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SessionDeleted {
