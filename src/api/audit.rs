@@ -7,8 +7,9 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::api::auth::Auth;
 use crate::api::body::{JsonBody, Query, RawBody};
+use crate::api::caller::{Auth, CallerSession};
+use crate::api::sse;
 use crate::api::{Error, State};
 use crate::audit::import::Imported;
 use crate::audit::{Audit, Pace};
@@ -39,14 +40,14 @@ pub struct ReplayQuery {
 #[get("/sessions/{session_id}/replay")]
 async fn replay(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession,
     query: Query<ReplayQuery>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let mut pace = Pace::new(query.0.speed.unwrap_or(1.0))?;
     let mut replay = state.audit.pages(&summary, query.0.from.as_deref()).await?;
     let (log, shutdown) = (state.audit.clone(), state.shutdown.clone());
+    // A slow replay waits long between events: `: ping` meanwhile, as every stream has.
+    let heartbeat = std::time::Duration::from_millis(state.settings.streams.heartbeat_ms);
     let body = async_stream::stream! {
         'log: loop {
             let page = match log.next_page(&mut replay).await {
@@ -59,17 +60,26 @@ async fn replay(
                 }
             };
             for event in &page {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break 'log,
-                    _ = pace.wait(event) => {}
+                let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
+                loop {
+                    // The wait is the same whenever it is made again (its deadline is the event's).
+                    let due = tokio::select! {
+                        _ = shutdown.cancelled() => break 'log,
+                        _ = pace.wait(event) => true,
+                        _ = beat.tick() => false,
+                    };
+                    if due {
+                        break;
+                    }
+                    yield Ok(web::Bytes::from_static(sse::PING));
                 }
                 let mut out = bytes::BytesMut::new();
-                crate::api::sse::native_frame(&mut out, event);
+                sse::native_frame(&mut out, event);
                 yield Ok(out.freeze());
             }
         }
     };
-    Ok(crate::api::native::sse_response().streaming(body))
+    Ok(sse::response().streaming(body))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -90,11 +100,9 @@ pub struct AuditQuery {
 #[get("/sessions/{session_id}/audit")]
 async fn audit(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession,
     query: Query<AuditQuery>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let answer = match state.audit.head(&summary, query.0.verify).await? {
         Ok(head) => json!({
             "session_id": summary.id.to_string(),
@@ -125,8 +133,7 @@ async fn audit(
     responses((status = 200, description = "JSON Lines", body = String, content_type = "application/x-ndjson")),
 )]
 #[get("/sessions/{session_id}/export")]
-async fn export(state: State, Auth(caller, _): Auth, path: web::Path<String>) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
+async fn export(state: State, CallerSession { summary, .. }: CallerSession) -> Result<HttpResponse, Error> {
     let mut export = state.audit.export(&summary);
     // The first page now, so that a failure is an error answer, not a cut stream.
     let first = state.audit.export_page(&mut export).await?;
@@ -188,7 +195,7 @@ pub struct ReplayInto {
     speed: Option<f64>,
     /// The event to start at (default: the start); the history before it is the seed.
     #[serde(default)]
-    #[schema(pattern = "^$|^evt_[0-9A-HJKMNP-TV-Z]{26}$")]
+    #[schema(pattern = "^$|^evt_[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
     from: Option<String>,
 }
 
@@ -204,11 +211,9 @@ pub struct ReplayInto {
 #[post("/sessions/{session_id}/replay")]
 async fn replay_into(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { caller, summary: source, .. }: CallerSession,
     body: JsonBody<ReplayInto>,
 ) -> Result<HttpResponse, Error> {
-    let source = state.sessions.get(&caller, &path).await?;
     let ReplayInto { speed, from } = body.0;
     let copy = state.audit.replay_into(&caller, &source, from.as_deref(), speed.unwrap_or(1.0)).await?;
     tracing::info!(session_id = %copy.id, source = %source.id, "replay started");
@@ -220,11 +225,10 @@ async fn replay_into(
 #[serde(deny_unknown_fields)]
 pub struct Fork {
     /// The id of the last event the fork keeps.
-    #[schema(pattern = "^evt_[0-9A-HJKMNP-TV-Z]{26}$")]
+    #[schema(pattern = "^evt_[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
     at: String,
     /// The agent the fork goes on with (by default the source's, with its settings).
     #[serde(default, deserialize_with = "crate::api::body::objects")]
-    #[schema(value_type = Option<Object>)]
     agent: Option<ForkAgent>,
 }
 
@@ -259,11 +263,9 @@ pub struct ForkTool {
 #[post("/sessions/{session_id}/fork")]
 async fn fork(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { caller, summary: source, .. }: CallerSession,
     body: JsonBody<Fork>,
 ) -> Result<HttpResponse, Error> {
-    let source = state.sessions.get(&caller, &path).await?;
     let Fork { at, agent } = body.0;
     let agent = agent.map(|a| AgentSpec {
         name: a.name,

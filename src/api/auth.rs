@@ -9,17 +9,13 @@
 //! `X-Turnlog-Console: 1`, which no other site's form can send.
 
 use std::collections::HashMap;
-use std::future::{ready, Ready};
-use std::marker::PhantomData;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use actix_web::{dev::Payload, FromRequest, HttpRequest};
+use actix_web::HttpRequest;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use super::error::{Error, Render, Standard};
-use super::State;
 use crate::config::ApiKey;
 use crate::error::{ApiError, Code};
 use crate::session::Caller;
@@ -245,20 +241,6 @@ pub fn presented_key(req: &HttpRequest) -> Option<&str> {
         }
     }
     headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)
-}
-
-/// The caller a request's key names; a missing or unknown key is answered (401) in the
-/// shape of the view's renderer `R`.
-pub struct Auth<R: Render = Standard>(pub Caller, pub PhantomData<fn() -> R>);
-
-impl<R: Render> FromRequest for Auth<R> {
-    type Error = Error<R>;
-    type Future = Ready<Result<Auth<R>, Error<R>>>;
-
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let state = req.app_data::<State>().expect("app state is registered");
-        ready(request_caller(&state.auth, req).map(|caller| Auth(caller, PhantomData)).map_err(Error::new))
-    }
 }
 
 #[cfg(test)]

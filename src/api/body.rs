@@ -28,7 +28,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let mut message = inner.to_string();
         // A field read by `objects` names where inside it the error is.
         if let Some((within, rest)) = message.strip_prefix(WITHIN).and_then(|m| m.split_once("` ")) {
-            (path, message) = (format!("{path}.{within}"), rest.to_string());
+            let dot = if within.starts_with('[') { "" } else { "." };
+            (path, message) = (format!("{path}{dot}{within}"), rest.to_string());
         }
         if inner.is_syntax() || inner.is_eof() {
             ApiError::new(Code::InvalidJson, format!("the body is not valid JSON: {inner}"))
@@ -61,6 +62,43 @@ pub fn objects<'de, D: serde::Deserializer<'de>, T: DeserializeOwned>(d: D) -> R
         "." => D::Error::custom(error.into_inner()),
         within => D::Error::custom(format!("{WITHIN}{within}` {}", error.into_inner())),
     })
+}
+
+/// A list of objects tagged by `field` (`role`, `type`), each read only if its tag is a
+/// string: serde reads an internally tagged enum's tag from a number too (as the variant's
+/// index), and `{"type": 0}` is no text block.
+pub fn tagged<'de, D: serde::Deserializer<'de>, T: DeserializeOwned>(d: D, field: &str) -> Result<Vec<T>, D::Error> {
+    use serde::de::Error as _;
+    use serde::Deserialize as _;
+    use serde_json::Value;
+    let items = Vec::<Value>::deserialize(d)?;
+    let at = |i: usize, path: &str| match path {
+        "." => format!("{WITHIN}[{i}]`"),
+        path => format!("{WITHIN}[{i}].{path}`"),
+    };
+    let read = |(i, item): (usize, Value)| {
+        if !item.get(field).is_some_and(Value::is_string) {
+            return Err(D::Error::custom(format!("{} `{field}` must be a string", at(i, "."))));
+        }
+        serde_path_to_error::deserialize(item)
+            .map_err(|error| D::Error::custom(format!("{} {}", at(i, &error.path().to_string()), error.into_inner())))
+    };
+    items.into_iter().enumerate().map(read).collect()
+}
+
+/// An integer of a body, as JSON has them: `3` or `3.0` (a number with no fraction is an
+/// integer to JSON Schema, and to clients that write every number as a float), or null.
+pub fn integer<'de, D: serde::Deserializer<'de>, N: TryFrom<u64>>(d: D) -> Result<Option<N>, D::Error> {
+    use serde::de::Error as _;
+    use serde::Deserialize as _;
+    let Some(number) = Option::<serde_json::Number>::deserialize(d)? else { return Ok(None) };
+    let whole = match (number.as_u64(), number.as_f64()) {
+        (Some(n), _) => Some(n),
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => Some(f as u64),
+        _ => None,
+    };
+    let invalid = || D::Error::custom(format!("invalid value: {number}, expected a whole number in range"));
+    whole.ok_or_else(invalid).and_then(|n| N::try_from(n).map_err(|_| invalid())).map(Some)
 }
 
 /// How `objects` tells `parse_json` the path inside its field.

@@ -1,32 +1,108 @@
 //! Errors on the wire. Each view renders an [`ApiError`] in its own protocol's shape by a
-//! [`Render`] of its own; handlers return [`Error<R>`], and the request extractors
-//! ([`super::body::JsonBody`], [`super::body::Query`], [`super::auth::Auth`]) take the same
-//! renderer, so that even a body that does not parse is answered in the view's shape.
+//! [`Render`] of its own (its statuses, and a typed body that the OpenAPI document
+//! describes); handlers return [`Error<R>`], and the request extractors
+//! ([`super::body::JsonBody`], [`super::body::Query`], [`super::caller::Auth`],
+//! [`super::caller::CallerSession`]) take the same renderer, so that even a body that does
+//! not parse is answered in the view's shape.
 
 use std::fmt;
 use std::marker::PhantomData;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 
+use super::allowed::Routes;
 use crate::error::{ApiError, Code};
 use crate::session::{FollowError, SessionError};
 
-/// How a view writes an error.
+/// How a view writes an error: the status it answers a code with, and the body.
 pub trait Render: 'static {
-    fn render(error: &ApiError) -> HttpResponse;
+    /// The error body, as the view's clients read it.
+    type Body: Serialize + ToSchema;
+
+    /// The status of an error with this code (the service's code table, unless the view's
+    /// protocol says otherwise).
+    fn status(code: Code) -> StatusCode {
+        status(code)
+    }
+
+    fn body(error: &ApiError) -> Self::Body;
+
+    fn render(error: &ApiError) -> HttpResponse {
+        HttpResponse::build(Self::status(error.code)).json(Self::body(error))
+    }
 }
 
-/// turnlog's own shape, used by the native and AAP views:
+/// turnlog's own shape, used by the native, AAP, audit and console views:
 /// `{"type":"error","error":{"type":…,"code":…,"message":…}}`.
 pub struct Standard;
 
+/// turnlog's error body.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Error)]
+pub struct StandardBody {
+    #[serde(rename = "type")]
+    pub kind: ErrorTag,
+    #[schema(inline)]
+    pub error: StandardDetail,
+}
+
+/// The constant `type` of a typed error body: `"error"`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorTag {
+    Error,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StandardDetail {
+    /// What kind of error (`invalid_request_error`, `not_found_error`, ...).
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The code of the service's code table (`invalid_request`, `unknown_cursor`, ...).
+    pub code: &'static str,
+    /// What was wrong, naming the field or parameter.
+    pub message: String,
+}
+
 impl Render for Standard {
-    fn render(error: &ApiError) -> HttpResponse {
-        HttpResponse::build(status(error.code)).json(serde_json::json!({
-            "type": "error",
-            "error": {"type": error.code.kind(), "code": error.code.code(), "message": error.message},
-        }))
+    type Body = StandardBody;
+
+    fn body(error: &ApiError) -> StandardBody {
+        StandardBody {
+            kind: ErrorTag::Error,
+            error: StandardDetail { kind: error.code.kind(), code: error.code.code(), message: error.message.clone() },
+        }
+    }
+}
+
+/// Named schemas, as a document's components hold them.
+pub type Schemas = Vec<(String, RefOr<Schema>)>;
+
+/// A view's errors as the OpenAPI document describes them: the tag its operations carry,
+/// the statuses it answers, and its body's schema (registered by the route table, which
+/// knows the views, so the document needs to know none).
+pub struct Shape {
+    pub tag: &'static str,
+    pub status: fn(Code) -> StatusCode,
+    /// The body's schema name, and each schema it needs.
+    pub schema: fn() -> (String, Schemas),
+}
+
+impl Shape {
+    pub fn of<R: Render>(tag: &'static str) -> Shape {
+        Shape {
+            tag,
+            status: R::status,
+            schema: || {
+                let mut schemas = vec![(R::Body::name().into_owned(), R::Body::schema())];
+                R::Body::schemas(&mut schemas);
+                (R::Body::name().into_owned(), schemas)
+            },
+        }
     }
 }
 
@@ -60,7 +136,7 @@ impl<R: Render> fmt::Display for Error<R> {
 
 impl<R: Render> ResponseError for Error<R> {
     fn status_code(&self) -> StatusCode {
-        status(self.error.code)
+        R::status(self.error.code)
     }
 
     fn error_response(&self) -> HttpResponse {
@@ -89,7 +165,7 @@ impl<R: Render> From<FollowError> for Error<R> {
 /// Any request no route matched, in view `R`'s shape: 405 with `Allow` when its path is a
 /// route's that takes other methods, else 404.
 pub async fn no_route<R: Render>(req: actix_web::HttpRequest) -> HttpResponse {
-    let routes = req.app_data::<actix_web::web::Data<super::openapi::Routes>>();
+    let routes = req.app_data::<actix_web::web::Data<Routes>>();
     let allowed = routes.map(|routes| routes.allowed(req.path())).unwrap_or_default();
     if allowed.is_empty() {
         return R::render(&ApiError::new(Code::NotFound, format!("no route for {} {}", req.method(), req.path())));
@@ -112,9 +188,21 @@ mod tests {
     /// A view with a shape of its own, as the managed-agents and harness views have.
     struct Plain;
 
+    #[derive(Serialize, ToSchema)]
+    struct PlainBody {
+        error: PlainDetail,
+    }
+
+    #[derive(Serialize, ToSchema)]
+    struct PlainDetail {
+        message: String,
+    }
+
     impl Render for Plain {
-        fn render(error: &ApiError) -> HttpResponse {
-            HttpResponse::build(status(error.code)).json(serde_json::json!({"error": {"message": error.message}}))
+        type Body = PlainBody;
+
+        fn body(error: &ApiError) -> PlainBody {
+            PlainBody { error: PlainDetail { message: error.message.clone() } }
         }
     }
 

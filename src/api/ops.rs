@@ -1,9 +1,11 @@
-//! Operator routes: `/healthz` and `/metrics`.
+//! Operator routes: `/healthz`, `/metrics`, and the OpenAPI document at `/openapi.json`.
 
 use actix_web::{get, web, HttpResponse};
 
+use super::allowed::Routes;
+
 pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
-    cfg.service(healthz).service(metrics);
+    cfg.service(healthz).service(metrics).service(openapi);
 }
 
 /// `{"status": "ok"}`; with the log on an engine (JetStream), also the engine and whether
@@ -18,7 +20,7 @@ pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
     ),
 )]
 #[get("/healthz")]
-async fn healthz(state: web::Data<super::AppState>) -> HttpResponse {
+async fn healthz(state: web::Data<super::state::AppState>) -> HttpResponse {
     match state.sessions.health() {
         None => HttpResponse::Ok().json(serde_json::json!({"status": "ok", "store": "sled"})),
         Some(health) => {
@@ -42,4 +44,16 @@ async fn healthz(state: web::Data<super::AppState>) -> HttpResponse {
 #[get("/metrics")]
 async fn metrics() -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(crate::metrics::render())
+}
+
+/// The OpenAPI document of every route, as JSON.
+#[utoipa::path(
+    tag = "ops",
+    operation_id = "openapi",
+    security(()),
+    responses((status = 200, description = "This document", body = Object, content_type = "application/json")),
+)]
+#[get("/openapi.json")]
+async fn openapi(routes: web::Data<Routes>) -> HttpResponse {
+    HttpResponse::Ok().content_type("application/json").body(routes.json())
 }

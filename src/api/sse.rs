@@ -9,11 +9,22 @@ use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::{FutureExt, Stream};
 use tokio_util::sync::CancellationToken;
 
-use super::StreamGuard;
+use super::state::StreamGuard;
 use crate::domain::RawEvent;
 use crate::session::{Coalescer, Follower};
 
 pub const PING: &[u8] = b": ping\n\n";
+
+/// The head of every SSE answer: `text/event-stream` (the harness SDK insists on it, and
+/// no client's `Accept` is asked), never cached, and not buffered by a proxy on the way.
+pub fn response() -> actix_web::HttpResponseBuilder {
+    let mut response = actix_web::HttpResponse::Ok();
+    response
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .insert_header(("x-accel-buffering", "no"));
+    response
+}
 
 /// At shutdown a stream sends at most this many batches that are ready at once, then ends.
 const SHUTDOWN_DRAIN_BATCHES: usize = 16;

@@ -124,8 +124,9 @@ impl Catalog {
         let Some(definition) = &agent.definition else { return Ok(()) };
         let latest = self.agents.get(&definition.id).and_then(|a| a.definition.clone());
         match latest {
+            // Another subject's agent is as absent as one that never was.
             Some(latest) if !caller.may_use(&latest.created_by) => {
-                Err(SessionError::Invalid(format!("invalid field `agent`: no agent named {:?}", definition.id)))
+                Err(SessionError::CatalogNotFound(format!("agent {:?}", definition.id)))
             }
             Some(latest) if latest.archived_at.is_some() => {
                 Err(SessionError::Invalid(format!("invalid field `agent`: agent {} is archived", definition.id)))

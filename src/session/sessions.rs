@@ -50,21 +50,19 @@ impl Sessions {
     /// ends with tool calls leaves them waiting for the client, as if the model had just
     /// made them.
     pub async fn create(&self, caller: &Caller, mut spec: SessionSpec) -> Result<SessionSummary, SessionError> {
+        // An agent that is not there is not found (404), as a session that is not there is:
+        // which agents exist is the server's to say, not a fault of the request's shape.
         let Some(agent) = self.agents.get_version(&spec.agent.name, spec.agent.version) else {
-            let known: Vec<String> = self.agents.all().iter().map(|a| a.name.clone()).collect();
-            return Err(SessionError::Invalid(format!(
-                "invalid field `agent.name`: no agent named {:?}; this server has: {}",
-                spec.agent.name,
-                known.join(", ")
-            )));
+            return Err(SessionError::CatalogNotFound(match spec.agent.version {
+                Some(version) => format!("agent {:?} version {version}", spec.agent.name),
+                None => format!("agent {:?}", spec.agent.name),
+            }));
         };
         // A catalog agent's session runs the version it was created with.
         spec.agent.version = agent.definition.as_ref().map(|d| d.version);
         self.catalog.usable(caller, &agent)?;
         if let Some(environment) = &spec.environment_id {
-            let environment = self.catalog.environment(caller, environment).await.map_err(|_| {
-                SessionError::Invalid(format!("invalid field `environment_id`: no environment {environment:?}"))
-            })?;
+            let environment = self.catalog.environment(caller, environment).await?;
             if environment.archived_at.is_some() {
                 let id = environment.id;
                 return Err(SessionError::Invalid(format!("invalid field `environment_id`: {id} is archived")));

@@ -120,8 +120,9 @@ async fn errors_are_in_anthropics_shape_and_store_nothing() {
         (json!("error"), json!("invalid_request_error")),
         "a broken body answers in the view's shape"
     );
+    // Which agents exist is the server's to say: one that is not there is not found.
     let (status, body) = post(&app, "/v1/sessions", json!({"agent": "nobody", "environment_id": "env_x"})).await;
-    assert_eq!(status, 400);
+    assert_eq!((status, error(&body)), (404, (json!("error"), json!("not_found_error"))));
     assert!(body["error"]["message"].as_str().unwrap().contains("nobody"), "{body}");
     let (status, body) = post(
         &app,
@@ -301,9 +302,9 @@ async fn agents_and_environments_belong_to_who_made_them() {
     assert!(listed["data"].as_array().unwrap().iter().all(|a| a["id"] != agent.as_str()));
     let (_, own_env) = post(&app, "/v1/environments", json!({"name": "bob's"})).await;
     let (status, _) = post(&app, "/v1/sessions", json!({"agent": agent, "environment_id": own_env["id"]})).await;
-    assert_eq!(status, 400, "nor may it start a session of another's agent");
+    assert_eq!(status, 404, "nor may it start a session of another's agent: it is not found");
     let (status, _) = post(&app, "/v1/sessions", json!({"agent": "default", "environment_id": env})).await;
-    assert_eq!(status, 400, "or in another's environment");
+    assert_eq!(status, 404, "or in another's environment");
     assert_eq!(
         post(&app, "/v1/agents/default", json!({"name": "mine now"})).await.0,
         404,

@@ -180,7 +180,7 @@ async fn refusals_name_what_is_wrong_and_store_nothing() {
     assert_eq!(response.status(), 400);
     assert!(response.text().await.unwrap().contains("clashes"));
     let unknown = app.post("/sessions").json(&json!({"agent": {"name": "nobody"}})).send().await.unwrap();
-    assert_eq!(unknown.status(), 400);
+    assert_eq!(unknown.status(), 404, "an agent that is not there is not found");
     assert!(unknown.text().await.unwrap().contains("nobody"));
 }
 

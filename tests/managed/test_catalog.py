@@ -86,5 +86,5 @@ def test_another_subject_cannot_see_or_use_what_alice_made(client, other, agent,
             call()
     assert agent.id not in [a.id for a in other.beta.agents.list()]
     assert environment.id not in [e.id for e in other.beta.environments.list()]
-    with pytest.raises(anthropic.BadRequestError):
+    with pytest.raises(anthropic.NotFoundError):
         other.beta.sessions.create(agent=agent.id, environment_id=other.beta.environments.create(name="b").id)

@@ -108,7 +108,7 @@ def test_bad_input_is_refused_in_anthropics_shape_and_stores_nothing(client, ses
     with pytest.raises(anthropic.BadRequestError) as refused:
         client.beta.sessions.events.send(session.id, events=[{"type": "agent.message", "content": []}])
     assert "events[0].type" in refused.value.body["error"]["message"]
-    with pytest.raises(anthropic.BadRequestError):
+    with pytest.raises(anthropic.NotFoundError):
         client.beta.sessions.create(agent="nobody", environment_id="env_x")
     with pytest.raises(anthropic.NotFoundError) as missing:
         client.beta.sessions.retrieve("sess_01J00000000000000000000000")

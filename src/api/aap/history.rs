@@ -2,12 +2,12 @@
 //! both are the full history, exactly: tool permissions never appear, and it may end with
 //! tool calls that still wait for the client.
 
-use actix_web::{get, web, HttpResponse};
+use actix_web::{get, HttpResponse};
 use serde_json::json;
 
 use super::wire::{HistoryQuery, MessageOut};
-use crate::api::auth::Auth;
 use crate::api::body::Query;
+use crate::api::caller::CallerSession;
 use crate::api::{Error, State};
 use crate::error::{ApiError, Code};
 
@@ -22,11 +22,9 @@ use crate::error::{ApiError, Code};
 #[get("/sessions/{session_id}/history")]
 pub async fn history(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession,
     query: Query<HistoryQuery>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let kind = match query.0.kind.as_deref() {
         None | Some("compacted") => "compacted",
         Some("full") => "full",

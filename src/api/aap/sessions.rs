@@ -3,8 +3,8 @@
 use actix_web::{delete, get, post, web, HttpResponse};
 
 use super::wire::{CreateSession, Created, ListQuery, SessionInfo, SessionList};
-use crate::api::auth::Auth;
 use crate::api::body::{utc_time, JsonBody, Query};
+use crate::api::caller::{Auth, CallerSession};
 use crate::api::{Error, State};
 use crate::error::ApiError;
 use crate::session::{ListFilter, TimeBounds};
@@ -67,8 +67,7 @@ pub async fn list(state: State, Auth(caller, _): Auth, query: Query<ListQuery>) 
     responses((status = 200, description = "The session", body = SessionInfo)),
 )]
 #[get("/sessions/{session_id}")]
-pub async fn get(state: State, Auth(caller, _): Auth, path: web::Path<String>) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
+pub async fn get(CallerSession { summary, .. }: CallerSession) -> Result<HttpResponse, Error> {
     Ok(HttpResponse::Ok().json(SessionInfo::from(&summary)))
 }
 

@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use actix_web::{post, web, HttpResponse};
+use actix_web::{post, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 
 use super::wire::{stop_reason, AgentResponse, MessageIn, MessageOut, StreamMode, TurnRequest};
-use crate::api::auth::Auth;
 use crate::api::body::JsonBody;
+use crate::api::caller::CallerSession;
 use crate::api::sse::{self, Flow, Follow};
 use crate::api::{Error, State};
 use crate::domain::{Block, Event, EventBody, TurnId};
@@ -34,11 +34,9 @@ use crate::session::{Caller, Follower, Input, Submission};
 #[post("/sessions/{session_id}/turns")]
 pub async fn post(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { caller, summary, .. }: CallerSession,
     body: JsonBody<TurnRequest>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let mut request = body.0;
     let update = request.update();
     let inputs = inputs(request.messages)?;
@@ -137,7 +135,7 @@ fn stream(
             _ => Flow::Continue,
         },
     );
-    Ok(crate::api::native::sse_response().streaming(body))
+    Ok(crate::api::sse::response().streaming(body))
 }
 
 /// Whether [`render`] shows an event of type `kind` in this mode.

@@ -1,7 +1,7 @@
 //! What AAP clients send and see for sessions (camelCase, as the protocol writes it).
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::api::body::objects;
@@ -16,8 +16,8 @@ pub struct CreateSession {
     #[serde(deserialize_with = "objects")]
     pub agent: AgentRequest,
     /// Seed history: AAP messages (`role` system, user, assistant, tool, tool_permission).
-    #[serde(default)]
-    #[schema(value_type = Vec<serde_json::Value>)]
+    #[serde(default, deserialize_with = "by_role")]
+    #[schema(schema_with = seed_messages)]
     pub messages: Vec<MessageIn>,
     #[serde(default, deserialize_with = "objects")]
     pub tools: Vec<ToolSpec>,
@@ -30,6 +30,10 @@ pub struct CreateSession {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct AgentRequest {
+    /// A configured agent's name, or a catalog agent's id (one that is not there is not
+    /// found: 404).
+    #[serde(deserialize_with = "non_empty")]
+    #[schema(min_length = 1)]
     pub name: String,
     #[serde(default, deserialize_with = "objects")]
     pub tools: Option<Vec<ToolTrustRequest>>,
@@ -53,7 +57,8 @@ impl ToolTrustRequest {
 /// A tool the client declares and runs itself.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ToolSpec {
-    #[schema(min_length = 1)]
+    /// Unique among the session's tools, the agent's included.
+    #[schema(pattern = "\\S")]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
@@ -181,7 +186,7 @@ pub enum MessageIn {
         content: String,
     },
     User {
-        #[serde(deserialize_with = "crate::api::native::wire::content")]
+        #[serde(deserialize_with = "crate::api::content::blocks")]
         content: Vec<crate::domain::Block>,
     },
     Assistant {
@@ -205,7 +210,7 @@ pub enum MessageIn {
 #[serde(untagged)]
 pub enum AssistantContent {
     Text(String),
-    Blocks(Vec<BlockIn>),
+    Blocks(#[serde(deserialize_with = "by_type")] Vec<BlockIn>),
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -345,7 +350,8 @@ pub struct TurnRequest {
     #[serde(default)]
     pub stream: StreamMode,
     /// One user message, or the results and permissions for every waiting tool call.
-    #[schema(value_type = Vec<serde_json::Value>)]
+    #[serde(deserialize_with = "by_role")]
+    #[schema(schema_with = turn_messages)]
     pub messages: Vec<MessageIn>,
     #[serde(default, deserialize_with = "objects")]
     pub tools: Option<Vec<ToolSpec>>,
@@ -411,4 +417,81 @@ pub fn stop_reason(reason: crate::domain::StopReason) -> &'static str {
         Cancelled => "cancelled",
         Error => "error",
     }
+}
+
+fn by_role<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<MessageIn>, D::Error> {
+    crate::api::body::tagged(d, "role")
+}
+
+fn by_type<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<BlockIn>, D::Error> {
+    crate::api::body::tagged(d, "type")
+}
+
+/// A string with something in it.
+fn non_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let text = String::deserialize(d)?;
+    match text.is_empty() {
+        true => Err(serde::de::Error::custom("must not be empty")),
+        false => Ok(text),
+    }
+}
+
+/// An AAP message of `role`, with its own fields.
+fn message(role: &str, required: &[&str], mut properties: Value) -> Value {
+    properties["role"] = json!({"type": "string", "enum": [role]});
+    let mut all = vec!["role"];
+    all.extend(required);
+    json!({"type": "object", "required": all, "properties": properties})
+}
+
+/// Each role's message, as [`MessageIn`] reads it.
+fn messages() -> [Value; 5] {
+    let assistant_block = |kind: &str, required: &[&str], mut properties: Value| {
+        properties["type"] = json!({"type": "string", "enum": [kind]});
+        let mut all = vec!["type"];
+        all.extend(required);
+        json!({"type": "object", "required": all, "properties": properties})
+    };
+    let string = json!({"type": "string"});
+    [
+        message("system", &["content"], json!({"content": string})),
+        message("user", &["content"], json!({"content": crate::api::content::schema_json()})),
+        message(
+            "assistant",
+            &["content"],
+            json!({"content": {"anyOf": [string, {"type": "array", "items": {"oneOf": [
+                assistant_block("text", &["text"], json!({"text": string})),
+                assistant_block("thinking", &["thinking"], json!({"thinking": string})),
+                assistant_block("tool_use", &["toolCallId", "name"], json!({"toolCallId": string, "name": string})),
+            ]}}]}}),
+        ),
+        message(
+            "tool",
+            &["toolCallId", "content"],
+            json!({"toolCallId": string, "content": {"anyOf": [
+                string, {"type": "array", "items": crate::api::content::block_schema(false)},
+            ]}}),
+        ),
+        message(
+            "tool_permission",
+            &["toolCallId", "granted"],
+            json!({
+                "toolCallId": string, "granted": {"type": "boolean"}, "reason": {"type": ["string", "null"]},
+            }),
+        ),
+    ]
+}
+
+/// A seed history: messages of any role.
+fn seed_messages() -> utoipa::openapi::schema::Schema {
+    crate::api::schema::schema(json!({"type": "array", "items": {"oneOf": messages()}}))
+}
+
+/// A turn's input: one user message, or tool results and permissions only.
+fn turn_messages() -> utoipa::openapi::schema::Schema {
+    let [_, user, _, tool, permission] = messages();
+    crate::api::schema::schema(json!({"oneOf": [
+        {"type": "array", "minItems": 1, "maxItems": 1, "items": user},
+        {"type": "array", "minItems": 1, "items": {"oneOf": [tool, permission]}},
+    ]}))
 }

@@ -9,8 +9,9 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
-use crate::api::auth::{from_console, Auth, Token, CONSOLE_COOKIE, CONSOLE_TOKEN_TTL};
+use crate::api::auth::{from_console, Token, CONSOLE_COOKIE, CONSOLE_TOKEN_TTL};
 use crate::api::body::JsonBody;
+use crate::api::caller::Auth;
 use crate::api::{Error, State};
 use crate::domain::EventBody;
 use crate::error::{ApiError, Code};

@@ -10,10 +10,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
-use crate::api::auth::Auth;
 use crate::api::body::Query;
-use crate::api::native::sse_response;
-use crate::api::sse::{frame, PING};
+use crate::api::caller::Auth;
+use crate::api::sse::{self, frame, PING};
 use crate::api::{Error, State};
 use crate::domain::SessionId;
 use crate::error::ApiError;
@@ -163,7 +162,7 @@ pub async fn stream(state: State, Auth(caller, _): Auth) -> Result<HttpResponse,
             }
         }
     };
-    Ok(sse_response().streaming(body))
+    Ok(sse::response().streaming(body))
 }
 
 fn resync() -> Bytes {

@@ -15,21 +15,21 @@
 
 use std::collections::HashMap;
 
-use serde_json::{json, Map, Value};
-
-use crate::domain::event::{Confirmation, ModelStop, Permission, StopReason};
+use super::event::{
+    Action, Approval, CallRef, FinishReason, Function, FunctionTag, InputItem, McpInitialize, McpServer,
+    MessageContent, MessageDelta, Metrics, ModelMessage, ModelMessageTag, Output, RequiredAction, Subject, ToolCall,
+    ToolCallDelta, ToolInfo, ToolResponse, Turn, TurnCreated, TurnDone, TurnEvent, TurnState, THREAD,
+};
+use crate::domain::event::{Confirmation, McpRef, ModelStop, Permission, StopInfo, StopReason};
 use crate::domain::{Block, Event, EventBody, EventId, RawEvent, TurnId, Usage};
 use crate::projection::SessionSummary;
-
-/// The one thread of a turnlog session (the harness names sub-agents' threads otherwise).
-pub const THREAD: &str = "main";
 
 /// A harness event of a turn, with its sequence number and where it shows.
 #[derive(Debug, Clone)]
 pub struct Item {
     pub id: u64,
     pub place: Place,
-    pub event: Value,
+    pub event: TurnEvent,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,24 +64,24 @@ pub struct TurnFold {
     turn: TurnId,
     session: String,
     previous: Option<TurnId>,
-    created_by: Value,
+    created_by: Subject,
     started: Option<(EventId, String, u32)>,
     /// `turn.created` has been given: the turn's input is whole.
     created: bool,
-    input: Vec<Value>,
+    input: Vec<InputItem>,
     /// What came before `turn.created` could (a denied call's result, written as the turn
     /// starts): given right after it.
     held: Vec<Item>,
     message: Option<Assembly>,
     /// The last message of the turn, whole.
-    output: Option<Value>,
+    output: Option<ModelMessage>,
     calls: HashMap<EventId, Call>,
     /// Messages stored while an earlier turn ran, that this one may take (`turn.input`).
     queued: HashMap<EventId, Vec<Block>>,
     interrupted: bool,
     error: Option<String>,
     usage: Usage,
-    state: Option<Value>,
+    state: Option<TurnState>,
 }
 
 /// A model message being put together: one model request (its span), as the harness has
@@ -91,9 +91,9 @@ struct Assembly {
     created_at: String,
     text: String,
     thinking: String,
-    calls: Vec<Value>,
+    calls: Vec<ToolCall>,
     usage: Option<Usage>,
-    finish: Option<&'static str>,
+    finish: Option<FinishReason>,
 }
 
 /// A call that may wait for the client, and the message that carried it.
@@ -110,7 +110,7 @@ struct Out {
 }
 
 impl Out {
-    fn push(&mut self, place: Place, event: Value) {
+    fn push(&mut self, place: Place, event: TurnEvent) {
         let id = self.base + self.items.len() as u64;
         debug_assert!(self.items.len() < 10, "a log event makes at most four harness events");
         self.items.push(Item { id, place, event });
@@ -123,7 +123,7 @@ impl TurnFold {
             turn,
             session: session.id.to_string(),
             previous,
-            created_by: subject(&session.created_by),
+            created_by: Subject::named(&session.created_by),
             started: None,
             created: false,
             input: Vec::new(),
@@ -165,157 +165,9 @@ impl TurnFold {
             tracing::error!(id = %raw.id, "an event of the log does not decode");
             return Vec::new();
         };
-        let at = event.created_at.as_str();
         let ended = self.ended();
         let mut out = Out { base: u64::from(number) * 10, items: Vec::new() };
-        let mut given = Vec::new();
-        match &event.body {
-            EventBody::TurnStarted {} => self.started = Some((event.id, event.created_at.clone(), number)),
-            EventBody::TurnInput { event_ids } if !self.created => {
-                for content in event_ids.iter().filter_map(|id| self.queued.get(id)) {
-                    self.input.push(json!({"type": "user.message", "content": content_out(content)}));
-                }
-            }
-            EventBody::UserMessage { content } if !self.created => {
-                self.input.push(json!({"type": "user.message", "content": content_out(content)}))
-            }
-            EventBody::UserToolConfirmation { tool_use_id, result, deny_message, tool_call_id, .. }
-                if !self.created =>
-            {
-                let approval = match (result, deny_message) {
-                    (Confirmation::Allow, _) => json!({"status": "allow"}),
-                    (Confirmation::Deny, Some(reason)) => json!({"status": "deny", "reason": reason}),
-                    (Confirmation::Deny, None) => json!({"status": "deny"}),
-                };
-                self.input.push(json!({
-                    "type": "user.tool_approval", "thread_id": THREAD,
-                    "tool_call_id": tool_call_id.as_deref().unwrap_or(tool_use_id), "approval": approval,
-                }));
-            }
-            EventBody::UserCustomToolResult { custom_tool_use_id, content, tool_call_id, .. } if !self.created => {
-                self.input.push(json!({
-                    "type": "user.tool_response", "thread_id": THREAD,
-                    "tool_call_id": tool_call_id.as_deref().unwrap_or(custom_tool_use_id),
-                    "content": Block::join_text(content),
-                }));
-            }
-            EventBody::UserInterrupt {} => self.interrupted = true,
-            EventBody::StatusRunning { .. } => given = self.create(),
-            EventBody::ModelRequestStart { .. } => {
-                given = self.create();
-                self.close_message(&mut out);
-                self.open_message(&mut out, event.id, true, at);
-            }
-            EventBody::AgentThinkingDelta { delta, .. } => {
-                let message = self.open_message(&mut out, event.id, false, at);
-                message.thinking.push_str(delta);
-                let delta = json!({"reasoning_content": delta});
-                out.push(Place::Stream, message.delta(at, delta));
-            }
-            EventBody::AgentMessageDelta { delta, .. } => {
-                let message = self.open_message(&mut out, event.id, false, at);
-                message.text.push_str(delta);
-                out.push(Place::Stream, message.delta(at, json!({"content": delta})));
-            }
-            // The final events hold what the deltas said; anything the deltas did not say
-            // goes out as one more delta.
-            EventBody::AgentThinking { thinking, .. } => {
-                let message = self.open_message(&mut out, event.id, false, at);
-                if let Some(rest) = thinking.strip_prefix(message.thinking.as_str()).filter(|r| !r.is_empty()) {
-                    let delta = message.delta(at, json!({"reasoning_content": rest}));
-                    message.thinking = thinking.clone();
-                    out.push(Place::Stream, delta);
-                }
-            }
-            EventBody::AgentMessage { content, .. } => {
-                let text = Block::join_text(content);
-                let message = self.open_message(&mut out, event.id, false, at);
-                if let Some(rest) = text.strip_prefix(message.text.as_str()).filter(|r| !r.is_empty()) {
-                    let delta = message.delta(at, json!({"content": rest}));
-                    message.text = text.clone();
-                    out.push(Place::Stream, delta);
-                }
-            }
-            EventBody::AgentMcpTools { servers } => {
-                let servers: Vec<Value> = servers
-                    .iter()
-                    .map(|s| {
-                        let mut server = json!({"id": s.server, "name": s.server});
-                        // The SDK knows the HTTP transports only; stdio goes unnamed.
-                        if s.transport != "stdio" {
-                            server["transport_type"] = json!(s.transport);
-                        }
-                        server
-                    })
-                    .collect();
-                out.push(
-                    Place::Both,
-                    json!({
-                        "type": "mcp.initialize", "id": event.id.to_string(), "thread_id": THREAD,
-                        "created_at": at, "mcp_servers": servers,
-                    }),
-                );
-            }
-            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission, mcp } => {
-                let waits = *evaluated_permission == Permission::Ask;
-                let info = match mcp {
-                    Some(mcp) => {
-                        json!({"type": "mcp", "server_id": mcp.server, "server_name": mcp.server, "name": mcp.tool})
-                    }
-                    None => json!({"type": "truefoundry-system", "name": name}),
-                };
-                self.call(&mut out, event.id, at, (tool_call_id, name, input, info), waits.then_some(false));
-            }
-            EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
-                let info = json!({"type": "truefoundry-system", "name": name});
-                self.call(&mut out, event.id, at, (tool_call_id, name, input, info), Some(true));
-            }
-            EventBody::ModelRequestEnd { usage, is_error, stop_reason, .. } => {
-                if let Some(message) = &mut self.message {
-                    message.usage = Some(*usage);
-                    message.finish = (!is_error).then(|| finish_reason(*stop_reason, !message.calls.is_empty()));
-                    let mut fields = json!({"usage": usage_out(*usage)});
-                    if let Some(finish) = message.finish {
-                        fields["finish_reason"] = json!(finish);
-                    }
-                    out.push(Place::Stream, message.delta(at, fields));
-                }
-                self.close_message(&mut out);
-            }
-            EventBody::AgentToolResult { tool_call_id, content, .. } => out.push(
-                Place::Both,
-                json!({
-                    "type": "tool.response", "id": event.id.to_string(), "thread_id": THREAD, "created_at": at,
-                    "tool_call_id": tool_call_id, "content": Block::join_text(content),
-                }),
-            ),
-            EventBody::SessionError { error, .. } => self.error = Some(error.clone()),
-            EventBody::StatusIdle { stop_reason, usage, .. } => {
-                given = self.create();
-                self.close_message(&mut out);
-                self.usage += *usage;
-                let waiting = match stop_reason.kind {
-                    StopReason::RequiresAction => self.waiting(&stop_reason.event_ids, at),
-                    _ => Vec::new(),
-                };
-                let first = self.state.is_none();
-                let state = self.stopped(stop_reason.kind, waiting.clone(), at);
-                // A turn that stops again (another view answered some of its calls) keeps
-                // its one `turn.done`; its state is the latest.
-                if first {
-                    for action in waiting {
-                        out.push(Place::Both, action);
-                    }
-                    let done = json!({
-                        "type": "turn.done", "id": event.id.to_string(), "state": state,
-                        "created_at": at, "thread_id": null,
-                    });
-                    out.push(Place::Lifecycle, done);
-                }
-                self.state = Some(state);
-            }
-            _ => {}
-        }
+        let mut given = self.apply(&event, number, &mut out);
         if ended {
             return Vec::new();
         }
@@ -326,18 +178,217 @@ impl TurnFold {
         given
     }
 
+    /// What one event of the turn does: the events it makes go to `out`; what it gives at
+    /// once is returned (`turn.created`, once the input is whole, and what waited for it).
+    fn apply(&mut self, event: &Event, number: u32, out: &mut Out) -> Vec<Item> {
+        let at = event.created_at.as_str();
+        match &event.body {
+            EventBody::TurnStarted {} => self.started = Some((event.id, event.created_at.clone(), number)),
+            EventBody::TurnInput { .. }
+            | EventBody::UserMessage { .. }
+            | EventBody::UserToolConfirmation { .. }
+            | EventBody::UserCustomToolResult { .. }
+                if !self.created =>
+            {
+                self.take_input(&event.body)
+            }
+            EventBody::UserInterrupt {} => self.interrupted = true,
+            EventBody::StatusRunning { .. } => return self.create(),
+            EventBody::ModelRequestStart { .. } => {
+                let given = self.create();
+                self.close_message(out);
+                self.open_message(out, event.id, true, at);
+                return given;
+            }
+            EventBody::AgentThinkingDelta { .. }
+            | EventBody::AgentMessageDelta { .. }
+            | EventBody::AgentThinking { .. }
+            | EventBody::AgentMessage { .. } => self.said(out, event),
+            EventBody::AgentMcpTools { servers } => {
+                let servers = servers
+                    .iter()
+                    .map(|s| McpServer {
+                        id: s.server.clone(),
+                        name: s.server.clone(),
+                        transport_type: (s.transport != "stdio").then(|| s.transport.clone()),
+                    })
+                    .collect();
+                let id = event.id.to_string();
+                let init = McpInitialize { id, thread_id: THREAD, created_at: at.into(), mcp_servers: servers };
+                out.push(Place::Both, TurnEvent::McpInitialize(init));
+            }
+            EventBody::AgentToolUse { .. } | EventBody::AgentCustomToolUse { .. } => self.called(out, event),
+            EventBody::ModelRequestEnd { usage, is_error, stop_reason, .. } => {
+                self.request_ended(out, *usage, *is_error, *stop_reason, at)
+            }
+            EventBody::AgentToolResult { tool_call_id, content, .. } => {
+                let response = ToolResponse {
+                    id: event.id.to_string(),
+                    thread_id: THREAD,
+                    created_at: at.into(),
+                    tool_call_id: tool_call_id.clone(),
+                    content: Block::join_text(content),
+                };
+                out.push(Place::Both, TurnEvent::ToolResponse(response));
+            }
+            EventBody::SessionError { error, .. } => self.error = Some(error.clone()),
+            EventBody::StatusIdle { stop_reason, usage, .. } => {
+                return self.stopped(out, event.id, stop_reason, *usage, at)
+            }
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    /// What the client sent the turn, before it started: its input.
+    fn take_input(&mut self, body: &EventBody) {
+        match body {
+            EventBody::TurnInput { event_ids } => {
+                for content in event_ids.iter().filter_map(|id| self.queued.get(id)) {
+                    self.input.push(InputItem::Message { content: MessageContent::of(content) });
+                }
+            }
+            EventBody::UserMessage { content } => {
+                self.input.push(InputItem::Message { content: MessageContent::of(content) })
+            }
+            EventBody::UserToolConfirmation { tool_use_id, result, deny_message, tool_call_id, .. } => {
+                let approval = match result {
+                    Confirmation::Allow => Approval::Allow,
+                    Confirmation::Deny => Approval::Deny { reason: deny_message.clone() },
+                };
+                let tool_call_id = tool_call_id.clone().unwrap_or_else(|| tool_use_id.clone());
+                self.input.push(InputItem::ToolApproval { thread_id: THREAD, tool_call_id, approval });
+            }
+            EventBody::UserCustomToolResult { custom_tool_use_id, content, tool_call_id, .. } => {
+                let tool_call_id = tool_call_id.clone().unwrap_or_else(|| custom_tool_use_id.clone());
+                let content = Block::join_text(content);
+                self.input.push(InputItem::ToolResponse { thread_id: THREAD, tool_call_id, content });
+            }
+            _ => {}
+        }
+    }
+
+    /// Text and thinking, as deltas of the message being put together. The final events
+    /// hold what the deltas said; anything the deltas did not say goes out as one more delta.
+    fn said(&mut self, out: &mut Out, event: &Event) {
+        let at = event.created_at.as_str();
+        let message = self.open_message(out, event.id, false, at);
+        let (text, thinking) = match &event.body {
+            EventBody::AgentThinkingDelta { delta, .. } => {
+                message.thinking.push_str(delta);
+                (None, Some(delta.clone()))
+            }
+            EventBody::AgentMessageDelta { delta, .. } => {
+                message.text.push_str(delta);
+                (Some(delta.clone()), None)
+            }
+            EventBody::AgentThinking { thinking, .. } => {
+                let rest = thinking.strip_prefix(message.thinking.as_str()).filter(|r| !r.is_empty()).map(String::from);
+                if rest.is_some() {
+                    message.thinking = thinking.clone();
+                }
+                (None, rest)
+            }
+            EventBody::AgentMessage { content, .. } => {
+                let text = Block::join_text(content);
+                let rest = text.strip_prefix(message.text.as_str()).filter(|r| !r.is_empty()).map(String::from);
+                if rest.is_some() {
+                    message.text = text;
+                }
+                (rest, None)
+            }
+            _ => (None, None),
+        };
+        if text.is_some() || thinking.is_some() {
+            let delta = MessageDelta { content: text, reasoning_content: thinking, ..message.delta(at) };
+            out.push(Place::Stream, TurnEvent::ModelMessageDelta(delta));
+        }
+    }
+
+    /// A tool call: a delta of its message, and remembered if it may wait for the client
+    /// (a client tool's result, or a permission).
+    fn called(&mut self, out: &mut Out, event: &Event) {
+        let (tool_call_id, name, input, info, waits) = match &event.body {
+            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission, mcp } => {
+                let waits = *evaluated_permission == Permission::Ask;
+                (tool_call_id, name, input, tool_info(name, mcp.as_ref()), waits.then_some(false))
+            }
+            EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
+                (tool_call_id, name, input, tool_info(name, None), Some(true))
+            }
+            _ => return,
+        };
+        let at = event.created_at.as_str();
+        let message = self.open_message(out, event.id, false, at);
+        let call = ToolCall {
+            id: tool_call_id.clone(),
+            kind: FunctionTag::Function,
+            function: Function { name: name.clone(), arguments: input.to_string() },
+            tool_info: info,
+        };
+        let delta = ToolCallDelta { index: message.calls.len(), call: call.clone() };
+        message.calls.push(call);
+        let delta = MessageDelta { tool_calls: vec![delta], ..message.delta(at) };
+        let source = message.id.clone();
+        out.push(Place::Stream, TurnEvent::ModelMessageDelta(delta));
+        if let Some(client) = waits {
+            self.calls.insert(event.id, Call { tool_call_id: tool_call_id.clone(), source, client });
+        }
+    }
+
+    /// A model request's end: the message's usage and how it ended, as its last delta; then
+    /// the message whole, for the lists.
+    fn request_ended(&mut self, out: &mut Out, usage: Usage, is_error: bool, stop: Option<ModelStop>, at: &str) {
+        if let Some(message) = &mut self.message {
+            message.usage = Some(usage);
+            message.finish = (!is_error).then(|| finish_reason(stop, !message.calls.is_empty()));
+            let delta = MessageDelta { usage: Some(usage.into()), finish_reason: message.finish, ..message.delta(at) };
+            out.push(Place::Stream, TurnEvent::ModelMessageDelta(delta));
+        }
+        self.close_message(out);
+    }
+
+    /// The turn has stopped: the actions it waits for, and its one `turn.done`. A turn that
+    /// stops again (another view answered some of its calls) keeps its one `turn.done`;
+    /// its state is the latest.
+    fn stopped(&mut self, out: &mut Out, id: EventId, stop: &StopInfo, usage: Usage, at: &str) -> Vec<Item> {
+        let given = self.create();
+        self.close_message(out);
+        self.usage += usage;
+        let waiting = match stop.kind {
+            StopReason::RequiresAction => self.waiting(&stop.event_ids, at),
+            _ => Vec::new(),
+        };
+        let first = self.state.is_none();
+        let state = self.state_after(stop.kind, waiting.clone(), at);
+        if first {
+            for action in waiting {
+                out.push(
+                    Place::Both,
+                    match action {
+                        RequiredAction::Approval(action) => TurnEvent::ApprovalRequired(action),
+                        RequiredAction::Response(action) => TurnEvent::ResponseRequired(action),
+                    },
+                );
+            }
+            let done = TurnDone { id: id.to_string(), state: state.clone(), created_at: at.into(), thread_id: None };
+            out.push(Place::Lifecycle, TurnEvent::TurnDone(done));
+        }
+        self.state = Some(state);
+        given
+    }
+
     /// The turn as the harness's `Turn` object: running until it has stopped.
-    pub fn turn(&self) -> Value {
-        let created_at = self.started.as_ref().map(|(_, at, _)| at.as_str());
-        json!({
-            "id": self.turn.to_string(),
-            "session_id": self.session,
-            "previous_turn_id": self.previous.map(|t| t.to_string()),
-            "input": self.input,
-            "state": self.state.clone().unwrap_or_else(|| json!({"status": "running"})),
-            "created_by_subject": self.created_by,
-            "created_at": created_at,
-        })
+    pub fn turn(&self) -> Turn {
+        Turn {
+            id: self.turn.to_string(),
+            session_id: self.session.clone(),
+            previous_turn_id: self.previous.map(|t| t.to_string()),
+            input: self.input.clone(),
+            state: self.state.clone().unwrap_or(TurnState::Running),
+            created_by_subject: self.created_by.clone(),
+            created_at: self.started.as_ref().map(|(_, at, _)| at.clone()),
+        }
     }
 
     /// `turn.created`, once the turn's input is whole, then what waited for it.
@@ -347,13 +398,18 @@ impl TurnFold {
         }
         self.created = true;
         let Some((id, created_at, number)) = &self.started else { return std::mem::take(&mut self.held) };
-        let created = json!({
-            "type": "turn.created", "id": id.to_string(), "turn_id": self.turn.to_string(),
-            "previous_turn_id": self.previous.map(|t| t.to_string()), "input": self.input,
-            "state": {"status": "running"}, "created_by": self.created_by, "created_at": created_at,
-            "thread_id": null,
-        });
-        let mut given = vec![Item { id: u64::from(*number) * 10, place: Place::Lifecycle, event: created }];
+        let created = TurnCreated {
+            id: id.to_string(),
+            turn_id: self.turn.to_string(),
+            previous_turn_id: self.previous.map(|t| t.to_string()),
+            input: self.input.clone(),
+            state: TurnState::Running,
+            created_by: self.created_by.clone(),
+            created_at: created_at.clone(),
+            thread_id: None,
+        };
+        let event = TurnEvent::TurnCreated(created);
+        let mut given = vec![Item { id: u64::from(*number) * 10, place: Place::Lifecycle, event }];
         given.append(&mut self.held);
         given
     }
@@ -373,8 +429,17 @@ impl TurnFold {
                 usage: None,
                 finish: None,
             };
-            let first = json!({"type": "model.message", "id": message.id, "thread_id": THREAD, "created_at": at});
-            out.push(Place::Stream, first);
+            let empty = ModelMessage {
+                id: message.id.clone(),
+                thread_id: THREAD,
+                created_at: at.into(),
+                content: None,
+                reasoning_content: None,
+                tool_calls: Vec::new(),
+                finish_reason: None,
+                usage: None,
+            };
+            out.push(Place::Stream, TurnEvent::ModelMessage(empty));
             self.message = Some(message);
         }
         self.message.as_mut().expect("just opened")
@@ -384,171 +449,112 @@ impl TurnFold {
     fn close_message(&mut self, out: &mut Out) {
         if let Some(message) = self.message.take() {
             let whole = message.whole();
-            out.push(Place::Listed, whole.clone());
+            out.push(Place::Listed, TurnEvent::ModelMessage(whole.clone()));
             self.output = Some(whole);
-        }
-    }
-
-    /// A tool call: a delta of its message, and remembered if it may wait for the client
-    /// (`Some(true)` for a client tool's result, `Some(false)` for a permission).
-    fn call(&mut self, out: &mut Out, id: EventId, at: &str, call: (&str, &str, &Value, Value), waits: Option<bool>) {
-        let (tool_call_id, name, input, info) = call;
-        let message = self.open_message(out, id, false, at);
-        let index = message.calls.len();
-        let arguments = input.to_string();
-        message.calls.push(json!({
-            "id": tool_call_id, "type": "function", "function": {"name": name, "arguments": arguments},
-            "tool_info": info.clone(),
-        }));
-        let delta = message.delta(
-            at,
-            json!({"tool_calls": [{
-                "index": index, "id": tool_call_id, "type": "function",
-                "function": {"name": name, "arguments": arguments},
-                "tool_info": info,
-            }]}),
-        );
-        let source = message.id.clone();
-        out.push(Place::Stream, delta);
-        if let Some(client) = waits {
-            self.calls.insert(id, Call { tool_call_id: tool_call_id.to_string(), source, client });
         }
     }
 
     /// The actions a stopped turn waits for: one `tool.approval_required` for the calls
     /// that need a permission, one `tool.response_required` for those that need a result.
     /// Each is named by the first call's event id.
-    fn waiting(&self, ids: &[EventId], at: &str) -> Vec<Value> {
+    fn waiting(&self, ids: &[EventId], at: &str) -> Vec<RequiredAction> {
         let mut actions = Vec::new();
-        for (kind, client) in [("tool.approval_required", false), ("tool.response_required", true)] {
+        for client in [false, true] {
             let calls: Vec<(&EventId, &Call)> = ids
                 .iter()
                 .filter_map(|id| self.calls.get(id).map(|c| (id, c)))
                 .filter(|(_, c)| c.client == client)
                 .collect();
             let Some((first, _)) = calls.first() else { continue };
-            let refs: Vec<Value> =
-                calls.iter().map(|(_, c)| json!({"id": c.tool_call_id, "source_event_id": c.source})).collect();
-            actions.push(json!({
-                "type": kind, "id": first.to_string(), "created_at": at, "thread_id": THREAD, "tool_calls": refs,
-            }));
+            let refs = calls
+                .iter()
+                .map(|(_, c)| CallRef { id: c.tool_call_id.clone(), source_event_id: c.source.clone() })
+                .collect();
+            let action = Action { id: first.to_string(), created_at: at.into(), thread_id: THREAD, tool_calls: refs };
+            actions.push(if client { RequiredAction::Response(action) } else { RequiredAction::Approval(action) });
         }
         actions
     }
 
-    fn stopped(&self, stop: StopReason, waiting: Vec<Value>, at: &str) -> Value {
-        let metrics = json!({
-            "total_input_tokens": self.usage.input_tokens,
-            "total_output_tokens": self.usage.output_tokens,
-            "total_tokens": self.usage.input_tokens + self.usage.output_tokens,
-        });
+    fn state_after(&self, stop: StopReason, waiting: Vec<RequiredAction>, at: &str) -> TurnState {
+        let metrics = Metrics {
+            total_input_tokens: self.usage.input_tokens,
+            total_output_tokens: self.usage.output_tokens,
+            total_tokens: self.usage.input_tokens + self.usage.output_tokens,
+        };
+        let completed_at = at.to_string();
         match stop {
+            // A client's cancel leaves a `user.interrupt` in the turn; a turn the server
+            // stopped (shutting down, or deleting the session) has none.
             StopReason::Cancelled => {
-                // A client's cancel leaves a `user.interrupt` in the turn; a turn the server
-                // stopped (shutting down, or deleting the session) has none.
                 let reason = if self.interrupted { "client-cancelled" } else { "abandoned" };
-                json!({"status": "cancelled", "reason": reason, "completed_at": at, "metrics": metrics})
+                TurnState::Cancelled { reason, completed_at, metrics }
             }
             StopReason::Error => {
-                let message = self.error.as_deref().unwrap_or("the turn failed");
-                json!({"status": "error", "message": message, "completed_at": at, "metrics": metrics})
+                let message = self.error.clone().unwrap_or_else(|| "the turn failed".into());
+                TurnState::Error { message, completed_at, metrics }
             }
-            _ => json!({
-                "status": "done", "output": self.output, "required_actions": waiting, "completed_at": at,
-                "metrics": metrics,
-            }),
+            _ => TurnState::Done {
+                output: self
+                    .output
+                    .clone()
+                    .map(|message| Box::new(Output { kind: ModelMessageTag::ModelMessage, message })),
+                required_actions: waiting,
+                completed_at,
+                metrics,
+            },
         }
     }
 }
 
 impl Assembly {
-    fn delta(&self, at: &str, fields: Value) -> Value {
-        let mut delta = json!({"type": "model.message.delta", "id": self.id, "thread_id": THREAD, "created_at": at});
-        if let (Some(delta), Value::Object(fields)) = (delta.as_object_mut(), fields) {
-            delta.extend(fields);
+    /// A delta of this message, with nothing in it yet.
+    fn delta(&self, at: &str) -> MessageDelta {
+        MessageDelta {
+            id: self.id.clone(),
+            thread_id: THREAD,
+            created_at: at.into(),
+            content: None,
+            reasoning_content: None,
+            tool_calls: Vec::new(),
+            usage: None,
+            finish_reason: None,
         }
-        delta
     }
 
-    fn whole(&self) -> Value {
-        let mut message = Map::new();
-        message.insert("type".into(), json!("model.message"));
-        message.insert("id".into(), json!(self.id));
-        message.insert("thread_id".into(), json!(THREAD));
-        message.insert("created_at".into(), json!(self.created_at));
-        if !self.text.is_empty() {
-            message.insert("content".into(), json!(self.text));
+    fn whole(&self) -> ModelMessage {
+        let text = |text: &String| Some(text.clone()).filter(|t| !t.is_empty());
+        ModelMessage {
+            id: self.id.clone(),
+            thread_id: THREAD,
+            created_at: self.created_at.clone(),
+            content: text(&self.text),
+            reasoning_content: text(&self.thinking),
+            tool_calls: self.calls.clone(),
+            finish_reason: self.finish,
+            usage: self.usage.map(Into::into),
         }
-        if !self.thinking.is_empty() {
-            message.insert("reasoning_content".into(), json!(self.thinking));
+    }
+}
+
+fn tool_info(name: &str, mcp: Option<&McpRef>) -> ToolInfo {
+    match mcp {
+        Some(mcp) => {
+            ToolInfo::Mcp { server_id: mcp.server.clone(), server_name: mcp.server.clone(), name: mcp.tool.clone() }
         }
-        if !self.calls.is_empty() {
-            message.insert("tool_calls".into(), json!(self.calls));
-        }
-        if let Some(finish) = self.finish {
-            message.insert("finish_reason".into(), json!(finish));
-        }
-        if let Some(usage) = self.usage {
-            message.insert("usage".into(), usage_out(usage));
-        }
-        Value::Object(message)
+        None => ToolInfo::System { name: name.to_string() },
     }
 }
 
 /// How a model response ended, in the chat-completions words the harness uses. Logs from
 /// before the model's own reason was kept say only whether it called tools.
-fn finish_reason(stop: Option<ModelStop>, called: bool) -> &'static str {
+fn finish_reason(stop: Option<ModelStop>, called: bool) -> FinishReason {
     match stop {
-        Some(ModelStop::MaxTokens) => "length",
-        Some(ModelStop::Refusal) => "content_filter",
-        Some(ModelStop::ToolUse) => "tool_calls",
-        Some(ModelStop::EndTurn) => "stop",
-        None if called => "tool_calls",
-        None => "stop",
+        Some(ModelStop::MaxTokens) => FinishReason::Length,
+        Some(ModelStop::Refusal) => FinishReason::ContentFilter,
+        Some(ModelStop::ToolUse) => FinishReason::ToolCalls,
+        Some(ModelStop::EndTurn) => FinishReason::Stop,
+        None if called => FinishReason::ToolCalls,
+        None => FinishReason::Stop,
     }
-}
-
-/// Usage as the harness reports it. turnlog does not break input tokens down by where they
-/// came from: all of them count as `messages`.
-fn usage_out(usage: Usage) -> Value {
-    json!({
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "input_tokens_breakdown": {
-            "harness": 0, "skills": 0, "instructions": 0, "tool_definitions": 0, "messages": usage.input_tokens,
-        },
-    })
-}
-
-/// Who made a session, as a harness subject.
-pub fn subject(name: &str) -> Value {
-    json!({"subject_id": name, "subject_type": "user", "subject_slug": name})
-}
-
-/// A user message's content as the harness reads it: one text block as a string (as it was
-/// most likely sent), else text and `file` parts. Content other views stored (images and
-/// documents with their data inline) shows as `file` parts; what has no such form is left out.
-pub fn content_out(blocks: &[Block]) -> Value {
-    if let [block] = blocks {
-        if block.kind == "text" {
-            return json!(block.text.as_deref().unwrap_or_default());
-        }
-    }
-    let part = |block: &Block| -> Option<Value> {
-        let string = |field: &str| block.rest.get(field).and_then(Value::as_str);
-        match block.kind.as_str() {
-            "text" => Some(json!({"type": "text", "text": block.text.as_deref().unwrap_or_default()})),
-            "file" => Some(json!({"type": "file", "name": string("name")?, "data": string("data")?})),
-            "image" | "document" => {
-                let source = block.rest.get("source")?;
-                if source.get("type")?.as_str()? != "base64" {
-                    return None;
-                }
-                let (mime, data) = (source.get("media_type")?.as_str()?, source.get("data")?.as_str()?);
-                Some(json!({"type": "file", "name": block.kind, "data": format!("data:{mime};base64,{data}")}))
-            }
-            _ => None,
-        }
-    };
-    Value::Array(blocks.iter().filter_map(part).collect())
 }

@@ -5,6 +5,7 @@
 //! log: it parses the SDK's shapes, calls the session layer, and renders each turn through
 //! one fold ([`fold::TurnFold`]).
 
+mod event;
 mod fold;
 mod sessions;
 mod turns;
@@ -12,7 +13,6 @@ mod wire;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
-use serde_json::{json, Value};
 
 use super::error::Render;
 use crate::error::{ApiError, Code};
@@ -24,26 +24,31 @@ use crate::error::{ApiError, Code};
 /// a 409 on its own.
 pub struct Harness;
 
-/// The status the harness answers a code with.
-pub fn status(code: Code) -> StatusCode {
-    match code {
-        Code::UnknownCursor => StatusCode::BAD_REQUEST,
-        Code::Busy | Code::PreviousTurn => StatusCode::PRECONDITION_FAILED,
-        Code::Conflict => StatusCode::UNPROCESSABLE_ENTITY,
-        _ => super::error::status(code),
-    }
-}
-
 impl Render for Harness {
-    fn render(error: &ApiError) -> HttpResponse {
-        let status = status(error.code);
-        let body = json!({"error": {"message": error.message, "type": error.code.kind(), "code": error.code.code()}});
-        HttpResponse::build(status).json(body)
+    type Body = wire::ErrorBody;
+
+    fn status(code: Code) -> StatusCode {
+        match code {
+            Code::UnknownCursor => StatusCode::BAD_REQUEST,
+            Code::Busy | Code::PreviousTurn => StatusCode::PRECONDITION_FAILED,
+            Code::Conflict => StatusCode::UNPROCESSABLE_ENTITY,
+            _ => super::error::status(code),
+        }
+    }
+
+    fn body(error: &ApiError) -> wire::ErrorBody {
+        wire::ErrorBody {
+            error: wire::ErrorDetail {
+                message: error.message.clone(),
+                kind: error.code.kind(),
+                code: error.code.code(),
+            },
+        }
     }
 }
 
 type Error = super::Error<Harness>;
-use super::auth::Auth;
+use super::caller::{Auth, CallerSession};
 type Json<T> = super::body::JsonBody<T, Harness>;
 type Query<T> = super::body::Query<T, Harness>;
 
@@ -77,12 +82,13 @@ fn limit(asked: Option<usize>, default: usize, max: usize) -> Result<usize, ApiE
 
 /// A page: `pagination.limit` always (the SDK needs it), `next_page_token` only when more
 /// exists.
-fn page(data: Vec<Value>, limit: usize, next: Option<String>) -> HttpResponse {
-    let mut pagination = json!({"limit": limit});
-    if let Some(next) = next {
-        pagination["next_page_token"] = json!(next);
-    }
-    HttpResponse::Ok().json(json!({"data": data, "pagination": pagination}))
+fn page<T: serde::Serialize + utoipa::ToSchema>(data: Vec<T>, limit: usize, next: Option<String>) -> HttpResponse {
+    HttpResponse::Ok().json(wire::Page { data, pagination: wire::Pagination { limit, next_page_token: next } })
+}
+
+/// `{"data": ...}`.
+fn data<T: serde::Serialize + utoipa::ToSchema>(data: T) -> HttpResponse {
+    HttpResponse::Ok().json(wire::Data { data })
 }
 
 /// A page token that does not parse.

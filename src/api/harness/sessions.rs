@@ -1,11 +1,11 @@
 //! Sessions: create, list, get and cancel, and a session's events across its turns.
 
-use actix_web::{get, post, web, HttpResponse};
-use serde_json::{json, Value};
+use actix_web::{get, post, HttpResponse};
 
+use super::event::TurnEvent;
 use super::turns::{folded, previous};
-use super::wire::{self, CreateSession, ListSessionEvents, ListSessions};
-use super::{bad_token, limit, page, Auth, Error, Harness, Json, Query};
+use super::wire::{self, CreateSession, ListSessionEvents, ListSessions, SessionEvent};
+use super::{bad_token, data, limit, page, Auth, CallerSession, Error, Harness, Json, Query};
 use crate::api::body::{newest_first, utc_time};
 use crate::api::State;
 use crate::domain::event::{AgentSpec, SessionSpec};
@@ -19,7 +19,7 @@ use crate::session::{Caller, Input, ListFilter, Submission, TimeBounds, TurnQuer
     tag = "harness",
     operation_id = "harness_sessions_create",
     request_body(content = CreateSession, example = json!({"agent_name": "default"})),
-    responses((status = 200, description = "The session", body = Object)),
+    responses((status = 200, description = "The session", body = wire::Data<wire::Session>)),
 )]
 #[post("")]
 pub async fn create(
@@ -37,7 +37,7 @@ pub async fn create(
     let spec = SessionSpec { agent, title, ..SessionSpec::default() };
     let summary = state.sessions.create(&caller, spec).await?;
     tracing::info!(session_id = %summary.id, agent = %summary.spec.agent.name, "session created");
-    Ok(HttpResponse::Ok().json(json!({"data": wire::session(&summary)})))
+    Ok(data(wire::session(&summary)))
 }
 
 /// An agent the caller may see: a configured agent by name, or a catalog agent by id.
@@ -52,7 +52,7 @@ fn known_agent(state: &State, caller: &Caller, name: &str) -> Result<(), ApiErro
     tag = "harness",
     operation_id = "harness_sessions_list",
     params(ListSessions),
-    responses((status = 200, description = "`{data, pagination}`", body = Object)),
+    responses((status = 200, description = "`{data, pagination}`", body = wire::Page<wire::Session>)),
 )]
 #[get("")]
 pub async fn list(
@@ -82,19 +82,18 @@ pub async fn list(
     };
     let found = state.sessions.list(&caller, &filter).await?;
     let next = found.has_more.then(|| found.items.last().map(|s| s.id.to_string())).flatten();
-    Ok(page(found.items.iter().map(wire::session).collect(), limit, next))
+    Ok(page(found.items.iter().map(wire::session).collect::<Vec<_>>(), limit, next))
 }
 
 #[utoipa::path(
     tag = "harness",
     operation_id = "harness_sessions_get",
     params(("session_id" = String, Path, description = "The session's id")),
-    responses((status = 200, description = "The session", body = Object)),
+    responses((status = 200, description = "The session", body = wire::Data<wire::Session>)),
 )]
 #[get("/{session_id}")]
-pub async fn get(state: State, Auth(caller, _): Auth<Harness>, path: web::Path<String>) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
-    Ok(HttpResponse::Ok().json(json!({"data": wire::session(&summary)})))
+pub async fn get(CallerSession { summary, .. }: CallerSession<Harness>) -> Result<HttpResponse, Error> {
+    Ok(data(wire::session(&summary)))
 }
 
 /// Cancels the running turn, answering once its end is recorded, so that a new turn may
@@ -104,21 +103,19 @@ pub async fn get(state: State, Auth(caller, _): Auth<Harness>, path: web::Path<S
     tag = "harness",
     operation_id = "harness_sessions_cancel",
     params(("session_id" = String, Path, description = "The session's id")),
-    responses((status = 200, description = "The session", body = Object)),
+    responses((status = 200, description = "`{}`, once the turn's end is recorded", body = wire::Cancelled)),
 )]
 #[post("/{session_id}/cancel")]
 pub async fn cancel(
     state: State,
-    Auth(caller, _): Auth<Harness>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Harness>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let submission = Submission { inputs: vec![Input::Cancel], ..Submission::default() };
     let cancelled = state.sessions.submit(&summary, submission).await?;
     if !cancelled.events.is_empty() {
         tracing::info!(session_id = %summary.id, "turn cancelled");
     }
-    Ok(HttpResponse::Ok().json(json!({})))
+    Ok(HttpResponse::Ok().json(wire::Cancelled {}))
 }
 
 /// The session's events, newest first, across its turns: each turn's `turn.created`, what
@@ -129,16 +126,14 @@ pub async fn cancel(
     tag = "harness",
     operation_id = "harness_sessions_events",
     params(("session_id" = String, Path, description = "The session's id"), ListSessionEvents),
-    responses((status = 200, description = "`{data, pagination}`", body = Object)),
+    responses((status = 200, description = "`{data, pagination}`", body = wire::Page<SessionEvent>)),
 )]
 #[get("/{session_id}/events")]
 pub async fn events(
     state: State,
-    Auth(caller, _): Auth<Harness>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Harness>,
     query: Query<ListSessionEvents>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     let limit = limit(query.limit, 100, 100)?;
     let sessions = &state.sessions;
@@ -149,7 +144,7 @@ pub async fn events(
                 .split_once(':')
                 .and_then(|(turn, id)| Some((turn.parse::<TurnId>().ok()?, id.parse::<u64>().ok()?)))
                 .ok_or_else(|| bad_token(token))?;
-            let turn = sessions.turn(&summary, &turn.to_string()).await.map_err(|_| bad_token(token))?;
+            let turn = sessions.turn(&summary, &turn.to_string()).await?;
             (Some(turn), Some(id))
         }
         (None, Some(last)) => (Some(skip_running(&state, &summary, sessions.turn(&summary, last).await?).await?), None),
@@ -161,7 +156,7 @@ pub async fn events(
             }
         }
     };
-    let mut items: Vec<(TurnId, u64, Value)> = Vec::new();
+    let mut items: Vec<(TurnId, u64, TurnEvent)> = Vec::new();
     while let Some(current) = turn.filter(|t| t.stop.is_some()) {
         let previous = previous(&state, &summary, current.id).await?;
         let (_, all) = folded(&state, &summary, &current, previous).await?;
@@ -180,8 +175,8 @@ pub async fn events(
     let more = items.len() > limit;
     items.truncate(limit);
     let next = more.then(|| items.last().map(|(turn, id, _)| format!("{turn}:{id}"))).flatten();
-    let data = items.into_iter().map(|(turn, _, event)| json!({"turn_id": turn.to_string(), "event": event})).collect();
-    Ok(page(data, limit, next))
+    let events = items.into_iter().map(|(turn, _, event)| SessionEvent { turn_id: turn.to_string(), event }).collect();
+    Ok(page::<SessionEvent>(events, limit, next))
 }
 
 /// The turn itself once it has ended; its previous one while it runs.

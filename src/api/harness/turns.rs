@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use bytes::BytesMut;
-use serde_json::{json, Value};
 
+use super::event::{Turn, TurnEvent};
 use super::fold::{Item, TurnFold};
 use super::wire::{self, CreateTurn, ListTurnEvents, ListTurns, Subscribe};
-use super::{bad_token, limit, page, Auth, Error, Harness, Json, Query};
+use super::{bad_token, data, limit, page, CallerSession, Error, Harness, Json, Query};
 use crate::api::body::{newest_first, parse_json, RawBody};
 use crate::api::sse::{self, Flow, Follow};
 use crate::api::State;
@@ -26,16 +26,14 @@ use crate::session::{Cursor, EventQuery, Follower, SessionError, Submission, Tur
     operation_id = "harness_turns_create",
     params(("session_id" = String, Path, description = "The session's id")),
     request_body(content = CreateTurn, example = json!({"input": [{"type": "user.message", "content": [{"type": "text", "text": "hello"}]}], "stream": false})),
-    responses((status = 200, description = "The turn as SSE (`stream: true`), or the running turn", content((Object = "application/json"), (String = "text/event-stream")))),
+    responses((status = 200, description = "The turn as SSE (`stream: true`; each frame's `data` a `HarnessTurnEvent`, its `id:` the sequence number), or the running turn", content((wire::Data<Turn> = "application/json"), (String = "text/event-stream")))),
 )]
 #[post("/{session_id}/turns")]
 pub async fn create(
     state: State,
-    Auth(caller, _): Auth<Harness>,
-    path: web::Path<String>,
+    CallerSession { caller, summary, .. }: CallerSession<Harness>,
     body: Json<CreateTurn>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let CreateTurn { input, previous_turn_id, stream } = body.0;
     let inputs = wire::inputs(input)?;
     let follows = wire::follows(previous_turn_id.as_deref())?;
@@ -61,7 +59,7 @@ pub async fn create(
             for event in &submitted.events {
                 fold.push(event);
             }
-            Ok(HttpResponse::Ok().json(json!({"data": fold.turn()})))
+            Ok(data(fold.turn()))
         }
     }
 }
@@ -71,20 +69,22 @@ pub async fn create(
     tag = "harness",
     operation_id = "harness_turns_list",
     params(("session_id" = String, Path, description = "The session's id"), ListTurns),
-    responses((status = 200, description = "`{data, pagination}`", body = Object)),
+    responses((status = 200, description = "`{data, pagination}`", body = wire::Page<Turn>)),
 )]
 #[get("/{session_id}/turns")]
 pub async fn list(
     state: State,
-    Auth(caller, _): Auth<Harness>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Harness>,
     query: Query<ListTurns>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     let limit = limit(query.limit, 10, 100)?;
     let before = match &query.page_token {
-        Some(token) => Some(state.sessions.turn(&summary, token).await.map_err(|_| bad_token(token))?.id),
+        // A token that is no turn's id is a bad one; a turn that is not there, not found.
+        Some(token) => {
+            let id = token.parse::<TurnId>().map_err(|_| bad_token(token))?;
+            Some(state.sessions.turn(&summary, &id.to_string()).await?.id)
+        }
         None => None,
     };
     // One more than the page: the turn before the page's last is that one's previous turn.
@@ -103,20 +103,19 @@ pub async fn list(
     tag = "harness",
     operation_id = "harness_turns_get",
     params(("session_id" = String, Path, description = "The session's id"), ("turn_id" = String, Path, description = "The turn's id")),
-    responses((status = 200, description = "The turn", body = Object)),
+    responses((status = 200, description = "The turn", body = wire::Data<Turn>)),
 )]
 #[get("/{session_id}/turns/{turn_id}")]
 pub async fn get(
     state: State,
-    Auth(caller, _): Auth<Harness>,
+    CallerSession { summary, .. }: CallerSession<Harness>,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, Error> {
-    let (session, turn) = path.into_inner();
-    let summary = state.sessions.get(&caller, &session).await?;
+    let (_, turn) = path.into_inner();
     let turn = state.sessions.turn(&summary, &turn).await?;
     let previous = previous(&state, &summary, turn.id).await?;
     let (fold, _) = folded(&state, &summary, &turn, previous).await?;
-    Ok(HttpResponse::Ok().json(json!({"data": fold.turn()})))
+    Ok(data(fold.turn()))
 }
 
 /// The turn's stream from its start, or after a sequence number: `Last-Event-Id` if sent,
@@ -132,13 +131,12 @@ pub async fn get(
 #[post("/{session_id}/turns/{turn_id}/subscribe")]
 pub async fn subscribe(
     state: State,
-    Auth(caller, _): Auth<Harness>,
+    CallerSession { caller, summary, .. }: CallerSession<Harness>,
     path: web::Path<(String, String)>,
     request: HttpRequest,
     RawBody(body, _): RawBody<Harness>,
 ) -> Result<HttpResponse, Error> {
-    let (session, turn) = path.into_inner();
-    let summary = state.sessions.get(&caller, &session).await?;
+    let (_, turn) = path.into_inner();
     let turn = state.sessions.turn(&summary, &turn).await?;
     let asked: Subscribe = if body.is_empty() { Subscribe::default() } else { parse_json(&body)? };
     let header = request.headers().get("last-event-id").map(|v| {
@@ -187,17 +185,16 @@ async fn known_number(state: &State, summary: &SessionSummary, turn: &TurnSummar
     tag = "harness",
     operation_id = "harness_turns_events",
     params(("session_id" = String, Path, description = "The session's id"), ("turn_id" = String, Path, description = "The turn's id"), ListTurnEvents),
-    responses((status = 200, description = "`{data, pagination}`", body = Object)),
+    responses((status = 200, description = "`{data, pagination}`", body = wire::Page<TurnEvent>)),
 )]
 #[get("/{session_id}/turns/{turn_id}/events")]
 pub async fn events(
     state: State,
-    Auth(caller, _): Auth<Harness>,
+    CallerSession { summary, .. }: CallerSession<Harness>,
     path: web::Path<(String, String)>,
     query: Query<ListTurnEvents>,
 ) -> Result<HttpResponse, Error> {
-    let (session, turn) = path.into_inner();
-    let summary = state.sessions.get(&caller, &session).await?;
+    let (_, turn) = path.into_inner();
     let turn = state.sessions.turn(&summary, &turn).await?;
     let query = query.0;
     let limit = limit(query.limit, 25, 25)?;
@@ -225,7 +222,7 @@ pub async fn events(
     let more = listed.len() > limit;
     listed.truncate(limit);
     let next = more.then(|| listed.last().map(|i| i.id.to_string())).flatten();
-    Ok(page(listed.into_iter().map(|i| i.event).collect(), limit, next))
+    Ok(page(listed.into_iter().map(|i| i.event).collect::<Vec<_>>(), limit, next))
 }
 
 /// The turn before `turn`: the one it follows.
@@ -307,11 +304,10 @@ fn respond(
             }
         },
     );
-    crate::api::native::sse_response().streaming(body)
+    sse::response().streaming(body)
 }
 
 fn frame(out: &mut BytesMut, item: &Item) {
-    let kind = item.event.get("type").and_then(Value::as_str).unwrap_or("message");
     let data = serde_json::to_vec(&item.event).expect("events serialise");
-    sse::frame(out, Some(&item.id.to_string()), kind, &data);
+    sse::frame(out, Some(&item.id.to_string()), item.event.kind(), &data);
 }

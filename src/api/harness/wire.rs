@@ -1,11 +1,11 @@
 //! The harness's request shapes, as `truefoundry-gateway-sdk` sends them, and the input of a
 //! turn read into the session layer's [`Input`].
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use utoipa::{IntoParams, ToSchema};
 
-use super::fold::{subject, THREAD};
+use super::event::{Subject, TurnEvent, THREAD};
 use crate::domain::{Block, TurnId};
 use crate::error::ApiError;
 use crate::projection::SessionSummary;
@@ -16,6 +16,8 @@ use crate::session::{Follows, Input};
 #[schema(as = HarnessCreateSession)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
+    /// A configured agent's name, or a catalog agent's id (one that is not there is not
+    /// found: 404).
     pub agent_name: String,
     #[serde(default)]
     pub title: Option<String>,
@@ -35,13 +37,14 @@ pub struct ListSessions {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTurn {
-    /// Input items: messages, tool results, approvals.
+    /// One user message, or an approval or a response for each call the last turn waits
+    /// for.
     #[serde(default)]
-    #[schema(value_type = Option<Vec<Object>>)]
+    #[schema(schema_with = input_schema, required = true)]
     pub input: Option<Vec<Value>>,
     /// `auto` (the last turn), `none`, or a turn id.
     #[serde(default)]
-    #[schema(pattern = "^(auto|none|turn_[0-9A-HJKMNP-TV-Z]{26})$")]
+    #[schema(pattern = "^(auto|none|turn_[0-7][0-9A-HJKMNP-TV-Z]{25})$")]
     pub previous_turn_id: Option<String>,
     #[serde(default = "streamed")]
     pub stream: bool,
@@ -51,10 +54,55 @@ fn streamed() -> bool {
     true
 }
 
+/// `input` as [`inputs`] reads it.
+fn input_schema() -> utoipa::openapi::schema::Schema {
+    let string = json!({"type": "string"});
+    let item = |kind: &str, required: &[&str], mut properties: Value| {
+        properties["type"] = json!({"type": "string", "enum": [kind]});
+        let mut all = vec!["type"];
+        all.extend(required);
+        json!({"type": "object", "required": all, "properties": properties, "additionalProperties": false})
+    };
+    let base64 = "(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?";
+    let parts = json!({"type": "array", "minItems": 1, "items": {"oneOf": [
+        item("text", &["text"], json!({"text": string})),
+        item("file", &["name", "data"], json!({
+            "name": string,
+            "data": {"type": "string", "pattern": format!("^data:[^,]*/[^,]*;base64,{base64}$")},
+        })),
+    ]}});
+    let thread = json!({"type": "string", "enum": [THREAD]});
+    let message = item("user.message", &["content"], json!({"content": {"anyOf": [string, parts]}}));
+    let approval = item(
+        "user.tool_approval",
+        &["thread_id", "tool_call_id", "approval"],
+        json!({
+            "thread_id": thread, "tool_call_id": string,
+            "approval": {"oneOf": [
+                {"type": "object", "required": ["status"], "additionalProperties": false,
+                 "properties": {"status": {"type": "string", "enum": ["allow"]}}},
+                {"type": "object", "required": ["status"], "additionalProperties": false,
+                 "properties": {"status": {"type": "string", "enum": ["deny"]}, "reason": {"type": ["string", "null"]}}},
+            ]},
+        }),
+    );
+    let response = item(
+        "user.tool_response",
+        &["thread_id", "tool_call_id", "content"],
+        json!({
+            "thread_id": thread, "tool_call_id": string, "content": string,
+        }),
+    );
+    crate::api::schema::schema(json!({"oneOf": [
+        {"type": "array", "minItems": 1, "maxItems": 1, "items": message},
+        {"type": "array", "minItems": 1, "items": {"oneOf": [approval, response]}},
+    ]}))
+}
+
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Subscribe {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::integer")]
     pub after_sequence_number: Option<u64>,
 }
 
@@ -82,20 +130,73 @@ pub struct ListSessionEvents {
 }
 
 /// A session as the SDK's `Session` model has it.
-pub fn session(summary: &SessionSummary) -> Value {
-    let mut session = json!({
-        "type": "session",
-        "id": summary.id.to_string(),
-        "agent_name": summary.spec.agent.name,
-        "created_by_subject": subject(&summary.created_by),
-        "created_at": summary.created_at,
-        "updated_at": summary.updated_at,
-    });
-    if let Some(title) = &summary.spec.title {
-        session["title"] = json!(title);
-    }
-    session
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = HarnessSession)]
+pub struct Session {
+    #[serde(rename = "type")]
+    pub kind: SessionTag,
+    pub id: String,
+    pub agent_name: String,
+    pub created_by_subject: Subject,
+    pub created_at: String,
+    pub updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
 }
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[schema(as = HarnessSessionTag)]
+pub enum SessionTag {
+    #[serde(rename = "session")]
+    Session,
+}
+
+/// A session as the SDK's `Session` model has it.
+pub fn session(summary: &SessionSummary) -> Session {
+    Session {
+        kind: SessionTag::Session,
+        id: summary.id.to_string(),
+        agent_name: summary.spec.agent.name.clone(),
+        created_by_subject: Subject::named(&summary.created_by),
+        created_at: summary.created_at.clone(),
+        updated_at: summary.updated_at.clone(),
+        title: summary.spec.title.clone(),
+    }
+}
+
+/// `{"data": ...}`: how the harness answers with one object.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = HarnessData)]
+pub struct Data<T: ToSchema> {
+    pub data: T,
+}
+
+/// A page: `pagination.limit` always (the SDK needs it), `next_page_token` only when more
+/// exists.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = HarnessPage)]
+pub struct Page<T: ToSchema> {
+    pub data: Vec<T>,
+    pub pagination: Pagination,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Pagination {
+    pub limit: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_page_token: Option<String>,
+}
+
+/// An event of the session's list: the turn it belongs to, and the event.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionEvent {
+    pub turn_id: String,
+    pub event: TurnEvent,
+}
+
+/// What a cancel answers: `{}`.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct Cancelled {}
 
 /// The turn a new one follows: `auto` (the default), `none` (the session has no turn yet),
 /// or a turn id.
@@ -149,6 +250,14 @@ pub fn inputs(items: Option<Vec<Value>>) -> Result<Vec<Input>, ApiError> {
 
 fn input(i: usize, item: Value) -> Result<Input, ApiError> {
     let field = |path: &str| if path == "." { format!("input[{i}]") } else { format!("input[{i}].{path}") };
+    // serde reads a tag from a number too (the variant's index): `type` and `status` are names.
+    for (tag, at) in
+        [(item.get("type"), "type"), (item.get("approval").and_then(|a| a.get("status")), "approval.status")]
+    {
+        if tag.is_some_and(|tag| !tag.is_string()) {
+            return Err(ApiError::invalid(format!("invalid field `{}`: a string is required", field(at))));
+        }
+    }
     let item: Item = serde_path_to_error::deserialize(item).map_err(|error| {
         let path = error.path().to_string();
         ApiError::invalid(format!("invalid field `{}`: {}", field(&path), error.into_inner()))
@@ -231,4 +340,21 @@ fn data_uri(data: &str) -> Result<(), String> {
         return Err("the payload is not base64".to_string());
     }
     Ok(())
+}
+
+/// The harness's error body: `{"error":{"message","type","code"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = HarnessError)]
+pub struct ErrorBody {
+    #[schema(inline)]
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = HarnessErrorDetail)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub code: &'static str,
 }

@@ -56,7 +56,7 @@ pub struct AgentBody {
     execution_identity: Option<Value>,
     #[serde(default)]
     multiagent: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::integer")]
     version: Option<u32>,
 }
 
@@ -91,43 +91,48 @@ fn agent_tools(tools: Vec<Value>) -> Result<(Vec<ClientTool>, Vec<McpToolset>), 
     Ok((custom, toolsets))
 }
 
+/// An `mcp_toolset` as sent.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Toolset {
+    #[serde(rename = "type")]
+    _kind: String,
+    mcp_server_name: String,
+    #[serde(default)]
+    default_config: Option<Config>,
+    #[serde(default)]
+    configs: Vec<ToolConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    permission_policy: Option<Policy>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolConfig {
+    name: String,
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    permission_policy: Option<Policy>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Policy {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
 /// `{"type": "mcp_toolset", "mcp_server_name", "default_config"?, "configs"?}`: every tool of
 /// the server, enabled and `always_ask` unless the defaults or a tool's config say otherwise.
 fn toolset(at: &str, tool: Value) -> Result<McpToolset, ApiError> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Toolset {
-        #[serde(rename = "type")]
-        _kind: String,
-        mcp_server_name: String,
-        #[serde(default)]
-        default_config: Option<Config>,
-        #[serde(default)]
-        configs: Vec<ToolConfig>,
-    }
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Config {
-        #[serde(default)]
-        enabled: Option<bool>,
-        #[serde(default)]
-        permission_policy: Option<Policy>,
-    }
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct ToolConfig {
-        name: String,
-        #[serde(default)]
-        enabled: Option<bool>,
-        #[serde(default)]
-        permission_policy: Option<Policy>,
-    }
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Policy {
-        #[serde(rename = "type")]
-        kind: String,
-    }
     let policy = |field: String, policy: Option<Policy>| -> Result<Option<Permission>, ApiError> {
         match policy.map(|p| p.kind).as_deref() {
             None => Ok(None),
@@ -200,8 +205,8 @@ fn model(model: Value) -> Result<String, ApiError> {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_agents_create",
-    request_body(content = Object, description = "`{name, model, system?, tools?, mcp_servers?, metadata?}`", example = json!({"name": "helper", "model": "scripted"})),
-    responses((status = 200, description = "The agent", body = Object)),
+    request_body(content = super::request::CreateAgent, description = "`{name, model, system?, tools?, mcp_servers?, metadata?}`", example = json!({"name": "helper", "model": "scripted"})),
+    responses((status = 200, description = "The agent", body = wire::Agent)),
 )]
 #[post("/agents")]
 async fn create_agent(
@@ -233,8 +238,8 @@ async fn create_agent(
     tag = "managed",
     operation_id = "managed_agents_update",
     params(("agent_id" = String, Path, description = "The agent's id")),
-    request_body(content = Object, description = "`{version, ...changes}`", example = json!({"version": 1, "description": "changed"})),
-    responses((status = 200, description = "The agent's new version", body = Object)),
+    request_body(content = super::request::ChangeAgent, description = "`{version, ...changes}`", example = json!({"version": 1, "description": "changed"})),
+    responses((status = 200, description = "The agent's new version", body = wire::Agent)),
 )]
 #[post("/agents/{agent_id}")]
 async fn update_agent(
@@ -274,7 +279,7 @@ pub struct VersionQuery {
     tag = "managed",
     operation_id = "managed_agents_retrieve",
     params(("agent_id" = String, Path, description = "The agent's id"), ("version" = Option<u32>, Query)),
-    responses((status = 200, description = "The agent", body = Object)),
+    responses((status = 200, description = "The agent", body = wire::Agent)),
 )]
 #[get("/agents/{agent_id}")]
 async fn retrieve_agent(
@@ -292,7 +297,7 @@ async fn retrieve_agent(
     tag = "managed",
     operation_id = "managed_agents_archive",
     params(("agent_id" = String, Path, description = "The agent's id")),
-    responses((status = 200, description = "The agent, archived", body = Object)),
+    responses((status = 200, description = "The agent, archived", body = wire::Agent)),
 )]
 #[post("/agents/{agent_id}/archive")]
 async fn archive_agent(
@@ -324,7 +329,11 @@ impl CatalogQuery {
 }
 
 /// A catalog page: the next page starts after its last item.
-fn catalog_page<T>(found: Page<T>, render: impl Fn(&T) -> Value, id: impl Fn(&T) -> String) -> HttpResponse {
+fn catalog_page<T, W: serde::Serialize + utoipa::ToSchema>(
+    found: Page<T>,
+    render: impl Fn(&T) -> W,
+    id: impl Fn(&T) -> String,
+) -> HttpResponse {
     let next = found.has_more.then(|| found.items.last().map(&id)).flatten();
     page(found.items.iter().map(render).collect(), next)
 }
@@ -333,7 +342,7 @@ fn catalog_page<T>(found: Page<T>, render: impl Fn(&T) -> Value, id: impl Fn(&T)
     tag = "managed",
     operation_id = "managed_agents_list",
     params(("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page"), ("include_archived" = Option<bool>, Query), ("created_at[gt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[gte]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lte]" = Option<String>, Query, description = "RFC 3339")),
-    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = wire::Page<wire::Agent>)),
 )]
 #[get("/agents")]
 async fn list_agents(
@@ -350,7 +359,7 @@ async fn list_agents(
     tag = "managed",
     operation_id = "managed_agents_versions",
     params(("agent_id" = String, Path, description = "The agent's id"), ("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page")),
-    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = wire::Page<wire::Agent>)),
 )]
 #[get("/agents/{agent_id}/versions")]
 async fn agent_versions(
@@ -402,8 +411,8 @@ fn scope(scope: &Option<String>) -> Result<(), ApiError> {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_environments_create",
-    request_body(content = Object, description = "`{name, config?}`", example = json!({"name": "env"})),
-    responses((status = 200, description = "The environment", body = Object)),
+    request_body(content = super::request::CreateEnvironment, description = "`{name, config?}`", example = json!({"name": "env"})),
+    responses((status = 200, description = "The environment", body = wire::Environment)),
 )]
 #[post("/environments")]
 async fn create_environment(
@@ -430,8 +439,8 @@ async fn create_environment(
     tag = "managed",
     operation_id = "managed_environments_update",
     params(("environment_id" = String, Path, description = "The environment's id")),
-    request_body(content = Object, description = "`{name?, config?}`", example = json!({"name": "renamed"})),
-    responses((status = 200, description = "The environment", body = Object)),
+    request_body(content = super::request::ChangeEnvironment, description = "`{name?, config?}`", example = json!({"name": "renamed"})),
+    responses((status = 200, description = "The environment", body = wire::Environment)),
 )]
 #[post("/environments/{environment_id}")]
 async fn update_environment(
@@ -459,7 +468,7 @@ async fn update_environment(
     tag = "managed",
     operation_id = "managed_environments_retrieve",
     params(("environment_id" = String, Path, description = "The environment's id")),
-    responses((status = 200, description = "The environment", body = Object)),
+    responses((status = 200, description = "The environment", body = wire::Environment)),
 )]
 #[get("/environments/{environment_id}")]
 async fn retrieve_environment(
@@ -475,7 +484,7 @@ async fn retrieve_environment(
     tag = "managed",
     operation_id = "managed_environments_archive",
     params(("environment_id" = String, Path, description = "The environment's id")),
-    responses((status = 200, description = "The environment, archived", body = Object)),
+    responses((status = 200, description = "The environment, archived", body = wire::Environment)),
 )]
 #[post("/environments/{environment_id}/archive")]
 async fn archive_environment(
@@ -491,7 +500,7 @@ async fn archive_environment(
     tag = "managed",
     operation_id = "managed_environments_delete",
     params(("environment_id" = String, Path, description = "The environment's id")),
-    responses((status = 200, description = "`{type: environment_deleted, id}`", body = Object)),
+    responses((status = 200, description = "`{type: environment_deleted, id}`", body = wire::EnvironmentDeleted)),
 )]
 #[delete("/environments/{environment_id}")]
 async fn delete_environment(
@@ -500,14 +509,15 @@ async fn delete_environment(
     path: web::Path<String>,
 ) -> Result<HttpResponse, Error> {
     state.catalog.delete_environment(&caller, &path).await?;
-    Ok(HttpResponse::Ok().json(json!({"type": "environment_deleted", "id": path.as_str()})))
+    let id = path.into_inner();
+    Ok(HttpResponse::Ok().json(wire::EnvironmentDeleted { kind: wire::EnvironmentDeletedTag::Tag, id }))
 }
 
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_environments_list",
     params(("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page"), ("include_archived" = Option<bool>, Query), ("created_at[gt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[gte]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lte]" = Option<String>, Query, description = "RFC 3339")),
-    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = wire::Page<wire::Environment>)),
 )]
 #[get("/environments")]
 async fn list_environments(

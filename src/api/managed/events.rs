@@ -6,13 +6,14 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use actix_web::{get, post, web, HttpRequest, HttpResponse};
+use actix_web::{get, post, HttpRequest, HttpResponse};
 use bytes::BytesMut;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::event::{self, Event, Frame, Preview};
 use super::wire::{self, TimeQuery};
-use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
+use super::{limit, page, time_bounds, CallerSession, Error, Json, Managed, Query};
 use crate::api::sse::{self, Flow, Follow};
 use crate::api::State;
 use crate::domain::event::Confirmation;
@@ -31,17 +32,15 @@ pub struct SendEvents {
     tag = "managed",
     operation_id = "managed_events_send",
     params(("session_id" = String, Path, description = "The session's id")),
-    request_body(content = Object, description = "`{events: [user events]}`", example = json!({"events": [{"type": "user.define_outcome", "description": "done", "rubric": {"type": "text", "content": "done"}}]})),
-    responses((status = 200, description = "`{data: [events as sent]}`", body = Object)),
+    request_body(content = super::request::SendEvents, description = "`{events: [user events]}`", example = json!({"events": [{"type": "user.define_outcome", "description": "done", "rubric": {"type": "text", "content": "done"}}]})),
+    responses((status = 200, description = "`{data: [events as sent]}`", body = event::Sent)),
 )]
 #[post("/sessions/{session_id}/events")]
 pub async fn send(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Managed>,
     body: Json<SendEvents>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let events = body.0.events;
     if events.is_empty() {
         return Err(ApiError::invalid("invalid field `events`: at least one event is needed").into());
@@ -51,13 +50,12 @@ pub async fn send(
     let inputs = inputs("events", events, &allowed)?;
     let submission = Submission { inputs, when_busy: WhenBusy::Queue, ..Submission::default() };
     let submitted = state.sessions.submit(&summary, submission).await?;
-    let echoed: Vec<Value> =
-        submitted.events.iter().filter(|e| e.kind().starts_with("user.")).filter_map(render).collect();
-    Ok(HttpResponse::Ok().json(json!({"data": echoed})))
+    let data = submitted.events.iter().filter(|e| e.kind().starts_with("user.")).filter_map(render).collect();
+    Ok(HttpResponse::Ok().json(event::Sent { data }))
 }
 
-fn render(raw: &RawEvent) -> Option<Value> {
-    wire::event(&raw.decode().ok()?)
+fn render(raw: &RawEvent) -> Option<Event> {
+    event::event(&raw.decode().ok()?)
 }
 
 /// The SDK's user events as input for the session, each checked strictly (`field[i]`
@@ -71,7 +69,7 @@ pub(super) fn inputs(field: &str, events: Vec<Value>, allowed: &[&str]) -> Resul
 struct Message {
     #[serde(rename = "type")]
     _kind: String,
-    #[serde(deserialize_with = "crate::api::native::wire::content")]
+    #[serde(deserialize_with = "crate::api::content::blocks")]
     content: Vec<Block>,
 }
 
@@ -103,7 +101,7 @@ struct CustomToolResult {
     #[serde(rename = "type")]
     _kind: String,
     custom_tool_use_id: String,
-    #[serde(default, deserialize_with = "crate::api::native::wire::content")]
+    #[serde(default, deserialize_with = "crate::api::content::blocks")]
     content: Vec<Block>,
     #[serde(default)]
     is_error: Option<bool>,
@@ -118,19 +116,12 @@ struct DefineOutcome {
     _kind: String,
     description: String,
     rubric: Value,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::integer")]
     max_iterations: Option<u32>,
 }
 
 fn input(at: &str, event: Value, allowed: &[&str]) -> Result<Input, ApiError> {
     let kind = event.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
-    let invalid = |e: serde_json::Error| ApiError::invalid(format!("invalid field `{at}`: {e}"));
-    let thread = |thread: &Option<String>| match thread {
-        Some(thread) => Err(ApiError::invalid(format!(
-            "invalid field `{at}.session_thread_id`: {thread:?} is not a thread of this session (it has one)"
-        ))),
-        None => Ok(()),
-    };
     if !allowed.contains(&kind.as_str()) {
         let why = match kind.as_str() {
             "user.tool_result" => {
@@ -144,6 +135,18 @@ fn input(at: &str, event: Value, allowed: &[&str]) -> Result<Input, ApiError> {
             allowed.join(", ")
         )));
     }
+    read(at, &kind, event)
+}
+
+/// A user event of type `kind`, read by its type's fields.
+fn read(at: &str, kind: &str, event: Value) -> Result<Input, ApiError> {
+    let invalid = |e: serde_json::Error| ApiError::invalid(format!("invalid field `{at}`: {e}"));
+    let thread = |thread: &Option<String>| match thread {
+        Some(thread) => Err(ApiError::invalid(format!(
+            "invalid field `{at}.session_thread_id`: {thread:?} is not a thread of this session (it has one)"
+        ))),
+        None => Ok(()),
+    };
     let blocks = |content: &[Block], search_results: bool| {
         let problem = content.iter().enumerate().find_map(|(j, b)| Some((j, wire::block_problem(b, search_results)?)));
         match problem {
@@ -151,7 +154,7 @@ fn input(at: &str, event: Value, allowed: &[&str]) -> Result<Input, ApiError> {
             None => Ok(()),
         }
     };
-    Ok(match kind.as_str() {
+    Ok(match kind {
         "user.message" => {
             let content = serde_json::from_value::<Message>(event).map_err(invalid)?.content;
             blocks(&content, false)?;
@@ -211,22 +214,20 @@ pub struct ListQuery {
     tag = "managed",
     operation_id = "managed_events_list",
     params(("session_id" = String, Path, description = "The session's id"), ("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("order" = Option<String>, Query, description = "`asc` or `desc`"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page"), ("types[]" = Option<Vec<String>>, Query), ("created_at[gt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[gte]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lte]" = Option<String>, Query, description = "RFC 3339")),
-    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = wire::Page<Event>)),
 )]
 #[get("/sessions/{session_id}/events")]
 pub async fn list(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Managed>,
     query: Query<ListQuery>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     let limit = limit(query.limit, 1000, state.settings.limits.max_page_size)?;
     let newest_first = crate::api::body::newest_first(query.order.as_deref(), false)?;
     let shown = |t: &str| query.types.is_empty() || query.types.iter().any(|asked| asked == t);
     let mut kinds: Vec<String> =
-        wire::TYPES.iter().filter(|t| shown(t)).map(|t| wire::log_kind(t).to_string()).collect();
+        event::TYPES.iter().filter(|t| shown(t)).map(|t| event::log_kind(t).to_string()).collect();
     kinds.sort();
     kinds.dedup();
     // Every part of the query is checked, even when the types asked for leave nothing to show.
@@ -234,13 +235,13 @@ pub async fn list(
     let (after, before) = if newest_first { (None, cursor) } else { (cursor, None) };
     let created = time_bounds("created_at", query.created_at.unwrap_or_default())?;
     if kinds.is_empty() {
-        return Ok(page(Vec::new(), None));
+        return Ok(page(Vec::<Event>::new(), None));
     }
     let events = EventQuery { after, before, limit, newest_first, kinds, created };
     let found = state.sessions.events(&summary, events).await?;
     let next = found.has_more.then(|| found.events.last().map(|e| e.id.to_string())).flatten();
     // A log type may render as two SDK types (a tool call, or an MCP server's): only those asked for.
-    let rendered = found.events.iter().filter_map(render).filter(|e| e["type"].as_str().is_some_and(shown));
+    let rendered = found.events.iter().filter_map(render).filter(|e| shown(e.kind()));
     Ok(page(rendered.collect(), next))
 }
 
@@ -255,17 +256,15 @@ pub struct StreamQuery {
     tag = "managed",
     operation_id = "managed_events_stream",
     params(("session_id" = String, Path, description = "The session's id"), ("event_deltas[]" = Option<Vec<String>>, Query), ("after_id" = Option<String>, Query), ("Last-Event-ID" = Option<String>, Header)),
-    responses((status = 200, description = "Events as SSE", body = String, content_type = "text/event-stream")),
+    responses((status = 200, description = "Events as SSE, each frame's `data` a `ManagedFrame`", body = String, content_type = "text/event-stream")),
 )]
 #[get("/sessions/{session_id}/events/stream")]
 pub async fn stream(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { caller, summary, .. }: CallerSession<Managed>,
     query: Query<StreamQuery>,
     req: HttpRequest,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     if let Some(other) = query.event_deltas.iter().find(|d| !matches!(d.as_str(), "agent.message" | "agent.thinking")) {
         let message = format!("invalid query `event_deltas`: {other:?} is not agent.message or agent.thinking");
@@ -292,7 +291,7 @@ pub async fn stream(
         },
         move |out, raw| previews.frame(out, raw),
     );
-    Ok(crate::api::native::sse_response().streaming(body))
+    Ok(sse::response().streaming(body))
 }
 
 /// The stream's frames: each event with `event:` (the SDK drops frames without one) and
@@ -313,26 +312,29 @@ impl Previews {
     fn frame(&mut self, out: &mut BytesMut, raw: &RawEvent) -> Flow {
         let Ok(event) = raw.decode() else { return Flow::Continue };
         let id = raw.id.to_string();
-        let mut write = |value: Value| {
-            let kind = value["type"].as_str().unwrap_or_default().to_string();
-            sse::frame(out, Some(&id), &kind, &serde_json::to_vec(&value).expect("serialises"));
+        let mut write = |frame: Frame| {
+            let kind = match &frame {
+                Frame::Event(event) => event.kind(),
+                Frame::Preview(preview) => preview.kind(),
+            };
+            sse::frame(out, Some(&id), kind, &serde_json::to_vec(&frame).expect("serialises"));
         };
         match &event.body {
             EventBody::AgentMessageDelta { message_id, delta } if self.text => {
                 if self.started.insert(message_id.clone()) {
-                    write(wire::event_start("agent.message", message_id));
+                    write(Frame::Preview(Preview::start("agent.message", message_id)));
                 }
-                write(wire::event_delta(message_id, delta));
+                write(Frame::Preview(Preview::delta(message_id, delta)));
             }
             // Thinking previews are announcements only, as Anthropic's are.
             EventBody::AgentThinkingDelta { message_id, .. } if self.thinking => {
                 if self.started.insert(message_id.clone()) {
-                    write(wire::event_start("agent.thinking", message_id));
+                    write(Frame::Preview(Preview::start("agent.thinking", message_id)));
                 }
             }
             _ => {
-                if let Some(value) = wire::event(&event) {
-                    write(value);
+                if let Some(event) = event::event(&event) {
+                    write(Frame::Event(event));
                 }
             }
         }

@@ -5,15 +5,16 @@
 //! and renders events and errors as the SDK's strict models want them.
 
 mod catalog;
+pub mod event;
 mod events;
+mod request;
 mod sessions;
 pub mod wire;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
-use serde_json::{json, Value};
 
-use super::error::{status, Render};
+use super::error::{ErrorTag, Render};
 use crate::error::ApiError;
 
 /// Anthropic's error shape: `{"type":"error","error":{"type","message"}}`. The SDK retries a
@@ -21,17 +22,27 @@ use crate::error::ApiError;
 pub struct Managed;
 
 impl Render for Managed {
+    type Body = wire::ErrorBody;
+
+    fn body(error: &ApiError) -> wire::ErrorBody {
+        wire::ErrorBody {
+            kind: ErrorTag::Error,
+            error: wire::ErrorDetail { kind: error.code.kind(), message: error.message.clone() },
+        }
+    }
+
     fn render(error: &ApiError) -> HttpResponse {
-        let mut response = HttpResponse::build(status(error.code));
-        if status(error.code) == StatusCode::CONFLICT {
+        let status = Self::status(error.code);
+        let mut response = HttpResponse::build(status);
+        if status == StatusCode::CONFLICT {
             response.insert_header(("x-should-retry", "false"));
         }
-        response.json(json!({"type": "error", "error": {"type": error.code.kind(), "message": error.message}}))
+        response.json(Self::body(error))
     }
 }
 
 type Error = super::Error<Managed>;
-use super::auth::Auth;
+use super::caller::{Auth, CallerSession};
 type Json<T> = super::body::JsonBody<T, Managed>;
 type Query<T> = super::body::Query<T, Managed>;
 
@@ -53,8 +64,8 @@ pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
 }
 
 /// A page as the SDK's cursor pages want it: `next_page` null at the end, or it loops.
-fn page(data: Vec<Value>, next: Option<String>) -> HttpResponse {
-    HttpResponse::Ok().json(json!({"data": data, "next_page": next, "prev_page": null}))
+fn page<T: serde::Serialize + utoipa::ToSchema>(data: Vec<T>, next: Option<String>) -> HttpResponse {
+    HttpResponse::Ok().json(wire::Page { data, next_page: next, prev_page: None })
 }
 
 /// `limit` as asked, within the server's page size (larger asks are cut, not refused: the

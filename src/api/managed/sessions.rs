@@ -4,11 +4,11 @@
 
 use actix_web::{delete, get, post, web, HttpResponse};
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::events::inputs;
 use super::wire::{self, TimeQuery};
-use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
+use super::{limit, page, time_bounds, Auth, CallerSession, Error, Json, Managed, Query};
 use crate::api::State;
 use crate::domain::event::{AgentSpec, ClientTool, SessionSpec};
 use crate::error::ApiError;
@@ -42,7 +42,7 @@ struct AgentRef {
     #[serde(rename = "type")]
     kind: String,
     id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::integer")]
     version: Option<u32>,
     #[serde(default)]
     tools: Option<Vec<Value>>,
@@ -59,8 +59,8 @@ struct AgentRef {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_sessions_create",
-    request_body(content = Object, description = "`{agent, environment_id, title?, metadata?, initial_events?}`", example = json!({"agent": "AGENT_ID", "environment_id": "ENVIRONMENT_ID"})),
-    responses((status = 200, description = "The session", body = Object)),
+    request_body(content = super::request::CreateSession, description = "`{agent, environment_id, title?, metadata?, initial_events?}`", example = json!({"agent": "AGENT_ID", "environment_id": "ENVIRONMENT_ID"})),
+    responses((status = 200, description = "The session", body = wire::Session)),
 )]
 #[post("/sessions")]
 pub async fn create(
@@ -191,7 +191,7 @@ pub(super) fn metadata_patch(patch: Option<Map<String, Value>>) -> Result<Map<St
 }
 
 /// The session as the SDK wants it, with its agent's full snapshot.
-pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<Value, Error> {
+pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<wire::Session, Error> {
     let agent = state.sessions.catalog().snapshot(&summary.spec.agent.name, summary.spec.agent.version);
     let activity = state.sessions.activity(summary).await?;
     Ok(wire::session(summary, agent.as_ref(), activity))
@@ -201,15 +201,13 @@ pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<Va
     tag = "managed",
     operation_id = "managed_sessions_retrieve",
     params(("session_id" = String, Path, description = "The session's id")),
-    responses((status = 200, description = "The session", body = Object)),
+    responses((status = 200, description = "The session", body = wire::Session)),
 )]
 #[get("/sessions/{session_id}")]
 pub async fn retrieve(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Managed>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(render(&state, &summary).await?))
 }
 
@@ -241,17 +239,15 @@ struct AgentUpdate {
     tag = "managed",
     operation_id = "managed_sessions_update",
     params(("session_id" = String, Path, description = "The session's id")),
-    request_body(content = Object, description = "`{title?, metadata?, agent?: {tools?, mcp_servers?}}`", example = json!({"title": "renamed"})),
-    responses((status = 200, description = "The session", body = Object)),
+    request_body(content = super::request::UpdateSession, description = "`{title?, metadata?, agent?: {tools?, mcp_servers?}}`", example = json!({"title": "renamed"})),
+    responses((status = 200, description = "The session", body = wire::Session)),
 )]
 #[post("/sessions/{session_id}")]
 pub async fn update(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Managed>,
     body: Json<UpdateSession>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let request = body.0;
     unsupported("budget", request.budget.is_some())?;
     unsupported("vault_ids", request.vault_ids.is_some())?;
@@ -272,15 +268,13 @@ pub async fn update(
     tag = "managed",
     operation_id = "managed_sessions_archive",
     params(("session_id" = String, Path, description = "The session's id")),
-    responses((status = 200, description = "The session, archived", body = Object)),
+    responses((status = 200, description = "The session, archived", body = wire::Session)),
 )]
 #[post("/sessions/{session_id}/archive")]
 pub async fn archive(
     state: State,
-    Auth(caller, _): Auth<Managed>,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession<Managed>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let summary = state.sessions.archive(&summary).await?;
     Ok(HttpResponse::Ok().json(render(&state, &summary).await?))
 }
@@ -289,7 +283,7 @@ pub async fn archive(
     tag = "managed",
     operation_id = "managed_sessions_delete",
     params(("session_id" = String, Path, description = "The session's id")),
-    responses((status = 200, description = "`{type: session_deleted, id}`", body = Object)),
+    responses((status = 200, description = "`{type: session_deleted, id}`", body = wire::SessionDeleted)),
 )]
 #[delete("/sessions/{session_id}")]
 pub async fn delete(
@@ -298,7 +292,8 @@ pub async fn delete(
     path: web::Path<String>,
 ) -> Result<HttpResponse, Error> {
     state.sessions.delete(&caller, &path).await?;
-    Ok(HttpResponse::Ok().json(json!({"type": "session_deleted", "id": path.as_str()})))
+    let id = path.into_inner();
+    Ok(HttpResponse::Ok().json(wire::SessionDeleted { kind: wire::SessionDeletedTag::Tag, id }))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -318,7 +313,7 @@ pub struct ListQuery {
     tag = "managed",
     operation_id = "managed_sessions_list",
     params(("limit" = Option<u32>, Query, description = "Page size (cut to the server's page size)"), ("order" = Option<String>, Query, description = "`asc` or `desc`"), ("page" = Option<String>, Query, description = "The `next_page` of the previous page"), ("statuses[]" = Option<Vec<String>>, Query, description = "idle, running, rescheduling, terminated"), ("include_archived" = Option<bool>, Query), ("created_at[gt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[gte]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lt]" = Option<String>, Query, description = "RFC 3339"), ("created_at[lte]" = Option<String>, Query, description = "RFC 3339"), ("agent_id" = Option<String>, Query), ("agent_version" = Option<u32>, Query)),
-    responses((status = 200, description = "`{data, next_page, prev_page}`", body = Object)),
+    responses((status = 200, description = "`{data, next_page, prev_page}`", body = wire::Page<wire::Session>)),
 )]
 #[get("/sessions")]
 pub async fn list(
@@ -343,7 +338,7 @@ pub async fn list(
     let wants = |s: &str| query.statuses.is_empty() || query.statuses.iter().any(|w| w == s);
     // Deleted sessions are not listed, and no session is ever rescheduled here.
     if !wants("idle") && !wants("running") {
-        return Ok(page(Vec::new(), None));
+        return Ok(page(Vec::<wire::Session>::new(), None));
     }
     let filter = ListFilter {
         agent: query.agent_id,

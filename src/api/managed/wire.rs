@@ -1,170 +1,455 @@
 //! What the `anthropic` SDK sends and accepts (its strict models, `_strict_response_validation`):
-//! sessions, events, agents and environments as Claude Managed Agents shapes them. Every
-//! union there is closed, so turnlog's own events and stop reasons are mapped or left out
-//! here, and never reach the wire as they are.
+//! sessions, agents and environments as Claude Managed Agents shapes them, each mapped from
+//! turnlog's own by one function here ([`session`], [`agent`], [`environment`]); the events
+//! are in [`super::event`]. Every union there is closed, so what turnlog has and the SDK
+//! does not is mapped or left out here, and never reaches the wire as it is.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{PartialSchema, ToSchema};
 
-use crate::domain::catalog::{AgentDefinition, Environment, McpToolset};
-use crate::domain::event::{ClientTool, Permission, StopReason};
-use crate::domain::{Block, Event, EventBody};
+use crate::api::error::ErrorTag;
+use crate::domain::catalog::{AgentDefinition, Environment as Env, McpToolset};
+use crate::domain::event::{ClientTool, Permission};
+use crate::domain::Block;
 use crate::projection::SessionSummary;
 use crate::session::Activity;
 
-/// The event types this view shows, as the SDK names them.
-pub const TYPES: &[&str] = &[
-    "user.message",
-    "user.interrupt",
-    "user.tool_confirmation",
-    "user.custom_tool_result",
-    "user.define_outcome",
-    "agent.message",
-    "agent.thinking",
-    "agent.tool_use",
-    "agent.tool_result",
-    "agent.mcp_tool_use",
-    "agent.mcp_tool_result",
-    "agent.custom_tool_use",
-    "session.status_running",
-    "session.status_idle",
-    "session.status_terminated",
-    "session.error",
-    "session.updated",
-    "session.deleted",
-    "span.model_request_start",
-    "span.model_request_end",
-];
+/// The SDK's metadata: string to string (other JSON values are shown as their text).
+pub type Metadata = Map<String, Value>;
 
-/// The log's type for an SDK type (they differ for the end of a session's log, and for
-/// MCP tool calls, which the log keeps as tool calls that name their server).
-pub fn log_kind(sdk: &str) -> &str {
-    match sdk {
-        "session.status_terminated" => "terminated",
-        "agent.mcp_tool_use" => "agent.tool_use",
-        "agent.mcp_tool_result" => "agent.tool_result",
-        other => other,
-    }
+// Constant `type` fields: each a one-value enum, so that the document says the value.
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedSessionTag)]
+pub enum SessionTag {
+    #[default]
+    #[serde(rename = "session")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedAgentTag)]
+pub enum AgentTag {
+    #[default]
+    #[serde(rename = "agent")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedEnvironmentTag)]
+pub enum EnvironmentTag {
+    #[default]
+    #[serde(rename = "environment")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedUrlTag)]
+pub enum UrlTag {
+    #[default]
+    #[serde(rename = "url")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedServiceAccount)]
+pub enum ServiceAccount {
+    #[default]
+    #[serde(rename = "service_account")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedSessionDeletedTag)]
+pub enum SessionDeletedTag {
+    #[default]
+    #[serde(rename = "session_deleted")]
+    Tag,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[schema(as = ManagedEnvironmentDeletedTag)]
+pub enum EnvironmentDeletedTag {
+    #[default]
+    #[serde(rename = "environment_deleted")]
+    Tag,
 }
 
 /// A session as the SDK's strict `BetaManagedAgentsSession` wants it.
-pub fn session(summary: &SessionSummary, agent: Option<&AgentDefinition>, activity: Activity) -> Value {
-    let spec = &summary.spec;
-    let status = if summary.deleted {
-        "terminated"
-    } else if activity.running {
-        "running"
-    } else {
-        "idle"
-    };
-    let mut snapshot = match agent {
-        Some(agent) => agent_snapshot(agent),
-        None => json!({"type": "agent", "id": spec.agent.name, "version": 1, "name": spec.agent.name,
-            "model": {"id": "unknown"}, "tools": [], "mcp_servers": [], "skills": [],
-            "execution_identity": {"type": "service_account"}}),
-    };
-    // A session's own client tools join its agent's.
-    if let Some(tools) = snapshot["tools"].as_array_mut() {
-        tools.extend(spec.tools.iter().map(custom_tool));
-    }
-    json!({
-        "type": "session",
-        "id": summary.id.to_string(),
-        "status": status,
-        "environment_id": spec.environment_id.clone().unwrap_or_default(),
-        "agent": snapshot,
-        "title": spec.title,
-        "metadata": string_map(&spec.metadata),
-        "resources": [],
-        "vault_ids": [],
-        "outcome_evaluations": [],
-        "stats": {},
-        "usage": {"input_tokens": activity.usage.input_tokens, "output_tokens": activity.usage.output_tokens},
-        "created_at": summary.created_at,
-        "updated_at": summary.updated_at,
-        "archived_at": summary.archived_at,
-    })
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ManagedSession)]
+pub struct Session {
+    #[serde(rename = "type")]
+    pub kind: SessionTag,
+    pub id: String,
+    pub status: SessionStatus,
+    pub environment_id: String,
+    pub agent: AgentSnapshot,
+    pub title: Option<String>,
+    #[schema(value_type = HashMap<String, String>)]
+    pub metadata: Metadata,
+    /// Always empty: this server takes no resources.
+    #[schema(value_type = Vec<Object>, max_items = 0)]
+    pub resources: Vec<Value>,
+    /// Always empty: this server takes no vaults.
+    #[schema(max_items = 0)]
+    pub vault_ids: Vec<String>,
+    #[schema(value_type = Vec<Object>, max_items = 0)]
+    pub outcome_evaluations: Vec<Value>,
+    #[schema(value_type = Object)]
+    pub stats: Map<String, Value>,
+    #[schema(inline)]
+    pub usage: SessionUsage,
+    pub created_at: String,
+    pub updated_at: String,
+    pub archived_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionStatus {
+    Idle,
+    Running,
+    Terminated,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
 }
 
 /// The agent fields a session's snapshot and an agent object share.
-fn agent_snapshot(agent: &AgentDefinition) -> Value {
-    json!({
-        "type": "agent",
-        "id": agent.id,
-        "version": agent.version,
-        "name": agent.name,
-        "description": agent.description,
-        "system": agent.system,
-        "model": {"id": agent.model},
-        "tools": agent.tools.iter().map(custom_tool).chain(agent.mcp_toolsets.iter().map(mcp_toolset)).collect::<Vec<_>>(),
-        "mcp_servers": agent.mcp_servers.iter().map(|s| json!({"type": "url", "name": s.name, "url": s.url})).collect::<Vec<_>>(),
-        "skills": [],
-        "execution_identity": {"type": "service_account"},
-    })
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ManagedAgentSnapshot)]
+pub struct AgentSnapshot {
+    #[serde(rename = "type")]
+    pub kind: AgentTag,
+    pub id: String,
+    pub version: u32,
+    pub name: String,
+    /// Absent only from the snapshot of an agent this server no longer has.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub description: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub system: Option<Option<String>>,
+    #[schema(inline)]
+    pub model: Model,
+    pub tools: Vec<Tool>,
+    pub mcp_servers: Vec<McpServer>,
+    /// Always empty: this server runs no skills.
+    #[schema(value_type = Vec<Object>, max_items = 0)]
+    pub skills: Vec<Value>,
+    #[schema(inline)]
+    pub execution_identity: ExecutionIdentity,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Model {
+    pub id: String,
+}
+
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct ExecutionIdentity {
+    #[serde(rename = "type")]
+    pub kind: ServiceAccount,
+}
+
+/// An agent as `BetaManagedAgentsAgent`: its snapshot, and what the catalog keeps of it.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ManagedAgent)]
+pub struct Agent {
+    #[serde(flatten)]
+    pub snapshot: AgentSnapshot,
+    #[schema(value_type = HashMap<String, String>)]
+    pub metadata: Metadata,
+    pub created_at: String,
+    pub updated_at: String,
+    pub archived_at: Option<String>,
+}
+
+/// An agent's tool: one the client runs, or an MCP server's tools.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[schema(as = ManagedTool)]
+pub enum Tool {
+    Custom {
+        name: String,
+        description: String,
+        #[schema(value_type = Object)]
+        input_schema: Value,
+    },
+    McpToolset {
+        mcp_server_name: String,
+        #[schema(inline)]
+        default_config: ToolsetConfig,
+        configs: Vec<ToolConfig>,
+    },
+}
+
+/// What a toolset's tools get unless a tool's own config says otherwise.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolsetConfig {
+    pub enabled: bool,
+    #[schema(inline)]
+    pub permission_policy: PermissionPolicy,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolConfig {
+    pub name: String,
+    pub enabled: bool,
+    #[schema(inline)]
+    pub permission_policy: PermissionPolicy,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum PermissionPolicy {
+    AlwaysAllow,
+    AlwaysAsk,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct McpServer {
+    #[serde(rename = "type")]
+    pub kind: UrlTag,
+    pub name: String,
+    pub url: String,
+}
+
+/// An environment as `BetaEnvironment`.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ManagedEnvironment)]
+pub struct Environment {
+    #[serde(rename = "type")]
+    pub kind: EnvironmentTag,
+    pub id: String,
+    pub name: String,
+    pub description: Option<String>,
+    /// `cloud` (with its `networking` and `packages`, every part filled) or `self_hosted`.
+    #[schema(value_type = Object)]
+    pub config: Value,
+    #[schema(value_type = HashMap<String, String>)]
+    pub metadata: Metadata,
+    pub created_at: String,
+    pub updated_at: String,
+    pub archived_at: Option<String>,
+}
+
+/// A page as the SDK's cursor pages want it: `next_page` null at the end, or it loops.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ManagedPage)]
+pub struct Page<T: ToSchema> {
+    pub data: Vec<T>,
+    pub next_page: Option<String>,
+    pub prev_page: Option<String>,
+}
+
+/// What a delete answers: `{"type": "session_deleted", "id"}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionDeleted {
+    #[serde(rename = "type")]
+    pub kind: SessionDeletedTag,
+    pub id: String,
+}
+
+/// `{"type": "environment_deleted", "id"}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EnvironmentDeleted {
+    #[serde(rename = "type")]
+    pub kind: EnvironmentDeletedTag,
+    pub id: String,
+}
+
+/// A content block the SDK's unions hold, as stored: text, an image or document with its
+/// `source`, a search result.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct ContentBlock(pub Block);
+
+impl PartialSchema for ContentBlock {
+    fn schema() -> RefOr<Schema> {
+        RefOr::T(crate::api::schema::schema(content_block_schema()))
+    }
+}
+
+impl ToSchema for ContentBlock {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ManagedContentBlock".into()
+    }
+}
+
+/// Blocks as the SDK's unions read them (and as this view takes them): text with its
+/// `text`; an image or a document with a `source` of a kind it has; a search result with
+/// its text.
+pub fn content_block_schema() -> Value {
+    let string = json!({"type": "string"});
+    let block = |kind: &str, required: &[&str], mut properties: Value| {
+        properties["type"] = json!({"type": "string", "enum": [kind]});
+        // A text block's `text` is a string; any other block's, a string or null.
+        properties["text"] = if kind == "text" { string.clone() } else { json!({"type": ["string", "null"]}) };
+        let mut all = vec!["type"];
+        all.extend(required);
+        json!({"type": "object", "required": all, "properties": properties})
+    };
+    let source = |kinds: &[(&str, &str)]| {
+        let one_of: Vec<Value> = kinds
+            .iter()
+            .map(|(kind, field)| {
+                json!({"type": "object", "required": ["type", field],
+                       "properties": {"type": {"type": "string", "enum": [kind]}, *field: string}})
+            })
+            .collect();
+        json!({"oneOf": one_of})
+    };
+    json!({"oneOf": [
+        block("text", &["text"], json!({})),
+        block("image", &["source"], json!({"source": source(&[("base64", "data"), ("url", "url"), ("file", "file_id")])})),
+        block("document", &["source"], json!({"source": source(&[("base64", "data"), ("text", "data"), ("url", "url"), ("file", "file_id")])})),
+        block("search_result", &["source", "title", "content"], json!({
+            "source": string, "title": string,
+            "content": {"type": "array", "items": {"type": "object", "required": ["type", "text"],
+                "properties": {"type": {"type": "string", "enum": ["text"]}, "text": string}}},
+        })),
+    ]})
+}
+
+/// A session as the SDK's strict `BetaManagedAgentsSession` wants it, with its agent's full
+/// snapshot (or what is known of an agent this server no longer has).
+pub fn session(summary: &SessionSummary, agent: Option<&AgentDefinition>, activity: Activity) -> Session {
+    let spec = &summary.spec;
+    let status = if summary.deleted {
+        SessionStatus::Terminated
+    } else if activity.running {
+        SessionStatus::Running
+    } else {
+        SessionStatus::Idle
+    };
+    let mut snapshot = match agent {
+        Some(agent) => agent_snapshot(agent),
+        None => AgentSnapshot {
+            kind: AgentTag::Tag,
+            id: spec.agent.name.clone(),
+            version: 1,
+            name: spec.agent.name.clone(),
+            description: None,
+            system: None,
+            model: Model { id: "unknown".into() },
+            tools: Vec::new(),
+            mcp_servers: Vec::new(),
+            skills: Vec::new(),
+            execution_identity: ExecutionIdentity::default(),
+        },
+    };
+    // A session's own client tools join its agent's.
+    snapshot.tools.extend(spec.tools.iter().map(custom_tool));
+    Session {
+        kind: SessionTag::Tag,
+        id: summary.id.to_string(),
+        status,
+        environment_id: spec.environment_id.clone().unwrap_or_default(),
+        agent: snapshot,
+        title: spec.title.clone(),
+        metadata: string_map(&spec.metadata),
+        resources: Vec::new(),
+        vault_ids: Vec::new(),
+        outcome_evaluations: Vec::new(),
+        stats: Map::new(),
+        usage: SessionUsage { input_tokens: activity.usage.input_tokens, output_tokens: activity.usage.output_tokens },
+        created_at: summary.created_at.clone(),
+        updated_at: summary.updated_at.clone(),
+        archived_at: summary.archived_at.clone(),
+    }
+}
+
+fn agent_snapshot(agent: &AgentDefinition) -> AgentSnapshot {
+    AgentSnapshot {
+        kind: AgentTag::Tag,
+        id: agent.id.clone(),
+        version: agent.version,
+        name: agent.name.clone(),
+        description: Some(agent.description.clone()),
+        system: Some(agent.system.clone()),
+        model: Model { id: agent.model.clone() },
+        tools: agent.tools.iter().map(custom_tool).chain(agent.mcp_toolsets.iter().map(mcp_toolset)).collect(),
+        mcp_servers: agent
+            .mcp_servers
+            .iter()
+            .map(|s| McpServer { kind: UrlTag::Tag, name: s.name.clone(), url: s.url.clone() })
+            .collect(),
+        skills: Vec::new(),
+        execution_identity: ExecutionIdentity::default(),
+    }
 }
 
 /// An agent as `BetaManagedAgentsAgent`.
-pub fn agent(agent: &AgentDefinition) -> Value {
-    let mut out = agent_snapshot(agent);
-    out["metadata"] = string_map(&agent.metadata);
-    out["created_at"] = json!(agent.created_at);
-    out["updated_at"] = json!(agent.updated_at);
-    out["archived_at"] = json!(agent.archived_at);
-    out
+pub fn agent(agent: &AgentDefinition) -> Agent {
+    Agent {
+        snapshot: agent_snapshot(agent),
+        metadata: string_map(&agent.metadata),
+        created_at: agent.created_at.clone(),
+        updated_at: agent.updated_at.clone(),
+        archived_at: agent.archived_at.clone(),
+    }
 }
 
-fn custom_tool(tool: &ClientTool) -> Value {
+fn custom_tool(tool: &ClientTool) -> Tool {
     // A tool another view declared with a schema the SDK cannot read shows as taking any object.
-    let schema = match schema_problem(&tool.input_schema) {
+    let input_schema = match schema_problem(&tool.input_schema) {
         None => tool.input_schema.clone(),
         Some(_) => ClientTool::any_object(),
     };
-    json!({"type": "custom", "name": tool.name, "description": tool.description, "input_schema": schema})
+    Tool::Custom { name: tool.name.clone(), description: tool.description.clone(), input_schema }
 }
 
 /// An MCP toolset, resolved as `BetaManagedAgentsMCPToolset` has it: each config says
 /// whether its tool is enabled and with which policy.
-fn mcp_toolset(toolset: &McpToolset) -> Value {
-    let policy = |permission: Permission| {
-        let kind = if permission == Permission::Allow { "always_allow" } else { "always_ask" };
-        json!({"type": kind})
+fn mcp_toolset(toolset: &McpToolset) -> Tool {
+    let policy = |permission: Permission| match permission {
+        Permission::Allow => PermissionPolicy::AlwaysAllow,
+        _ => PermissionPolicy::AlwaysAsk,
     };
-    let configs: Vec<Value> = toolset
+    let configs = toolset
         .rules
         .iter()
-        .map(|rule| {
-            let enabled = rule.enabled.unwrap_or(toolset.enabled);
-            json!({"name": rule.name, "enabled": enabled, "permission_policy": policy(rule.permission.unwrap_or(toolset.permission))})
+        .map(|rule| ToolConfig {
+            name: rule.name.clone(),
+            enabled: rule.enabled.unwrap_or(toolset.enabled),
+            permission_policy: policy(rule.permission.unwrap_or(toolset.permission)),
         })
         .collect();
-    json!({
-        "type": "mcp_toolset",
-        "mcp_server_name": toolset.server,
-        "default_config": {"enabled": toolset.enabled, "permission_policy": policy(toolset.permission)},
-        "configs": configs,
-    })
+    Tool::McpToolset {
+        mcp_server_name: toolset.server.clone(),
+        default_config: ToolsetConfig { enabled: toolset.enabled, permission_policy: policy(toolset.permission) },
+        configs,
+    }
 }
 
 /// An environment as `BetaEnvironment`.
-pub fn environment(environment: &Environment) -> Value {
-    json!({
-        "type": "environment",
-        "id": environment.id,
-        "name": environment.name,
-        "description": environment.description,
-        "config": environment.config,
-        "metadata": string_map(&environment.metadata),
-        "created_at": environment.created_at,
-        "updated_at": environment.updated_at,
-        "archived_at": environment.archived_at,
-    })
+pub fn environment(environment: &Env) -> Environment {
+    Environment {
+        kind: EnvironmentTag::Tag,
+        id: environment.id.clone(),
+        name: environment.name.clone(),
+        description: environment.description.clone(),
+        config: environment.config.clone(),
+        metadata: string_map(&environment.metadata),
+        created_at: environment.created_at.clone(),
+        updated_at: environment.updated_at.clone(),
+        archived_at: environment.archived_at.clone(),
+    }
 }
 
 /// The SDK's metadata is string to string: other JSON values are shown as their text.
-fn string_map(map: &Map<String, Value>) -> Value {
+pub fn string_map(map: &Map<String, Value>) -> Metadata {
     let strings =
         map.iter().map(|(k, v)| (k.clone(), Value::String(v.as_str().map_or_else(|| v.to_string(), String::from))));
-    Value::Object(strings.collect())
+    strings.collect()
 }
 
 /// Why a content block is not one the SDK's unions hold, if it is not: text with its
@@ -197,12 +482,6 @@ pub fn block_problem(block: &Block, search_results: bool) -> Option<String> {
     })
 }
 
-/// Content as the SDK's unions hold it: blocks that other views stored and the SDK could
-/// not read are left out rather than breaking the client's whole list or stream.
-fn content(blocks: &[Block], search_results: bool) -> Vec<&Block> {
-    blocks.iter().filter(|b| block_problem(b, search_results).is_none()).collect()
-}
-
 /// Why a custom tool's `input_schema` is not one the SDK reads back, if it is not.
 pub fn schema_problem(schema: &Value) -> Option<&'static str> {
     let Some(fields) = schema.as_object() else { return Some("must be an object") };
@@ -219,119 +498,6 @@ pub fn schema_problem(schema: &Value) -> Option<&'static str> {
     None
 }
 
-/// A log event as the SDK's event union has it, or `None` for what this view never shows
-/// (`session.created`, turns, deltas, archiving). Agent messages and thinking carry their
-/// message id, which previews announce before the final event exists.
-pub fn event(e: &Event) -> Option<Value> {
-    let id = e.id.to_string();
-    let at = &e.processed_at;
-    let out = match &e.body {
-        EventBody::UserMessage { content } => {
-            json!({"type": "user.message", "id": id, "content": self::content(content, false), "processed_at": at})
-        }
-        EventBody::UserInterrupt {} => json!({"type": "user.interrupt", "id": id, "processed_at": at}),
-        EventBody::UserToolConfirmation { tool_use_id, result, deny_message, .. } => json!({
-            "type": "user.tool_confirmation", "id": id, "tool_use_id": tool_use_id, "result": result,
-            "deny_message": deny_message, "processed_at": at,
-        }),
-        EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => json!({
-            "type": "user.custom_tool_result", "id": id, "custom_tool_use_id": custom_tool_use_id,
-            "content": self::content(content, true), "is_error": is_error, "processed_at": at,
-        }),
-        EventBody::UserDefineOutcome { outcome } => outcome_event(&id, outcome, at.as_deref().unwrap_or(&e.created_at)),
-        EventBody::AgentMessage { message_id, content } => {
-            let text: Vec<&Block> = content.iter().filter(|b| b.kind == "text").collect();
-            json!({"type": "agent.message", "id": message_id, "content": text, "processed_at": at})
-        }
-        EventBody::AgentThinking { message_id, .. } => {
-            json!({"type": "agent.thinking", "id": message_id, "processed_at": at})
-        }
-        EventBody::AgentToolUse { input, evaluated_permission, mcp: Some(mcp), .. } => json!({
-            "type": "agent.mcp_tool_use", "id": id, "name": mcp.tool, "mcp_server_name": mcp.server,
-            "input": object(input), "evaluated_permission": permission(*evaluated_permission), "processed_at": at,
-        }),
-        EventBody::AgentToolUse { name, input, evaluated_permission, .. } => json!({
-            "type": "agent.tool_use", "id": id, "name": name, "input": object(input),
-            "evaluated_permission": permission(*evaluated_permission), "processed_at": at,
-        }),
-        EventBody::AgentCustomToolUse { name, input, .. } => json!({
-            "type": "agent.custom_tool_use", "id": id, "name": name, "input": object(input), "processed_at": at,
-        }),
-        EventBody::AgentToolResult { tool_use_id, content, is_error, mcp: Some(_), .. } => json!({
-            "type": "agent.mcp_tool_result", "id": id, "mcp_tool_use_id": tool_use_id.to_string(),
-            "content": self::content(content, true), "is_error": is_error, "processed_at": at,
-        }),
-        EventBody::AgentToolResult { tool_use_id, content, is_error, .. } => json!({
-            "type": "agent.tool_result", "id": id, "tool_use_id": tool_use_id.to_string(),
-            "content": self::content(content, true), "is_error": is_error, "processed_at": at,
-        }),
-        EventBody::StatusRunning { .. } => json!({"type": "session.status_running", "id": id, "processed_at": at}),
-        EventBody::StatusIdle { stop_reason, .. } => {
-            let stop = match stop_reason.kind {
-                StopReason::RequiresAction => {
-                    let ids: Vec<String> = stop_reason.event_ids.iter().map(ToString::to_string).collect();
-                    json!({"type": "requires_action", "event_ids": ids})
-                }
-                StopReason::Refusal => json!({"type": "refusal"}),
-                StopReason::Error => json!({"type": "retries_exhausted"}),
-                // The SDK knows no other ends: a turn cancelled or cut short ended its turn.
-                StopReason::EndTurn | StopReason::Cancelled | StopReason::MaxTokens | StopReason::MaxTurnRequests => {
-                    json!({"type": "end_turn"})
-                }
-            };
-            json!({"type": "session.status_idle", "id": id, "stop_reason": stop, "processed_at": at})
-        }
-        EventBody::SessionError { error, mcp_server: Some(server), .. } => json!({
-            "type": "session.error", "id": id, "processed_at": at,
-            "error": {"type": "mcp_connection_failed_error", "mcp_server_name": server, "message": error,
-                "retry_status": {"type": "exhausted"}},
-        }),
-        EventBody::SessionError { error, code, .. } => json!({
-            "type": "session.error", "id": id, "processed_at": at,
-            "error": {"type": error_type(code), "message": error, "retry_status": {"type": "exhausted"}},
-        }),
-        EventBody::ModelRequestStart { .. } => {
-            json!({"type": "span.model_request_start", "id": id, "processed_at": at})
-        }
-        EventBody::ModelRequestEnd { usage, is_error, model_request_start_id, span_id, .. } => json!({
-            "type": "span.model_request_end", "id": id, "processed_at": at, "is_error": is_error,
-            // Logs written before the start's id was kept name the span instead.
-            "model_request_start_id": model_request_start_id.map_or_else(|| span_id.clone(), |s| s.to_string()),
-            "model_usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-        }),
-        EventBody::SessionUpdated { title, metadata, .. } => {
-            let mut out = json!({"type": "session.updated", "id": id, "processed_at": at});
-            if let Some(title) = title {
-                out["title"] = json!(title);
-            }
-            if let Some(metadata) = metadata {
-                out["metadata"] = string_map(metadata);
-            }
-            out
-        }
-        EventBody::SessionDeleted {} => json!({"type": "session.deleted", "id": id, "processed_at": at}),
-        EventBody::Terminated { .. } => json!({"type": "session.status_terminated", "id": id, "processed_at": at}),
-        _ => return None,
-    };
-    Some(out)
-}
-
-/// An outcome as `user.define_outcome`: turnlog keeps what the client sent; one sent
-/// through another view without these fields shows as its text.
-fn outcome_event(id: &str, outcome: &Value, at: &str) -> Value {
-    let description =
-        outcome.get("description").and_then(Value::as_str).map_or_else(|| outcome.to_string(), String::from);
-    let rubric = outcome.get("rubric").filter(|r| rubric_problem(r).is_none()).cloned();
-    json!({
-        "type": "user.define_outcome", "id": id, "processed_at": at,
-        "outcome_id": outcome.get("outcome_id").and_then(Value::as_str).unwrap_or(id),
-        "description": description,
-        "rubric": rubric.unwrap_or_else(|| json!({"type": "text", "content": ""})),
-        "max_iterations": outcome.get("max_iterations"),
-    })
-}
-
 /// Why an outcome's rubric is not one the SDK reads back, if it is not.
 pub fn rubric_problem(rubric: &Value) -> Option<&'static str> {
     let text = |field: &str| rubric.get(field).is_some_and(Value::is_string);
@@ -342,43 +508,6 @@ pub fn rubric_problem(rubric: &Value) -> Option<&'static str> {
         Some("file") => Some("a file rubric needs its `file_id`"),
         _ => Some("`type` must be text or file"),
     }
-}
-
-fn object(input: &Value) -> Value {
-    if input.is_object() {
-        input.clone()
-    } else {
-        json!({"input": input})
-    }
-}
-
-fn permission(permission: Permission) -> &'static str {
-    match permission {
-        Permission::Allow => "allow",
-        Permission::Ask => "ask",
-        Permission::Deny => "deny",
-    }
-}
-
-/// turnlog's error codes as the SDK's closed set of session error types.
-fn error_type(code: &str) -> &'static str {
-    match code {
-        "model_overloaded_error" => "model_overloaded_error",
-        "model_rate_limited_error" => "model_rate_limited_error",
-        code if code.starts_with("model_") => "model_request_failed_error",
-        _ => "unknown_error",
-    }
-}
-
-/// `event_start`: a message (or thinking) is on its way, under the id its final event has.
-pub fn event_start(kind: &str, message_id: &str) -> Value {
-    json!({"type": "event_start", "event": {"type": kind, "id": message_id}})
-}
-
-/// `event_delta`: more text of an announced message.
-pub fn event_delta(message_id: &str, text: &str) -> Value {
-    json!({"type": "event_delta", "event_id": message_id,
-        "delta": {"type": "content_delta", "content": {"type": "text", "text": text}, "index": 0}})
 }
 
 /// `created_at[gt|gte|lt|lte]`, as the SDK sends them.
@@ -434,4 +563,22 @@ pub fn environment_config(config: Option<Value>) -> Result<Value, String> {
         _ => return Err("`type` must be cloud or self_hosted".into()),
     }
     Ok(config)
+}
+
+/// Anthropic's error body: `{"type":"error","error":{"type","message"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ManagedError)]
+pub struct ErrorBody {
+    #[serde(rename = "type")]
+    pub kind: ErrorTag,
+    #[schema(inline)]
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ManagedErrorDetail)]
+pub struct ErrorDetail {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub message: String,
 }

@@ -1,12 +1,12 @@
 //! `GET /sessions/{id}/events` (a page of the log) and `POST /sessions/{id}/events`
 //! (user events, answered once durable).
 
-use actix_web::{get, post, web, HttpResponse};
+use actix_web::{get, post, HttpResponse};
 use bytes::{BufMut, BytesMut};
 
 use super::wire::{user_event, ListQuery, PostEvents};
-use crate::api::auth::Auth;
 use crate::api::body::{newest_first, JsonBody, Query};
+use crate::api::caller::CallerSession;
 use crate::api::{Error, State};
 use crate::domain::event::Confirmation;
 use crate::domain::{EventBody, RawEvent};
@@ -24,11 +24,9 @@ use crate::session::{Cursor, EventQuery, Input, Submission};
 #[post("/sessions/{session_id}/events")]
 pub async fn post(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession,
     body: JsonBody<PostEvents>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let events = body.0.events;
     if events.is_empty() {
         return Err(ApiError::invalid("invalid field `events`: at least one event is needed").into());
@@ -69,11 +67,9 @@ fn input(body: EventBody) -> Input {
 #[get("/sessions/{session_id}/events")]
 pub async fn list(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { summary, .. }: CallerSession,
     query: Query<ListQuery>,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let query = query.0;
     let max = state.settings.limits.max_page_size;
     let limit = query.limit.unwrap_or(100);

@@ -5,8 +5,6 @@ mod events;
 mod stream;
 pub mod wire;
 
-pub use stream::sse_response;
-
 use utoipa_actix_web::service_config::ServiceConfig;
 
 pub fn session_routes(cfg: &mut ServiceConfig) {

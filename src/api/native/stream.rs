@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use actix_web::{get, web, HttpRequest, HttpResponse};
+use actix_web::{get, HttpRequest, HttpResponse};
 
 use super::wire::StreamQuery;
-use crate::api::auth::Auth;
 use crate::api::body::Query;
+use crate::api::caller::CallerSession;
 use crate::api::sse::{self, Follow};
 use crate::api::{Error, State};
 use crate::session::Cursor;
@@ -26,12 +26,10 @@ use crate::session::Cursor;
 #[get("/sessions/{session_id}/events/stream")]
 pub async fn stream(
     state: State,
-    Auth(caller, _): Auth,
-    path: web::Path<String>,
+    CallerSession { caller, summary, .. }: CallerSession,
     query: Query<StreamQuery>,
     req: HttpRequest,
 ) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.get(&caller, &path).await?;
     let header = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()).map(str::trim);
     let cursor = query.0.after_id.as_deref().or(header).filter(|c| !c.is_empty());
     let follower = state.sessions.follow(&summary, cursor.map(Cursor::event).transpose()?).await?;
@@ -49,14 +47,5 @@ pub async fn stream(
         },
         sse::native_frame,
     );
-    Ok(sse_response().streaming(body))
-}
-
-pub fn sse_response() -> actix_web::HttpResponseBuilder {
-    let mut response = HttpResponse::Ok();
-    response
-        .content_type("text/event-stream")
-        .insert_header(("cache-control", "no-cache"))
-        .insert_header(("x-accel-buffering", "no"));
-    response
+    Ok(sse::response().streaming(body))
 }

@@ -4,11 +4,12 @@
 use std::borrow::Cow;
 
 use serde::de::IgnoredAny;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::Value;
+use serde_json::{json, Value};
 use utoipa::{IntoParams, ToSchema};
 
+use crate::api::content::blocks;
 use crate::domain::event::Confirmation;
 use crate::domain::{Block, EventBody};
 use crate::error::ApiError;
@@ -23,18 +24,44 @@ pub struct PostEvents {
     pub events: Vec<Box<RawValue>>,
 }
 
-/// `events` in the OpenAPI document: user events, each with its `type`.
+/// `events` in the OpenAPI document: user events, each as its type reads it (no other
+/// fields); at most one user message, and none beside tool results or permissions.
 fn user_events() -> utoipa::openapi::schema::Schema {
-    serde_json::from_value(serde_json::json!({
-        "type": "array",
-        "minItems": 1,
-        "items": {
-            "type": "object",
-            "required": ["type"],
-            "properties": {"type": {"type": "string", "enum": USER_EVENT_TYPES}},
-        },
-    }))
-    .expect("a valid schema")
+    use crate::api::schema::{any_of, schema, with_keywords};
+    let event = |kind: &str, required: &[&str], properties: Value| {
+        let mut properties = properties;
+        properties["type"] = json!({"type": "string", "enum": [kind]});
+        let mut all = vec!["type"];
+        all.extend(required);
+        json!({"type": "object", "required": all, "properties": properties, "additionalProperties": false})
+    };
+    let string = json!({"type": "string"});
+    let content = crate::api::content::schema_json();
+    let message = event("user.message", &["content"], json!({"content": content}));
+    let interrupt = event("user.interrupt", &[], json!({}));
+    let outcome = event("user.define_outcome", &["outcome"], json!({"outcome": crate::api::schema::any()}));
+    let confirmation = event(
+        "user.tool_confirmation",
+        &["tool_use_id", "result"],
+        json!({
+            "tool_use_id": string,
+            "result": {"type": "string", "enum": ["allow", "deny"]},
+            "deny_message": {"type": ["string", "null"]},
+            "remember": {"type": "boolean"},
+        }),
+    );
+    let result = event(
+        "user.custom_tool_result",
+        &["custom_tool_use_id"],
+        json!({
+            "custom_tool_use_id": string, "content": content, "is_error": {"type": "boolean"},
+        }),
+    );
+    let list = |items: Vec<&Value>| json!({"type": "array", "minItems": 1, "items": {"oneOf": items}});
+    let talking = schema(list(vec![&message, &interrupt, &outcome]));
+    let talking = with_keywords(talking, json!({"contains": message, "maxContains": 1}));
+    let answering = schema(list(vec![&interrupt, &outcome, &confirmation, &result]));
+    any_of([talking, answering])
 }
 
 pub const USER_EVENT_TYPES: &[&str] =
@@ -45,7 +72,7 @@ pub const USER_EVENT_TYPES: &[&str] =
 struct Message {
     #[serde(rename = "type")]
     _kind: IgnoredAny,
-    #[serde(deserialize_with = "content")]
+    #[serde(deserialize_with = "blocks")]
     content: Vec<Block>,
 }
 
@@ -83,7 +110,7 @@ struct CustomToolResult {
     #[serde(rename = "type")]
     _kind: IgnoredAny,
     custom_tool_use_id: String,
-    #[serde(default, deserialize_with = "content")]
+    #[serde(default, deserialize_with = "blocks")]
     content: Vec<Block>,
     #[serde(default)]
     is_error: bool,
@@ -145,28 +172,6 @@ pub fn user_event(i: usize, event: &RawValue) -> Result<EventBody, ApiError> {
         let at = if path == "." { format!("events[{i}]") } else { format!("events[{i}].{path}") };
         ApiError::invalid(format!("invalid field `{at}`: {}", error.into_inner()))
     })
-}
-
-/// Content as a string or an array of blocks, each with a string `type`, and a string
-/// `text` for text blocks.
-pub fn content<'de, D: Deserializer<'de>>(de: D) -> Result<Vec<Block>, D::Error> {
-    use serde::de::Error;
-    match Value::deserialize(de)? {
-        Value::String(text) => Ok(vec![Block::text(text)]),
-        Value::Array(items) => items
-            .into_iter()
-            .enumerate()
-            .map(|(i, item)| {
-                let block: Block =
-                    serde_json::from_value(item).map_err(|e| D::Error::custom(format!("block {i}: {e}")))?;
-                if block.kind == "text" && block.text.is_none() {
-                    return Err(D::Error::custom(format!("block {i}: a text block needs a string `text`")));
-                }
-                Ok(block)
-            })
-            .collect(),
-        other => Err(D::Error::custom(format!("expected a string or an array of content blocks, got {other}"))),
-    }
 }
 
 #[derive(Debug, Default, Deserialize, IntoParams)]

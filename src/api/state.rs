@@ -1,0 +1,80 @@
+//! What every handler may use ([`AppState`]), and the count of open streams per subject.
+
+use std::sync::Arc;
+
+use actix_web::web;
+use dashmap::DashMap;
+use tokio_util::sync::CancellationToken;
+
+use super::auth;
+use crate::audit::Audit;
+use crate::catalog::Catalog;
+use crate::config::Settings;
+use crate::error::{ApiError, Code};
+use crate::service::Service;
+use crate::session::Sessions;
+
+/// What every handler may use.
+pub struct AppState {
+    pub sessions: Sessions,
+    pub catalog: Arc<Catalog>,
+    pub audit: Audit,
+    pub settings: Arc<Settings>,
+    pub auth: auth::Keys,
+    pub streams: StreamCounter,
+    /// Cancelled at shutdown: every open stream ends cleanly.
+    pub shutdown: CancellationToken,
+}
+
+impl AppState {
+    pub fn new(service: &Service, settings: Arc<Settings>, auth: auth::Keys) -> AppState {
+        AppState {
+            sessions: service.sessions().clone(),
+            catalog: service.catalog().clone(),
+            audit: service.audit().clone(),
+            settings,
+            auth,
+            streams: StreamCounter::default(),
+            shutdown: CancellationToken::new(),
+        }
+    }
+}
+
+pub type State = web::Data<AppState>;
+
+/// Open streams per subject, for the `max_streams_per_subject` limit.
+#[derive(Default)]
+pub struct StreamCounter {
+    open: Arc<DashMap<String, usize>>,
+}
+
+/// Held by an open stream; counts it down when the stream ends.
+pub struct StreamGuard {
+    open: Arc<DashMap<String, usize>>,
+    subject: String,
+}
+
+impl StreamCounter {
+    pub fn open(&self, subject: &str, limit: usize) -> Result<StreamGuard, ApiError> {
+        let mut count = self.open.entry(subject.to_string()).or_insert(0);
+        if *count >= limit {
+            return Err(ApiError::new(
+                Code::TooManyStreams,
+                format!("subject {subject:?} already has {limit} open streams (streams.max_streams_per_subject)"),
+            ));
+        }
+        *count += 1;
+        crate::metrics::STREAMS_OPEN.inc();
+        Ok(StreamGuard { open: self.open.clone(), subject: subject.to_string() })
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        crate::metrics::STREAMS_OPEN.dec();
+        self.open.remove_if_mut(&self.subject, |_, count| {
+            *count -= 1;
+            *count == 0
+        });
+    }
+}
