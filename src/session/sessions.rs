@@ -41,11 +41,6 @@ impl Sessions {
         &self.agents
     }
 
-    /// Agents and environments made through an API.
-    pub fn catalog(&self) -> &Catalog {
-        &self.catalog
-    }
-
     /// Checks `spec` against its agent and starts the session's log. A seed history that
     /// ends with tool calls leaves them waiting for the client, as if the model had just
     /// made them.

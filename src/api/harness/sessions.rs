@@ -42,7 +42,7 @@ pub async fn create(
 
 /// An agent the caller may see: a configured agent by name, or a catalog agent by id.
 fn known_agent(state: &State, caller: &Caller, name: &str) -> Result<(), ApiError> {
-    match state.sessions.catalog().agent(caller, name, None) {
+    match state.catalog.agent(caller, name, None) {
         Some(_) => Ok(()),
         None => Err(ApiError::new(Code::NotFound, format!("no agent named {name:?}"))),
     }

@@ -192,7 +192,7 @@ pub(super) fn metadata_patch(patch: Option<Map<String, Value>>) -> Result<Map<St
 
 /// The session as the SDK wants it, with its agent's full snapshot.
 pub(super) async fn render(state: &State, summary: &SessionSummary) -> Result<wire::Session, Error> {
-    let agent = state.sessions.catalog().snapshot(&summary.spec.agent.name, summary.spec.agent.version);
+    let agent = state.catalog.snapshot(&summary.spec.agent.name, summary.spec.agent.version);
     let activity = state.sessions.activity(summary).await?;
     Ok(wire::session(summary, agent.as_ref(), activity))
 }
