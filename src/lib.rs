@@ -33,6 +33,9 @@ pub mod cluster;
 pub mod config;
 pub mod domain;
 pub mod error;
+/// The fuzz targets' entry points: only with the `fuzzing` feature (`fuzz/`, and
+/// `tests/fuzz_corpus.rs`), never in the service.
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod metrics;
 pub mod projection;
