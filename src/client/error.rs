@@ -86,8 +86,11 @@ impl Refusal {
     /// none) leaves only the status.
     pub(super) async fn read(response: reqwest::Response) -> Refusal {
         let status = response.status();
-        let body = response.bytes().await.unwrap_or_default();
-        let fields = serde_json::from_slice::<ErrorBody>(&body).ok().map(|body| body.error);
+        Refusal::parse(status, &response.bytes().await.unwrap_or_default())
+    }
+
+    fn parse(status: reqwest::StatusCode, body: &[u8]) -> Refusal {
+        let fields = serde_json::from_slice::<ErrorBody>(body).ok().map(|body| body.error);
         let (kind, code, message) = fields.map_or((None, None, None), |f| (f.kind, f.code, f.message));
         Refusal { status, kind, code, message }
     }
@@ -100,5 +103,28 @@ impl Refusal {
     /// Whether the error's code is `code`.
     pub fn is(&self, code: &str) -> bool {
         self.code.as_deref() == Some(code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(status: u16, body: &str) -> ClientError {
+        ClientError::Refused(Refusal::parse(reqwest::StatusCode::from_u16(status).unwrap(), body.as_bytes()))
+    }
+
+    #[test]
+    fn a_refusal_says_its_status_and_message_and_only_4xx_stands() {
+        let body = r#"{"type":"error","error":{"type":"not_found_error","code":"not_found","message":"no sess_1"}}"#;
+        let gone = refusal(404, body);
+        assert_eq!(gone.to_string(), "the server answered 404 Not Found: no sess_1");
+        assert!(!gone.is_transient());
+        assert!(gone.refusal().unwrap().is("not_found"));
+        assert_eq!(gone.refusal().unwrap().kind.as_deref(), Some("not_found_error"));
+        let failed = refusal(503, "<html>a proxy's page</html>");
+        assert_eq!(failed.to_string(), "the server answered 503 Service Unavailable: no message");
+        assert!(failed.is_transient());
+        assert!(ClientError::Closed.is_transient());
     }
 }

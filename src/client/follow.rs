@@ -162,3 +162,49 @@ impl Follow {
         Ok(Some(Followed::Dropped { after: self.last.clone(), cause }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn follow(reconnect: Reconnect) -> Follow {
+        Client::new("http://127.0.0.1:9", None).follow("sess_1", Some("evt_02".into()), reconnect)
+    }
+
+    fn frame(id: &str, event: &str) -> Frame {
+        Frame { id: id.into(), event: event.into(), data: "{}".into() }
+    }
+
+    const STEADY: Reconnect =
+        Reconnect { pause: Duration::from_millis(100), max_pause: Duration::from_millis(300), attempts: Some(3) };
+
+    #[test]
+    fn each_event_comes_once_and_the_session_s_end_ends_the_follow() {
+        let mut follow = follow(STEADY);
+        assert_eq!(follow.seen(frame("evt_01", "a")), None, "before the cursor");
+        assert_eq!(follow.seen(frame("evt_02", "a")), None, "the cursor itself");
+        assert_eq!(follow.seen(frame("evt_03", "a")), Some(frame("evt_03", "a")));
+        assert_eq!(follow.seen(frame("evt_03", "a")), None, "again after a reconnect");
+        assert_eq!(follow.seen(Frame { data: String::new(), ..frame("evt_04", "a") }), None, "no data");
+        assert_eq!(follow.last_id(), Some("evt_03"));
+        assert!(!follow.ended);
+        assert!(follow.seen(frame("evt_05", "terminated")).is_some());
+        assert!(follow.ended);
+    }
+
+    #[test]
+    fn drops_back_off_and_give_up_after_the_attempts_allowed_but_a_refusal_stands() {
+        let mut dropping = follow(STEADY);
+        let mut pauses = Vec::new();
+        for _ in 0..3 {
+            let dropped = dropping.dropped(ClientError::Closed).expect("retried");
+            assert!(matches!(dropped, Some(Followed::Dropped { after: Some(ref id), .. }) if id == "evt_02"));
+            pauses.push(dropping.pause.take().unwrap().as_millis());
+        }
+        assert_eq!(pauses, [100, 200, 300]);
+        assert!(matches!(dropping.dropped(ClientError::Closed), Err(ClientError::GaveUp { attempts: 3, .. })));
+
+        let refused = ClientError::Invalid("no".into());
+        assert!(matches!(follow(STEADY).dropped(refused), Err(ClientError::Invalid(_))));
+    }
+}
