@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa_actix_web::AppExt;
 
 use crate::api::conn::{Conn, Socket, Watched};
-use crate::api::{self, AppState, StreamCounter};
+use crate::api::{self, AppState};
 use crate::config::Settings;
 use crate::metrics;
 use crate::service::{Service, StartError};
@@ -59,14 +59,8 @@ impl Application {
             auth = auth.with_secret(secret);
         }
         let service = Arc::new(Service::open(&settings).await?);
-        let shutdown = CancellationToken::new();
-        let state = web::Data::new(AppState {
-            sessions: service.sessions().clone(),
-            settings: Arc::new(settings.clone()),
-            auth,
-            streams: StreamCounter::default(),
-            shutdown: shutdown.clone(),
-        });
+        let state = web::Data::new(AppState::new(&service, Arc::new(settings.clone()), auth));
+        let shutdown = state.shutdown.clone();
         // The log's writer thread keeps a core busy under load (it syncs, inserts and
         // publishes every commit): one worker per core beside it. On two cores one worker
         // also keeps a request, its session's actor and its answer on one thread.

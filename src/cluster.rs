@@ -1,4 +1,4 @@
-//! Several nodes on one JetStream log: the NATS side of [`crate::session::cluster`].
+//! Several nodes on one JetStream log: the NATS side of [`crate::engine::cluster`].
 //!
 //! A session's lease is an entry of a key-value bucket whose values expire after the
 //! lease's time to live (the bucket's `max_age`): a node takes it with a create that fails
@@ -17,9 +17,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::SessionId;
+use crate::engine::cluster::{Claim, Cluster, ForwardError, Forwarded, Lease};
+use crate::error::SessionError;
 use crate::metrics;
-use crate::session::cluster::{Claim, Cluster, ForwardError, Forwarded, Lease};
-use crate::session::SessionError;
 use crate::store::jetstream::patiently;
 use crate::store::StoreError;
 

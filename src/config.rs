@@ -18,7 +18,7 @@ pub struct Settings {
     pub streams: StreamSettings,
     pub limits: LimitSettings,
     pub auth: AuthSettings,
-    pub engine: crate::session::EngineSettings,
+    pub engine: crate::engine::EngineSettings,
     pub tools: crate::agent::tools::ToolSettings,
     pub agents: std::collections::BTreeMap<String, crate::agent::AgentConfig>,
     /// Models that agents made through an API may name by id (`scripted` always exists).

@@ -1,9 +1,12 @@
-//! The one table of error codes: each knows its HTTP status, its error type and its code.
-//! No view's shape is here: each view renders an [`ApiError`] in its own protocol's shape
+//! The one table of error codes: each knows its HTTP status, its error type and its code;
+//! and [`SessionError`], what the layers under the views answer, mapped onto it once. No
+//! view's shape is here: each view renders an [`ApiError`] in its own protocol's shape
 //! (`api::error` for HTTP, JSON-RPC errors for ACP). 5xx bodies say little and the cause
 //! is logged.
 
-use crate::session::{FollowError, SessionError};
+use crate::domain::SessionId;
+use crate::store::follow::FollowError;
+use crate::store::{AppendError, StoreError};
 
 macro_rules! codes {
     ($($variant:ident => ($status:literal, $kind:literal, $code:literal),)*) => {
@@ -51,6 +54,63 @@ codes! {
     Unavailable => (503, "overloaded_error", "unavailable"),
 }
 
+/// What the session layer and the engine answer when they do not do what was asked:
+/// refusals a client can act on, and failures of the log underneath.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("session {0} not found")]
+    NotFound(String),
+    #[error("turn {turn} not found in session {session}")]
+    TurnNotFound { turn: String, session: String },
+    /// An agent or environment of the catalog.
+    #[error("{0} not found")]
+    CatalogNotFound(String),
+    #[error("{0} is not an event of this session")]
+    UnknownCursor(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// A turn runs, and the input needs the session idle.
+    #[error("{0}")]
+    Busy(String),
+    /// The turn the client named as the one its new turn follows is not the session's last.
+    #[error("{0}")]
+    PreviousTurn(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Limit(String),
+    /// A piece of input would be stored as an event larger than `limits.max_event_bytes`.
+    #[error("{0}")]
+    TooLarge(String),
+    /// Something the request needs cannot be reached now (an MCP server): try again later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The caller may see the session but not do this.
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("the service is shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    Storage(#[from] StoreError),
+}
+
+impl SessionError {
+    /// Why an append to `session` was not made, as the layers above the log answer it.
+    pub fn from_append(session: SessionId, error: AppendError) -> SessionError {
+        match error {
+            // A terminated log belongs to a deleted session.
+            AppendError::Closed => SessionError::NotFound(session.to_string()),
+            AppendError::TooManyEvents { .. } => SessionError::Limit(error.to_string()),
+            AppendError::ShuttingDown => SessionError::ShuttingDown,
+            AppendError::OutOfTurn { .. } => SessionError::Storage(StoreError::new(error)),
+            AppendError::Malformed(message) => SessionError::Invalid(message),
+            AppendError::Storage(message) => SessionError::Storage(StoreError::new(message)),
+            AppendError::Unavailable(message) => SessionError::Unavailable(message),
+            AppendError::Raced(message) => SessionError::Conflict(format!("{message}; send it again")),
+        }
+    }
+}
+
 /// An error as every view sees it: a code and a message naming what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
@@ -91,9 +151,7 @@ impl From<SessionError> for ApiError {
             SessionError::Limit(_) => ApiError::new(Code::LimitExceeded, message),
             SessionError::TooLarge(_) => ApiError::new(Code::PayloadTooLarge, message),
             SessionError::Forbidden(_) => ApiError::new(Code::Forbidden, message),
-            SessionError::ShuttingDown | SessionError::Retry(_) | SessionError::Unavailable(_) => {
-                ApiError::new(Code::Unavailable, message)
-            }
+            SessionError::ShuttingDown | SessionError::Unavailable(_) => ApiError::new(Code::Unavailable, message),
             // The engine under a shared log is out of reach for now: try again.
             SessionError::Storage(cause) if cause.is_unavailable() => ApiError::new(Code::Unavailable, message),
             SessionError::Storage(cause) => ApiError::internal(cause),

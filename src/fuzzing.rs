@@ -15,9 +15,8 @@ use std::sync::Arc;
 use actix_web::body::BoxBody;
 use actix_web::dev::{Service as _, ServiceResponse};
 use actix_web::{test, web};
-use tokio_util::sync::CancellationToken;
 
-use crate::api::{self, AppState, StreamCounter};
+use crate::api::{self, AppState};
 use crate::config::Settings;
 use crate::domain::{EventId, SessionId, TurnId};
 use crate::service::Service;
@@ -65,9 +64,9 @@ pub fn wal(data: &[u8]) {
 pub fn import(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let lines = text.lines().enumerate().map(|(i, line)| Ok::<_, String>((i + 1, line.to_string())));
-    if let Ok(groups) = crate::store::chain::group(lines) {
+    if let Ok(groups) = crate::audit::format::group(lines) {
         for group in groups {
-            if let Ok(events) = crate::store::audit::events_of(&group) {
+            if let Ok(events) = crate::audit::import::events_of(&group) {
                 assert_eq!(events.len(), group.len());
             }
         }
@@ -120,14 +119,10 @@ fn fixture() -> Fixture {
         .collect();
     let (call, service, ids) = system.block_on(async move {
         let log = Arc::new(MemoryLog::new(crate::projection::all(), 256, 1_000_000));
-        let service = Arc::new(Service::with_log(&settings, log).await.expect("the service starts"));
-        let state = web::Data::new(AppState {
-            sessions: service.sessions().clone(),
-            settings: Arc::new(settings),
-            auth: api::auth::Keys::new(&[]),
-            streams: StreamCounter::default(),
-            shutdown: CancellationToken::new(),
-        });
+        let service = Arc::new(
+            Service::with_store(&settings, crate::store::Store::embedded(log)).await.expect("the service starts"),
+        );
+        let state = web::Data::new(AppState::new(&service, Arc::new(settings), api::auth::Keys::new(&[])));
         let routes = web::Data::new(api::openapi::Routes::new(&document));
         let app = Rc::new(test::init_service(crate::app::views(state, routes)).await);
         let call: Call = Box::new(move |request| {
@@ -268,7 +263,11 @@ pub fn acp(data: &[u8]) {
             let settings = Settings::from_toml("").expect("the defaults load");
             let service = runtime.block_on(async {
                 let log = Arc::new(MemoryLog::new(crate::projection::all(), 256, 1_000_000));
-                Arc::new(Service::with_log(&settings, log).await.expect("the service starts"))
+                Arc::new(
+                    Service::with_store(&settings, crate::store::Store::embedded(log))
+                        .await
+                        .expect("the service starts"),
+                )
             });
             **cell = Some((runtime, service, 0));
         }

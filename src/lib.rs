@@ -27,11 +27,14 @@ pub mod acp;
 pub mod agent;
 pub mod api;
 pub mod app;
+pub mod audit;
+pub mod catalog;
 pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod domain;
+pub mod engine;
 pub mod error;
 /// The fuzz targets' entry points: only with the `fuzzing` feature (`fuzz/`, and
 /// `tests/fuzz_corpus.rs`), never in the service.

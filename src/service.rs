@@ -8,11 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::agent::{tools::Tools, Agents};
+use crate::audit::Audit;
+use crate::catalog::Catalog;
 use crate::config::{Settings, StoreBackend};
-use crate::session::cluster::Cluster;
-use crate::session::{Catalog, Engine, FollowConfig, InputLimits, SessionLog, Sessions};
+use crate::engine::cluster::Cluster;
+use crate::engine::{Engine, InputLimits};
+use crate::session::{FollowConfig, SessionLog, Sessions};
 use crate::store::sled::{SledConfig, SledLog};
-use crate::store::{Log, StoreError};
+use crate::store::{Log, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -24,6 +27,8 @@ pub enum StartError {
 
 pub struct Service {
     sessions: Sessions,
+    catalog: Arc<Catalog>,
+    audit: Audit,
     engine: Engine,
     log: Arc<dyn Log>,
     /// The sweeper, and with other nodes the server of forwarded commands and the reaper.
@@ -43,7 +48,7 @@ impl Service {
                 .await
                 .map_err(|source| StartError::Store { path: format!("NATS JetStream at {servers}"), source })?;
             tracing::info!(node = cluster.node(), servers, "the log is on JetStream");
-            return Service::start(settings, agents, Arc::new(log), Some(cluster)).await;
+            return Service::start(settings, agents, Store::shared(Arc::new(log)), Some(cluster)).await;
         }
         let config = SledConfig {
             path: Some(settings.server.data_dir.clone()),
@@ -57,35 +62,35 @@ impl Service {
         let path = settings.server.data_dir.display().to_string();
         let log =
             SledLog::open(config, crate::projection::all()).map_err(|source| StartError::Store { path, source })?;
-        Service::start(settings, agents, Arc::new(log), None).await
+        Service::start(settings, agents, Store::embedded(Arc::new(log)), None).await
     }
 
     /// Builds the service on a log that is already open (the in-memory one, in tests).
-    pub async fn with_log(settings: &Settings, log: Arc<dyn Log>) -> Result<Service, StartError> {
-        Service::start(settings, agents(settings)?, log, None).await
+    pub async fn with_store(settings: &Settings, store: Store) -> Result<Service, StartError> {
+        Service::start(settings, agents(settings)?, store, None).await
     }
 
     async fn start(
         settings: &Settings,
         agents: Agents,
-        log: Arc<dyn Log>,
+        store: Store,
         cluster: Option<Arc<dyn Cluster>>,
     ) -> Result<Service, StartError> {
         let follow = FollowConfig {
             replay_chunk: settings.streams.replay_chunk_events,
             max_backlog: settings.streams.max_backlog_events,
         };
-        let session_log = SessionLog::new(log.clone(), follow);
         let agents = Arc::new(agents);
-        // The catalog first: a session that recovery wakes may run one of its agents.
-        let catalog = Catalog::open(session_log.clone(), agents.clone())
-            .await
-            .map_err(|error| StartError::Refused(format!("could not read the catalog: {error}")))?;
         let limits = InputLimits {
             max_events_per_request: settings.limits.max_events_per_request,
             max_event_bytes: settings.limits.max_event_bytes,
         };
-        let engine = Engine::new(session_log.clone(), agents.clone(), settings.engine.clone(), limits, cluster.clone());
+        let engine = Engine::new(&store, agents.clone(), settings.engine.clone(), limits, cluster.clone());
+        // The catalog before recovery: a session that recovery wakes may run one of its agents.
+        let catalog = Catalog::open(&store, engine.clone(), agents.clone(), follow)
+            .await
+            .map_err(|error| StartError::Refused(format!("could not read the catalog: {error}")))?;
+        let catalog = Arc::new(catalog);
         let recovered = match engine.recover().await {
             Ok(0) => 0,
             Ok(closed) => {
@@ -94,7 +99,9 @@ impl Service {
             }
             Err(error) => return Err(StartError::Refused(format!("could not close interrupted turns: {error}"))),
         };
-        let sessions = Sessions::new(session_log, engine.clone(), agents, Arc::new(catalog));
+        let sessions = Sessions::new(SessionLog::new(&store, follow), engine.clone(), agents, catalog.clone());
+        let audit = Audit::new(sessions.clone(), store.clone(), engine.clone());
+        let log = store.log;
         let mut background = vec![tokio::spawn(sweep(log.clone()))];
         if cluster.is_some() {
             let serving = engine.serve_forwarded().await.map_err(|error| StartError::Refused(error.to_string()))?;
@@ -102,7 +109,8 @@ impl Service {
             background.extend([serving, tokio::spawn(async move { reaper.reap().await })]);
         }
         let stop_wait = Duration::from_secs(settings.server.shutdown_timeout_secs);
-        Ok(Service { sessions, engine, log, background, stop_wait, recovered, turns_stopped: Default::default() })
+        let turns_stopped = Default::default();
+        Ok(Service { sessions, catalog, audit, engine, log, background, stop_wait, recovered, turns_stopped })
     }
 
     /// How many turns that the last run left running this start closed as `interrupted`.
@@ -112,6 +120,15 @@ impl Service {
 
     pub fn sessions(&self) -> &Sessions {
         &self.sessions
+    }
+
+    /// Agents and environments made through an API.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    pub fn audit(&self) -> &Audit {
+        &self.audit
     }
 
     /// Cancels running turns and records how each ended, waiting up to

@@ -19,7 +19,7 @@ use turnlog::session::{
 };
 use turnlog::store::memory::MemoryLog;
 use turnlog::store::sled::{SledConfig, SledLog};
-use turnlog::store::{AppendError, Key, Log, Position, ReadRange, Scan, StoreError, Subscription};
+use turnlog::store::{AppendError, Log, Position, ReadRange, Store, StoreError, Subscription};
 use turnlog::{Service, Settings};
 
 /// The log a test runs on.
@@ -31,20 +31,26 @@ enum Backend {
     JetStream,
 }
 
-async fn open_log(backend: Backend) -> (Arc<dyn Log>, Option<Arc<nats::Nats>>) {
+async fn open_log(backend: Backend) -> (Store, Option<Arc<nats::Nats>>) {
     match backend {
-        Backend::Sled => (Arc::new(SledLog::open(SledConfig::default(), turnlog::projection::all()).unwrap()), None),
-        Backend::Memory => (Arc::new(MemoryLog::new(turnlog::projection::all(), 256, 1_000_000)), None),
+        Backend::Sled => {
+            (Store::embedded(Arc::new(SledLog::open(SledConfig::default(), turnlog::projection::all()).unwrap())), None)
+        }
+        Backend::Memory => {
+            (Store::embedded(Arc::new(MemoryLog::new(turnlog::projection::all(), 256, 1_000_000))), None)
+        }
         Backend::JetStream => {
             let nats = nats::Nats::single().await;
             let log = nats::open_log(&nats).await;
-            (Arc::new(log), Some(Arc::new(nats)))
+            (Store::shared(Arc::new(log)), Some(Arc::new(nats)))
         }
     }
 }
 
 struct Given {
     settings: Settings,
+    store: Store,
+    /// The store's log, to append to it as another writer would.
     log: Arc<dyn Log>,
     /// Held so that the service (its sweeper, its engine) lives as long as the test.
     _service: Service,
@@ -65,10 +71,10 @@ async fn given_with(backend: Backend, server_tools: &[(&str, bool)], tweak: impl
     Given { _nats: nats, ..given_on(log, server_tools, tweak).await }
 }
 
-async fn given_on(log: Arc<dyn Log>, server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
+async fn given_on(store: Store, server_tools: &[(&str, bool)], tweak: impl FnOnce(&mut Settings)) -> Given {
     let mut settings = Settings::load(None).unwrap();
     tweak(&mut settings);
-    let service = Service::with_log(&settings, log.clone()).await.unwrap();
+    let service = Service::with_store(&settings, store.clone()).await.unwrap();
     let sessions = service.sessions().clone();
     let spec = SessionSpec {
         agent: AgentSpec {
@@ -86,7 +92,8 @@ async fn given_on(log: Arc<dyn Log>, server_tools: &[(&str, bool)], tweak: impl 
     };
     let caller = Caller { subject: "t".into(), admin: false };
     let session = sessions.create(&caller, spec).await.unwrap();
-    Given { settings, log, _service: service, _nats: None, sessions, session }
+    let log = store.log.clone();
+    Given { settings, store, log, _service: service, _nats: None, sessions, session }
 }
 
 fn text(t: &str) -> Input {
@@ -148,7 +155,7 @@ impl Given {
     /// Starts the service again on the same log, as the process would after a crash;
     /// answers how many turns it closed.
     async fn restart(&self) -> usize {
-        Service::with_log(&self.settings, self.log.clone()).await.unwrap().recovered()
+        Service::with_store(&self.settings, self.store.clone()).await.unwrap().recovered()
     }
 }
 
@@ -379,14 +386,8 @@ impl Log for HeldLog {
         };
         Ok(turnlog::store::Ordered::new(appended, Box::pin(held)))
     }
-    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<turnlog::store::Ordered, AppendError> {
-        self.inner.adopt(session, events)
-    }
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
         self.inner.position(session).await
-    }
-    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<turnlog::store::Chained>, StoreError> {
-        self.inner.chained(session, range).await
     }
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
         self.inner.read(session, range).await
@@ -399,15 +400,6 @@ impl Log for HeldLog {
     }
     async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError> {
         self.inner.subscribe(session).await
-    }
-    async fn projected(&self, projection: &str, key: Key) -> Result<Option<bytes::Bytes>, StoreError> {
-        self.inner.projected(projection, key).await
-    }
-    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, bytes::Bytes)>, StoreError> {
-        self.inner.scan(projection, scan).await
-    }
-    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
-        self.inner.session_ids(after, limit).await
     }
     fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
         self.inner.changes()
@@ -424,14 +416,18 @@ impl Log for HeldLog {
 /// slow to make the call durable waits, and runs the tool once the log catches up.
 #[tokio::test]
 async fn a_server_tool_runs_only_once_its_call_is_durable() {
+    let memory = MemoryLog::new(turnlog::projection::all(), 256, 1_000_000);
     let log = Arc::new(HeldLog {
-        inner: MemoryLog::new(turnlog::projection::all(), 256, 1_000_000),
+        inner: memory.clone(),
         holding: false.into(),
         ordered: Default::default(),
         checkpoint: tokio::sync::watch::channel(false).0,
         released: tokio::sync::watch::channel(false).0,
     });
-    let g = given_on(log.clone(), &[("calculator", true)], |_| {}).await;
+    // The held log, and the memory log's projections and audit side beneath it.
+    let store =
+        Store { log: log.clone(), projections: Arc::new(memory.clone()), audit: Arc::new(memory), shared: None };
+    let g = given_on(store, &[("calculator", true)], |_| {}).await;
     let mut checkpoint = log.checkpoint.subscribe();
     g.when(vec![text("/tool calculator {\"expression\": \"2*(3+4)\"}")]).await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), checkpoint.wait_for(|c| *c))
@@ -963,6 +959,41 @@ async fn an_archived_session_keeps_its_log_and_takes_no_input(log: Backend) {
     assert_eq!(g.log().await.len(), mark + 1, "nothing stored");
 }
 
+async fn deleting_a_session_ends_its_running_turn_first(log: Backend) {
+    let g = given(log, &[]).await;
+    g.when(vec![text("/delay 20\n/words 500")]).await.unwrap();
+    g.wait_for("agent.message.delta").await;
+    let caller = Caller { subject: "t".into(), admin: false };
+    g.sessions.delete(&caller, &g.session.id.to_string()).await.unwrap();
+    let events = g.log().await;
+    let tail: Vec<String> = kinds(&events).into_iter().rev().take(3).collect();
+    assert_eq!(tail, ["terminated", "session.deleted", "session.status_idle"], "the turn ends, then the session");
+    let ends = events.iter().filter(|e| e.body_is_idle()).collect::<Vec<_>>();
+    assert_eq!(ends.len(), 1);
+    assert!(
+        matches!(&ends[0].body, EventBody::StatusIdle { stop_reason, .. } if stop_reason.kind == StopReason::Cancelled)
+    );
+    // Gone: a second delete, and any input, find no session; nothing more is stored.
+    let again = g.sessions.delete(&caller, &g.session.id.to_string()).await.unwrap_err();
+    assert!(matches!(again, SessionError::NotFound(_)), "{again}");
+    assert!(matches!(g.when(vec![text("hi")]).await.unwrap_err(), SessionError::NotFound(_)));
+    assert_eq!(g.log().await.len(), events.len());
+}
+
+async fn archiving_a_running_session_ends_its_turn_and_takes_only_cancels(log: Backend) {
+    let g = given(log, &[]).await;
+    g.when(vec![text("/delay 20\n/words 500")]).await.unwrap();
+    g.wait_for("agent.message.delta").await;
+    g.sessions.archive(&g.session).await.unwrap();
+    let events = g.log().await;
+    let tail: Vec<String> = kinds(&events).into_iter().rev().take(2).collect();
+    assert_eq!(tail, ["session.archived", "session.status_idle"], "the turn ends, then the session is archived");
+    // An archived session runs nothing: a cancel is answered and stores nothing.
+    let cancelled = g.when(vec![Input::Cancel]).await.unwrap();
+    assert!(cancelled.events.is_empty() && cancelled.turn.is_none());
+    assert_eq!(g.log().await.len(), events.len());
+}
+
 async fn metadata_is_a_patch_and_title_replaces(log: Backend) {
     let g = given(log, &[]).await;
     let patch = |pairs: serde_json::Value| turnlog::session::SessionUpdate {
@@ -1118,6 +1149,8 @@ on_every_log!(
     another_writer_during_a_turn_ends_it_with_a_log_error,
     a_message_sent_while_a_turn_runs_waits_for_the_next_turn,
     an_archived_session_keeps_its_log_and_takes_no_input,
+    deleting_a_session_ends_its_running_turn_first,
+    archiving_a_running_session_ends_its_turn_and_takes_only_cancels,
     metadata_is_a_patch_and_title_replaces,
     a_queued_message_left_by_a_crash_is_answered_at_the_next_start,
     an_interrupt_of_waiting_calls_lets_queued_messages_through,

@@ -16,7 +16,7 @@ use turnlog::projection::{SessionIndex, SessionSummary};
 use turnlog::store::jetstream::JetStreamLog;
 use turnlog::store::memory::MemoryLog;
 use turnlog::store::sled::{SledConfig, SledLog};
-use turnlog::store::{AppendError, Conflict, Key, Log, Position, ReadRange};
+use turnlog::store::{AppendError, AuditLog, Conflict, Key, Log, Position, Projections, ReadRange, SharedLog};
 
 const SESSIONS: usize = 3;
 
@@ -99,6 +99,22 @@ impl Opened {
     }
 
     fn log(&self) -> &dyn Log {
+        match self {
+            Opened::Sled(log) => log,
+            Opened::Memory(log) => log,
+            Opened::JetStream(log, _) => log,
+        }
+    }
+
+    fn projections(&self) -> &dyn Projections {
+        match self {
+            Opened::Sled(log) => log,
+            Opened::Memory(log) => log,
+            Opened::JetStream(log, _) => log,
+        }
+    }
+
+    fn audit(&self) -> &dyn AuditLog {
         match self {
             Opened::Sled(log) => log,
             Opened::Memory(log) => log,
@@ -230,7 +246,7 @@ async fn run(backend: Backend, ops: Vec<Op>) {
                     let position = log.position(*session).await.unwrap();
                     assert_eq!(position.seq, model[i].last().unwrap().seq);
                     assert_eq!(position.last, Some(model[i].last().unwrap().id));
-                    let summary = log.projected(SessionIndex::NAME, Key::session(*session)).await.unwrap();
+                    let summary = opened.projections().get(SessionIndex::NAME, Key::session(*session)).await.unwrap();
                     let summary: SessionSummary = serde_json::from_slice(&summary.expect("indexed")).unwrap();
                     assert_eq!(summary.created_by, format!("s{i}"));
                     assert_eq!(summary.deleted, closed[i], "the index knows which sessions ended");
@@ -473,8 +489,7 @@ async fn batches_that_start_with_one_id(nats: nats::Nats, replicas: usize) {
         let (x, y) = (log_of("a", 2), log_of("b", 3));
         a.prepare(session).await.unwrap();
         b.prepare(session).await.unwrap();
-        let (to_a, to_b) = (a.adopt(session, x.clone()).unwrap(), b.adopt(session, y.clone()).unwrap());
-        let (by_a, by_b) = tokio::join!(to_a.durable(), to_b.durable());
+        let (by_a, by_b) = tokio::join!(a.adopt(session, x.clone()), b.adopt(session, y.clone()));
         let acknowledged: Vec<&Vec<RawEvent>> = [(&by_a, &x), (&by_b, &y)]
             .into_iter()
             .filter(|(outcome, _)| matches!(outcome, Ok(Ok(_))))
@@ -638,15 +653,15 @@ async fn projections_rebuild_to_what_they_were(backend: Backend) {
         }
         log.append(*session, 0, drafts).await.unwrap().unwrap();
     }
-    let before = snapshot(opened.log()).await;
+    let before = snapshot(opened.projections()).await;
     assert_eq!(before.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 7], "sessions, open turns, turns");
     opened = opened.restart(dir.path(), false).await;
-    assert_eq!(snapshot(opened.log()).await, before);
+    assert_eq!(snapshot(opened.projections()).await, before);
     opened.log().close().await.unwrap();
 }
 
 /// Every value of every projection, in key order.
-async fn snapshot(log: &dyn Log) -> Vec<Vec<(Key, bytes::Bytes)>> {
+async fn snapshot(log: &dyn Projections) -> Vec<Vec<(Key, bytes::Bytes)>> {
     let mut all = Vec::new();
     for name in ["sessions", "open_turns", "turns"] {
         let scan = turnlog::store::Scan { session: None, after: None, newest_first: false, limit: 1000 };
@@ -688,7 +703,7 @@ async fn the_chain_links_every_event_and_an_adopted_log_keeps_it(backend: Backen
     opened.log().append(session, 11, vec![outcome(7)]).await.unwrap().unwrap();
     let all = ReadRange { after: None, before: None, limit: 1000, newest_first: false };
     let events = opened.log().read(session, all).await.unwrap();
-    let chained = opened.log().chained(session, all).await.unwrap();
+    let chained = opened.audit().chained(session, all).await.unwrap();
     assert_eq!((events.len(), chained.len()), (12, 12));
     let mut head = chain::GENESIS;
     let mut hashes = Vec::new();
@@ -698,23 +713,20 @@ async fn the_chain_links_every_event_and_an_adopted_log_keeps_it(backend: Backen
         hashes.push(head);
     }
     let newest = ReadRange { limit: 1, newest_first: true, ..all };
-    let last = opened.log().chained(session, newest).await.unwrap();
+    let last = opened.audit().chained(session, newest).await.unwrap();
     assert_eq!((last[0].0.id, last[0].1), (events[11].id, Some(head)));
 
     let other = Opened::open(backend, other_dir.path()).await;
-    // What the session layer does before a session's first append.
-    other.log().prepare(session).await.unwrap();
-    other.log().adopt(session, events.clone()).unwrap().durable().await.unwrap().unwrap();
-    let adopted = other.log().chained(session, all).await.unwrap();
+    other.audit().adopt(session, events.clone()).await.unwrap().unwrap();
+    let adopted = other.audit().chained(session, all).await.unwrap();
     assert_eq!(stored(adopted.iter().map(|(e, _)| e.clone()).collect()), stored(events.clone()), "byte for byte");
     assert_eq!(adopted.iter().map(|(_, h)| h.unwrap()).collect::<Vec<_>>(), hashes, "the same chain");
-    let again = other.log().adopt(session, events.clone()).unwrap().durable().await.unwrap();
+    let again = other.audit().adopt(session, events.clone()).await.unwrap();
     assert!(matches!(again, Err(Conflict { expected: 0, .. })), "a session with events takes no import");
     let mut gapped = events.clone();
     gapped.remove(3);
     let fresh = SessionId::generate();
-    other.log().prepare(fresh).await.unwrap();
-    let error = other.log().adopt(fresh, gapped).err().expect("a gap is refused");
+    let error = other.audit().adopt(fresh, gapped).await.expect_err("a gap is refused");
     assert!(matches!(error, AppendError::Malformed(_)), "{error}");
     opened.log().close().await.unwrap();
     other.log().close().await.unwrap();
@@ -739,7 +751,7 @@ async fn the_chain_on_the_jetstream_log() {
 /// and finds every event once, in order, across pages.
 #[tokio::test]
 async fn a_replay_reads_every_event_once_across_pages() {
-    use turnlog::store::audit::Replay;
+    use turnlog::audit::export::Pages;
     let log = MemoryLog::new(turnlog::projection::all(), 256, 1_000_000);
     let session = SessionId::generate();
     let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
@@ -755,7 +767,7 @@ async fn a_replay_reads_every_event_once_across_pages() {
     let replayed = |from: Option<EventId>| {
         let log = &log;
         async move {
-            let mut replay = Replay::start(log, session, from).await.unwrap()?;
+            let mut replay = Pages::start(log, session, from).await.unwrap()?;
             let mut ids = Vec::new();
             loop {
                 let page = replay.next(log).await.unwrap();

@@ -57,10 +57,9 @@ impl From<SessionError> for DoorError {
             SessionError::Conflict(_) | SessionError::PreviousTurn(_) | SessionError::Forbidden(_) => {
                 DoorError::Refused(message)
             }
-            SessionError::ShuttingDown
-            | SessionError::Retry(_)
-            | SessionError::Storage(_)
-            | SessionError::Unavailable(_) => DoorError::Unavailable(message),
+            SessionError::ShuttingDown | SessionError::Storage(_) | SessionError::Unavailable(_) => {
+                DoorError::Unavailable(message)
+            }
         }
     }
 }

@@ -10,10 +10,10 @@ use utoipa::{IntoParams, ToSchema};
 use crate::api::auth::Auth;
 use crate::api::body::{JsonBody, Query, RawBody};
 use crate::api::{Error, State};
+use crate::audit::import::Imported;
+use crate::audit::{Audit, Pace};
 use crate::domain::event::{AgentSpec, ToolTrust};
 use crate::error::ApiError;
-use crate::session::Pace;
-use crate::store::audit::Imported;
 
 pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
     // Before `/sessions/{session_id}`, which would take `import` for a session id.
@@ -45,11 +45,11 @@ async fn replay(
 ) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
     let mut pace = Pace::new(query.0.speed.unwrap_or(1.0))?;
-    let mut replay = state.sessions.replay(&summary, query.0.from.as_deref()).await?;
-    let (sessions, shutdown) = (state.sessions.clone(), state.shutdown.clone());
+    let mut replay = state.audit.pages(&summary, query.0.from.as_deref()).await?;
+    let (log, shutdown) = (state.audit.clone(), state.shutdown.clone());
     let body = async_stream::stream! {
         'log: loop {
-            let page = match sessions.replay_page(&mut replay).await {
+            let page = match log.next_page(&mut replay).await {
                 Ok(page) if page.is_empty() => break,
                 Ok(page) => page,
                 Err(error) => {
@@ -95,7 +95,7 @@ async fn audit(
     query: Query<AuditQuery>,
 ) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
-    let answer = match state.sessions.audit(&summary, query.0.verify).await? {
+    let answer = match state.audit.head(&summary, query.0.verify).await? {
         Ok(head) => json!({
             "session_id": summary.id.to_string(),
             "sequence_number": head.seq,
@@ -127,15 +127,15 @@ async fn audit(
 #[get("/sessions/{session_id}/export")]
 async fn export(state: State, Auth(caller, _): Auth, path: web::Path<String>) -> Result<HttpResponse, Error> {
     let summary = state.sessions.get(&caller, &path).await?;
-    let mut export = state.sessions.export(&summary);
+    let mut export = state.audit.export(&summary);
     // The first page now, so that a failure is an error answer, not a cut stream.
-    let first = state.sessions.export_page(&mut export).await?;
-    let sessions = state.sessions.clone();
+    let first = state.audit.export_page(&mut export).await?;
+    let log = state.audit.clone();
     let body = async_stream::stream! {
         let mut page = first;
         while !page.is_empty() {
             yield Ok::<_, std::io::Error>(web::Bytes::from(page));
-            page = match sessions.export_page(&mut export).await {
+            page = match log.export_page(&mut export).await {
                 Ok(page) => page,
                 Err(error) => {
                     tracing::error!(%error, "an export stopped");
@@ -158,14 +158,14 @@ async fn export(state: State, Auth(caller, _): Auth, path: web::Path<String>) ->
 )]
 #[post("/sessions/import")]
 async fn import(state: State, Auth(caller, _): Auth, body: RawBody) -> Result<HttpResponse, Error> {
-    crate::session::Sessions::may_import(&caller)?;
+    Audit::may_import(&caller)?;
     let text = std::str::from_utf8(&body.0).map_err(|_| ApiError::invalid("the body is not UTF-8"))?;
     let lines = text.lines().enumerate().map(|(i, line)| Ok::<_, std::convert::Infallible>((i + 1, line.to_string())));
-    let groups = crate::store::chain::group(lines).map_err(ApiError::invalid)?;
+    let groups = crate::audit::format::group(lines).map_err(ApiError::invalid)?;
     if groups.is_empty() {
         return Err(ApiError::invalid("the body has no export lines").into());
     }
-    let done = state.sessions.import(&caller, groups).await?;
+    let done = state.audit.import(&caller, groups).await?;
     let sessions: Vec<_> = done
         .into_iter()
         .map(|(session, imported)| {
@@ -210,7 +210,7 @@ async fn replay_into(
 ) -> Result<HttpResponse, Error> {
     let source = state.sessions.get(&caller, &path).await?;
     let ReplayInto { speed, from } = body.0;
-    let copy = state.sessions.replay_into(&caller, &source, from.as_deref(), speed.unwrap_or(1.0)).await?;
+    let copy = state.audit.replay_into(&caller, &source, from.as_deref(), speed.unwrap_or(1.0)).await?;
     tracing::info!(session_id = %copy.id, source = %source.id, "replay started");
     let answer = json!({"sessionId": copy.id.to_string(), "replay_of": copy.spec.replay_of});
     Ok(HttpResponse::Created().json(answer))
@@ -271,7 +271,7 @@ async fn fork(
         tools: a.tools.map(|tools| tools.into_iter().map(|t| ToolTrust { name: t.name, trust: t.trust }).collect()),
         options: a.options,
     });
-    let forked = state.sessions.fork(&caller, &source, &at, agent).await?;
+    let forked = state.audit.fork(&caller, &source, &at, agent).await?;
     tracing::info!(session_id = %forked.id, source = %source.id, "session forked");
     let answer = json!({"sessionId": forked.id.to_string(), "forked_from": forked.spec.forked_from});
     Ok(HttpResponse::Created().json(answer))

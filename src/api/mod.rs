@@ -22,8 +22,11 @@ use actix_web::web;
 use dashmap::DashMap;
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::Audit;
+use crate::catalog::Catalog;
 use crate::config::Settings;
 use crate::error::{ApiError, Code};
+use crate::service::Service;
 use crate::session::Sessions;
 
 pub use error::{no_route, Error};
@@ -31,11 +34,27 @@ pub use error::{no_route, Error};
 /// What every handler may use.
 pub struct AppState {
     pub sessions: Sessions,
+    pub catalog: Arc<Catalog>,
+    pub audit: Audit,
     pub settings: Arc<Settings>,
     pub auth: auth::Keys,
     pub streams: StreamCounter,
     /// Cancelled at shutdown: every open stream ends cleanly.
     pub shutdown: CancellationToken,
+}
+
+impl AppState {
+    pub fn new(service: &Service, settings: Arc<Settings>, auth: auth::Keys) -> AppState {
+        AppState {
+            sessions: service.sessions().clone(),
+            catalog: service.catalog().clone(),
+            audit: service.audit().clone(),
+            settings,
+            auth,
+            streams: StreamCounter::default(),
+            shutdown: CancellationToken::new(),
+        }
+    }
 }
 
 pub type State = web::Data<AppState>;

@@ -5,12 +5,15 @@ use std::path::{Path, PathBuf};
 
 use super::args::{ExportArgs, ImportArgs, Remote, ServeArgs, VerifyArgs};
 use super::{data_dir, input, open_data_dir, progress, run, Failure};
+use crate::audit::export::Export;
+use crate::audit::format::{self, Line};
+use crate::audit::import::{self as audit, ImportError, Imported};
+use crate::audit::verify::{self, Verifier};
 use crate::client::{Client, ImportStatus, SessionQuery};
 use crate::domain::SessionId;
 use crate::projection::{SessionIndex, SessionSummary};
-use crate::store::audit::{self, Export, ImportError, Imported};
-use crate::store::chain::{Line, Verifier};
-use crate::store::{Key, Log};
+use crate::store::sled::SledLog;
+use crate::store::{AuditLog, Key, Log, Projections, Store};
 
 /// Where sessions come from or go to.
 pub enum Source {
@@ -122,7 +125,7 @@ pub async fn export(source: &Source, selection: &Selection, out: &mut dyn Write)
 }
 
 async fn export_log(
-    log: &dyn Log,
+    log: &SledLog,
     named: Vec<SessionId>,
     selection: &Selection,
     out: &mut dyn Write,
@@ -138,7 +141,7 @@ async fn export_log(
         }
         let mut chosen = Vec::new();
         for session in all {
-            let summary = log.projected(SessionIndex::NAME, Key::session(session)).await.map_err(input)?;
+            let summary = log.get(SessionIndex::NAME, Key::session(session)).await.map_err(input)?;
             let summary: Option<SessionSummary> = summary.and_then(|bytes| serde_json::from_slice(&bytes).ok());
             // The catalog's log has no summary: it goes with an unfiltered export.
             let filtered = selection.agent.is_some() || selection.created_by.is_some();
@@ -197,7 +200,7 @@ async fn list_server(client: &Client, selection: &Selection) -> Result<Vec<Sessi
 fn read_file(path: &Path) -> Result<Vec<Vec<Line>>, Failure> {
     let file = std::fs::File::open(path).map_err(|e| Failure::Input(format!("{}: {e}", path.display())))?;
     let lines = std::io::BufReader::new(file).lines().enumerate().map(|(i, line)| line.map(|line| (i + 1, line)));
-    crate::store::chain::group(lines).map_err(|e| Failure::Input(format!("{}: {e}", path.display())))
+    format::group(lines).map_err(|e| Failure::Input(format!("{}: {e}", path.display())))
 }
 
 /// Checks every chain in an export file or a data dir; what was checked, per session (the
@@ -224,13 +227,13 @@ pub async fn verify(file: Option<&Path>, data_dir: Option<&Path>) -> Result<Vec<
     result.map(|()| checked)
 }
 
-async fn verify_log(log: &dyn Log, checked: &mut Vec<(SessionId, u64)>) -> Result<(), Failure> {
+async fn verify_log(log: &SledLog, checked: &mut Vec<(SessionId, u64)>) -> Result<(), Failure> {
     let mut after = None;
     loop {
         let page = log.session_ids(after, 1000).await.map_err(input)?;
         let Some(last) = page.last().copied() else { return Ok(()) };
         for session in page {
-            match audit::verify(log, session).await.map_err(input)? {
+            match verify::verify(log, session).await.map_err(input)? {
                 Ok(head) => checked.push((session, head.seq)),
                 Err(broken) => return Err(Failure::Wrong(format!("broken link: {broken}"))),
             }
@@ -247,7 +250,7 @@ pub async fn import(target: &Source, file: &Path) -> Result<Vec<(SessionId, Impo
     let mut checked = Vec::with_capacity(groups.len());
     for group in &groups {
         checked.push(audit::events_of(group).map_err(import_failure)?);
-        crate::session::Sessions::at_rest(group).map_err(|error| Failure::Wrong(format!("refused: {error}")))?;
+        audit::at_rest(group).map_err(|error| Failure::Wrong(format!("refused: {error}")))?;
     }
     let bar = progress(groups.len() as u64, "sessions");
     let mut done = Vec::new();
@@ -263,7 +266,7 @@ pub async fn import(target: &Source, file: &Path) -> Result<Vec<(SessionId, Impo
             }
             let pending = if result.is_ok() { groups.iter().zip(checked).collect() } else { Vec::new() };
             for (group, events) in pending {
-                match audit::adopt(log.as_ref(), group[0].session_id, events).await {
+                match audit::adopt(&Store::embedded(log.clone()), group[0].session_id, events).await {
                     Ok(imported) => done.push((group[0].session_id, imported)),
                     Err(error) => {
                         result = Err(import_failure(error));
@@ -291,13 +294,7 @@ async fn import_one(client: &Client, group: &[Line]) -> Result<(SessionId, Impor
     let body: Vec<u8> = group
         .iter()
         .flat_map(|line| {
-            crate::store::chain::export_line(
-                line.session_id,
-                line.sequence_number,
-                &line.prev,
-                &line.hash,
-                line.stored(),
-            )
+            format::export_line(line.session_id, line.sequence_number, &line.prev, &line.hash, line.stored())
         })
         .collect();
     let answer = client.import(body).await.map_err(|error| match error.refusal().map(|r| r.status.as_u16()) {

@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use super::args::{ReplayArgs, ServeArgs, TailArgs};
 use super::{data_dir, input, open_data_dir, run, Failure};
+use crate::audit::{pages, Pace};
 use crate::client::{Client, Followed, Reconnect};
 use crate::domain::SessionId;
-use crate::session::{start_replay, Pace};
 use crate::store::Log;
 
 /// `turnlog tail` (the server at `127.0.0.1:8787` unless named).
@@ -232,7 +232,7 @@ async fn replay_log<W: Write>(
     pace: &mut Pace,
     printer: &mut Printer<W>,
 ) -> Result<usize, Failure> {
-    let mut replay = start_replay(log, session, from).await.map_err(input)?;
+    let mut replay = pages(log, session, from).await.map_err(input)?;
     let mut printed = 0;
     loop {
         let page = replay.next(log).await.map_err(input)?;

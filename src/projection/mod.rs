@@ -3,9 +3,12 @@
 
 pub mod catalog;
 pub mod history;
+pub mod page;
+pub mod read;
 pub mod sessions;
 pub mod turns;
 
+pub use page::{Page, TimeBounds};
 pub use sessions::{SessionIndex, SessionSummary};
 pub use turns::{TurnIndex, TurnSummary};
 

@@ -79,6 +79,10 @@ impl Projection for SessionIndex {
         matches!(kind, "session.created" | "session.updated" | "session.archived" | "session.deleted" | "terminated")
     }
 
+    fn lists_sessions(&self) -> bool {
+        true
+    }
+
     fn keys(&self, event: &Event) -> Vec<Key> {
         vec![Key::session(event.session_id)]
     }

@@ -1,60 +1,32 @@
-//! The session layer: the one front door ([`Sessions`]) through which views, the turn
-//! engine and recovery reach the log. It creates, finds, lists and deletes sessions with
-//! ownership checked on every call, hands input to the engine, and reads, pages and
-//! follows logs and turns by cursor.
-//!
-//! Inside: [`decide`] (the pure decision step), [`rules`] (what a session's setup may
-//! hold), the engine and its actors, the turn loop, and `log` (the one way into the log).
+//! The front door ([`Sessions`]) and the read side: views, `turnlog acp` and the features
+//! beside them reach sessions only through here. It creates, finds, lists and deletes
+//! sessions with ownership checked on every call, hands input to the engine
+//! ([`crate::engine`]), and reads, pages and follows logs and turns by cursor.
 
-mod actor;
-mod audit;
-pub mod catalog;
-pub mod cluster;
 mod coalesce;
-pub mod decide;
-mod engine;
-mod follow;
+mod list;
 mod log;
-mod replay;
-pub mod rules;
+mod read;
 mod sessions;
-pub mod turn;
 
-pub use audit::{start_replay, Pace};
-pub use catalog::Catalog;
 pub use coalesce::Coalescer;
-pub use engine::{
-    AgentChanges, EngineSettings, Follows, Input, InputLimits, SessionUpdate, Submission, Submitted, WhenBusy,
-};
-pub use follow::{FollowError, Follower};
-pub use sessions::{
-    Activity, Changed, EventPage, EventQuery, ListFilter, Page, Sessions, Status, TimeBounds, TurnQuery,
-};
+pub use list::{Changed, ListFilter, Status};
+pub use read::{Activity, EventPage, EventQuery, TurnQuery};
+pub use sessions::Sessions;
 
-pub(crate) use engine::Engine;
+pub use crate::domain::Caller;
+pub use crate::engine::rules;
+pub use crate::engine::{
+    AgentChanges, Closing, Engine, EngineSettings, Follows, Input, InputLimits, SessionUpdate, Submission, Submitted,
+    WhenBusy,
+};
+pub use crate::error::SessionError;
+pub use crate::projection::{Page, TimeBounds};
+pub use crate::store::follow::{FollowConfig, FollowError, Follower};
+
 pub(crate) use log::SessionLog;
 
 use crate::domain::{EventId, TurnId};
-use crate::projection::SessionSummary;
-use crate::store::StoreError;
-
-/// Who is calling: the subject of the API key, and whether it may see every session.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    pub subject: String,
-    pub admin: bool,
-}
-
-impl Caller {
-    pub fn may_see(&self, summary: &SessionSummary) -> bool {
-        self.may_use(&summary.created_by)
-    }
-
-    /// Whether the caller may see and use what `owner` made.
-    pub fn may_use(&self, owner: &str) -> bool {
-        self.admin || owner == self.subject
-    }
-}
 
 /// A point in a session's log, as each dialect names one: an event id (native, managed
 /// agents), a session sequence number, or a turn and a number within it (the harness).
@@ -94,51 +66,4 @@ impl std::fmt::Display for Cursor {
             Cursor::Message(message) => write!(f, "msg_{message}"),
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error("session {0} not found")]
-    NotFound(String),
-    #[error("turn {turn} not found in session {session}")]
-    TurnNotFound { turn: String, session: String },
-    /// An agent or environment of the catalog.
-    #[error("{0} not found")]
-    CatalogNotFound(String),
-    #[error("{0} is not an event of this session")]
-    UnknownCursor(String),
-    #[error("{0}")]
-    Conflict(String),
-    /// A turn runs, and the input needs the session idle.
-    #[error("{0}")]
-    Busy(String),
-    /// The turn the client named as the one its new turn follows is not the session's last.
-    #[error("{0}")]
-    PreviousTurn(String),
-    #[error("{0}")]
-    Invalid(String),
-    #[error("{0}")]
-    Limit(String),
-    /// A piece of input would be stored as an event larger than `limits.max_event_bytes`.
-    #[error("{0}")]
-    TooLarge(String),
-    /// Something the request needs cannot be reached now (an MCP server): try again later.
-    #[error("{0}")]
-    Unavailable(String),
-    /// The caller may see the session but not do this.
-    #[error("{0}")]
-    Forbidden(String),
-    #[error("the service is shutting down")]
-    ShuttingDown,
-    /// The session's actor stopped before it took the submission: send it again.
-    #[error("retry")]
-    Retry(Box<engine::Submission>),
-    #[error(transparent)]
-    Storage(#[from] StoreError),
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct FollowConfig {
-    pub replay_chunk: usize,
-    pub max_backlog: u64,
 }

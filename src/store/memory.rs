@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use super::hub::Hub;
 use super::numbering::{Clock, Tail};
 use super::{
-    chain, project, AppendError, Appended, Key, Log, Ordered, Position, Projection, ReadRange, Scan, StoreError,
-    Subscription, Values,
+    chain, project, AppendError, Appended, AuditLog, Key, Log, Ordered, Position, Projection, Projections, ReadRange,
+    Scan, StoreError, Subscription, Values,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
 
@@ -196,16 +196,8 @@ impl Log for MemoryLog {
         Ok(Ordered::settled(self.append_now(session, expected, &drafts)?))
     }
 
-    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
-        Ok(Ordered::settled(self.adopt_now(session, events)?))
-    }
-
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
         Ok(self.channel(session).durable())
-    }
-
-    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
-        Ok(self.within(session, range, |log, i| (log.events[i].clone(), Some(log.hashes[i]))))
     }
 
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
@@ -230,12 +222,39 @@ impl Log for MemoryLog {
         Ok(Subscription { channel, live, at })
     }
 
-    async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
+        self.inner.hub.changes()
+    }
+
+    fn sweep(&self) {
+        self.inner.hub.sweep();
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        self.inner.state.lock().closed = true;
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Projections for MemoryLog {
+    async fn get(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
         self.with_values(projection, |values| values.and_then(|values| values.get(&key)).cloned())
     }
 
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
         self.with_values(projection, |values| values.map(|values| super::page(values, scan)).unwrap_or_default())
+    }
+}
+
+#[async_trait::async_trait]
+impl AuditLog for MemoryLog {
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
+        Ok(self.within(session, range, |log, i| (log.events[i].clone(), Some(log.hashes[i]))))
+    }
+
+    async fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Appended, AppendError> {
+        self.adopt_now(session, events)
     }
 
     async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
@@ -249,18 +268,5 @@ impl Log for MemoryLog {
         ids.sort_unstable();
         ids.truncate(limit);
         Ok(ids)
-    }
-
-    fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
-        self.inner.hub.changes()
-    }
-
-    fn sweep(&self) {
-        self.inner.hub.sweep();
-    }
-
-    async fn close(&self) -> Result<(), StoreError> {
-        self.inner.state.lock().closed = true;
-        Ok(())
     }
 }

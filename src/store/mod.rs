@@ -1,14 +1,18 @@
-//! The durable event log behind a narrow trait, [`Log`] (raft-engine's `PipeLog` is the
-//! model): append a batch of drafts to one session at an expected position, read after a
-//! cursor, subscribe to live events, and read the projections folded from the log.
+//! The durable event log behind narrow traits (raft-engine's `PipeLog` is the model), one
+//! for each kind of user: [`Log`] (append a batch of drafts to one session at an expected
+//! position, read after a cursor, subscribe to live events), [`Projections`] (the values
+//! folded from the log), [`AuditLog`] (the hash chain, whole logs brought in) and
+//! [`SharedLog`] (what a log shared by several nodes adds for the engine). [`Store`] is one
+//! backend seen through each.
 //!
-//! Two implementations: [`sled::SledLog`], the embedded durable one, and
-//! [`memory::MemoryLog`], for tests. The rules that number events live once, in
-//! [`numbering`]; the live channels and durable watermarks in `hub`. Nothing here knows
-//! about HTTP, and no sled type leaves [`sled`].
+//! Three implementations: [`sled::SledLog`], embedded and durable; [`jetstream`], shared by
+//! several nodes; [`memory::MemoryLog`], for tests. The rules that number events live once,
+//! in [`numbering`]; the live channels and durable watermarks in `hub`; following a log in
+//! [`follow`]; the chain's hash in [`chain`]. Nothing here knows about HTTP, sessions or
+//! projections by name, and no sled type leaves [`sled`].
 
-pub mod audit;
 pub mod chain;
+pub mod follow;
 mod hub;
 pub mod jetstream;
 pub mod memory;
@@ -151,6 +155,26 @@ pub struct ReadRange {
     pub newest_first: bool,
 }
 
+/// Events read per step when a whole log is folded.
+const FOLD_CHUNK: usize = 1024;
+
+/// Reads every event of `session` after `after`, in order, to the end of its log, a chunk
+/// at a time, handing each to `apply`; answers the last position read.
+pub async fn fold(
+    log: &dyn Log,
+    session: SessionId,
+    mut after: Position,
+    mut apply: impl FnMut(&RawEvent),
+) -> Result<Position, StoreError> {
+    loop {
+        let range = ReadRange { after: after.last, before: None, limit: FOLD_CHUNK, newest_first: false };
+        let events = log.read(session, range).await?;
+        let Some(last) = events.last() else { return Ok(after) };
+        after = Position { last: Some(last.id), seq: last.seq };
+        events.iter().for_each(&mut apply);
+    }
+}
+
 /// A live subscription: the bus receiver, taken before the watermark was read, so
 /// everything after `at` arrives on `live` (or is in the log when the bus lags).
 pub struct Subscription {
@@ -183,7 +207,7 @@ pub struct Scan {
     pub limit: usize,
 }
 
-/// A page of projected values kept in memory in key order, as [`Log::scan`] answers it.
+/// A page of projected values kept in memory in key order, as [`Projections::scan`] answers it.
 fn page(values: &std::collections::BTreeMap<Key, Bytes>, scan: Scan) -> Vec<(Key, Bytes)> {
     let in_scope = |key: &Key| scan.session.is_none_or(|s| key.session == s);
     let entries: Box<dyn Iterator<Item = (&Key, &Bytes)>> = match (scan.newest_first, scan.after) {
@@ -205,6 +229,12 @@ pub trait Projection: Send + Sync + 'static {
         1
     }
     fn wants(&self, kind: &str) -> bool;
+    /// Whether its values are the sessions' summaries, one per session: a log that learns
+    /// from its projections of appends made on other nodes (JetStream's) reports each
+    /// session whose summary changes on [`Log::changes`].
+    fn lists_sessions(&self) -> bool {
+        false
+    }
     /// The values `event` changes (most change one, or none).
     fn keys(&self, event: &Event) -> Vec<Key>;
     /// The new value under `key` after `event`, or `None` to keep the current one.
@@ -270,8 +300,9 @@ pub struct Health {
     pub connected: bool,
 }
 
-/// A session log store. Appends to one session are ordered by the calls to
-/// [`Log::append`]; reads never see an event before it is durable.
+/// The log itself: each session's events, appended at an expected position, read back
+/// after a cursor, and followed live. Appends to one session are ordered by the calls to
+/// [`Log::order`]; reads never see an event before it is durable.
 #[async_trait::async_trait]
 pub trait Log: Send + Sync + 'static {
     /// Orders `drafts` as the session's next events, as one unit, if the log ends at
@@ -286,16 +317,6 @@ pub trait Log: Send + Sync + 'static {
         let ordered = self.order(session, expected, drafts);
         Box::pin(async move { ordered?.durable().await })
     }
-
-    /// Makes ready to order appends to `session` (a log shared by several nodes loads its
-    /// end from the engine). The session layer calls it before a session's first append.
-    async fn prepare(&self, _session: SessionId) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    /// This node's writer of `session` has stopped: what `prepare` loaded may go (the
-    /// session's next writer, here or elsewhere, prepares again).
-    fn release(&self, _session: SessionId) {}
 
     /// The session's durable position.
     async fn position(&self, session: SessionId) -> Result<Position, StoreError>;
@@ -312,43 +333,86 @@ pub trait Log: Send + Sync + 'static {
     /// The session's live bus, and the position from which it delivers everything.
     async fn subscribe(&self, session: SessionId) -> Result<Subscription, StoreError>;
 
-    /// A projection's value.
-    async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError>;
-
-    /// A page of a projection's values.
-    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError>;
-
-    /// [`Log::read`], each event with its chain hash (`None`: the chain has not reached it).
-    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<Chained>, StoreError>;
-
-    /// Stores `events` (a whole log, exported from somewhere) as `session`'s log, byte for
-    /// byte, if the session has no events; sequence numbers must run 1, 2, 3, ... and ids
-    /// increase. The chain is computed anew as they are written.
-    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError>;
-
-    /// The sessions that have events, in id order, strictly after `after`.
-    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError>;
-
     /// The sessions whose logs grow from now on, each as its new events are published.
     fn changes(&self) -> broadcast::Receiver<Ulid>;
 
     /// Drops what sessions nobody watches or writes hold (their live channels).
     fn sweep(&self);
 
-    /// Sessions whose log, as this node knows it (from each session's last message when it
-    /// started, then from the messages it sees go by), ends with a turn open: with several
-    /// nodes, one that died between storing `turn.started` and writing its projections
-    /// leaves a turn the open-turn index does not list. None on one node.
-    fn turns_seen_open(&self) -> Vec<SessionId> {
-        Vec::new()
-    }
-
     /// Writes what is queued and closes; later appends answer `ShuttingDown`.
     async fn close(&self) -> Result<(), StoreError>;
+}
 
-    /// The engine underneath and whether it is reachable, for a log that is a client of
-    /// one (`None`: the log is embedded).
-    fn health(&self) -> Option<Health> {
-        None
+/// The projections the log keeps beside it ([`Projection`]), folded as it writes and
+/// rebuilt from the events when it opens after an unclean stop, or when the set of
+/// projections it was given differs from the stored one.
+#[async_trait::async_trait]
+pub trait Projections: Send + Sync + 'static {
+    /// A projection's value.
+    async fn get(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError>;
+
+    /// A page of a projection's values.
+    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError>;
+}
+
+/// What audit tools need of a log: each event's chain hash, whole logs brought in from an
+/// export, and every session there is.
+#[async_trait::async_trait]
+pub trait AuditLog: Send + Sync + 'static {
+    /// [`Log::read`], each event with its chain hash (`None`: the chain has not reached it).
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<Chained>, StoreError>;
+
+    /// Stores `events` (a whole log, exported from somewhere) as `session`'s log, byte for
+    /// byte, if the session has no events (else the conflict); sequence numbers must run 1,
+    /// 2, 3, ... and ids increase. The chain is computed anew as they are written. Answered
+    /// once durable.
+    async fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Appended, AppendError>;
+
+    /// The sessions that have events, in id order, strictly after `after`.
+    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError>;
+}
+
+/// What a log shared by several nodes adds, for the engine that writes to it (beside its
+/// cluster port) and for `/healthz`.
+#[async_trait::async_trait]
+pub trait SharedLog: Send + Sync + 'static {
+    /// Makes ready to order appends to `session` (loads its end from the engine underneath).
+    /// The engine calls it before a session's first append on this node.
+    async fn prepare(&self, session: SessionId) -> Result<(), StoreError>;
+
+    /// This node's writer of `session` has stopped: what `prepare` loaded may go (the
+    /// session's next writer, here or elsewhere, prepares again).
+    fn release(&self, session: SessionId);
+
+    /// Sessions whose log, as this node knows it (from each session's last message when it
+    /// started, then from the messages it sees go by), ends with a turn open: a node that
+    /// died between storing `turn.started` and writing its projections leaves a turn the
+    /// open-turn index does not list.
+    fn turns_seen_open(&self) -> Vec<SessionId>;
+
+    /// The engine underneath and whether it is reachable.
+    fn health(&self) -> Health;
+}
+
+/// One log store seen through each of its traits, as the service hands it out: the log to
+/// everyone, the projections to readers, the audit side to audit tools, and what a shared
+/// log adds to the engine (`None` for an embedded log).
+#[derive(Clone)]
+pub struct Store {
+    pub log: Arc<dyn Log>,
+    pub projections: Arc<dyn Projections>,
+    pub audit: Arc<dyn AuditLog>,
+    pub shared: Option<Arc<dyn SharedLog>>,
+}
+
+impl Store {
+    /// A log of this process alone (sled, or memory).
+    pub fn embedded<S: Log + Projections + AuditLog>(store: Arc<S>) -> Store {
+        Store { log: store.clone(), projections: store.clone(), audit: store, shared: None }
+    }
+
+    /// A log shared by several nodes.
+    pub fn shared<S: Log + Projections + AuditLog + SharedLog>(store: Arc<S>) -> Store {
+        Store { log: store.clone(), projections: store.clone(), audit: store.clone(), shared: Some(store) }
     }
 }

@@ -180,10 +180,10 @@ impl Cycle {
     }
 
     /// A request was answered `status` (with `body`), not the success expected. After a
-    /// kill, a survivor's 503 (the failover README describes), or its 409 for an append
+    /// kill, a survivor's 503 (the failover docs/cluster.md describes), or its 409 for an append
     /// that raced another node's as the killed node's sessions changed hands, ends the
     /// client: false. In the cycle after a nats-server's kill, a 503 is that failover's
-    /// aftermath (README: a request the engine still does not answer after a node's retry
+    /// aftermath (docs/cluster.md: a request the engine still does not answer after a node's retry
     /// window is answered 503, and nothing acknowledged is lost; a stream can take longer
     /// than that to settle on a loaded machine, and a node checks where each append landed,
     /// one more request that can time out): the client goes on (true), up to
@@ -905,7 +905,7 @@ struct ExportLine<'a> {
 }
 
 /// A session's log through the node at `url`, checked: its export's hash chain recomputed
-/// (README's definition) and ending at the head the audit route verifies; sequence numbers
+/// (docs/audit.md's definition) and ending at the head the audit route verifies; sequence numbers
 /// 1..n; increasing ids; the event API listing the same events; no turn open (in the log,
 /// and in the session's status). A panic is a log that is wrong; `Err` one that is not
 /// whole yet (a node that has not caught up with the log, or a turn a takeover has not

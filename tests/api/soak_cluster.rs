@@ -17,7 +17,7 @@
 //! once: the streams keep their quorum). A leader's kill once gave a session's log one
 //! sequence number twice, which fits nats-server 2.9 checking
 //! `Nats-Expected-Last-Subject-Sequence` on the leader alone (nats-server#4320): a publish
-//! sent again across the leader change stored twice. The log's second fence (README, "A
+//! sent again across the leader change stored twice. The log's second fence (docs/cluster.md, "A
 //! second fence") is what leader kills cover; they are off by default because on a loaded
 //! machine the stream can take longer than a node's 8 s retry window to settle after one,
 //! and the 503 a client then gets in the next cycle fails the soak (the fence itself has
@@ -28,7 +28,7 @@
 //! again on its data dir with its config, and the clients still going are stopped.
 //!
 //! A client ends at its first connection error to the killed node. After the kill, a
-//! survivor may also end a client with what README's failover describes: a 503, a 409 for
+//! survivor may also end a client with what docs/cluster.md's failover describes: a 503, a 409 for
 //! an append that raced another node's as sessions changed hands, a turn closed as
 //! interrupted, and (when a nats-server died) a stream cut off. In the cycle after a
 //! nats-server's kill, a 503 is that failover's aftermath (a stream still settling), and

@@ -1,7 +1,7 @@
 // A session's view, what it draws from the log: the conversation (thinking folded, tool calls
 // with their inputs, results and permission decisions, stop reasons, errors, usage per turn),
 // the Interrupt button, and the raw events' type filter. Turns are driven through the native
-// event API with the scripted model (the README's "The scripted model"):
+// event API with the scripted model ("The scripted model" in docs/models.md):
 //   `/think T` a thinking block; `/tool NAME JSON` a call (several lines: parallel calls);
 //   `/error CODE`, `/refuse`, `/max_tokens`, `/loop` (calculator on every request, until
 //   max_turn_requests); `/delay MS` and `/words N` a slow reply `w1 ... wN`.

@@ -1,4 +1,4 @@
-// Makes the README's picture of the console (docs/console.png): a real server on a temp data
+// Makes docs/console.md's picture of the console (docs/console.png): a real server on a temp data
 // dir, a session with a thinking step, a tool call and a reply, shown in Chromium.
 //   cargo build && node tests/console/screenshot.mjs
 import { spawn } from 'node:child_process';

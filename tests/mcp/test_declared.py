@@ -249,7 +249,7 @@ def test_the_harness_view_shows_mcp_initialize_and_mcp_tool_info(server):
 
 
 def model_name(server: str, tool: str) -> str:
-    """The README's rule: `<server>__<tool>`, or when that needs a change, its characters
+    """docs/mcp.md's rule: `<server>__<tool>`, or when that needs a change, its characters
     outside [a-zA-Z0-9_-] made `_`, cut to 55, then `_` and the FNV-1a (32-bit) hash of
     server NUL tool in 8 hex digits."""
     full = f"{server}__{tool}"

@@ -188,7 +188,7 @@ mod tests {
     use super::*;
     use crate::domain::event::{Permission, StopReason, Usage};
     use crate::domain::{Draft, EventId, SessionId};
-    use crate::session::decide::idle;
+    use crate::engine::decide::idle;
     use crate::store::numbering::{Clock, Tail};
 
     /// `shown` decides, from the envelope alone, which events `render` is given: it must

@@ -10,10 +10,10 @@ use super::sessions::{custom_tool, metadata, metadata_patch};
 use super::wire::{self, TimeQuery};
 use super::{limit, page, time_bounds, Auth, Error, Json, Managed, Query};
 use crate::api::State;
+use crate::catalog::{AgentChange, CatalogFilter, EnvironmentChange, NewAgent, NewEnvironment};
 use crate::domain::catalog::{McpServerDecl, McpToolRule, McpToolset};
 use crate::domain::event::{ClientTool, Permission};
 use crate::error::ApiError;
-use crate::session::catalog::{AgentChange, CatalogFilter, EnvironmentChange, NewAgent, NewEnvironment};
 use crate::session::{Page, SessionError};
 
 pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
@@ -225,7 +225,7 @@ async fn create_agent(
         mcp_toolsets,
         metadata: metadata(body.metadata)?,
     };
-    let agent = state.sessions.catalog().create_agent(&caller, new).await?;
+    let agent = state.catalog.create_agent(&caller, new).await?;
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
 
@@ -261,7 +261,7 @@ async fn update_agent(
         mcp_toolsets,
         metadata: Some(patch).filter(|p| !p.is_empty()),
     };
-    let agent = state.sessions.catalog().update_agent(&caller, &path, change).await?;
+    let agent = state.catalog.update_agent(&caller, &path, change).await?;
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
 
@@ -283,7 +283,7 @@ async fn retrieve_agent(
     path: web::Path<String>,
     query: Query<VersionQuery>,
 ) -> Result<HttpResponse, Error> {
-    let agent = state.sessions.catalog().agent(&caller, &path, query.0.version);
+    let agent = state.catalog.agent(&caller, &path, query.0.version);
     let agent = agent.ok_or_else(|| SessionError::CatalogNotFound(format!("agent {path}")))?;
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
@@ -300,7 +300,7 @@ async fn archive_agent(
     Auth(caller, _): Auth<Managed>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, Error> {
-    let agent = state.sessions.catalog().archive_agent(&caller, &path).await?;
+    let agent = state.catalog.archive_agent(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
 
@@ -342,7 +342,7 @@ async fn list_agents(
     query: Query<CatalogQuery>,
 ) -> Result<HttpResponse, Error> {
     let filter = query.0.filter(&state)?;
-    let found = state.sessions.catalog().agents(&caller, &filter).await?;
+    let found = state.catalog.agents(&caller, &filter).await?;
     Ok(catalog_page(found, wire::agent, |a| a.id.clone()))
 }
 
@@ -360,7 +360,7 @@ async fn agent_versions(
     query: Query<CatalogQuery>,
 ) -> Result<HttpResponse, Error> {
     let query = query.0;
-    let all = state.sessions.catalog().agent_versions(&caller, &path).await?;
+    let all = state.catalog.agent_versions(&caller, &path).await?;
     let limit = limit(query.limit, 20, state.settings.limits.max_page_size)?;
     let from = match query.page.as_deref() {
         Some(page) => page.parse::<u32>().map_err(|_| ApiError::invalid("invalid query `page`: not a page cursor"))?,
@@ -422,7 +422,7 @@ async fn create_environment(
         config: config(body.config)?,
         metadata: metadata(body.metadata)?,
     };
-    let environment = state.sessions.catalog().create_environment(&caller, new).await?;
+    let environment = state.catalog.create_environment(&caller, new).await?;
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
@@ -451,7 +451,7 @@ async fn update_environment(
         config: body.config.map(|c| config(Some(c))).transpose()?,
         metadata: Some(patch).filter(|p| !p.is_empty()),
     };
-    let environment = state.sessions.catalog().update_environment(&caller, &path, change).await?;
+    let environment = state.catalog.update_environment(&caller, &path, change).await?;
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
@@ -467,7 +467,7 @@ async fn retrieve_environment(
     Auth(caller, _): Auth<Managed>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, Error> {
-    let environment = state.sessions.catalog().environment(&caller, &path).await?;
+    let environment = state.catalog.environment(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
@@ -483,7 +483,7 @@ async fn archive_environment(
     Auth(caller, _): Auth<Managed>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, Error> {
-    let environment = state.sessions.catalog().archive_environment(&caller, &path).await?;
+    let environment = state.catalog.archive_environment(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 
@@ -499,7 +499,7 @@ async fn delete_environment(
     Auth(caller, _): Auth<Managed>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, Error> {
-    state.sessions.catalog().delete_environment(&caller, &path).await?;
+    state.catalog.delete_environment(&caller, &path).await?;
     Ok(HttpResponse::Ok().json(json!({"type": "environment_deleted", "id": path.as_str()})))
 }
 
@@ -516,6 +516,6 @@ async fn list_environments(
     query: Query<CatalogQuery>,
 ) -> Result<HttpResponse, Error> {
     let filter = query.0.filter(&state)?;
-    let found = state.sessions.catalog().environments(&caller, &filter).await?;
+    let found = state.catalog.environments(&caller, &filter).await?;
     Ok(catalog_page(found, wire::environment, |e| e.id.clone()))
 }

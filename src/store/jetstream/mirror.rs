@@ -67,12 +67,14 @@ pub struct Mirror {
     revisions: RwLock<HashMap<String, (u64, u64)>>,
     /// The bucket's revision this copy has applied from the watch.
     applied: watch::Sender<u64>,
-    /// Sessions whose summary changed, for the service's feed of changed sessions.
-    sessions_projection: &'static str,
+    /// The projection of the sessions' summaries ([`Projection::lists_sessions`]): a session
+    /// whose summary changed goes to the service's feed of changed sessions.
+    sessions_projection: Option<&'static str>,
 }
 
 impl Mirror {
-    pub fn new(sessions_projection: &'static str) -> Arc<Mirror> {
+    pub fn new(projections: &[Arc<dyn Projection>]) -> Arc<Mirror> {
+        let sessions_projection = projections.iter().find(|p| p.lists_sessions()).map(|p| p.name());
         Arc::new(Mirror {
             values: RwLock::default(),
             revisions: RwLock::default(),
@@ -90,7 +92,7 @@ impl Mirror {
         self.revisions.read().get(&value_key(projection, key)).map_or(0, |(_, seq)| *seq)
     }
 
-    /// A page in key order, as [`crate::store::Log::scan`] answers it.
+    /// A page in key order, as [`crate::store::Projections::scan`] answers it.
     pub fn scan(&self, projection: &str, scan: crate::store::Scan) -> Vec<(Key, Bytes)> {
         let values = self.values.read();
         values.get(projection).map(|values| crate::store::page(values, scan)).unwrap_or_default()
@@ -129,14 +131,14 @@ impl Mirror {
     }
 
     /// Applies the bucket's entries after revision `applied` that its stream's leader holds
-    /// (as many as [`super::FETCH_ROUND`]), one request each, while there is no watch (the
+    /// (as many as [`super::quiet::FETCH_ROUND`]), one request each, while there is no watch (the
     /// node's consumer of the events stream does the same).
     async fn fetch_after(&self, bucket: &kv::Store, changed: &impl Fn(SessionId)) {
         let stream = &bucket.stream;
-        let wait = super::QUIET_WAIT;
+        let wait = super::quiet::QUIET_WAIT;
         let Ok(Ok(info)) = tokio::time::timeout(wait, stream.get_info()).await else { return };
         let prefix = format!("$KV.{}.", bucket.name);
-        let last = info.state.last_sequence.min(*self.applied.borrow() + super::FETCH_ROUND);
+        let last = info.state.last_sequence.min(*self.applied.borrow() + super::quiet::FETCH_ROUND);
         loop {
             let revision = *self.applied.borrow() + 1;
             if revision > last {
@@ -189,13 +191,13 @@ impl Mirror {
                 }
             }
         }
-        (projection == self.sessions_projection).then_some(key.session)
+        (Some(projection) == self.sessions_projection).then_some(key.session)
     }
 
     /// Keeps the copy current from the bucket's watch, from its current values on; calls
     /// `changed` for each session whose summary changes. Answers once the copy holds the
     /// bucket as it stood (its last revision, `upto`). A watch that has gone quiet is
-    /// replaced by one from the revision after the last applied (see [`super::Quiet`]).
+    /// replaced by one from the revision after the last applied (see [`super::quiet::Quiet`]).
     pub async fn follow(
         self: &Arc<Mirror>,
         bucket: &kv::Store,
@@ -205,8 +207,8 @@ impl Mirror {
         let mut watch = bucket.watch_with_history(">").await.map_err(StoreError::new)?;
         let (mirror, bucket) = (self.clone(), bucket.clone());
         let task = tokio::spawn(async move {
-            let mut quiet = super::Quiet::new(*mirror.applied.borrow());
-            let mut tick = super::quiet_ticks();
+            let mut quiet = super::quiet::Quiet::new(*mirror.applied.borrow());
+            let mut tick = super::quiet::quiet_ticks();
             loop {
                 tokio::select! {
                     entry = watch.next() => match entry {
@@ -229,7 +231,7 @@ impl Mirror {
                         loop {
                             mirror.fetch_after(&bucket, &changed).await;
                             let from = *mirror.applied.borrow() + 1;
-                            match tokio::time::timeout(2 * super::QUIET_WAIT, bucket.watch_all_from_revision(from)).await {
+                            match tokio::time::timeout(2 * super::quiet::QUIET_WAIT, bucket.watch_all_from_revision(from)).await {
                                 Ok(Ok(new)) => break watch = new,
                                 Ok(Err(error)) => {
                                     tracing::warn!(%error, "could not watch the projections again; fetching meanwhile")
@@ -311,10 +313,32 @@ mod tests {
         assert_eq!(parse_key("sessions.not-an-id"), None);
     }
 
+    /// A projection of each session's creation (the store's tests name no projection of
+    /// the service's).
+    struct Created;
+
+    impl Projection for Created {
+        fn name(&self) -> &'static str {
+            "created"
+        }
+
+        fn wants(&self, kind: &str) -> bool {
+            kind == "session.created"
+        }
+
+        fn keys(&self, event: &crate::domain::Event) -> Vec<Key> {
+            vec![Key::session(event.session_id)]
+        }
+
+        fn apply(&self, _key: Key, _current: Option<&[u8]>, event: &crate::domain::Event) -> Option<Vec<u8>> {
+            Some(event.sequence_number.to_be_bytes().to_vec())
+        }
+    }
+
     #[test]
     fn a_value_folded_again_is_left_as_it_is() {
-        let projections = crate::projection::all();
-        let mirror = Mirror::new("sessions");
+        let projections: Vec<Arc<dyn Projection>> = vec![Arc::new(Created)];
+        let mirror = Mirror::new(&projections);
         let session = SessionId::generate();
         let created = crate::domain::EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
         let drafts = [crate::domain::Draft::new(None, &created)];

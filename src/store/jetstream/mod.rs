@@ -13,18 +13,18 @@
 //! messages themselves: a message is part of its session's log only if its first event
 //! follows the last event of the messages before it that are ([`follows`]); any other is
 //! void, and every node, reading the same stream in the same order, skips the same ones. A
-//! node that publishes checks where its message landed before it answers ([`placed`]):
+//! node that publishes checks where its message landed before it answers ([`JetStreamLog::placed`]):
 //! a message made void by another is refused as a race, never acknowledged.
 //!
 //! The numbering rules are the same as sled's ([`crate::store::numbering`]), applied by the
-//! node that appends, which must have [`Log::prepare`]d the session (loaded its tail from
+//! node that appends, which must have [prepared](SharedLog::prepare) the session (loaded its tail from
 //! the stream). The session layer holds a lease per session so that one node appends at a
 //! time; the expected sequence is the fence if two ever do.
 //!
 //! Each node runs one ordered consumer on the whole stream: every message, from any node,
 //! reaches the sessions this node has loaded through the in-process hub (their watermark,
 //! index and live bus), the path to every subscriber. A consumer that brings nothing while
-//! the stream holds more (its server died) is replaced within seconds ([`Quiet`]), the
+//! the stream holds more (its server died) is replaced within seconds ([`quiet::Quiet`]), the
 //! messages meanwhile fetched one by one; the projections' watch likewise. A node's own
 //! append is applied when JetStream acknowledges it (it follows what the session holds, by
 //! the expected sequence), and the consumer's copy of it is then skipped by its stream
@@ -33,20 +33,38 @@
 //! sequence.
 //!
 //! Projections live in a key-value bucket ([`mirror`]).
+//!
+//! The files, one concern each:
+//! - here: the shared state (a loaded [`Session`] and how it takes a message), the second
+//!   fence's rule ([`follows`]), and the store's traits ([`Log`], [`Projections`],
+//!   [`AuditLog`], [`SharedLog`]) implemented by calls into the others;
+//! - [`config`]: what a node is told of the engine;
+//! - [`open`]: connecting, making or checking the stream and the bucket, closing;
+//! - [`follow`]: the node's consumer of the whole stream, its replacement when quiet
+//!   ([`quiet`] says when), the turns seen open;
+//! - [`load`]: loading a session (its index and tail), reading it, finding an event;
+//! - [`publish`]: ordering an append and publishing it behind both fences;
+//! - [`projections`]: putting, repairing and rebuilding the projections;
+//! - [`mirror`]: each node's copy of the projections' bucket; [`wire`]: a message's form.
 
+mod config;
+mod follow;
+mod load;
 mod mirror;
+mod open;
+mod projections;
+mod publish;
+mod quiet;
 pub mod wire;
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, kv, stream};
-use async_nats::HeaderMap;
+use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
 use dashmap::DashMap;
-use futures_util::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 
@@ -55,62 +73,19 @@ use self::wire::Entry;
 use super::hub::{Channel, Hub};
 use super::numbering::{Clock, Tail};
 use super::{
-    chain, project, signature, AppendError, Conflict, Key, Log, Ordered, Position, Projection, ReadRange, Scan,
-    StoreError, Subscription,
+    chain, AppendError, AuditLog, Conflict, Key, Log, Ordered, Position, Projection, Projections, ReadRange, Scan,
+    SharedLog, StoreError, Subscription,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
-use crate::metrics;
 
-/// How a node reaches the engine and where it keeps things there.
-#[derive(Debug, Clone)]
-pub struct JetStreamConfig {
-    pub servers: Vec<String>,
-    /// 1, or 3 for a quorum of three servers.
-    pub replicas: usize,
-    pub stream: String,
-    /// Subjects are `<prefix>.events.<session>`.
-    pub prefix: String,
-    pub projections_bucket: String,
-    pub credentials: Credentials,
-    pub connect_timeout: Duration,
-    pub max_events_per_session: u64,
-    pub bus_capacity: usize,
-    /// The largest append (bytes of JSON) the service takes: the engine must carry it.
-    pub max_batch_bytes: usize,
-}
-
-#[derive(Clone, Default)]
-pub enum Credentials {
-    #[default]
-    None,
-    UserPassword(String, String),
-    Token(String),
-    CredsFile(std::path::PathBuf),
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Credentials::None => "None",
-            Credentials::UserPassword(..) => "UserPassword(..)",
-            Credentials::Token(_) => "Token(..)",
-            Credentials::CredsFile(_) => "CredsFile(..)",
-        })
-    }
-}
+pub use self::config::{Credentials, JetStreamConfig};
+pub use self::open::{open_bucket, patiently, when_ready};
 
 /// Messages of a loaded session kept decoded, newest last.
 const RECENT_MESSAGES: usize = 256;
-/// How many times an append refused at its expected sequence is sent again after void
-/// messages (see [`JetStreamLog::past_void`]).
-const VOID_PASSES: usize = 3;
-
 /// How many of the messages its consumer brought last a node remembers the session of:
 /// far more than its consumer can run ahead of the stream's leader (see `load`).
 const HEARD: usize = 4096;
-
-/// Messages fetched from the stream at once by a read.
-const FETCH_AHEAD: usize = 16;
 
 type Hashed = Arc<[(RawEvent, chain::Hash)]>;
 
@@ -129,7 +104,7 @@ struct Inner {
     /// Publishes in flight, to wait for at close.
     publishing: watch::Sender<usize>,
     /// Sessions whose turn is open after their last message, as read when the node started
-    /// and then from what its consumer delivers (see [`Log::turns_seen_open`]).
+    /// and then from what its consumer delivers (see [`SharedLog::turns_seen_open`]).
     seen_open: Mutex<std::collections::HashSet<SessionId>>,
     /// The session and stream sequence of the last [`HEARD`] messages the node's consumer
     /// brought, loaded here or not (see `load`).
@@ -193,118 +168,10 @@ fn skipped(session: impl std::fmt::Display, entry: &Entry, index: &[Entry]) {
         "a message of the stream is not part of its session's log; skipped");
 }
 
-/// How long a node waits for a consumer to index a session before it walks the messages.
-const CONSUMER_WAIT: Duration = Duration::from_secs(3);
-
 /// How long a request to JetStream is sent again while it fails: a server failing over (a
 /// stream or bucket electing a new leader, a client reconnecting) answers nothing for a
 /// few seconds.
 const FAILOVER_WAIT: Duration = Duration::from_secs(8);
-
-/// How long a lookup of an event newer than all a node holds asks the stream again before
-/// it calls the event unknown (see `JetStreamLog::find`).
-const UNSEEN_WAIT: Duration = Duration::from_secs(2);
-
-/// How long a node's consumer (or its projections' watch) may bring nothing while the
-/// stream holds what it has not brought, before the node follows the stream again with a
-/// new one from where the old one stopped. A consumer on a server that died brings nothing
-/// and says nothing: its client would notice only after two missed heartbeats (10 s),
-/// while live streams, appends and reads on this node wait for it.
-const QUIET_WAIT: Duration = Duration::from_secs(1);
-
-/// How many messages a node without a consumer fetches before it tries to make one again.
-const FETCH_ROUND: u64 = 1024;
-
-/// The ticks at which a follower of a stream is asked whether it has gone quiet: the first
-/// a whole [`QUIET_WAIT`] after it starts, and never two at once after a delay.
-fn quiet_ticks() -> tokio::time::Interval {
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + QUIET_WAIT, QUIET_WAIT);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks
-}
-
-/// Whether a follower of a stream (the node's consumer, or its projections' watch) has
-/// gone quiet: asked once per [`QUIET_WAIT`] with the stream sequence it has brought up to.
-/// A follower that has brought nothing for a tick, while the stream held a later message
-/// at that tick, and still nothing a tick later, has: a live one brings a message within
-/// moments of its being stored.
-#[derive(Default)]
-struct Quiet {
-    at_tick: u64,
-    /// The stream's last message, asked at a tick the follower had brought nothing since
-    /// the one before.
-    suspect: Option<u64>,
-    /// The stream's last message when the follower was last replaced: not again for it (a
-    /// message removed from the stream is never brought).
-    replaced_for: u64,
-}
-
-impl Quiet {
-    fn new(at: u64) -> Quiet {
-        Quiet { at_tick: at, ..Quiet::default() }
-    }
-
-    /// Whether the follower, at `now`, is to be replaced.
-    async fn stalled(&mut self, now: u64, stream: &stream::Stream) -> bool {
-        if std::mem::replace(&mut self.at_tick, now) != now {
-            self.suspect = None;
-            return false;
-        }
-        if let Some(last) = self.suspect.take().filter(|last| *last > now && *last != self.replaced_for) {
-            self.replaced_for = last;
-            return true;
-        }
-        if let Ok(Ok(info)) = tokio::time::timeout(QUIET_WAIT, stream.get_info()).await {
-            self.suspect = Some(info.state.last_sequence).filter(|last| *last > now);
-        }
-        false
-    }
-}
-
-/// How long a node that starts waits for JetStream to be ready for it (a fresh cluster
-/// electing its leaders takes a few seconds, longer on a loaded machine).
-const START_WAIT: Duration = Duration::from_secs(30);
-
-/// `attempt` (a node's start) until it succeeds, fails with anything but the engine out of
-/// reach (a configuration that does not fit is refused at once), or [`START_WAIT`] has
-/// passed: a cluster that has just started, or lost a server, answers nothing useful until
-/// it has elected its leaders.
-pub async fn when_ready<T, F: std::future::Future<Output = Result<T, StoreError>>>(
-    mut attempt: impl FnMut() -> F,
-) -> Result<T, StoreError> {
-    let deadline = Instant::now() + START_WAIT;
-    loop {
-        match attempt().await {
-            Ok(value) => return Ok(value),
-            Err(error) if error.is_unavailable() && Instant::now() < deadline => {
-                tracing::warn!(%error, "JetStream is not ready for this node yet; trying again");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(error) => return Err(error),
-        }
-    }
-}
-
-/// `request` until it succeeds, fails with an answer (`answered`), or [`FAILOVER_WAIT`]
-/// has passed.
-pub async fn patiently<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
-    what: &str,
-    mut request: impl FnMut() -> F,
-    answered: impl Fn(&E) -> bool,
-) -> Result<T, E> {
-    let deadline = Instant::now() + FAILOVER_WAIT;
-    let mut pause = Duration::from_millis(50);
-    loop {
-        match request().await {
-            Err(error) if !answered(&error) && Instant::now() < deadline => {
-                tracing::debug!(%error, what, "a JetStream request failed; sending it again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
-            }
-            result => return result,
-        }
-    }
-}
 
 /// A failure of a request to JetStream: the engine may be failing over, so try again.
 fn store_error(context: &str, error: impl std::fmt::Display) -> StoreError {
@@ -312,115 +179,6 @@ fn store_error(context: &str, error: impl std::fmt::Display) -> StoreError {
 }
 
 impl JetStreamLog {
-    /// Connects, makes (or checks) the stream and the bucket, brings the projections up to
-    /// date and starts following the stream. Fails with a clear reason when the engine
-    /// cannot be reached or does not fit the configuration; never falls back to anything.
-    pub async fn open(
-        config: JetStreamConfig,
-        projections: Vec<Arc<dyn Projection>>,
-    ) -> Result<JetStreamLog, StoreError> {
-        if config.servers.is_empty() {
-            return Err(StoreError::new("store.jetstream.servers names no server"));
-        }
-        if config.replicas != 1 && config.replicas != 3 {
-            return Err(StoreError::new(format!("store.jetstream.replicas is {}: it must be 1 or 3", config.replicas)));
-        }
-        let client = connect(&config).await?;
-        let max_payload = client.server_info().max_payload;
-        // The batch, its envelopes and framing must fit one message.
-        let needed = config.max_batch_bytes + config.max_batch_bytes / 4 + 64 * 1024;
-        if max_payload < needed {
-            return Err(StoreError::new(format!(
-                "the NATS server takes messages of at most {max_payload} bytes (max_payload); one append of \
-                 server.max_body_bytes needs {needed}: raise max_payload or lower server.max_body_bytes"
-            )));
-        }
-        when_ready(|| JetStreamLog::attach(client.clone(), config.clone(), projections.clone())).await
-    }
-
-    /// [`JetStreamLog::open`] once connected.
-    async fn attach(
-        client: async_nats::Client,
-        config: JetStreamConfig,
-        projections: Vec<Arc<dyn Projection>>,
-    ) -> Result<JetStreamLog, StoreError> {
-        let max_payload = client.server_info().max_payload;
-        let js = jetstream::new(client.clone());
-        let subjects = format!("{}.events.*", config.prefix);
-        let stream_config = stream::Config {
-            name: config.stream.clone(),
-            subjects: vec![subjects.clone()],
-            storage: stream::StorageType::File,
-            num_replicas: config.replicas,
-            max_message_size: max_payload as i32,
-            duplicate_window: Duration::from_secs(120),
-            allow_direct: true,
-            ..Default::default()
-        };
-        let stream = js
-            .get_or_create_stream(stream_config)
-            .await
-            .map_err(|e| store_error(&format!("could not open the JetStream stream {}", config.stream), e))?;
-        let info = stream.cached_info();
-        if info.config.subjects != vec![subjects.clone()] || info.config.num_replicas != config.replicas {
-            return Err(StoreError::new(format!(
-                "the JetStream stream {} exists with subjects {:?} and {} replicas; this node is configured for \
-                 {subjects:?} and {}",
-                config.stream, info.config.subjects, info.config.num_replicas, config.replicas
-            )));
-        }
-        let (start, messages) = (info.state.last_sequence + 1, info.state.messages);
-        let bucket = open_bucket(&js, &config.projections_bucket, Duration::ZERO, config.replicas).await?;
-        let sessions_projection = crate::projection::SessionIndex::NAME;
-        let inner = Arc::new(Inner {
-            client,
-            js,
-            stream,
-            bucket,
-            hub: Hub::new(config.bus_capacity),
-            config,
-            sessions: DashMap::new(),
-            projections,
-            mirror: Mirror::new(sessions_projection),
-            closed: AtomicBool::new(false),
-            tasks: Mutex::new(Vec::new()),
-            publishing: watch::channel(0).0,
-            seen_open: Mutex::default(),
-            heard: Mutex::new(VecDeque::with_capacity(HEARD)),
-        });
-        let log = JetStreamLog { inner };
-        log.rebuild_if_needed().await?;
-        let upto = log.bucket_revision().await?;
-        let changes = log.inner.hub.changes_sender();
-        let watch = log
-            .inner
-            .mirror
-            .follow(&log.inner.bucket, upto, move |session| {
-                let _ = changes.send(session.ulid());
-            })
-            .await?;
-        log.learn_open_turns(messages).await.inspect_err(|_| watch.abort())?;
-        let consumer = log.follow(start).await.inspect_err(|_| watch.abort())?;
-        log.inner.tasks.lock().extend([watch, consumer]);
-        Ok(log)
-    }
-
-    async fn bucket_revision(&self) -> Result<u64, StoreError> {
-        let name = format!("KV_{}", self.inner.config.projections_bucket);
-        let mut stream = self.inner.js.get_stream(&name).await.map_err(|e| store_error("the bucket's stream", e))?;
-        let info = stream.info().await.map_err(|e| store_error("the bucket's stream", e))?;
-        Ok(info.state.last_sequence)
-    }
-
-    /// The client, for the session layer's leases and forwarding over the same connection.
-    pub fn client(&self) -> async_nats::Client {
-        self.inner.client.clone()
-    }
-
-    pub fn context(&self) -> jetstream::Context {
-        self.inner.js.clone()
-    }
-
     fn subject(&self, session: SessionId) -> String {
         format!("{}.events.{}", self.inner.config.prefix, session.ulid())
     }
@@ -428,983 +186,6 @@ impl JetStreamLog {
     fn session_of(&self, subject: &str) -> Option<SessionId> {
         let rest = subject.strip_prefix(&self.inner.config.prefix)?.strip_prefix(".events.")?;
         rest.parse::<ulid::Ulid>().ok().map(SessionId)
-    }
-
-    /// The messages of `subject` (every session's: `None`) from `policy`, in stream order,
-    /// through an ordered consumer; `what` says what for, in an error.
-    async fn read_stream(
-        &self,
-        subject: Option<&str>,
-        policy: consumer::DeliverPolicy,
-        headers_only: bool,
-        what: &str,
-    ) -> Result<consumer::push::Ordered, StoreError> {
-        let inner = &self.inner;
-        let filter_subject = subject.map_or_else(|| format!("{}.events.*", inner.config.prefix), str::to_string);
-        let config = consumer::push::OrderedConfig {
-            deliver_subject: inner.client.new_inbox(),
-            filter_subject,
-            headers_only,
-            deliver_policy: policy,
-            ..Default::default()
-        };
-        let consumer = inner.stream.create_consumer(config).await.map_err(|e| store_error(what, e))?;
-        consumer.messages().await.map_err(|e| store_error(what, e))
-    }
-
-    /// Follows the whole stream from `start`: one consumer for the node, replaced by a new
-    /// one from where it stopped when it has gone quiet (see [`QUIET_WAIT`]).
-    async fn follow(&self, start: u64) -> Result<tokio::task::JoinHandle<()>, StoreError> {
-        let mut messages = self.follow_from(start).await?;
-        let log = self.clone();
-        Ok(tokio::spawn(async move {
-            let closed = || log.inner.closed.load(Ordering::SeqCst);
-            let mut followed = start - 1;
-            let mut quiet = Quiet::new(followed);
-            let mut tick = quiet_ticks();
-            loop {
-                tokio::select! {
-                    message = messages.next() => match message {
-                        Some(Ok(message)) => {
-                            if let Ok(info) = message.info() {
-                                followed = followed.max(info.stream_sequence);
-                            }
-                            log.delivered(message);
-                        }
-                        Some(Err(error)) => tracing::warn!(%error, "the stream's consumer failed; it resumes"),
-                        None => break,
-                    },
-                    _ = tick.tick() => {
-                        if !quiet.stalled(followed, &log.inner.stream).await {
-                            continue;
-                        }
-                        tracing::warn!(from = followed + 1, "the stream's consumer brings nothing the stream holds; following it again");
-                        metrics::JETSTREAM_FOLLOWERS_REPLACED.with_label_values(&["events"]).inc();
-                        // What the stream holds, fetched from its leader message by message,
-                        // then a new consumer: JetStream makes one through its metadata leader,
-                        // which may be electing too, and meanwhile the node fetches again.
-                        loop {
-                            followed = log.fetch_after(followed).await;
-                            match tokio::time::timeout(2 * QUIET_WAIT, log.follow_from(followed + 1)).await {
-                                Ok(Ok(new)) => break messages = new,
-                                _ if closed() => return,
-                                Ok(Err(error)) => {
-                                    tracing::warn!(%error, "could not follow the stream again; fetching meanwhile")
-                                }
-                                Err(_) => tracing::warn!("could not follow the stream again in time; fetching meanwhile"),
-                            }
-                        }
-                        tick.reset();
-                    }
-                }
-            }
-            if !closed() {
-                tracing::error!("the stream's consumer ended");
-            }
-        }))
-    }
-
-    /// Takes the stream's messages after `followed` that its leader holds (as many as
-    /// [`FETCH_ROUND`]), one request each, while the node has no consumer; answers the last
-    /// taken (or skipped: a message removed from the stream).
-    async fn fetch_after(&self, mut followed: u64) -> u64 {
-        let stream = &self.inner.stream;
-        let Ok(Ok(info)) = tokio::time::timeout(QUIET_WAIT, stream.get_info()).await else { return followed };
-        let last = info.state.last_sequence.min(followed + FETCH_ROUND);
-        while followed < last {
-            let seq = followed + 1;
-            match tokio::time::timeout(QUIET_WAIT, stream.get_raw_message(seq)).await {
-                Ok(Ok(message)) => {
-                    let subject = message.subject.as_str();
-                    self.taken_from_stream(subject, seq, last - seq, Some(&message.headers), &message.payload);
-                }
-                Ok(Err(error)) if error.kind() == stream::RawMessageErrorKind::NoMessageFound => {}
-                _ => break,
-            }
-            followed = seq;
-        }
-        followed
-    }
-
-    /// A consumer of the whole stream from `start_sequence`.
-    async fn follow_from(&self, start_sequence: u64) -> Result<consumer::push::Ordered, StoreError> {
-        let from = consumer::DeliverPolicy::ByStartSequence { start_sequence };
-        self.read_stream(None, from, false, "could not follow the stream").await
-    }
-
-    /// What the last message of every session says of its turn ([`wire::TURN`]): the turns
-    /// left open before this node started, which its consumer (from the stream's end) will
-    /// not see go by. Read before the consumer starts, whose messages then come after.
-    async fn learn_open_turns(&self, messages: u64) -> Result<(), StoreError> {
-        if messages == 0 {
-            return Ok(());
-        }
-        const WHAT: &str = "could not read the sessions' last messages";
-        let failed = |e: &dyn std::fmt::Display| store_error(WHAT, e);
-        let read = async {
-            let last = consumer::DeliverPolicy::LastPerSubject;
-            let mut messages = self.read_stream(None, last, true, WHAT).await?;
-            let mut open = Vec::new();
-            while let Some(message) = messages.next().await {
-                let message = message.map_err(|e| failed(&e))?;
-                let pending = message.info().map_err(|e| failed(&e))?.pending;
-                if let Some(session) = self.session_of(message.subject.as_str()) {
-                    if wire::turn(message.headers.as_ref()) == Some(true) {
-                        open.push(session);
-                    }
-                }
-                if pending == 0 {
-                    break;
-                }
-            }
-            Ok::<_, StoreError>(open)
-        };
-        let open = tokio::time::timeout(FAILOVER_WAIT, read)
-            .await
-            .map_err(|_| StoreError::unavailable("reading the sessions' last messages took too long"))??;
-        self.inner.seen_open.lock().extend(open);
-        Ok(())
-    }
-
-    /// One message of the stream, from any node: to the session, if this node has it loaded.
-    fn delivered(&self, message: jetstream::Message) {
-        let Ok(info) = message.info() else { return };
-        let (stream_seq, pending) = (info.stream_sequence, info.pending);
-        self.taken_from_stream(
-            message.subject.as_str(),
-            stream_seq,
-            pending,
-            message.headers.as_ref(),
-            &message.payload,
-        );
-    }
-
-    /// One message of the stream, by its parts (from the node's consumer, or fetched while
-    /// the node has none: see [`JetStreamLog::fetch_after`]).
-    fn taken_from_stream(
-        &self,
-        subject: &str,
-        stream_seq: u64,
-        pending: u64,
-        headers: Option<&HeaderMap>,
-        payload: &Bytes,
-    ) {
-        metrics::JETSTREAM_CONSUMER_PENDING.set(pending as i64);
-        let Some(session) = self.session_of(subject) else { return };
-        {
-            let mut heard = self.inner.heard.lock();
-            if heard.len() == HEARD {
-                heard.pop_front();
-            }
-            heard.push_back((session, stream_seq));
-        }
-        // Every session's, loaded here or not: the message's header says whether it left a
-        // turn open, whatever the node that appended it managed to project.
-        if let Some(open) = wire::turn(headers) {
-            let mut seen = self.inner.seen_open.lock();
-            match open {
-                true => seen.insert(session),
-                false => seen.remove(&session),
-            };
-        }
-        let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) else { return };
-        let decoded =
-            wire::entry(stream_seq, headers).and_then(|entry| Ok((entry, Hashed::from(wire::decode(payload)?))));
-        match decoded {
-            Ok((entry, events)) => {
-                loaded.apply(entry, events);
-            }
-            Err(error) => {
-                tracing::error!(%error, stream_seq, session_id = %session, "a message of the stream is not turnlog's")
-            }
-        }
-    }
-
-    /// The session, loaded: its index read from the stream, its watermark at its last message.
-    async fn session(&self, id: SessionId) -> Result<Arc<Session>, StoreError> {
-        if self.inner.closed.load(Ordering::SeqCst) {
-            return Err(StoreError::new("the log is closed"));
-        }
-        let session = self
-            .inner
-            .sessions
-            .entry(id)
-            .or_insert_with(|| {
-                let channel = self.inner.hub.channel(id.ulid(), || Ok::<_, StoreError>(Position::default()));
-                Arc::new(Session {
-                    id,
-                    channel: channel.expect("a new channel"),
-                    loaded: tokio::sync::OnceCell::new(),
-                    state: Mutex::default(),
-                    seen: watch::channel(0).0,
-                })
-            })
-            .clone();
-        session.loaded.get_or_try_init(|| self.load(&session)).await?;
-        Ok(session)
-    }
-
-    async fn load(&self, session: &Arc<Session>) -> Result<(), StoreError> {
-        let subject = self.subject(session.id);
-        let no_message = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
-        let stream = &self.inner.stream;
-        let last = patiently("last message", || stream.get_last_raw_message_by_subject(&subject), no_message).await;
-        let last = match last {
-            Ok(message) => Some(message),
-            Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
-            Err(error) => return Err(store_error(&format!("could not read session {}", session.id), error)),
-        };
-        // The leader answers what it has stored; this node's consumer may have brought a
-        // later message of the session from a replica a moment earlier, before the session
-        // was loading here (see `find`), and will not bring it again: read up to it too.
-        let heard = self.inner.heard.lock().iter().filter(|(of, _)| *of == session.id).map(|(_, seq)| *seq).max();
-        let upto = last.as_ref().map_or(0, |last| last.sequence).max(heard.unwrap_or(0));
-        let mut index = Vec::new();
-        let mut recent = VecDeque::new();
-        if upto > 0 {
-            index = self.index(session.id, &subject, upto).await?;
-            if let Some(last) = last.filter(|last| last.sequence == upto) {
-                if index.last().is_some_and(|entry| entry.stream_seq == upto) {
-                    let events = Hashed::from(wire::decode(&last.payload).map_err(StoreError::new)?);
-                    recent.push_back((upto, events));
-                }
-            }
-        }
-        tracing::debug!(session_id = %session.id, upto, heard, messages = index.len(), "a session loaded");
-        session.loaded_with(index, recent, upto);
-        Ok(())
-    }
-
-    /// The entries of the subject's messages that are part of its log ([`follows`]), up to
-    /// stream sequence `upto`, from their headers. Read with a consumer on the subject's
-    /// headers; if that does not answer in time (a server failing over may leave a new
-    /// consumer unplaced for a while), by walking the subject's messages one request at a
-    /// time, which only needs the stream's leader.
-    async fn index(&self, session: SessionId, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
-        let every = match tokio::time::timeout(CONSUMER_WAIT, self.index_once(subject, upto)).await {
-            Ok(Ok(every)) => every,
-            Ok(Err(error)) => {
-                tracing::warn!(%error, subject, "indexing a session by consumer failed; walking it");
-                self.index_walking(subject, upto).await?
-            }
-            Err(_) => {
-                tracing::warn!(subject, "indexing a session by consumer took too long; walking it");
-                self.index_walking(subject, upto).await?
-            }
-        };
-        if every.last().map(|entry| entry.stream_seq) != Some(upto) {
-            return Err(StoreError::new(format!("session {session}: its index does not end at its last message")));
-        }
-        let mut index: Vec<Entry> = Vec::with_capacity(every.len());
-        for entry in every {
-            if follows(&index, &entry) {
-                index.push(entry);
-            } else {
-                skipped(session, &entry, &index);
-            }
-        }
-        Ok(index)
-    }
-
-    async fn index_walking(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
-        let stream = &self.inner.stream;
-        let mut every = Vec::new();
-        let mut from = 1;
-        while from <= upto {
-            let next = || stream.raw_message_builder().sequence(from).next_by_subject(subject.to_string()).send();
-            let message = patiently("a session's message", next, |_| false)
-                .await
-                .map_err(|e| store_error("could not index a session", e))?;
-            every.push(wire::entry(message.sequence, Some(&message.headers)).map_err(StoreError::new)?);
-            from = message.sequence + 1;
-        }
-        Ok(every)
-    }
-
-    async fn index_once(&self, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
-        let all = consumer::DeliverPolicy::All;
-        let mut messages = self.read_stream(Some(subject), all, true, "could not index a session").await?;
-        let mut index = Vec::new();
-        while let Some(message) = messages.next().await {
-            let message = message.map_err(|e| store_error("could not index a session", e))?;
-            let info = message.info().map_err(|e| store_error("could not index a session", e))?;
-            let stream_seq = info.stream_sequence;
-            index.push(wire::entry(stream_seq, message.headers.as_ref()).map_err(StoreError::new)?);
-            if stream_seq >= upto {
-                break;
-            }
-        }
-        Ok(index)
-    }
-
-    /// A message's events, from the session's recent ones or the stream.
-    async fn message(&self, session: &Session, stream_seq: u64) -> Result<Hashed, StoreError> {
-        if let Some(events) = session.recent(stream_seq) {
-            return Ok(events);
-        }
-        let stream = &self.inner.stream;
-        let message = patiently("a message", || stream.get_raw_message(stream_seq), |_| false)
-            .await
-            .map_err(|e| store_error(&format!("could not read message {stream_seq}"), e))?;
-        Ok(Hashed::from(wire::decode(&message.payload).map_err(StoreError::new)?))
-    }
-
-    /// The events of `session` within `range`, each with its hash, never past its watermark.
-    async fn within(&self, id: SessionId, range: ReadRange) -> Result<Vec<(RawEvent, chain::Hash)>, StoreError> {
-        let session = self.session(id).await?;
-        let durable = session.channel.durable();
-        let in_range = |event: &RawEvent| {
-            event.seq <= durable.seq
-                && range.after.is_none_or(|after| event.id > after)
-                && range.before.is_none_or(|before| event.id < before)
-        };
-        // The messages that may hold events of the range, in the order read, as many as
-        // `limit` events need (the first may hold some outside the range).
-        let entries: Vec<Entry> = {
-            let state = session.state.lock();
-            let index = &state.index;
-            let from = range.after.map_or(0, |after| index.partition_point(|e| e.last_id <= after));
-            let to =
-                index.partition_point(|e| e.first_seq <= durable.seq && range.before.is_none_or(|b| e.first_id < b));
-            let within = &index[from..to.max(from)];
-            let ordered: Box<dyn Iterator<Item = &Entry>> =
-                if range.newest_first { Box::new(within.iter().rev()) } else { Box::new(within.iter()) };
-            let mut events = 0u64;
-            let mut first = None;
-            ordered
-                .take_while(|entry| {
-                    let spare = *first.get_or_insert(entry.count);
-                    let more = events < (range.limit as u64).saturating_add(spare);
-                    events += entry.count;
-                    more
-                })
-                .copied()
-                .collect()
-        };
-        let mut found = Vec::new();
-        for chunk in entries.chunks(FETCH_AHEAD) {
-            let fetches = chunk.iter().map(|entry| self.message(&session, entry.stream_seq));
-            let messages = futures_util::future::try_join_all(fetches).await?;
-            for events in messages {
-                let mut events: Vec<(RawEvent, chain::Hash)> =
-                    events.iter().filter(|(event, _)| in_range(event)).cloned().collect();
-                if range.newest_first {
-                    events.reverse();
-                }
-                found.extend(events);
-                if found.len() >= range.limit {
-                    found.truncate(range.limit);
-                    return Ok(found);
-                }
-            }
-        }
-        Ok(found)
-    }
-
-    /// The event `matches` picks, from the first message of the index that `before` is
-    /// false for (the index is in log order, so `before` is a partition of it). One this
-    /// node does not hold may be in a message another node appended a moment ago (a client
-    /// resuming here after an event it had from that node): it is looked for again once
-    /// this node holds the session's last message.
-    ///
-    /// It is looked for again in what the node holds after the stream was asked, whatever
-    /// the stream answered: the stream's leader answers what it has stored, and a replica
-    /// may have stored a message, and served it to a node's consumer, a moment before the
-    /// leader did. So the leader may say this node holds the session's last message while
-    /// this node's own consumer brings the event meanwhile (the cluster soak once had a
-    /// client's cursor called unknown that way). If the event would still come after
-    /// everything this node holds (`beyond`), the stream is asked again for a moment
-    /// ([`UNSEEN_WAIT`]) before the event is called unknown.
-    async fn find(
-        &self,
-        id: SessionId,
-        before: impl Fn(&Entry) -> bool,
-        matches: impl Fn(&RawEvent) -> bool,
-        beyond: impl Fn(&Position) -> bool,
-    ) -> Result<Option<RawEvent>, StoreError> {
-        let session = self.session(id).await?;
-        let held = *session.seen.borrow();
-        if let Some(found) = self.find_held(&session, &before, &matches).await? {
-            return Ok(Some(found));
-        }
-        let caught_up = self.catch_up(&session, held).await?;
-        if let Some(found) = self.find_held(&session, &before, &matches).await? {
-            return Ok(Some(found));
-        }
-        if !caught_up && beyond(&session.channel.durable()) {
-            let deadline = Instant::now() + UNSEEN_WAIT;
-            while Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let held = *session.seen.borrow();
-                if let Some(found) = self.find_held(&session, &before, &matches).await? {
-                    return Ok(Some(found));
-                }
-                self.catch_up(&session, held).await?;
-            }
-        }
-        // A client's cursor this node cannot place: foreign, or a fault of the log's.
-        let (durable, seen) = (session.channel.durable(), *session.seen.borrow());
-        let state = session.state.lock();
-        let near = state.index.get(state.index.partition_point(|entry| before(entry))).copied();
-        tracing::debug!(session_id = %id, held, seen, durable = ?durable, messages = state.index.len(),
-            last = ?state.index.last(), near = ?near, "an event looked for is not in this node's log");
-        Ok(None)
-    }
-
-    /// Waits until this node has taken the session's last message, which its consumer may
-    /// not have brought yet; false if it had already when it had taken the message `held`.
-    async fn catch_up(&self, session: &Session, held: u64) -> Result<bool, StoreError> {
-        let subject = self.subject(session.id);
-        let no_message = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
-        let stream = &self.inner.stream;
-        let last = patiently("last message", || stream.get_last_raw_message_by_subject(&subject), no_message).await;
-        let last = match last {
-            Ok(message) => message,
-            Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => return Ok(false),
-            Err(error) => return Err(store_error(&format!("could not read session {}", session.id), error)),
-        };
-        if last.sequence <= held {
-            return Ok(false);
-        }
-        let mut seen = session.seen.subscribe();
-        let caught_up = async {
-            let _ = seen.wait_for(|seen| *seen >= last.sequence).await;
-        };
-        if tokio::time::timeout(FAILOVER_WAIT, caught_up).await.is_err() {
-            return Err(StoreError::unavailable(format!("session {}: this node is behind its log", session.id)));
-        }
-        Ok(true)
-    }
-
-    /// [`JetStreamLog::find`] in what this node holds now.
-    async fn find_held(
-        &self,
-        session: &Session,
-        before: &impl Fn(&Entry) -> bool,
-        matches: &impl Fn(&RawEvent) -> bool,
-    ) -> Result<Option<RawEvent>, StoreError> {
-        let durable = session.channel.durable();
-        let entry = {
-            let state = session.state.lock();
-            state.index.get(state.index.partition_point(|entry| before(entry))).copied()
-        };
-        let Some(entry) = entry.filter(|entry| entry.first_seq <= durable.seq) else { return Ok(None) };
-        let events = self.message(session, entry.stream_seq).await?;
-        Ok(events.iter().map(|(event, _)| event).find(|event| matches(event) && event.seq <= durable.seq).cloned())
-    }
-
-    /// Orders `events` (numbered under the session's tail lock, with their hashes) for the
-    /// session's publisher.
-    fn queue(&self, session: &Arc<Session>, events: Vec<(RawEvent, chain::Hash)>) -> Result<Ordered, AppendError> {
-        let (reply, answer) = oneshot::channel();
-        let appended: Vec<RawEvent> = events.iter().map(|(event, _)| event.clone()).collect();
-        // Under the tail's lock (see `order_with`), which `Channel::drop_tail` is given too.
-        let epoch = session.channel.epoch.load(Ordering::SeqCst);
-        let start = {
-            let mut state = session.state.lock();
-            state.queue.push(Job { events, reply, epoch });
-            !std::mem::replace(&mut state.publishing, true)
-        };
-        if start {
-            self.inner.publishing.send_modify(|n| *n += 1);
-            metrics::JETSTREAM_PUBLISHING.inc();
-            let log = self.clone();
-            let session = session.clone();
-            tokio::spawn(async move {
-                log.publish_queued(&session).await;
-                log.inner.publishing.send_modify(|n| *n -= 1);
-                metrics::JETSTREAM_PUBLISHING.dec();
-            });
-        }
-        let durable = async move { answer.await.map_err(|_| AppendError::ShuttingDown)? };
-        Ok(Ordered::new(Ok(appended), Box::pin(durable)))
-    }
-
-    /// Publishes what is queued for the session, all of it as one message each time, until
-    /// nothing is left.
-    async fn publish_queued(&self, session: &Arc<Session>) {
-        // Why the last message was not stored: what is queued after it is refused for that.
-        let mut failed: Option<AppendError> = None;
-        loop {
-            let (jobs, expect) = {
-                let mut state = session.state.lock();
-                if state.queue.is_empty() {
-                    state.publishing = false;
-                    return;
-                }
-                // As many as one message carries (each alone was checked to fit); the rest go
-                // in the next.
-                let cap = self.inner.config.max_batch_bytes + self.inner.config.max_batch_bytes / 4;
-                let (mut size, mut take) = (0, 0);
-                for job in &state.queue {
-                    let bytes: usize = job.events.iter().map(|(event, _)| event.json.len()).sum();
-                    if take > 0 && size + bytes > cap {
-                        break;
-                    }
-                    (size, take) = (size + bytes, take + 1);
-                }
-                (state.queue.drain(..take).collect::<Vec<_>>(), state.expect)
-            };
-            // Numbered on a tail dropped since: refused as the append that dropped it was
-            // (or as raced, if another node's append did), whatever `expect` says now.
-            let epoch = session.channel.epoch.load(Ordering::SeqCst);
-            let (jobs, stale): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|job| job.epoch == epoch);
-            for job in stale {
-                let _ = job.reply.send(Err(failed.clone().unwrap_or_else(|| raced(session.id))));
-            }
-            if jobs.is_empty() {
-                continue;
-            }
-            let events: Vec<(RawEvent, chain::Hash)> = jobs.iter().flat_map(|job| job.events.iter().cloned()).collect();
-            let result = match (expect, &failed) {
-                (Some(expect), _) => self.publish(session, expect, &events).await,
-                // Numbered after events that were not stored, not after another node's.
-                (None, Some(error)) => Err(error.clone()),
-                (None, None) => Err(raced(session.id)),
-            };
-            if let Err(error) = &result {
-                failed = Some(error.clone());
-                // The tail and the chain head counted these events: load them again before
-                // the next append, and refuse what was ordered after these.
-                session.channel.drop_tail(&mut session.channel.tail.lock());
-                session.state.lock().expect = None;
-                tracing::warn!(%error, session_id = %session.id, events = events.len(), "an append was not stored");
-            }
-            for job in jobs {
-                let _ = job.reply.send(result.clone());
-            }
-        }
-    }
-
-    /// One message, at the subject's expected last sequence; then its projections; answers
-    /// once this node holds both (so that its reads see them).
-    async fn publish(
-        &self,
-        session: &Arc<Session>,
-        expect: u64,
-        events: &[(RawEvent, chain::Hash)],
-    ) -> Result<(), AppendError> {
-        let storage =
-            |context: &str, error: &dyn std::fmt::Display| AppendError::Storage(format!("{context}: {error}"));
-        let open_before = session.state.lock().index.last().and_then(|entry| entry.open);
-        let (mut headers, payload) = wire::encode(events, open_before);
-        // The chain hash of the batch's last event, which covers its every byte and every
-        // event before it: a publish sent again is recognised as this batch, and never
-        // confused with another batch at the same position, even one whose events have the
-        // same ids (two writers numbering from one tail within a millisecond of its last
-        // event, or on clocks that disagree, each take its id plus one).
-        headers.insert("Nats-Msg-Id", hex::encode(events[events.len() - 1].1).as_str());
-        let subject = self.subject(session.id);
-        let started = Instant::now();
-        use jetstream::context::PublishErrorKind as Kind;
-        let js = &self.inner.js;
-        // Sent again while the engine fails over: the message id makes a second copy of a
-        // publish whose answer was lost a duplicate, answered with the first one's sequence.
-        let answered = |e: &jetstream::context::PublishError| {
-            matches!(e.kind(), Kind::WrongLastSequence | Kind::WrongLastMessageId | Kind::MaxPayloadExceeded)
-        };
-        let (mut expect, mut passes) = (expect, 0);
-        let ack = loop {
-            headers.insert("Nats-Expected-Last-Subject-Sequence", expect.to_string().as_str());
-            let send = || async {
-                let sent = js.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await?;
-                sent.await
-            };
-            match patiently("an append", send, answered).await {
-                Ok(ack) => break ack,
-                Err(error) if error.kind() == Kind::WrongLastSequence => {
-                    passes += 1;
-                    match self.past_void(session, events[0].0.seq).await {
-                        Some(last) if passes <= VOID_PASSES && last > expect => expect = last,
-                        _ => {
-                            metrics::APPENDS_REFUSED.with_label_values(&["raced"]).inc();
-                            return Err(raced(session.id));
-                        }
-                    }
-                }
-                Err(error) if answered(&error) => return Err(storage("JetStream did not store the append", &error)),
-                // Still failing once the failover wait is over: the engine is out of reach (503).
-                Err(error) => {
-                    return Err(AppendError::Unavailable(format!("JetStream did not answer the append: {error}")))
-                }
-            }
-        };
-        let stream_seq = self.placed(session, expect, ack.sequence, events[0].0.seq, &payload).await?;
-        metrics::JETSTREAM_PUBLISH_SECONDS.observe(started.elapsed().as_secs_f64());
-        session.state.lock().expect = Some(ack.sequence);
-        // Applied here at once, not when this node's consumer brings it back (it may be
-        // recovering from a lost server): it is the first message after the one this node
-        // last had, so it follows what the session holds.
-        let entry = Entry {
-            stream_seq,
-            first_seq: events[0].0.seq,
-            count: events.len() as u64,
-            first_id: events[0].0.id,
-            last_id: events[events.len() - 1].0.id,
-            open: wire::turn(Some(&headers)),
-        };
-        if !session.apply(entry, Hashed::from(events.to_vec())) {
-            // Never expected: JetStream took it after a message this node does not hold.
-            return Err(raced(session.id));
-        }
-        // The events are stored and published: the append stands. Projections this node
-        // could not put yet are put again, in order, before the session's next ones.
-        if let Err(error) = self.project(session.id, events).await {
-            tracing::error!(%error, session_id = %session.id, "the projections of stored events were not put; repairing");
-            session.state.lock().unprojected = true;
-        }
-        metrics::EVENTS_APPENDED.inc_by(events.len() as u64);
-        Ok(())
-    }
-
-    /// After JetStream refused an append numbered from `first_seq` at the subject's expected
-    /// sequence: the subject's last message, if the messages after what this node held are
-    /// all void, so that the append still follows the log's last event and may name that
-    /// message instead (`None` if another batch is in the log there, or this node cannot
-    /// tell in time, as its consumer recovers from a failover).
-    async fn past_void(&self, session: &Session, first_seq: u64) -> Option<u64> {
-        let (stream, subject) = (&self.inner.stream, self.subject(session.id));
-        let last = patiently("last message", || stream.get_last_raw_message_by_subject(&subject), |_| false).await;
-        let last = last.ok()?.sequence;
-        let mut seen = session.seen.subscribe();
-        tokio::time::timeout(FAILOVER_WAIT, seen.wait_for(|seen| *seen >= last)).await.ok()?.ok()?;
-        let state = session.state.lock();
-        let held = state.index.last().map_or(0, |entry| entry.last_seq());
-        (held + 1 == first_seq).then(|| *session.seen.borrow())
-    }
-
-    /// Where the batch `payload` (its first event numbered `first_seq`) is in the log, now
-    /// that JetStream has stored a copy at `at`, published after the subject's message
-    /// `expect`: the first message after `expect` at its position ([`follows`]) is the
-    /// log's, and void messages (copies of older batches) may come before it. That is `at`,
-    /// or an earlier copy of this same batch, byte for byte (a publish sent again), or
-    /// another batch, which makes this one void: refused as a race, as if JetStream had
-    /// refused it. Without replicas JetStream checks the expected sequence in order, and a
-    /// message right after `expect` has nothing before it.
-    async fn placed(
-        &self,
-        session: &Session,
-        expect: u64,
-        at: u64,
-        first_seq: u64,
-        payload: &Bytes,
-    ) -> Result<u64, AppendError> {
-        if self.inner.config.replicas <= 1 || at == expect + 1 {
-            return Ok(at);
-        }
-        let (stream, subject) = (&self.inner.stream, self.subject(session.id));
-        let mut from = expect + 1;
-        loop {
-            let next = || stream.raw_message_builder().sequence(from).next_by_subject(subject.clone()).send();
-            let message = patiently("checking where an append is", next, |_| false).await.map_err(|error| {
-                AppendError::Unavailable(format!("JetStream stored an append but did not say where: {error}"))
-            })?;
-            if message.sequence >= at {
-                return Ok(at);
-            }
-            let entry = wire::entry(message.sequence, Some(&message.headers)).map_err(AppendError::Storage)?;
-            if entry.first_seq == first_seq {
-                if message.payload == *payload {
-                    return Ok(message.sequence);
-                }
-                metrics::APPENDS_REFUSED.with_label_values(&["raced"]).inc();
-                tracing::warn!(session_id = %session.id, stream_seq = at, taken_by = message.sequence,
-                    "JetStream stored an append at a position another had taken; it is void");
-                return Err(raced(session.id));
-            }
-            from = message.sequence + 1;
-        }
-    }
-
-    /// Folds `events` into the projections and puts what changed, then the session's
-    /// watermark; answers the bucket's revision after the last put.
-    async fn project(&self, session: SessionId, events: &[(RawEvent, chain::Hash)]) -> Result<u64, StoreError> {
-        let mut staged = mirror::Staged::new(&self.inner.mirror, &self.inner.projections);
-        for (event, _) in events {
-            project(&self.inner.projections, event, &mut staged)?;
-        }
-        let last = events.last().map_or(0, |(event, _)| event.seq);
-        let puts = staged.stored();
-        let (bucket, mirror) = (&self.inner.bucket, &self.inner.mirror);
-        let revisions = futures_util::future::try_join_all(puts.into_iter().map(|(key, value)| async move {
-            // A put is idempotent: one whose answer was lost (a server failing over) is sent again.
-            let revision = patiently("a projection", || bucket.put(&key, value.clone()), |_| false)
-                .await
-                .map_err(|e| store_error(&format!("could not put {key}"), e))?;
-            mirror.put(&key, value, revision);
-            Ok::<_, StoreError>(revision)
-        }))
-        .await?;
-        // Only once every value is in: the watermark says they all are.
-        let key = mirror::watermark_key(session);
-        let value = Bytes::from(last.to_string());
-        let watermark = patiently("a watermark", || bucket.put(&key, value.clone()), |_| false)
-            .await
-            .map_err(|e| store_error("could not put the watermark", e))?;
-        Ok(revisions.into_iter().max().unwrap_or(0).max(watermark))
-    }
-
-    /// Makes the projections of `session` whole up to its last event, if the node that
-    /// appended last stopped before it put them.
-    async fn repair(&self, session: &Arc<Session>) -> Result<(), StoreError> {
-        let at = session.channel.durable().seq;
-        let key = mirror::watermark_key(session.id);
-        let projected = match self.inner.bucket.get(&key).await.map_err(|e| store_error("the watermark", e))? {
-            Some(value) => std::str::from_utf8(&value).ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0),
-            None => 0,
-        };
-        if projected >= at {
-            return Ok(());
-        }
-        let after = match projected {
-            0 => None,
-            seq => self.event_at(session.id, seq).await?.map(|event| event.id),
-        };
-        let events =
-            self.within(session.id, ReadRange { after, before: None, limit: usize::MAX, newest_first: false }).await?;
-        tracing::warn!(session_id = %session.id, from = projected, to = at, "projecting events the last writer left unprojected");
-        self.project(session.id, &events).await?;
-        Ok(())
-    }
-
-    /// Rebuilds every projection from the stream when the bucket was made for another set
-    /// of them (or is new).
-    async fn rebuild_if_needed(&self) -> Result<(), StoreError> {
-        let names = signature(&self.inner.projections);
-        let bucket = &self.inner.bucket;
-        let stored = bucket.get(mirror::SIGNATURE).await.map_err(|e| store_error("the projections' signature", e))?;
-        if stored.as_deref() == Some(names.as_bytes()) {
-            return Ok(());
-        }
-        let started = Instant::now();
-        let mut keys = bucket.keys().await.map_err(|e| store_error("the projections' keys", e))?;
-        while let Some(key) = keys.try_next().await.map_err(|e| store_error("the projections' keys", e))? {
-            bucket.purge(&key).await.map_err(|e| store_error("clearing the projections", e))?;
-        }
-        let empty = Mirror::new(crate::projection::SessionIndex::NAME);
-        let mut staged = mirror::Staged::new(&empty, &self.inner.projections);
-        let mut watermarks: BTreeMap<String, u64> = BTreeMap::new();
-        let mut count = 0u64;
-        let last =
-            self.inner.stream.clone().info().await.map_err(|e| store_error("the stream", e))?.state.last_sequence;
-        if last > 0 {
-            let all = consumer::DeliverPolicy::All;
-            let mut messages = self.read_stream(None, all, false, "could not read the stream").await?;
-            while let Some(message) = messages.next().await {
-                let message = message.map_err(|e| store_error("could not read the stream", e))?;
-                let stream_seq =
-                    message.info().map_err(|e| store_error("could not read the stream", e))?.stream_sequence;
-                if let Some(session) = self.session_of(message.subject.as_str()) {
-                    let key = mirror::watermark_key(session);
-                    let events = wire::decode(&message.payload).map_err(StoreError::new)?;
-                    // Only the messages that are part of the log (see `follows`).
-                    if events.first().map(|(event, _)| event.seq) == Some(watermarks.get(&key).map_or(1, |seq| seq + 1))
-                    {
-                        for (event, _) in events {
-                            project(&self.inner.projections, &event, &mut staged)?;
-                            watermarks.insert(key.clone(), event.seq);
-                            count += 1;
-                        }
-                    }
-                }
-                if stream_seq >= last {
-                    break;
-                }
-            }
-        }
-        let puts = staged.stored().into_iter();
-        let marks = watermarks.into_iter().map(|(k, v)| (k, Bytes::from(v.to_string())));
-        for (key, value) in puts.chain(marks) {
-            bucket.put(&key, value).await.map_err(|e| store_error(&format!("could not put {key}"), e))?;
-        }
-        bucket
-            .put(mirror::SIGNATURE, Bytes::from(names))
-            .await
-            .map_err(|e| store_error("the projections' signature", e))?;
-        tracing::info!(
-            events = count,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "rebuilt projections from the stream"
-        );
-        Ok(())
-    }
-
-    /// The tail and the chain head of a session this node is about to append to, from
-    /// its last events.
-    async fn load_tail(&self, session: &Arc<Session>) -> Result<(), StoreError> {
-        let mut newest_first = Vec::new();
-        let mut before = None;
-        // Back to the last event of a turn (or the start): the tail knows the turn then.
-        loop {
-            let range = ReadRange { after: None, before, limit: 256, newest_first: true };
-            let page = self.within(session.id, range).await?;
-            let Some((last, _)) = page.last() else { break };
-            before = Some(last.id);
-            let found = page.iter().any(|(event, _)| event.turn().is_some());
-            newest_first.extend(page);
-            if found {
-                break;
-            }
-        }
-        let mut tail =
-            Tail::recover(newest_first.iter().map(|(event, _)| Ok::<_, std::convert::Infallible>(event.clone())))
-                .expect("infallible");
-        if tail.turn.is_none() {
-            if let Some((turn, number)) = newest_first.iter().find_map(|(event, _)| event.turn()) {
-                tail.continue_turn(turn, number);
-            }
-        }
-        let head = newest_first.first().map_or(chain::GENESIS, |(_, hash)| *hash);
-        // The subject's last message, if the tail ends with the log's last (void messages
-        // after it change nothing); else the message that ends where the tail does, as read:
-        // the consumer may have indexed a later one meanwhile, which the tail does not count.
-        let at = tail.position.seq;
-        let expect = {
-            let state = session.state.lock();
-            match state.index.last() {
-                last if last.map_or(0, |last| last.last_seq()) == at => Some(*session.seen.borrow()),
-                _ => state.index.iter().rev().find(|entry| entry.last_seq() == at).map(|e| e.stream_seq),
-            }
-        };
-        let Some(expect) = expect else {
-            return Err(StoreError::unavailable(format!("session {}: its index moved as it was read", session.id)));
-        };
-        *session.channel.tail.lock() = Some(tail);
-        *session.channel.chain_head.lock() = Some(head);
-        session.state.lock().expect = Some(expect);
-        Ok(())
-    }
-
-    /// Numbers and hashes under the session's tail lock, then queues: shared by appends
-    /// and adoptions.
-    fn order_with(
-        &self,
-        session: SessionId,
-        stage: impl FnOnce(&mut Tail) -> Result<Result<Vec<RawEvent>, Conflict>, AppendError>,
-    ) -> Result<Ordered, AppendError> {
-        if self.inner.closed.load(Ordering::SeqCst) {
-            return Err(AppendError::ShuttingDown);
-        }
-        let not_prepared = || raced(session);
-        let loaded = self.inner.sessions.get(&session).map(|s| s.clone());
-        let session = loaded.filter(|s| s.loaded.initialized()).ok_or_else(not_prepared)?;
-        let mut slot = session.channel.tail.lock();
-        let mut tail = slot.ok_or_else(not_prepared)?;
-        let events = match stage(&mut tail).inspect_err(|error| {
-            metrics::APPENDS_REFUSED.with_label_values(&[error.reason()]).inc();
-        })? {
-            Ok(events) => events,
-            Err(conflict) => {
-                metrics::APPENDS_REFUSED.with_label_values(&["conflict"]).inc();
-                return Ok(Ordered::settled(Err(conflict)));
-            }
-        };
-        if events.is_empty() {
-            return Ok(Ordered::settled(Ok(events)));
-        }
-        let size: usize = events.iter().map(|event| event.json.len()).sum();
-        if size > self.inner.config.max_batch_bytes + self.inner.config.max_batch_bytes / 4 {
-            return Err(AppendError::Storage(format!("an append of {size} bytes is more than one message carries")));
-        }
-        let mut head_slot = session.channel.chain_head.lock();
-        let mut head = head_slot.ok_or_else(not_prepared)?;
-        let hashed: Vec<(RawEvent, chain::Hash)> = events
-            .into_iter()
-            .map(|event| {
-                head = chain::link(&head, &event.json);
-                (event, head)
-            })
-            .collect();
-        let ordered = self.queue(&session, hashed)?;
-        *head_slot = Some(head);
-        *slot = Some(tail);
-        Ok(ordered)
-    }
-
-    /// Stops at once, as a crash would: nothing in flight is waited for.
-    pub fn close_unclean(&self) {
-        self.inner.closed.store(true, Ordering::SeqCst);
-        for task in self.inner.tasks.lock().drain(..) {
-            task.abort();
-        }
-    }
-
-    /// Drops the bucket's record of which projections it holds, so that the next node to
-    /// open the log rebuilds them all from the stream (as after a change of projections).
-    pub async fn forget_projections(&self) -> Result<(), StoreError> {
-        self.inner.bucket.purge(mirror::SIGNATURE).await.map_err(|e| store_error("the projections' signature", e))
-    }
-
-    /// Whether the client is connected to a server now.
-    pub fn connected(&self) -> bool {
-        self.inner.client.connection_state() == async_nats::connection::State::Connected
-    }
-}
-
-/// Opens (or makes) a key-value bucket keeping one value per key, expiring values after
-/// `max_age` (zero: never). The bucket's stream is made as the client's `create_key_value`
-/// makes it, without the account query that nats-server 2.9 answers in a form this client
-/// does not read.
-pub async fn open_bucket(
-    js: &jetstream::Context,
-    bucket: &str,
-    max_age: Duration,
-    replicas: usize,
-) -> Result<kv::Store, StoreError> {
-    let config = stream::Config {
-        name: format!("KV_{bucket}"),
-        subjects: vec![format!("$KV.{bucket}.>")],
-        max_messages_per_subject: 1,
-        max_age,
-        storage: stream::StorageType::File,
-        num_replicas: replicas,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        discard: stream::DiscardPolicy::New,
-        duplicate_window: if max_age.is_zero() {
-            Duration::from_secs(120)
-        } else {
-            max_age.min(Duration::from_secs(120))
-        },
-        ..Default::default()
-    };
-    js.get_or_create_stream(config)
-        .await
-        .map_err(|e| store_error(&format!("could not open the bucket {bucket}"), e))?;
-    js.get_key_value(bucket).await.map_err(|e| store_error(&format!("could not open the bucket {bucket}"), e))
-}
-
-fn raced(session: SessionId) -> AppendError {
-    AppendError::Raced(format!("another node appended to session {session} first; nothing was stored"))
-}
-
-async fn connect(config: &JetStreamConfig) -> Result<async_nats::Client, StoreError> {
-    let mut options = async_nats::ConnectOptions::new()
-        .name("turnlog")
-        .connection_timeout(config.connect_timeout)
-        .max_reconnects(None);
-    options = match &config.credentials {
-        Credentials::None => options,
-        Credentials::UserPassword(user, password) => options.user_and_password(user.clone(), password.clone()),
-        Credentials::Token(token) => options.token(token.clone()),
-        Credentials::CredsFile(path) => options
-            .credentials_file(path)
-            .await
-            .map_err(|e| store_error(&format!("could not read the credentials file {}", path.display()), e))?,
-    };
-    let servers: Vec<async_nats::ServerAddr> = config
-        .servers
-        .iter()
-        .map(|server| server.parse().map_err(|e| store_error(&format!("the server address {server:?}"), e)))
-        .collect::<Result<_, _>>()?;
-    let connecting = options.connect(servers);
-    match tokio::time::timeout(config.connect_timeout + Duration::from_secs(1), connecting).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(error)) => {
-            Err(store_error(&format!("could not connect to NATS at {}", config.servers.join(", ")), error))
-        }
-        Err(_) => Err(StoreError::new(format!("no answer from NATS at {} in time", config.servers.join(", ")))),
     }
 }
 
@@ -1507,45 +288,8 @@ impl Log for JetStreamLog {
     fn append(&self, session: SessionId, expected: u64, drafts: Vec<Draft>) -> super::AppendFuture {
         let log = self.clone();
         Box::pin(async move {
-            log.prepare(session).await.map_err(|e| match e.is_unavailable() {
-                true => AppendError::Unavailable(e.to_string()),
-                false => AppendError::Storage(e.to_string()),
-            })?;
+            log.prepare(session).await.map_err(unprepared)?;
             log.order(session, expected, drafts)?.durable().await
-        })
-    }
-
-    async fn prepare(&self, session: SessionId) -> Result<(), StoreError> {
-        let loaded = self.session(session).await?;
-        if loaded.channel.tail.lock().is_none() {
-            // Fold onto the projections as they stand in the bucket, not as this node's copy
-            // had them (another node may have appended to the session until a moment ago).
-            let upto = self.bucket_revision().await?;
-            if tokio::time::timeout(FAILOVER_WAIT, self.inner.mirror.applied(upto)).await.is_err() {
-                return Err(StoreError::unavailable("this node's copy of the projections is behind the bucket"));
-            }
-            self.load_tail(&loaded).await?;
-            self.repair(&loaded).await?;
-        }
-        Ok(())
-    }
-
-    fn release(&self, session: SessionId) {
-        if let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) {
-            // The tail's lock before the state's, as an append takes them.
-            loaded.channel.drop_tail(&mut loaded.channel.tail.lock());
-            loaded.state.lock().expect = None;
-        }
-    }
-
-    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
-        let adopted = Tail::adopted(&events, self.inner.config.max_events_per_session)?;
-        self.order_with(session, |tail| {
-            if tail.position.seq > 0 {
-                return Ok(Err(Conflict { expected: 0, actual: tail.position }));
-            }
-            *tail = adopted;
-            Ok(Ok(events))
         })
     }
 
@@ -1574,57 +318,8 @@ impl Log for JetStreamLog {
         Ok(Subscription { channel, live, at })
     }
 
-    async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
-        if !self.inner.projections.iter().any(|p| p.name() == projection) {
-            return Err(super::unknown_projection(projection));
-        }
-        if let Some(value) = self.inner.mirror.get(projection, key) {
-            return Ok(Some(value));
-        }
-        // Not in this node's copy: perhaps made on another node a moment ago, and the
-        // watch has not brought it yet. The bucket itself has the answer.
-        let bucket_key = mirror::value_key(projection, key);
-        let bucket = &self.inner.bucket;
-        let entry = patiently("a projection", || bucket.entry(&bucket_key), |_| false)
-            .await
-            .map_err(|e| store_error("could not read a projection", e))?;
-        Ok(entry.filter(|entry| entry.operation == kv::Operation::Put).map(|entry| {
-            self.inner.mirror.put(&bucket_key, entry.value.clone(), entry.revision);
-            mirror::unstamp(entry.value).1
-        }))
-    }
-
-    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
-        if !self.inner.projections.iter().any(|p| p.name() == projection) {
-            return Err(super::unknown_projection(projection));
-        }
-        Ok(self.inner.mirror.scan(projection, scan))
-    }
-
-    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
-        Ok(self.within(session, range).await?.into_iter().map(|(event, hash)| (event, Some(hash))).collect())
-    }
-
-    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
-        let filter = format!("{}.events.*", self.inner.config.prefix);
-        let subjects = self.inner.stream.info_with_subjects(filter).await.map_err(|e| store_error("the stream", e))?;
-        let mut ids: Vec<SessionId> = subjects
-            .map_ok(|(subject, _)| self.session_of(&subject))
-            .try_filter_map(|id| std::future::ready(Ok(id)))
-            .try_collect()
-            .await
-            .map_err(|e| store_error("the stream's subjects", e))?;
-        ids.sort_unstable();
-        ids.dedup();
-        Ok(ids.into_iter().filter(|id| after.is_none_or(|after| *id > after)).take(limit).collect())
-    }
-
     fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
         self.inner.hub.changes()
-    }
-
-    fn turns_seen_open(&self) -> Vec<SessionId> {
-        self.inner.seen_open.lock().iter().copied().collect()
     }
 
     fn sweep(&self) {
@@ -1640,20 +335,75 @@ impl Log for JetStreamLog {
     }
 
     async fn close(&self) -> Result<(), StoreError> {
-        self.inner.closed.store(true, Ordering::SeqCst);
-        let mut publishing = self.inner.publishing.subscribe();
-        let drained = publishing.wait_for(|n| *n == 0);
-        if tokio::time::timeout(Duration::from_secs(10), drained).await.is_err() {
-            tracing::warn!("appends still in flight to JetStream at close");
-        }
-        for task in self.inner.tasks.lock().drain(..) {
-            task.abort();
-        }
-        self.inner.client.flush().await.map_err(|e| store_error("flushing the NATS connection", e))?;
-        Ok(())
+        self.close_cleanly().await
+    }
+}
+
+#[async_trait::async_trait]
+impl Projections for JetStreamLog {
+    async fn get(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
+        self.projected_value(projection, key).await
     }
 
-    fn health(&self) -> Option<super::Health> {
-        Some(super::Health { engine: "jetstream", connected: self.connected() })
+    async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
+        if !self.inner.projections.iter().any(|p| p.name() == projection) {
+            return Err(super::unknown_projection(projection));
+        }
+        Ok(self.inner.mirror.scan(projection, scan))
+    }
+}
+
+#[async_trait::async_trait]
+impl AuditLog for JetStreamLog {
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
+        Ok(self.within(session, range).await?.into_iter().map(|(event, hash)| (event, Some(hash))).collect())
+    }
+
+    async fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<super::Appended, AppendError> {
+        self.prepare(session).await.map_err(unprepared)?;
+        let adopted = Tail::adopted(&events, self.inner.config.max_events_per_session)?;
+        let ordered = self.order_with(session, |tail| {
+            if tail.position.seq > 0 {
+                return Ok(Err(Conflict { expected: 0, actual: tail.position }));
+            }
+            *tail = adopted;
+            Ok(Ok(events))
+        })?;
+        ordered.durable().await
+    }
+
+    async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
+        self.sessions_in_stream(after, limit).await
+    }
+}
+
+#[async_trait::async_trait]
+impl SharedLog for JetStreamLog {
+    async fn prepare(&self, session: SessionId) -> Result<(), StoreError> {
+        self.prepare_to_append(session).await
+    }
+
+    fn release(&self, session: SessionId) {
+        if let Some(loaded) = self.inner.sessions.get(&session).map(|s| s.clone()) {
+            // The tail's lock before the state's, as an append takes them.
+            loaded.channel.drop_tail(&mut loaded.channel.tail.lock());
+            loaded.state.lock().expect = None;
+        }
+    }
+
+    fn turns_seen_open(&self) -> Vec<SessionId> {
+        self.inner.seen_open.lock().iter().copied().collect()
+    }
+
+    fn health(&self) -> super::Health {
+        super::Health { engine: "jetstream", connected: self.connected() }
+    }
+}
+
+/// A session that could not be made ready to append to, as an append's failure.
+fn unprepared(error: StoreError) -> AppendError {
+    match error.is_unavailable() {
+        true => AppendError::Unavailable(error.to_string()),
+        false => AppendError::Storage(error.to_string()),
     }
 }

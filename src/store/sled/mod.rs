@@ -4,6 +4,8 @@
 //! tree per projection, rebuilt from the events when the last run did not close cleanly.
 
 mod keys;
+mod open;
+mod read;
 pub(crate) mod wal;
 mod writer;
 
@@ -19,8 +21,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::hub::Hub;
 use super::numbering::{Clock, Tail};
 use super::{
-    chain, project, signature, AppendError, Key, Log, Ordered, Position, Projection, ReadRange, Scan, StoreError,
-    Subscription, Values,
+    chain, project, AppendError, Appended, AuditLog, Key, Log, Ordered, Position, Projection, Projections, ReadRange,
+    Scan, StoreError, Subscription, Values,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
 use crate::metrics;
@@ -212,28 +214,6 @@ fn raw_event(key: &[u8], value: IVec) -> RawEvent {
     RawEvent::stored(id, bytes_of(value).slice(..json_len))
 }
 
-/// How long opening waits for the directory's lock when another handle holds it.
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Opens the database, waiting up to [`LOCK_WAIT`] for its lock. A log this process has
-/// just closed lets its lock go only once sled's IO threads drop their last handle to the
-/// file, a moment after `close` returns; a lock another process holds stays held, and
-/// opening fails with sled's error naming the directory.
-fn open_locked(config: &::sled::Config) -> Result<::sled::Db, ::sled::Error> {
-    let deadline = std::time::Instant::now() + LOCK_WAIT;
-    loop {
-        match config.open() {
-            Err(::sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
-                if std::time::Instant::now() >= deadline {
-                    return Err(::sled::Error::Io(e));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            opened => return opened,
-        }
-    }
-}
-
 type KeyRange = (Bound<keys::EventKey>, Bound<keys::EventKey>);
 
 /// The durable log in sled.
@@ -251,268 +231,7 @@ struct Threads {
     checkpointer: std::thread::JoinHandle<()>,
 }
 
-const META_STATE: &[u8] = b"state";
-const META_PROJECTIONS: &[u8] = b"projections";
-/// Set once every event has its chain hash (logs written before the chain get theirs at
-/// the first open that knows it).
-const META_CHAIN: &[u8] = b"chain";
-
 impl SledLog {
-    /// Opens the log, rebuilds the projections if the last run did not close cleanly (or
-    /// kept another set of them), and starts the writer.
-    pub fn open(config: SledConfig, projections: Vec<Arc<dyn Projection>>) -> Result<SledLog, StoreError> {
-        SledLog::open_as(config, projections, true)
-    }
-
-    /// Opens the log to read it as it is, for audit tools: nothing is recovered, rebuilt or
-    /// completed, no writer runs (appends answer `ShuttingDown`), and closing marks nothing.
-    /// What the write-ahead log holds is read into sled, which writes it to its own files
-    /// when it closes (the same events, byte for byte); sled may also tidy its files as it
-    /// opens them.
-    pub fn open_to_read(config: SledConfig, projections: Vec<Arc<dyn Projection>>) -> Result<SledLog, StoreError> {
-        SledLog::open_as(config, projections, false)
-    }
-
-    fn open_as(config: SledConfig, projections: Vec<Arc<dyn Projection>>, write: bool) -> Result<SledLog, StoreError> {
-        let sled_config = ::sled::Config::new()
-            .cache_capacity(config.cache_capacity_bytes)
-            .flush_every_ms(None)
-            .mode(::sled::Mode::HighThroughput);
-        let db = match &config.path {
-            Some(path) => open_locked(&sled_config.path(path))?,
-            None => sled_config.temporary(true).open()?,
-        };
-        let events = db.open_tree("events")?;
-        let meta = db.open_tree("meta")?;
-        let trees = projections
-            .iter()
-            .map(|p| db.open_tree(format!("projection:{}", p.name())))
-            .collect::<Result<Vec<_>, _>>()?;
-        let hub = Hub::new(config.bus_capacity);
-        let commits = Default::default();
-        let inner = Arc::new(Inner {
-            db,
-            events,
-            meta,
-            projections,
-            trees,
-            hub,
-            config,
-            failed: Mutex::new(None),
-            commits,
-            writable: write,
-        });
-        let wal_dir = inner.config.path.as_deref().map(wal::dir);
-        if !write {
-            // What the write-ahead log holds is part of the log.
-            if let Some(dir) = &wal_dir {
-                for commit in wal::read_all(dir)? {
-                    SledLog::replay(&inner, commit)?;
-                }
-            }
-            return Ok(SledLog { inner, jobs: Arc::new(Mutex::new(None)), writer: Arc::new(Mutex::new(None)) });
-        }
-        let mut replayed = 0;
-        let (wal, ended) = match &wal_dir {
-            Some(dir) => {
-                let (wal, ended) = wal::Wal::open(dir, inner.config.wal_segment_bytes, |commit| {
-                    replayed += commit.len();
-                    SledLog::replay(&inner, commit).map_err(std::io::Error::other)
-                })?;
-                (Some(wal), ended)
-            }
-            None => (None, None),
-        };
-        if replayed > 0 {
-            tracing::info!(events = replayed, "applied the write-ahead log's commits to the store");
-        }
-        SledLog::recover(&inner, replayed > 0)?;
-        // `recover` flushed sled: what the old segments held is durable there now.
-        if let (Some(dir), Some(ended)) = (&wal_dir, ended) {
-            wal::remove_through(dir, ended)?;
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (checkpoints, ended) = std::sync::mpsc::channel();
-        let worker = writer::Writer::new(inner.clone(), rx, wal, checkpoints);
-        let writer = std::thread::Builder::new()
-            .name("turnlog-writer".into())
-            .spawn(move || worker.run())
-            .expect("spawning the writer thread");
-        let checkpointer = {
-            let (inner, dir) = (inner.clone(), wal_dir.unwrap_or_default());
-            std::thread::Builder::new()
-                .name("turnlog-checkpoint".into())
-                .spawn(move || writer::checkpointer(inner, dir, ended))
-                .expect("spawning the checkpoint thread")
-        };
-        let threads = Threads { writer, checkpointer };
-        Ok(SledLog { inner, jobs: Arc::new(Mutex::new(Some(tx))), writer: Arc::new(Mutex::new(Some(threads))) })
-    }
-
-    /// Writes a commit of the write-ahead log into the `events` tree again (a commit sled
-    /// already holds is written over with the same bytes). The segments stay until sled
-    /// is flushed, so a crash in between replays them again.
-    fn replay(inner: &Inner, commit: wal::Commit) -> Result<(), StoreError> {
-        for (key, value) in commit {
-            inner.events.insert(&key[..], value)?;
-        }
-        Ok(())
-    }
-
-    fn recover(inner: &Inner, replayed: bool) -> Result<(), StoreError> {
-        let names = signature(&inner.projections);
-        let clean = !replayed && inner.meta.get(META_STATE)?.as_deref() == Some(b"clean");
-        let same = inner.meta.get(META_PROJECTIONS)?.as_deref() == Some(names.as_bytes());
-        if !(clean && same) {
-            let started = std::time::Instant::now();
-            let count = SledLog::rebuild_projections(inner)?;
-            tracing::info!(events = count, elapsed_ms = started.elapsed().as_millis() as u64, "rebuilt projections");
-        }
-        // A log from before the chain, or one an older binary wrote to, has events without
-        // hashes at the end of some sessions.
-        if !(clean && inner.meta.get(META_CHAIN)?.is_some()) {
-            let added = SledLog::complete_chains(inner)?;
-            if added > 0 {
-                tracing::info!(events = added, "recorded the chain hashes the log lacked");
-            }
-            inner.meta.insert(META_CHAIN, b"1".as_slice())?;
-        }
-        inner.meta.insert(META_PROJECTIONS, names.as_bytes())?;
-        inner.meta.insert(META_STATE, b"open".as_slice())?;
-        inner.db.flush()?;
-        Ok(())
-    }
-
-    /// Gives the events at the end of each session's log that have no chain hash theirs,
-    /// from their predecessor's: a whole log written before the chain existed, or what a
-    /// binary without the chain appended. A missing hash with hashed events after it was
-    /// removed by hand: it is left for `verify` to report.
-    fn complete_chains(inner: &Inner) -> Result<u64, StoreError> {
-        let mut added = 0;
-        let mut after: Option<SessionId> = None;
-        loop {
-            let from = match after {
-                Some(session) => match u128::from(session.ulid()).checked_add(1) {
-                    Some(next) => next.to_be_bytes().to_vec(),
-                    None => break,
-                },
-                None => Vec::new(),
-            };
-            let Some(item) = inner.events.range(from..).next() else { break };
-            let (key, _) = item?;
-            let session = keys::session_from_key(&key).ok_or_else(|| StoreError::new("an event key is malformed"))?;
-            added += inner.complete_chain(session)?;
-            after = Some(session);
-        }
-        Ok(added)
-    }
-
-    fn rebuild_projections(inner: &Inner) -> Result<u64, StoreError> {
-        for tree in &inner.trees {
-            tree.clear()?;
-        }
-        let mut count = 0;
-        for item in inner.events.iter() {
-            let (key, value) = item?;
-            inner.project(&raw_event(&key, value))?;
-            count += 1;
-        }
-        Ok(count)
-    }
-
-    /// The keys of `range` within what is durable of the session's log, if any.
-    fn durable_keys(&self, session: SessionId, range: ReadRange) -> Result<Option<KeyRange>, StoreError> {
-        let durable = self.inner.channel(session)?.durable();
-        // Nothing durable yet, or nothing durable after `after` (an append of its own the
-        // caller knows is ordered, not yet flushed).
-        let Some(last) = durable.last.filter(|last| range.after.is_none_or(|after| after < *last)) else {
-            return Ok(None);
-        };
-        let (lower, mut upper) = keys::range(session, range.after, last);
-        if let Some(before) = range.before.filter(|&before| before <= last) {
-            upper = Bound::Excluded(keys::event_key(session, before));
-        }
-        Ok(Some((lower, upper)))
-    }
-
-    fn read_sync(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
-        self.scan_events(session, range, raw_event)
-    }
-
-    /// `take` of each stored event of the session within `range` (its key and value).
-    fn scan_events<T>(
-        &self,
-        session: SessionId,
-        range: ReadRange,
-        take: impl Fn(&[u8], IVec) -> T,
-    ) -> Result<Vec<T>, StoreError> {
-        let Some(keys) = self.durable_keys(session, range)? else { return Ok(Vec::new()) };
-        let iter = self.inner.events.range::<keys::EventKey, _>(keys);
-        let take = |item: Result<(IVec, IVec), ::sled::Error>| item.map(|(k, v)| take(&k, v));
-        let events: Result<Vec<_>, _> = if range.newest_first {
-            iter.rev().take(range.limit).map(take).collect()
-        } else {
-            iter.take(range.limit).map(take).collect()
-        };
-        Ok(events?)
-    }
-
-    /// The event numbered `seq`, found by bisecting the id space: ids grow with sequence
-    /// numbers, so each probe (the first event at or after an id) halves the interval.
-    fn event_at_sync(&self, session: SessionId, seq: u64) -> Result<Option<RawEvent>, StoreError> {
-        let durable = self.inner.channel(session)?.durable();
-        let Some(last) = durable.last.filter(|_| seq >= 1 && seq <= durable.seq) else {
-            return Ok(None);
-        };
-        let upto = keys::event_key(session, last);
-        let (mut low, mut high) = (0u128, u128::from(last.ulid()));
-        while low <= high {
-            let mid = low + (high - low) / 2;
-            let from = keys::event_key(session, EventId(ulid::Ulid::from(mid)));
-            let Some(item) = self.inner.events.range(from..=upto).next() else { return Ok(None) };
-            let (key, value) = item?;
-            let event = raw_event(&key, value);
-            match event.seq.cmp(&seq) {
-                std::cmp::Ordering::Equal => return Ok(Some(event)),
-                std::cmp::Ordering::Less => low = u128::from(event.id.ulid()) + 1,
-                // Nothing lies between `mid` and this event, so the one sought is below `mid`.
-                std::cmp::Ordering::Greater if mid == 0 => return Ok(None),
-                std::cmp::Ordering::Greater => high = mid - 1,
-            }
-        }
-        Ok(None)
-    }
-
-    fn scan_sync(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
-        let tree = self.inner.tree(projection)?;
-        let (mut lower, mut upper) = match scan.session {
-            Some(session) => {
-                let next = u128::from(session.ulid()).checked_add(1).map(|n| n.to_be_bytes().to_vec());
-                (Bound::Included(keys::session_key(session).to_vec()), next.map_or(Bound::Unbounded, Bound::Excluded))
-            }
-            None => (Bound::Unbounded, Bound::Unbounded),
-        };
-        if let Some(after) = scan.after {
-            let after = Bound::Excluded(keys::projection_key(after));
-            if scan.newest_first {
-                upper = after;
-            } else {
-                lower = after;
-            }
-        }
-        let iter = tree.range::<Vec<u8>, _>((lower, upper));
-        let entry = |item: Result<(IVec, IVec), ::sled::Error>| -> Result<(Key, Bytes), StoreError> {
-            let (key, value) = item?;
-            let key = keys::key_from_bytes(&key).ok_or_else(|| StoreError::new("a projection key is malformed"))?;
-            Ok((key, bytes_of(value)))
-        };
-        if scan.newest_first {
-            iter.rev().take(scan.limit).map(entry).collect()
-        } else {
-            iter.take(scan.limit).map(entry).collect()
-        }
-    }
-
     /// Queues numbered `events` for the writer while the session's tail is still locked (so
     /// the writer takes a session's appends in the order they were numbered), then moves
     /// the tail on.
@@ -563,6 +282,25 @@ impl SledLog {
     /// Stops the writer after it has written everything queued; then, if asked and nothing
     /// failed, flushes sled, removes the write-ahead log it has made redundant, and marks
     /// the log clean.
+    /// Orders a whole log brought in from elsewhere as `session`'s, if it has no events.
+    fn order_adopted(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
+        if let Some(error) = self.inner.failed() {
+            return Err(error);
+        }
+        let tail = Tail::adopted(&events, self.inner.config.max_events_per_session)?;
+        let storage = |error: StoreError| AppendError::Storage(error.to_string());
+        let channel = self.inner.channel(session).map_err(storage)?;
+        let slot = channel.tail.lock();
+        let now = match *slot {
+            Some(tail) => tail,
+            None => Tail::recover(self.inner.newest_first(session)).map_err(|e| storage(e.into()))?,
+        };
+        if now.position.seq > 0 {
+            return Ok(Ordered::settled(Err(super::Conflict { expected: 0, actual: now.position })));
+        }
+        self.queue(session, channel.clone(), events, slot, tail)
+    }
+
     fn stop(&self, clean: bool) -> Result<(), StoreError> {
         if !self.inner.writable {
             return Ok(());
@@ -578,7 +316,7 @@ impl SledLog {
         if let Some(wal) = wal {
             wal.retire()?;
         }
-        self.inner.meta.insert(META_STATE, b"clean".as_slice())?;
+        self.inner.meta.insert(open::META_STATE, b"clean".as_slice())?;
         self.inner.db.flush()?;
         Ok(())
     }
@@ -622,33 +360,8 @@ impl Log for SledLog {
         self.queue(session, channel.clone(), events, slot, tail)
     }
 
-    fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Ordered, AppendError> {
-        if let Some(error) = self.inner.failed() {
-            return Err(error);
-        }
-        let tail = Tail::adopted(&events, self.inner.config.max_events_per_session)?;
-        let storage = |error: StoreError| AppendError::Storage(error.to_string());
-        let channel = self.inner.channel(session).map_err(storage)?;
-        let slot = channel.tail.lock();
-        let now = match *slot {
-            Some(tail) => tail,
-            None => Tail::recover(self.inner.newest_first(session)).map_err(|e| storage(e.into()))?,
-        };
-        if now.position.seq > 0 {
-            return Ok(Ordered::settled(Err(super::Conflict { expected: 0, actual: now.position })));
-        }
-        self.queue(session, channel.clone(), events, slot, tail)
-    }
-
     async fn position(&self, session: SessionId) -> Result<Position, StoreError> {
         Ok(self.inner.channel(session)?.durable())
-    }
-
-    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
-        self.scan_events(session, range, |key, value| {
-            let hash = unseal(&value).1;
-            (raw_event(key, value), hash)
-        })
     }
 
     async fn read(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
@@ -675,12 +388,42 @@ impl Log for SledLog {
         Ok(Subscription { channel, live, at })
     }
 
-    async fn projected(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
+        self.inner.hub.changes()
+    }
+
+    fn sweep(&self) {
+        self.inner.hub.sweep();
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        let log = self.clone();
+        tokio::task::spawn_blocking(move || log.stop(true)).await.map_err(StoreError::new)?
+    }
+}
+
+#[async_trait::async_trait]
+impl Projections for SledLog {
+    async fn get(&self, projection: &str, key: Key) -> Result<Option<Bytes>, StoreError> {
         Ok(self.inner.tree(projection)?.get(keys::projection_key(key))?.map(bytes_of))
     }
 
     async fn scan(&self, projection: &str, scan: Scan) -> Result<Vec<(Key, Bytes)>, StoreError> {
         self.scan_sync(projection, scan)
+    }
+}
+
+#[async_trait::async_trait]
+impl AuditLog for SledLog {
+    async fn chained(&self, session: SessionId, range: ReadRange) -> Result<Vec<super::Chained>, StoreError> {
+        self.scan_events(session, range, |key, value| {
+            let hash = unseal(&value).1;
+            (raw_event(key, value), hash)
+        })
+    }
+
+    async fn adopt(&self, session: SessionId, events: Vec<RawEvent>) -> Result<Appended, AppendError> {
+        self.order_adopted(session, events)?.durable().await
     }
 
     async fn session_ids(&self, after: Option<SessionId>, limit: usize) -> Result<Vec<SessionId>, StoreError> {
@@ -700,18 +443,5 @@ impl Log for SledLog {
             from = Some(u128::from(session.ulid()).checked_add(1));
         }
         Ok(ids)
-    }
-
-    fn changes(&self) -> tokio::sync::broadcast::Receiver<ulid::Ulid> {
-        self.inner.hub.changes()
-    }
-
-    fn sweep(&self) {
-        self.inner.hub.sweep();
-    }
-
-    async fn close(&self) -> Result<(), StoreError> {
-        let log = self.clone();
-        tokio::task::spawn_blocking(move || log.stop(true)).await.map_err(StoreError::new)?
     }
 }

@@ -7,10 +7,9 @@ use std::sync::Arc;
 
 use tokio::sync::broadcast::error::RecvError;
 
-use super::FollowConfig;
+use super::{Live, Log, Position, ReadRange, StoreError, Subscription};
 use crate::domain::{EventId, RawEvent, SessionId};
 use crate::metrics;
-use crate::store::{Live, Log, Position, ReadRange, StoreError, Subscription};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FollowError {
@@ -18,6 +17,14 @@ pub enum FollowError {
     Backlog { behind: u64, limit: u64 },
     #[error(transparent)]
     Storage(#[from] StoreError),
+}
+
+/// How a follower reads: events per replay read, and how far behind the log it may fall
+/// before it is told to go.
+#[derive(Debug, Clone, Copy)]
+pub struct FollowConfig {
+    pub replay_chunk: usize,
+    pub max_backlog: u64,
 }
 
 pub struct Follower {
@@ -35,7 +42,7 @@ pub struct Follower {
 
 impl Follower {
     /// A follower of `session` after `after`: it subscribes first, then replays.
-    pub(crate) async fn new(
+    pub async fn new(
         log: Arc<dyn Log>,
         session: SessionId,
         after: Position,
@@ -47,11 +54,7 @@ impl Follower {
     }
 
     /// A follower that only sees events appended from now on.
-    pub(crate) async fn live(
-        log: Arc<dyn Log>,
-        session: SessionId,
-        config: FollowConfig,
-    ) -> Result<Follower, StoreError> {
+    pub async fn live(log: Arc<dyn Log>, session: SessionId, config: FollowConfig) -> Result<Follower, StoreError> {
         let subscription = log.subscribe(session).await?;
         let sent = subscription.at;
         Ok(Follower { log, session, subscription, sent, replay_to: None, config, ended: false })

@@ -1,60 +1,13 @@
-//! Sessions shared by several nodes on one log: each session's actor runs on one node at a
-//! time, the one holding the session's lease; any other node forwards the session's
-//! commands to it. The engine sees this narrow seam ([`Cluster`]); the NATS implementation
-//! is [`crate::cluster`].
-
-use std::time::Duration;
+//! A command for a session's actor and its answer, as they cross between nodes (JSON:
+//! the nodes of one cluster may run different builds for a moment during a deploy).
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
 
-use super::engine::{Closing, Submission, Submitted};
-use super::SessionError;
+use super::command::{Closing, Submission, Submitted};
 use crate::domain::{Draft, EventId, RawEvent, SessionId, TurnId};
+use crate::error::SessionError;
 use crate::store::StoreError;
-
-/// What a node learns when it asks for a session's lease.
-pub enum Claim {
-    /// This node holds it now: it runs the session's actor until it gives it up or loses it.
-    Mine(Box<dyn Lease>),
-    /// Another node holds it.
-    Theirs(String),
-}
-
-#[async_trait::async_trait]
-pub trait Lease: Send + Sync {
-    /// Cancelled when the lease is lost (another node took it, or it could not be renewed
-    /// in time): the actor must stop at once.
-    fn lost(&self) -> CancellationToken;
-    /// Gives the lease up (the actor has stopped).
-    async fn release(self: Box<Self>);
-}
-
-#[derive(Debug)]
-pub enum ForwardError {
-    /// No node answers for that name: it is gone, and its leases expire.
-    Gone,
-    Failed(String),
-}
-
-/// A request forwarded to this node, and where its answer goes.
-pub type Forwarded = (Bytes, oneshot::Sender<Bytes>);
-
-#[async_trait::async_trait]
-pub trait Cluster: Send + Sync + 'static {
-    fn node(&self) -> &str;
-    fn lease_ttl(&self) -> Duration;
-    /// Takes the session's lease if nobody holds it (or this node's earlier life does).
-    async fn claim(&self, session: SessionId) -> Result<Claim, SessionError>;
-    /// The node holding the session's lease, if any.
-    async fn holder(&self, session: SessionId) -> Result<Option<String>, SessionError>;
-    /// Sends a request to the node and waits for its answer.
-    async fn forward(&self, node: &str, request: Bytes) -> Result<Bytes, ForwardError>;
-    /// The requests other nodes forward to this one.
-    async fn serve(&self) -> Result<mpsc::Receiver<Forwarded>, SessionError>;
-}
 
 /// A command for a session's actor, as it crosses to another node.
 #[derive(Debug, Serialize, Deserialize)]
@@ -63,7 +16,7 @@ pub(super) struct Request {
     pub command: Remote,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) enum Remote {
     Create(Vec<WireDraft>),
     Submit(Box<Submission>),
@@ -71,7 +24,7 @@ pub(super) enum Remote {
     Wake,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct WireDraft {
     turn: Option<TurnId>,
     body: String,
@@ -169,8 +122,6 @@ impl WireError {
             SessionError::Unavailable(s) => WireError::Unavailable(s.clone()),
             SessionError::Forbidden(s) => WireError::Forbidden(s.clone()),
             SessionError::ShuttingDown => WireError::ShuttingDown,
-            // The remote engine resends a returned submission itself: never seen here.
-            SessionError::Retry(_) => WireError::NotHere,
             // An engine out of reach stays so (503: try again) on the node that forwarded.
             SessionError::Storage(e) if e.is_unavailable() => WireError::Unavailable(e.to_string()),
             SessionError::Storage(e) => WireError::Storage(e.to_string()),

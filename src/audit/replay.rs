@@ -6,7 +6,7 @@
 //! turn's `turn.started`), or after the source's creation. The new session is made as the
 //! source stood there: its settings then, and its history then as the seed (so the seed's
 //! calls that wait for the client wait in the copy too). A task then copies each later
-//! event, when it is due, through the session's actor ([`super::engine::Engine::copy`]):
+//! event, when it is due, through the session's actor ([`Engine::copy`]):
 //! the same types and fields, in new turns (one per source turn), with the event ids that
 //! fields name (a call's, a queued message's) changed to the copies'. While it runs the
 //! session takes no input (409) and its actor stays; when it ends (done, or stopped by an
@@ -19,14 +19,15 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::audit::{start_replay, Pace};
-use super::engine::Engine;
-use super::{Caller, SessionError, Sessions};
-use crate::domain::event::ReplayOf;
-use crate::domain::{Draft, EventBody, EventId, RawEvent, SessionId, TurnId};
+use super::export::Pages;
+use super::{event_from, pages, unknown_from, Audit};
+use crate::domain::event::{ReplayOf, SessionSpec};
+use crate::domain::{Caller, Draft, EventBody, EventId, RawEvent, SessionId, TurnId};
+use crate::engine::Engine;
+use crate::error::SessionError;
 use crate::projection::history::History;
 use crate::projection::SessionSummary;
-use crate::store::{Position, ReadRange};
+use crate::store::{self, Position, ReadRange};
 
 /// Kinds a replay does not copy: the new session has its own start, and the source's end
 /// (or archiving) would end the replay's session.
@@ -35,10 +36,20 @@ const NOT_COPIED: &[&str] = &["session.created", "session.deleted", "terminated"
 /// Fields that name events of the log (their ids are the copies' in a replay).
 const ID_FIELDS: &[&str] = &["tool_use_id", "custom_tool_use_id", "event_ids", "model_request_start_id"];
 
+/// The tool call id of a call's event.
+fn call_id(body: &EventBody) -> Option<&str> {
+    match body {
+        EventBody::AgentToolUse { tool_call_id, .. } | EventBody::AgentCustomToolUse { tool_call_id, .. } => {
+            Some(tool_call_id)
+        }
+        _ => None,
+    }
+}
+
 /// Kinds whose ids other events name.
 const NAMED: &[&str] = &["agent.tool_use", "agent.custom_tool_use", "user.message", "span.model_request_start"];
 
-impl Sessions {
+impl Audit {
     /// A new session of `caller`'s into which `source`'s events, from event `from` on (see
     /// the module's account of where a replay starts), are re-emitted at their original pace
     /// divided by `speed`; answered once the session exists, while the replay runs on.
@@ -50,54 +61,62 @@ impl Sessions {
         speed: f64,
     ) -> Result<SessionSummary, SessionError> {
         let pace = Pace::new(speed)?;
-        let from = super::audit::replay_from(from)?;
-        let start = self.replay_start(source.id, from).await?.ok_or_else(|| super::audit::unknown_from(from))?;
-        // The source as it stood at the start: its settings, its history as the seed, and
-        // the calls of that history (to know the copy's by).
-        let (mut summary, mut history, mut calls) = (None, History::default(), HashMap::new());
-        self.log
-            .fold(source.id, Position::default(), |raw| {
-                if raw.seq >= start.seq {
-                    return;
-                }
-                let Ok(event) = raw.decode() else { return };
-                history.apply(&event);
-                if let Some(next) = SessionSummary::apply(summary.take(), &event) {
-                    summary = Some(next);
-                }
-                if let EventBody::AgentToolUse { tool_call_id, .. }
-                | EventBody::AgentCustomToolUse { tool_call_id, .. } = &event.body
-                {
-                    calls.insert(tool_call_id.clone(), event.id.to_string());
-                }
-            })
-            .await?;
-        let mut spec = summary.ok_or_else(|| SessionError::NotFound(source.id.to_string()))?.spec;
-        spec.messages = history.messages.into_iter().map(Arc::unwrap_or_clone).collect();
-        spec.forked_from = None;
+        let from = event_from(from)?;
+        let start = self.replay_start(source.id, from).await?.ok_or_else(|| unknown_from(from))?;
+        let (mut spec, calls) = self.as_it_stood(source.id, start).await?;
         spec.replay_of = Some(ReplayOf { session_id: source.id, from, speed });
-        let created = self.create(caller, spec).await?;
-        let session = created.id;
-        let mut copier = Copier::new(session, pace);
+        let created = self.sessions.create(caller, spec).await?;
+        let mut copier = Copier::new(created.id, pace);
         // The seed's calls, by the source's ids: the copy's creation made its own of them.
         let all = ReadRange { after: None, before: None, limit: 10_000, newest_first: false };
-        for copy in self.log.read(session, all).await? {
-            if let Ok(event) = copy.decode() {
-                if let EventBody::AgentToolUse { tool_call_id, .. }
-                | EventBody::AgentCustomToolUse { tool_call_id, .. } = &event.body
-                {
-                    if let Some(original) = calls.get(tool_call_id) {
-                        copier.ids.insert(original.clone(), copy.id.to_string());
-                    }
-                }
+        for copy in self.store.log.read(created.id, all).await? {
+            let event = copy.decode().ok();
+            if let Some(original) = event.as_ref().and_then(|e| call_id(&e.body)).and_then(|id| calls.get(id)) {
+                copier.ids.insert(original.clone(), copy.id.to_string());
             }
         }
-        let Some(first) = start.first else { return Ok(created) };
-        let mut replay = start_replay(self.log.raw(), source.id, Some(&first.to_string())).await?;
-        let (engine, log) = (self.engine.clone(), self.log.raw_arc());
+        if let Some(first) = start.first {
+            let replay = pages(self.store.log.as_ref(), source.id, Some(&first.to_string())).await?;
+            tokio::spawn(self.copy_all(replay, copier));
+        }
+        Ok(created)
+    }
+
+    /// The source as it stood at the start: its settings, with its history as the seed;
+    /// and the calls of that history (to know the copy's by), by tool call id.
+    async fn as_it_stood(
+        &self,
+        source: SessionId,
+        start: Start,
+    ) -> Result<(SessionSpec, HashMap<String, String>), SessionError> {
+        let (mut summary, mut history, mut calls) = (None, History::default(), HashMap::new());
+        store::fold(self.store.log.as_ref(), source, Position::default(), |raw| {
+            if raw.seq >= start.seq {
+                return;
+            }
+            let Ok(event) = raw.decode() else { return };
+            history.apply(&event);
+            if let Some(next) = SessionSummary::apply(summary.take(), &event) {
+                summary = Some(next);
+            }
+            if let Some(tool_call_id) = call_id(&event.body) {
+                calls.insert(tool_call_id.to_string(), event.id.to_string());
+            }
+        })
+        .await?;
+        let mut spec = summary.ok_or_else(|| SessionError::NotFound(source.to_string()))?.spec;
+        spec.messages = history.messages.into_iter().map(Arc::unwrap_or_clone).collect();
+        spec.forked_from = None;
+        Ok((spec, calls))
+    }
+
+    /// Copies every page of `replay` into the copier's session, unless the session is
+    /// closed meanwhile; then closes a copied turn left open.
+    fn copy_all(&self, mut replay: Pages, mut copier: Copier) -> impl std::future::Future<Output = ()> + 'static {
+        let (engine, log, session) = (self.engine.clone(), self.store.log.clone(), copier.session);
         let cancel = engine.start_replaying(session);
         let replaying = Replaying { engine: engine.clone(), session };
-        tokio::spawn(async move {
+        async move {
             let copied = async {
                 loop {
                     let page = replay.next(log.as_ref()).await?;
@@ -123,8 +142,7 @@ impl Sessions {
                 }
             }
             drop(replaying);
-        });
-        Ok(created)
+        }
     }
 
     /// Where a replay of `source` from event `from` starts: that event, or the start of its
@@ -140,31 +158,30 @@ impl Sessions {
         let (mut seed, mut in_seed) = (None, false);
         let mut starts: HashMap<TurnId, Start> = HashMap::new();
         let (mut after_creation, mut found) = (None, None);
-        self.log
-            .fold(source, Position::default(), |raw| {
-                let turn = raw.turn().map(|(turn, _)| turn);
-                if raw.seq == 1 {
+        store::fold(self.store.log.as_ref(), source, Position::default(), |raw| {
+            let turn = raw.turn().map(|(turn, _)| turn);
+            if raw.seq == 1 {
+                return;
+            }
+            if seed_open {
+                seed = seed.or(turn);
+                if turn.is_some() && turn == seed {
+                    seed_open = raw.kind() != "session.status_idle";
+                    in_seed |= Some(raw.id) == from;
                     return;
                 }
-                if seed_open {
-                    seed = seed.or(turn);
-                    if turn.is_some() && turn == seed {
-                        seed_open = raw.kind() != "session.status_idle";
-                        in_seed |= Some(raw.id) == from;
-                        return;
-                    }
-                    seed_open = false;
-                }
-                let here = Start { first: Some(raw.id), seq: raw.seq };
-                after_creation = after_creation.or(Some(here));
-                if let (Some(turn), "turn.started") = (turn, raw.kind()) {
-                    starts.insert(turn, here);
-                }
-                if Some(raw.id) == from {
-                    found = Some(turn.and_then(|turn| starts.get(&turn).copied()).unwrap_or(here));
-                }
-            })
-            .await?;
+                seed_open = false;
+            }
+            let here = Start { first: Some(raw.id), seq: raw.seq };
+            after_creation = after_creation.or(Some(here));
+            if let (Some(turn), "turn.started") = (turn, raw.kind()) {
+                starts.insert(turn, here);
+            }
+            if Some(raw.id) == from {
+                found = Some(turn.and_then(|turn| starts.get(&turn).copied()).unwrap_or(here));
+            }
+        })
+        .await?;
         let from_creation = after_creation.unwrap_or(Start { first: None, seq: u64::MAX });
         Ok(match from {
             None => Some(from_creation),
@@ -176,7 +193,7 @@ impl Sessions {
     /// The source's first event, its creation.
     async fn first(&self, source: SessionId) -> Result<RawEvent, SessionError> {
         let first = ReadRange { after: None, before: None, limit: 1, newest_first: false };
-        let event = self.log.read(source, first).await?.into_iter().next();
+        let event = self.store.log.read(source, first).await?.into_iter().next();
         event.ok_or_else(|| SessionError::NotFound(source.to_string()))
     }
 }
@@ -272,6 +289,40 @@ fn rename(value: &mut Value, ids: &HashMap<String, String>) {
         }
         Value::Array(items) => items.iter_mut().for_each(|item| rename(item, ids)),
         _ => {}
+    }
+}
+
+/// The pace of a replay: each event is due as long after the first as it was made after
+/// it (its `created_at`), divided by the speed. Sleeping until an absolute time, not for
+/// each gap, so that a slow reader does not make the replay drift.
+/// The longest a replay waits for one event, whatever its speed.
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
+pub struct Pace {
+    speed: f64,
+    origin: Option<(tokio::time::Instant, chrono::DateTime<chrono::Utc>)>,
+}
+
+impl Pace {
+    pub fn new(speed: f64) -> Result<Pace, SessionError> {
+        if !(speed > 0.0 && speed.is_finite()) {
+            return Err(SessionError::Invalid(format!("invalid `speed`: must be a positive number, not {speed}")));
+        }
+        Ok(Pace { speed, origin: None })
+    }
+
+    /// Waits until the event is due (the first one at once; one without a time, at once).
+    pub async fn wait(&mut self, event: &RawEvent) {
+        #[derive(serde::Deserialize)]
+        struct At {
+            created_at: chrono::DateTime<chrono::Utc>,
+        }
+        let Ok(At { created_at }) = serde_json::from_slice::<At>(&event.json) else { return };
+        let (started, origin) = *self.origin.get_or_insert((tokio::time::Instant::now(), created_at));
+        let gap = (created_at - origin).to_std().unwrap_or_default().as_secs_f64() / self.speed;
+        // However slow the speed asked, no wait is longer than a year (or overflows).
+        let offset = std::time::Duration::try_from_secs_f64(gap).unwrap_or(MAX_WAIT).min(MAX_WAIT);
+        tokio::time::sleep_until(started.checked_add(offset).unwrap_or(started + MAX_WAIT)).await;
     }
 }
 

@@ -5,11 +5,11 @@
 
 use serde_json::{Map, Value};
 
-use super::engine::SessionUpdate;
-use super::SessionError;
+use super::command::SessionUpdate;
 use crate::agent::{Agent, OptionKind, Tools};
 use crate::domain::event::{ClientTool, SessionSpec, ToolTrust};
 use crate::domain::EventBody;
+use crate::error::SessionError;
 
 fn invalid(message: String) -> SessionError {
     SessionError::Invalid(message)
@@ -65,7 +65,7 @@ pub fn update(
     };
     let metadata = update.metadata.as_ref().map(|patch| {
         let mut metadata = current.metadata.clone();
-        super::catalog::apply_patch(&mut metadata, patch.clone());
+        crate::domain::metadata::apply_patch(&mut metadata, patch.clone());
         metadata
     });
     Ok(Some(EventBody::SessionUpdated {

@@ -1,0 +1,331 @@
+//! The event envelope and the catalog of event types: the one format every view renders.
+//!
+//! An event is stored as the exact JSON bytes the native stream sends. The writer builds
+//! the envelope (`id`, `type`, ids, sequence numbers, times) in front of the body that
+//! a caller serialised, so replay never re-serialises and the type can be read from a
+//! fixed offset without parsing.
+//!
+//! Here: the catalog of types ([`EventBody`]) and a decoded [`Event`]; [`content`]'s blocks,
+//! [`spec`]'s setup of a session, and [`stored`]'s envelope, drafts and stored bytes.
+
+mod content;
+mod spec;
+mod stored;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use content::{Block, File};
+pub use spec::{AgentSpec, ClientTool, ForkPoint, ReplayOf, SessionSpec, ToolTrust};
+pub use stored::{timestamp_now, Draft, Envelope, RawEvent};
+
+use super::ids::{EventId, SessionId, TurnId};
+
+/// The version of the stored event format that each event follows ("The event format" in
+/// docs/native.md says what each holds). Additive changes (a new optional field, a new event
+/// type) keep it; a change that a reader of the last version would misread raises it, for
+/// the events it concerns, and readers keep accepting every earlier version.
+/// - 1: the format.
+/// - 2: `processed_at` may be null: input stored while a turn ran, that no turn has taken
+///   yet. Only such events carry 2.
+pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION_QUEUED: u32 = 2;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, other: Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+}
+
+/// Why a turn stopped (`session.status_idle.stop_reason.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    EndTurn,
+    RequiresAction,
+    MaxTokens,
+    MaxTurnRequests,
+    Refusal,
+    Cancelled,
+    Error,
+}
+
+impl StopReason {
+    /// The name the log gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::EndTurn => "end_turn",
+            StopReason::RequiresAction => "requires_action",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::MaxTurnRequests => "max_turn_requests",
+            StopReason::Refusal => "refusal",
+            StopReason::Cancelled => "cancelled",
+            StopReason::Error => "error",
+        }
+    }
+}
+
+/// How a model ended one response (`span.model_request_end.stop_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelStop {
+    EndTurn,
+    ToolUse,
+    MaxTokens,
+    Refusal,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StopInfo {
+    #[serde(rename = "type")]
+    pub kind: StopReason,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub event_ids: Vec<EventId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Permission {
+    Allow,
+    Ask,
+    Deny,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Confirmation {
+    Allow,
+    Deny,
+}
+
+/// The MCP server and tool a call went to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpRef {
+    pub server: String,
+    pub tool: String,
+}
+
+/// One MCP server's tools as a turn listed them at its start: how the server is reached
+/// (`stdio` or `streamable-http`) and the tools offered to the model, by the server's names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpServerTools {
+    pub server: String,
+    pub transport: String,
+    pub tools: Vec<String>,
+}
+
+/// Every event type, with its own fields. Serialised with `type` first (serde writes the
+/// tag of an internally tagged enum before the fields), which the writer relies on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum EventBody {
+    #[serde(rename = "session.created")]
+    SessionCreated {
+        #[serde(flatten)]
+        spec: SessionSpec,
+        created_by: String,
+    },
+    #[serde(rename = "session.updated")]
+    SessionUpdated {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<AgentSpec>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tools: Option<Vec<ClientTool>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        title: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        metadata: Option<Map<String, Value>>,
+    },
+    #[serde(rename = "session.deleted")]
+    SessionDeleted {},
+    /// Kept and readable, but it takes no more input and lists only when asked for.
+    #[serde(rename = "session.archived")]
+    SessionArchived {},
+    /// An agent definition made or changed through an API (a new version), in the catalog.
+    #[serde(rename = "catalog.agent")]
+    CatalogAgent { agent: super::catalog::AgentDefinition },
+    #[serde(rename = "catalog.environment")]
+    CatalogEnvironment { environment: super::catalog::Environment },
+    #[serde(rename = "turn.started")]
+    TurnStarted {},
+    /// The queued user messages this turn answers (right after its `turn.started`).
+    #[serde(rename = "turn.input")]
+    TurnInput { event_ids: Vec<EventId> },
+    #[serde(rename = "user.message")]
+    UserMessage { content: Vec<Block> },
+    #[serde(rename = "user.interrupt")]
+    UserInterrupt {},
+    #[serde(rename = "user.define_outcome")]
+    UserDefineOutcome { outcome: Value },
+    #[serde(rename = "user.tool_confirmation")]
+    UserToolConfirmation {
+        tool_use_id: String,
+        result: Confirmation,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deny_message: Option<String>,
+        /// The model's id of the call (`tool_use_id` is its event's id).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_call_id: Option<String>,
+        /// The decision holds for every later call of this tool in the session.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        remember: bool,
+    },
+    #[serde(rename = "user.custom_tool_result")]
+    UserCustomToolResult {
+        custom_tool_use_id: String,
+        #[serde(default)]
+        content: Vec<Block>,
+        #[serde(default)]
+        is_error: bool,
+        /// The model's id of the call (`custom_tool_use_id` is its event's id).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_call_id: Option<String>,
+    },
+    #[serde(rename = "session.status_running")]
+    StatusRunning { status: String },
+    #[serde(rename = "span.model_request_start")]
+    ModelRequestStart { model: String, span_id: String },
+    #[serde(rename = "agent.thinking")]
+    AgentThinking { message_id: String, thinking: String },
+    #[serde(rename = "agent.thinking.delta")]
+    AgentThinkingDelta { message_id: String, delta: String },
+    #[serde(rename = "agent.message")]
+    AgentMessage { message_id: String, content: Vec<Block> },
+    #[serde(rename = "agent.message.delta")]
+    AgentMessageDelta { message_id: String, delta: String },
+    #[serde(rename = "agent.tool_use")]
+    AgentToolUse {
+        tool_call_id: String,
+        name: String,
+        input: Value,
+        evaluated_permission: Permission,
+        /// A tool of an MCP server: the server and the tool's own name (`name` is
+        /// `<server>__<tool>`, as the model saw it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp: Option<McpRef>,
+    },
+    /// The MCP servers' tools a turn offers, listed as it starts.
+    #[serde(rename = "agent.mcp_tools")]
+    AgentMcpTools { servers: Vec<McpServerTools> },
+    #[serde(rename = "agent.custom_tool_use")]
+    AgentCustomToolUse { tool_call_id: String, name: String, input: Value },
+    #[serde(rename = "agent.tool_result")]
+    AgentToolResult {
+        tool_use_id: EventId,
+        tool_call_id: String,
+        content: Vec<Block>,
+        #[serde(default)]
+        is_error: bool,
+        /// An MCP tool's structured result, as the server gave it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        structured_content: Option<Value>,
+        /// The MCP server and tool that answered (as on its `agent.tool_use`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp: Option<McpRef>,
+    },
+    #[serde(rename = "span.model_request_end")]
+    ModelRequestEnd {
+        span_id: String,
+        model: String,
+        usage: Usage,
+        #[serde(default)]
+        is_error: bool,
+        /// The id of the `span.model_request_start` this ends.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model_request_start_id: Option<EventId>,
+        /// How the model ended its response, when it did (not on a failed request).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stop_reason: Option<ModelStop>,
+    },
+    #[serde(rename = "session.status_idle")]
+    StatusIdle { status: String, stop_reason: StopInfo, usage: Usage },
+    #[serde(rename = "session.error")]
+    SessionError {
+        error: String,
+        code: String,
+        /// The MCP server that could not be reached (code `mcp_unavailable`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp_server: Option<String>,
+    },
+    #[serde(rename = "terminated")]
+    Terminated { reason: String },
+}
+
+impl EventBody {
+    /// Every event type, as written in `type` (a browser's `EventSource` needs a listener
+    /// per name).
+    pub const TYPES: &'static [&'static str] = &[
+        "session.created",
+        "session.updated",
+        "session.deleted",
+        "session.archived",
+        "catalog.agent",
+        "catalog.environment",
+        "turn.started",
+        "turn.input",
+        "user.message",
+        "user.interrupt",
+        "user.define_outcome",
+        "user.tool_confirmation",
+        "user.custom_tool_result",
+        "session.status_running",
+        "span.model_request_start",
+        "agent.thinking",
+        "agent.thinking.delta",
+        "agent.message",
+        "agent.message.delta",
+        "agent.tool_use",
+        "agent.mcp_tools",
+        "agent.custom_tool_use",
+        "agent.tool_result",
+        "span.model_request_end",
+        "session.status_idle",
+        "session.error",
+        "terminated",
+    ];
+
+    /// A piece of a message still being said (`agent.message.delta`, `agent.thinking.delta`).
+    pub fn is_delta(&self) -> bool {
+        matches!(self, EventBody::AgentMessageDelta { .. } | EventBody::AgentThinkingDelta { .. })
+    }
+
+    /// Whether a client sent this (rather than the agent or the service writing it).
+    pub fn is_user_input(&self) -> bool {
+        matches!(
+            self,
+            EventBody::UserMessage { .. }
+                | EventBody::UserInterrupt {}
+                | EventBody::UserDefineOutcome { .. }
+                | EventBody::UserToolConfirmation { .. }
+                | EventBody::UserCustomToolResult { .. }
+        )
+    }
+}
+
+/// A decoded event: the envelope and the type's own fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: EventId,
+    pub session_id: SessionId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<TurnId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_sequence_number: Option<u32>,
+    pub sequence_number: u64,
+    pub created_at: String,
+    /// `None` for queued input no turn has taken yet.
+    pub processed_at: Option<String>,
+    pub schema_version: u32,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,247 @@
+//! What an actor does with each command: it asks the decision step, appends what comes
+//! back, and starts, cancels or ends the session's turn accordingly.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::{exists, Actor, AfterTurn};
+use crate::agent::Agent;
+use crate::domain::{Draft, RawEvent, TurnId};
+use crate::engine::command::{Closing, Input, Submission, Submitted};
+use crate::engine::decide::{self, Decision, Outcome};
+use crate::engine::mailbox::{Answer, Command, Pending, Reply};
+use crate::engine::plan::ToolPlan;
+use crate::engine::rules;
+use crate::engine::turn::{self, TurnContext};
+use crate::engine::writer::Durable;
+use crate::error::SessionError;
+use crate::metrics;
+use crate::projection::turns::Phase;
+
+impl Actor {
+    pub(super) async fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit(submission, reply) => self.submit(*submission, reply).await,
+            Command::TurnEnded(turn, outcome) => self.end_turn(turn, outcome).await,
+            Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
+            Command::Wake => {}
+            Command::Copy(drafts, reply) => self.copy(drafts, reply).await,
+            Command::EndReplay(reply) => {
+                let ended = match (&self.folded.state.phase, &self.running) {
+                    (&Phase::Running(turn), None) if !self.folded.summary.deleted => {
+                        Some(decide::abandoned(turn, "the replay ended before this turn did"))
+                    }
+                    _ => None,
+                };
+                let closed = match ended {
+                    Some(drafts) => self.append_durably(drafts).await,
+                    None => Ok(()),
+                };
+                let _ = reply.send(closed);
+            }
+            Command::Close(closing, reply) => match &self.running {
+                Some((_, cancel)) => {
+                    cancel.cancel();
+                    self.after_turn.push(AfterTurn::Close(closing, reply));
+                }
+                None => self.close(closing, reply).await,
+            },
+            Command::Stop(reply) => match &self.running {
+                Some((_, cancel)) => {
+                    cancel.cancel();
+                    self.after_turn.push(AfterTurn::Stop(reply));
+                }
+                None => {
+                    self.done = true;
+                    let _ = reply.send(());
+                }
+            },
+        }
+    }
+
+    async fn submit(&mut self, submission: Submission, reply: oneshot::Sender<Reply>) {
+        let cancels = submission.inputs.iter().any(|input| matches!(input, Input::Cancel));
+        match self.decide_submission(submission).await {
+            // Answered once the turn's end is recorded, which is durable after these.
+            Ok((submitted, _)) if cancels && self.running.is_some() && !submitted.events.is_empty() => {
+                self.after_turn.push(AfterTurn::Answer(reply, submitted))
+            }
+            Ok((submitted, durable)) => drop(reply.send(Reply::Done(Pending { submitted, durable: Some(durable) }))),
+            Err(error) => drop(reply.send(Reply::Refused(error))),
+        }
+    }
+
+    async fn decide_submission(&mut self, submission: Submission) -> Result<(Submitted, Durable), SessionError> {
+        // An actor that started after the engine sent its stops would run a turn that no
+        // one stops.
+        if self.env.stopping() {
+            return Err(SessionError::ShuttingDown);
+        }
+        let replaying = self.env.replays.contains(self.session);
+        let (env, session) = (self.env.clone(), self.session);
+        let mut agent = None;
+        let (decision, events, durable) = self
+            .apply(|folded| {
+                decide::admit(session, &folded.summary, &submission, replaying)?;
+                let of_session = agent.insert(session_agent(&env.agents, &folded.summary)?);
+                let update = rules::update(of_session, &env.agents.tools, &folded.summary.spec, &submission.update)?;
+                decide::decide(&folded.state, &submission, update, TurnId::generate(), env.limits)
+            })
+            .await?;
+        if let (Some(turn), Some(agent)) = (decision.start, agent) {
+            self.start_turn(turn, agent);
+        }
+        // After starting: an interrupt that came with the input that started a turn cancels it.
+        if decision.cancel {
+            if let Some((_, cancel)) = &self.running {
+                cancel.cancel();
+            }
+        }
+        Ok((Submitted { events, turn: decision.start }, durable))
+    }
+
+    async fn copy(&mut self, drafts: Vec<Draft>, reply: Answer<Vec<RawEvent>>) {
+        let session = self.session;
+        let copied = self.apply(|folded| decide::copy(session, &folded.summary, &drafts)).await;
+        match copied {
+            Ok((_, events, durable)) => {
+                tokio::spawn(async move { drop(reply.send(durable.wait().await.map(|()| events))) });
+            }
+            Err(error) => drop(reply.send(Err(error))),
+        }
+    }
+
+    /// Deletes (`session.deleted`, then `terminated`, after which every open stream ends)
+    /// or archives (`session.archived`, once) the session; answers once that is durable.
+    pub(super) async fn close(&mut self, closing: Closing, reply: Answer<()>) {
+        // A replay into the session stops; a turn it copied and left open ends first.
+        self.env.replays.cancel(self.session);
+        let (session, running_here) = (self.session, self.running.is_some());
+        let closed = self.apply(|folded| decide::close(session, &folded.summary, &folded.state, closing, running_here));
+        match closed.await {
+            // The actor stops after a delete, and stopping gives up what it prepared to
+            // append (on JetStream, the position its appends are published at): not before
+            // these are stored.
+            Ok((_, _, durable)) if closing == Closing::Delete => drop(reply.send(durable.wait().await)),
+            Ok((_, _, durable)) => answer_when(durable, reply),
+            Err(error) => drop(reply.send(Err(error))),
+        }
+        self.done |= closing == Closing::Delete;
+    }
+
+    /// Closes the turn the log shows running, as a restart does: nothing runs it, since
+    /// this actor has just started (its node stopped, or lost the session's lease).
+    pub(super) async fn close_orphan(&mut self) {
+        let Phase::Running(turn) = self.folded.state.phase else { return };
+        // A replay's copied turn runs nowhere: the replay goes on with it.
+        if self.env.replays.contains(self.session) {
+            return;
+        }
+        match self.append_durably(decide::interrupted(turn)).await {
+            Ok(()) => {
+                tracing::warn!(session_id = %self.session, turn_id = %turn, "closed a turn nothing runs any more")
+            }
+            Err(error) => tracing::warn!(%error, session_id = %self.session, "could not close a turn left running"),
+        }
+    }
+
+    fn start_turn(&mut self, turn: TurnId, agent: Arc<Agent>) {
+        let Some(me) = self.me.upgrade() else { return };
+        let cancel = CancellationToken::new();
+        let (env, folded) = (&self.env, &self.folded);
+        let context = TurnContext {
+            writer: self.writer.clone(),
+            turn,
+            plan: ToolPlan::new(&agent, &env.agents.tools, &folded.summary.spec, &folded.state.remembered),
+            mcp: [Some(agent.mcp.clone()), env.agents.attached(self.session)].into_iter().flatten().collect(),
+            agent,
+            tools: env.agents.tools.clone(),
+            history: folded.history.messages.clone(),
+            granted: folded.state.granted.clone(),
+            cancel: cancel.clone(),
+            delta_coalesce: env.delta_coalesce(),
+        };
+        let span = tracing::info_span!("turn", session_id = %self.session, turn_id = %turn);
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let outcome = turn::run(context).await;
+                let _ = me.send(Command::TurnEnded(turn, outcome)).await;
+            },
+            span,
+        ));
+        self.running = Some((turn, cancel));
+    }
+
+    /// Starts the turn that answers the messages queued while the last one ran, if the
+    /// session is idle and some wait.
+    pub(super) async fn answer_queued(&mut self) {
+        self.fold_ordered();
+        let (state, summary) = (&self.folded.state, &self.folded.summary);
+        let waiting = state.phase == Phase::Idle && !state.queued.is_empty();
+        let closed = summary.deleted || summary.archived_at.is_some();
+        // A replay's queued messages are answered by the turns it copies.
+        if !waiting || self.env.stopping() || closed || self.env.replays.contains(self.session) {
+            return;
+        }
+        let Ok(agent) = session_agent(&self.env.agents, summary) else { return };
+        let answered =
+            self.apply(|folded| Ok(decide::answer_queued(&folded.state, TurnId::generate()).unwrap_or_default()));
+        match answered.await {
+            Ok((Decision { start: Some(turn), .. }, ..)) => self.start_turn(turn, agent),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, session_id = %self.session, "could not answer queued messages"),
+        }
+    }
+
+    /// Writes how the turn ended; the session is idle (or waiting) from here on. Then does
+    /// what waited for the end: a close, a stop, or the answer to a cancel.
+    async fn end_turn(&mut self, turn: TurnId, outcome: Outcome) {
+        self.running = None;
+        metrics::TURNS.with_label_values(&[outcome.stop_reason().as_str()]).inc();
+        let ended = self.append(decide::end_turn(turn, &outcome)).await.map(|(_, durable)| durable);
+        if let Err(error) = &ended {
+            tracing::warn!(%error, session_id = %self.session, turn_id = %turn, "could not record the end of a turn");
+        }
+        for waiting in std::mem::take(&mut self.after_turn) {
+            match waiting {
+                AfterTurn::Close(closing, reply) => self.close(closing, reply).await,
+                AfterTurn::Stop(reply) => {
+                    self.done = true;
+                    let _ = reply.send(());
+                }
+                AfterTurn::Answer(reply, submitted) => {
+                    let _ = reply.send(match &ended {
+                        Ok(durable) => Reply::Done(Pending { submitted, durable: Some(durable.clone()) }),
+                        Err(error) => Reply::Refused(super::again(error)),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Appends `drafts` and waits until they are durable.
+    async fn append_durably(&mut self, drafts: Vec<Draft>) -> Result<(), SessionError> {
+        let (_, durable) = self.append(drafts).await?;
+        durable.wait().await
+    }
+}
+
+/// The agent a session runs (its version of it).
+fn session_agent(
+    agents: &crate::agent::Agents,
+    summary: &crate::projection::SessionSummary,
+) -> Result<Arc<Agent>, SessionError> {
+    let spec = &summary.spec.agent;
+    let agent = agents.get_version(&spec.name, spec.version);
+    agent.ok_or_else(|| SessionError::Invalid(format!("the session's agent {:?} is not configured", spec.name)))
+}
+
+/// Answers `reply` once `durable` resolves (or with the reason it did not), without holding
+/// up the actor: its next append can share the flush.
+fn answer_when(durable: Durable, reply: Answer<()>) {
+    tokio::spawn(async move {
+        let _ = reply.send(durable.wait().await);
+    });
+}

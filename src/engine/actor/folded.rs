@@ -1,0 +1,198 @@
+//! What an actor knows of its session: the summary, the history and the turn state folded
+//! from the log, up to the last event it has seen; and how it decides on that state and
+//! appends the decision, deciding again when another writer got there first.
+
+use super::Actor;
+use crate::domain::{RawEvent, SessionId};
+use crate::engine::decide::Decision;
+use crate::engine::writer::Durable;
+use crate::error::SessionError;
+use crate::projection::history::History;
+use crate::projection::sessions::SessionIndex;
+use crate::projection::turns::TurnState;
+use crate::projection::SessionSummary;
+use crate::store::{Position, Projection};
+
+/// Kinds that none of the actor's folds (history, turn state, summary) reads, so they are
+/// not decoded: a turn's deltas and spans, and outcomes, are most of a busy log.
+/// `tests::the_folds_ignore_the_kinds_the_actor_skips` holds the folds to this list.
+const UNFOLDED: &[&str] = &[
+    "agent.message.delta",
+    "agent.thinking.delta",
+    "user.define_outcome",
+    "span.model_request_end",
+    "session.status_running",
+];
+
+/// How many times a decision is made again when another writer got to the log first.
+const ATTEMPTS: usize = 3;
+
+/// How long a decision waits for another writer's events to be durable before it gives up.
+const CONFLICT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+pub(super) struct Folded {
+    pub summary: SessionSummary,
+    pub history: History,
+    pub state: TurnState,
+    /// The last event folded.
+    pub seen: Position,
+}
+
+impl Folded {
+    pub fn new(summary: SessionSummary) -> Folded {
+        Folded { summary, history: History::default(), state: TurnState::default(), seen: Position::default() }
+    }
+
+    /// Folds events the session's writer ordered, in hand: nothing is read back.
+    fn fold_ordered(&mut self, session: SessionId, ordered: Vec<RawEvent>) {
+        for raw in ordered {
+            // Already folded when a read of the log (after a conflict) got there first.
+            if raw.seq <= self.seen.seq {
+                continue;
+            }
+            if raw.seq > self.seen.seq + 1 {
+                // The writer orders only at the end of what was folded: a gap is a bug, and
+                // folding past it would decide on a state with events missing.
+                tracing::error!(session_id = %session, seen = self.seen.seq, next = raw.seq,
+                    "events ordered past a gap in what the actor folded; not folded");
+                continue;
+            }
+            self.fold(&raw);
+        }
+    }
+
+    fn fold(&mut self, raw: &RawEvent) {
+        self.seen = Position { last: Some(raw.id), seq: raw.seq };
+        if UNFOLDED.contains(&raw.kind()) {
+            return;
+        }
+        match raw.decode() {
+            Ok(event) => {
+                self.history.apply(&event);
+                self.state.apply(&event);
+                if SessionIndex.wants(raw.kind()) {
+                    if let Some(next) = SessionSummary::apply(Some(self.summary.clone()), &event) {
+                        self.summary = next;
+                    }
+                }
+            }
+            Err(error) => tracing::error!(%error, id = %raw.id, "an event of the log does not decode"),
+        }
+    }
+}
+
+impl Actor {
+    /// Folds what this session's writer (the actor and its turn) ordered since the last fold.
+    pub(super) fn fold_ordered(&mut self) {
+        self.folded.fold_ordered(self.session, self.writer.take_ordered());
+    }
+
+    /// Reads and folds every durable event after the last one folded (at load, and after
+    /// another writer appended), then appends after it.
+    pub(super) async fn catch_up(&mut self) -> Result<(), SessionError> {
+        self.fold_ordered();
+        let folded = &mut self.folded;
+        self.env.log.fold(self.session, folded.seen, |raw| folded.fold(raw)).await?;
+        self.writer.caught_up(self.folded.seen.seq);
+        Ok(())
+    }
+
+    /// Decides on the state as folded so far and orders the decision's events; if another
+    /// writer got there first, waits for its events, reads them and decides again. Answers
+    /// the decision, its events and what resolves once they are durable, which whoever
+    /// answers a client waits for.
+    pub(super) async fn apply(
+        &mut self,
+        mut decide: impl FnMut(&Folded) -> Result<Decision, SessionError>,
+    ) -> Result<(Decision, Vec<RawEvent>, Durable), SessionError> {
+        for _ in 0..ATTEMPTS {
+            self.fold_ordered();
+            let mut decision = decide(&self.folded)?;
+            let (appended, durable) = self.writer.order(std::mem::take(&mut decision.drafts))?;
+            self.fold_ordered();
+            let conflict = match appended {
+                Ok(events) => return Ok((decision, events, durable)),
+                Err(conflict) => conflict,
+            };
+            // The log ends before what was folded here: appends ordered here were not
+            // stored (a full disk). Nothing decided on that state may be appended.
+            if conflict.actual.seq < self.folded.seen.seq {
+                tracing::warn!(session_id = %self.session, folded = self.folded.seen.seq, stored = conflict.actual.seq,
+                    "appends to this session were not stored; loading it again");
+                self.writer.invalidate();
+                return Err(SessionError::Unavailable(format!(
+                    "appends to session {} could not be stored; send it again",
+                    self.session
+                )));
+            }
+            tracing::warn!(session_id = %self.session, expected = conflict.expected, found = conflict.actual.seq,
+                "another writer appended to this session; deciding again");
+            let waited = self.env.log.durable_to(self.session, conflict.actual.seq);
+            match tokio::time::timeout(CONFLICT_WAIT, waited).await {
+                Ok(waited) => waited?,
+                Err(_) => break,
+            }
+            self.catch_up().await?;
+        }
+        Err(SessionError::Conflict("the session's log kept changing under this request; send it again".into()))
+    }
+
+    /// Appends what a decision made without looking at the state (a turn's end, a copy).
+    pub(super) async fn append(
+        &mut self,
+        drafts: Vec<crate::domain::Draft>,
+    ) -> Result<(Vec<RawEvent>, Durable), SessionError> {
+        let (_, events, durable) =
+            self.apply(|_| Ok(Decision { drafts: drafts.clone(), ..Decision::default() })).await?;
+        Ok((events, durable))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::event::Usage;
+    use crate::domain::{Draft, Event, EventBody, EventId, TurnId};
+
+    #[test]
+    fn the_folds_ignore_the_kinds_the_actor_skips() {
+        let bodies = [
+            EventBody::AgentMessageDelta { message_id: "msg_1".into(), delta: "a".into() },
+            EventBody::AgentThinkingDelta { message_id: "msg_1".into(), delta: "b".into() },
+            EventBody::UserDefineOutcome { outcome: serde_json::json!({"done": true}) },
+            EventBody::ModelRequestEnd {
+                span_id: "span_1".into(),
+                model: "scripted".into(),
+                usage: Usage { input_tokens: 1, output_tokens: 2 },
+                is_error: false,
+                model_request_start_id: None,
+                stop_reason: None,
+            },
+            EventBody::StatusRunning { status: "running".into() },
+        ];
+        let kinds: Vec<String> = bodies.iter().map(|b| Draft::new(None, b).kind().to_string()).collect();
+        assert_eq!(kinds, UNFOLDED, "one body of each skipped kind, in the list's order");
+        let session = SessionId(ulid::Ulid::new());
+        let turn = TurnId(ulid::Ulid::new());
+        let created = Event {
+            id: EventId(ulid::Ulid::new()),
+            session_id: session,
+            turn_id: None,
+            turn_sequence_number: None,
+            sequence_number: 1,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            processed_at: Some("2026-01-01T00:00:00Z".into()),
+            schema_version: 1,
+            body: EventBody::TurnStarted {},
+        };
+        let (mut history, mut state) = (History::default(), TurnState::default());
+        for body in bodies {
+            let event = Event { turn_id: Some(turn), body, ..created.clone() };
+            let before = (format!("{history:?}"), format!("{state:?}"));
+            history.apply(&event);
+            state.apply(&event);
+            assert_eq!(before, (format!("{history:?}"), format!("{state:?}")), "{:?} changed a fold", event.body);
+            assert!(!SessionIndex.wants(Draft::new(None, &event.body).kind()));
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The engine's vocabulary: what a view can ask of a session (a [`Submission`] of
+//! [`Input`], a [`Closing`]), what it gets back ([`Submitted`]), and the limits and settings
+//! that hold whichever view asks.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::domain::event::{ClientTool, ToolTrust};
+use crate::domain::{Block, RawEvent, TurnId};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSettings {
+    /// Model tokens are merged into at most one delta event per message this often.
+    pub delta_coalesce_ms: u64,
+    /// An actor with nothing to do for this long is dropped (its state is in the log).
+    pub actor_idle_secs: u64,
+}
+
+/// How much input one submission may carry, whichever view it came through (`[limits]`).
+#[derive(Debug, Clone, Copy)]
+pub struct InputLimits {
+    /// Pieces of input (events) in one submission.
+    pub max_events_per_request: usize,
+    /// The size of each event that input is stored as: its body's JSON, the envelope aside.
+    pub max_event_bytes: usize,
+}
+
+/// One piece of input for a session.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Input {
+    /// Starts a turn.
+    Message(Vec<Block>),
+    /// The result of a client tool call, by event id or tool call id.
+    Result {
+        call: String,
+        content: Vec<Block>,
+        is_error: bool,
+    },
+    /// A permission decision on a server tool call, by event id or tool call id.
+    /// `remember` applies it to every later call of the same tool in the session (ACP's
+    /// allow-always and reject-always), including calls of it that wait now.
+    Permission {
+        call: String,
+        granted: bool,
+        reason: Option<String>,
+        remember: bool,
+    },
+    /// Cancels the running turn (or the calls waiting for the client).
+    Interrupt,
+    /// Cancels the running turn, if one runs, and is answered once the turn's end is
+    /// recorded; nothing else. Calls that wait for the client keep waiting (the harness sees
+    /// a turn that waits as ended).
+    Cancel,
+    Outcome(Value),
+}
+
+/// How a session ends: deleted (its log ends with `terminated`, and every view answers 404
+/// for it), or archived (kept and readable, but it takes no more input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Closing {
+    Delete,
+    Archive,
+}
+
+/// Changes a submission makes to the session before its input: `tools` and the agent's
+/// `tools` replace, its `options` merge by key, `title` replaces, and `metadata` is a
+/// patch (a `null` value deletes its key).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SessionUpdate {
+    pub agent: Option<AgentChanges>,
+    pub tools: Option<Vec<ClientTool>>,
+    pub title: Option<String>,
+    pub metadata: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AgentChanges {
+    pub tools: Option<Vec<ToolTrust>>,
+    pub options: Option<Map<String, Value>>,
+}
+
+impl SessionUpdate {
+    pub fn is_empty(&self) -> bool {
+        self.agent.is_none() && self.tools.is_none() && self.title.is_none() && self.metadata.is_none()
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Submission {
+    pub update: SessionUpdate,
+    pub inputs: Vec<Input>,
+    /// Every waiting call must be resolved in one request (AAP).
+    pub all_at_once: bool,
+    /// What a user message does while a turn runs.
+    pub when_busy: WhenBusy,
+    /// The turn a turn this submission starts must follow.
+    pub follows: Follows,
+}
+
+/// The turn a new turn must follow: the session's last, whichever it is (every view but the
+/// harness), or one the client names (the harness's `previous_turn_id`), so that two
+/// clients that both saw turn A cannot both chain a turn to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Follows {
+    #[default]
+    Latest,
+    /// No turn: the new turn must be the session's first.
+    Nothing,
+    Turn(TurnId),
+}
+
+/// What a user message does while a turn runs: refused (AAP, native), or stored and
+/// answered by the next turn once the running one ends (managed agents, as Anthropic's
+/// API does).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WhenBusy {
+    #[default]
+    Refuse,
+    Queue,
+}
+
+/// What a submission did: the events it stored and the turn it started, if any.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub events: Vec<RawEvent>,
+    pub turn: Option<TurnId>,
+}

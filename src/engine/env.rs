@@ -1,0 +1,90 @@
+//! What an actor and its turns need from the engine, and nothing more: the log, the
+//! agents, the settings and limits, and two flags the whole engine shares (stopping, and
+//! the sessions a replay writes into).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio_util::sync::CancellationToken;
+
+use super::command::{EngineSettings, InputLimits};
+use super::log::EngineLog;
+use crate::agent::Agents;
+use crate::domain::SessionId;
+
+pub(super) struct Env {
+    pub log: EngineLog,
+    pub agents: Arc<Agents>,
+    pub settings: EngineSettings,
+    pub limits: InputLimits,
+    /// Whether other nodes share the log (then every append is watched: see
+    /// [`super::writer::Writer::new`]).
+    pub clustered: bool,
+    pub replays: Replays,
+    stopping: AtomicBool,
+}
+
+impl Env {
+    pub fn new(
+        log: EngineLog,
+        agents: Arc<Agents>,
+        settings: EngineSettings,
+        limits: InputLimits,
+        clustered: bool,
+    ) -> Env {
+        let (replays, stopping) = (Replays::default(), AtomicBool::new(false));
+        Env { log, agents, settings, limits, clustered, replays, stopping }
+    }
+
+    /// The service is shutting down: no actor starts a turn from now on.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// An actor with nothing to do for this long is dropped (its state is in the log).
+    pub fn idle_after(&self) -> Duration {
+        Duration::from_secs(self.settings.actor_idle_secs.max(1))
+    }
+
+    /// Model tokens are merged into at most one delta event per message this often.
+    pub fn delta_coalesce(&self) -> Duration {
+        Duration::from_millis(self.settings.delta_coalesce_ms)
+    }
+}
+
+/// Sessions a replay is re-emitting events into now, and what stops each replay: a turn
+/// such a session's log shows running is the replay's, not one a stopped actor left behind.
+#[derive(Default)]
+pub(super) struct Replays {
+    running: DashMap<SessionId, CancellationToken>,
+}
+
+impl Replays {
+    /// Marks `session` as replayed into: answers what cancels the replay.
+    pub fn start(&self, session: SessionId) -> CancellationToken {
+        let cancel = CancellationToken::new();
+        self.running.insert(session, cancel.clone());
+        cancel
+    }
+
+    pub fn stop(&self, session: SessionId) {
+        self.running.remove(&session);
+    }
+
+    /// Stops the replay into `session`, if one runs (the session is being closed).
+    pub fn cancel(&self, session: SessionId) {
+        if let Some(cancel) = self.running.get(&session) {
+            cancel.cancel();
+        }
+    }
+
+    pub fn contains(&self, session: SessionId) -> bool {
+        self.running.contains_key(&session)
+    }
+}

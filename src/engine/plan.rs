@@ -1,0 +1,107 @@
+//! How each tool is handled in a session: which tools the model is offered, and whether a
+//! call of each runs inline, waits for a permission, waits for the client's result, or is
+//! denied at once. Built from the agent's config, the session's choices and the decisions
+//! the client chose to remember.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::agent::mcp::McpTool;
+use crate::agent::{Agent, ToolDef, Tools};
+use crate::domain::event::{Confirmation, McpRef, Permission, SessionSpec};
+
+/// How a call of each tool is handled in this session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Inline,
+    Ask,
+    Client,
+    /// The client chose to always reject it in this session: each call is denied at once.
+    Rejected,
+}
+
+/// The tools offered to the model, and how each is handled.
+#[derive(Debug, Clone, Default)]
+pub struct ToolPlan {
+    pub defs: Vec<ToolDef>,
+    pub modes: HashMap<String, Mode>,
+    /// The MCP server and tool behind each MCP tool's name.
+    pub mcp: HashMap<String, McpTool>,
+    /// The permission decisions the client chose to keep, by tool (MCP tools join the plan
+    /// as the turn starts, and take them then).
+    pub remembered: BTreeMap<String, Confirmation>,
+}
+
+impl ToolPlan {
+    /// Server tools the agent has (minus `deny`), enabled as the session says: exposed
+    /// tools only when the client listed them (trusted or not), unexposed ones always.
+    /// A tool runs inline only if the config allows it and the client trusts it, or if the
+    /// client chose to always allow it (`remembered`); one it chose to always reject stays
+    /// offered (the history may hold its calls) and each call of it is denied. Then the
+    /// client tools: the agent's own, and the session's.
+    pub fn new(
+        agent: &Agent,
+        tools: &Tools,
+        spec: &SessionSpec,
+        remembered: &BTreeMap<String, Confirmation>,
+    ) -> ToolPlan {
+        let mut plan = ToolPlan { remembered: remembered.clone(), ..ToolPlan::default() };
+        for (name, permission) in &agent.config.tools {
+            let always = remembered.get(name);
+            if *permission == Permission::Deny {
+                continue;
+            }
+            let trust = if tools.exposed(name) {
+                match spec.agent.tools.as_ref().and_then(|list| list.iter().find(|t| &t.name == name)) {
+                    Some(choice) => choice.trust,
+                    None => continue,
+                }
+            } else {
+                true
+            };
+            if let Some(def) = tools.def(name) {
+                let mode = match always {
+                    Some(Confirmation::Deny) => Mode::Rejected,
+                    Some(Confirmation::Allow) => Mode::Inline,
+                    None if *permission == Permission::Allow && trust => Mode::Inline,
+                    None => Mode::Ask,
+                };
+                plan.defs.push(def);
+                plan.modes.insert(name.clone(), mode);
+            }
+        }
+        for tool in agent.config.client_tools.iter().chain(&spec.tools) {
+            plan.defs.push(ToolDef {
+                name: tool.name.clone(),
+                description: tool.description.clone(),
+                parameters: tool.input_schema.clone(),
+            });
+            plan.modes.insert(tool.name.clone(), Mode::Client);
+        }
+        plan
+    }
+
+    /// Adds MCP tools (their declaration's permission, or what the client chose to
+    /// remember). A name already taken keeps its tool.
+    pub fn add_mcp(&mut self, tools: Vec<McpTool>) {
+        for tool in tools {
+            let name = tool.def.name.clone();
+            if self.modes.contains_key(&name) {
+                tracing::warn!(%name, "an MCP tool's name is taken by another tool; it is not offered");
+                continue;
+            }
+            let mode = match (self.remembered.get(&name), tool.permission) {
+                (Some(Confirmation::Deny), _) => Mode::Rejected,
+                (Some(Confirmation::Allow), _) | (None, Permission::Allow) => Mode::Inline,
+                (None, _) => Mode::Ask,
+            };
+            self.modes.insert(name.clone(), mode);
+            self.defs.push(tool.def.clone());
+            self.mcp.insert(name, tool);
+        }
+    }
+
+    /// The MCP server and tool behind `name`, as the log records them.
+    pub fn mcp_ref(&self, name: &str) -> Option<McpRef> {
+        self.mcp.get(name).map(|t| McpRef { server: t.server.clone(), tool: t.tool.clone() })
+    }
+}
