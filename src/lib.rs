@@ -17,6 +17,9 @@
 //! - [`api`]: the HTTP views, each with its own wire types and error shape.
 //! - [`app`]: the HTTP server on the service.
 //! - [`acp`]: the Agent Client Protocol view over stdio, on the service or on a server.
+//! - [`client`]: the one typed client of a server's HTTP API (the CLI's `--server`, the ACP
+//!   bridge, the load harness and the tests use it).
+//! - [`cli`]: the binary's subcommands, each a function `main` calls.
 //! - [`config`], [`metrics`], [`error`] (the one table of error codes), [`telemetry`].
 #![forbid(unsafe_code)]
 
@@ -27,11 +30,15 @@ pub mod app;
 pub mod audit;
 pub mod catalog;
 pub mod cli;
+pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod domain;
 pub mod engine;
 pub mod error;
+/// The fuzz targets' entry points: only with the `fuzzing` feature (`fuzz/`, and
+/// `tests/fuzz_corpus.rs`), never in the service.
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod metrics;
 pub mod projection;

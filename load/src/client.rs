@@ -1,4 +1,10 @@
-//! Typed verbs over turnlog's HTTP API, and its SSE streams parsed by `sse-stream`.
+//! The harness's verbs over turnlog's HTTP API, a thin layer on turnlog's own client
+//! ([`turnlog::client`]), and its SSE streams parsed by `sse-stream`.
+//!
+//! On the paths it measures the harness does the HTTP work itself, so that what it times
+//! is the server's: an append's body is written by hand and its answer read as bytes
+//! ([`Client::post_events_raw`]), and streams are read from the unread response
+//! ([`Client::stream_raw`]).
 //!
 //! Event ids travel as `u128` (the ULID after `evt_`): compact, and ordered exactly as the
 //! log orders a session's events.
@@ -11,6 +17,7 @@ use futures_util::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sse_stream::{Sse, SseStream};
+use turnlog::client::{Client, ClientError, NewSession, StreamFrom};
 use ulid::Ulid;
 
 use crate::server::Metrics;
@@ -50,6 +57,14 @@ impl Cursor {
             Cursor::AfterId(id) | Cursor::LastEventId(id) => Some(*id),
         }
     }
+
+    fn from(&self) -> StreamFrom {
+        match self {
+            Cursor::Start => StreamFrom::Start,
+            Cursor::AfterId(id) => StreamFrom::AfterId(event_id(*id)),
+            Cursor::LastEventId(id) => StreamFrom::LastEventId(event_id(*id)),
+        }
+    }
 }
 
 /// An event as an append acknowledges it.
@@ -73,23 +88,9 @@ struct Data<T> {
     data: Vec<T>,
 }
 
-#[derive(Deserialize)]
-struct Page<T> {
-    data: Vec<T>,
-    last_id: Option<String>,
-    has_more: bool,
-}
-
-#[derive(Deserialize)]
-struct Created {
-    #[serde(rename = "sessionId")]
-    session_id: String,
-}
-
 #[derive(Clone)]
 pub struct Api {
-    pub base: String,
-    pub http: reqwest::Client,
+    pub client: Client,
 }
 
 impl Api {
@@ -100,26 +101,11 @@ impl Api {
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
             .expect("an HTTP client");
-        Api { base: base.trim_end_matches('/').to_string(), http }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
+        Api { client: Client::with_http(base, None, http) }
     }
 
     pub async fn create_session(&self) -> anyhow::Result<String> {
-        let response = self
-            .http
-            .post(self.url("/sessions"))
-            .json(&serde_json::json!({"agent": {"name": "default"}}))
-            .send()
-            .await
-            .context("POST /sessions")?;
-        let status = response.status();
-        if status != 201 {
-            bail!("POST /sessions: {status}: {}", text(response).await);
-        }
-        Ok(response.json::<Created>().await?.session_id)
+        self.client.create_session(&NewSession::of("default")).await.context("POST /sessions")
     }
 
     /// Appends one `user.define_outcome` per text (`{"outcome": text}`): a user event the
@@ -138,18 +124,7 @@ impl Api {
             body.push('}');
         }
         body.push_str("]}");
-        let response = self
-            .http
-            .post(self.url(&format!("/sessions/{session}/events")))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .context("POST /sessions/{id}/events")?;
-        let status = response.status();
-        if status != 200 {
-            bail!("POST /sessions/{session}/events: {status}: {}", text(response).await);
-        }
+        let response = self.client.post_events_raw(session, body).await.context("POST /sessions/{id}/events")?;
         let bytes = response.bytes().await?;
         let acked: Data<Acked> = serde_json::from_slice(&bytes).context("the append's answer")?;
         if acked.data.len() != texts.len() {
@@ -164,70 +139,36 @@ impl Api {
     }
 
     pub async fn log_as<T: DeserializeOwned>(&self, session: &str) -> anyhow::Result<Vec<T>> {
-        let mut all = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let mut url = self.url(&format!("/sessions/{session}/events?limit=1000"));
-            if let Some(after) = &after {
-                url.push_str("&after_id=");
-                url.push_str(after);
-            }
-            let response = self.http.get(&url).send().await.context("listing events")?;
-            let status = response.status();
-            if status != 200 {
-                bail!("GET /sessions/{session}/events: {status}: {}", text(response).await);
-            }
-            let page: Page<T> = serde_json::from_slice(&response.bytes().await?)?;
-            all.extend(page.data);
-            if !page.has_more {
-                return Ok(all);
-            }
-            after = Some(page.last_id.ok_or_else(|| anyhow!("has_more without last_id"))?);
-        }
-    }
-
-    fn stream_request(&self, session: &str, cursor: Cursor) -> reqwest::RequestBuilder {
-        let mut url = self.url(&format!("/sessions/{session}/events/stream"));
-        if let Cursor::AfterId(id) = cursor {
-            url.push_str("?after_id=");
-            url.push_str(&event_id(id));
-        }
-        let request = self.http.get(url);
-        match cursor {
-            Cursor::LastEventId(id) => request.header("last-event-id", event_id(id)),
-            _ => request,
-        }
+        self.client.all_events(session, 1000).await.with_context(|| format!("listing the events of {session}"))
     }
 
     /// The native stream of `session` from the start as bytes, unparsed (see
     /// `scenarios::replay`); fails unless it is a 200.
     pub async fn stream_bytes(&self, session: &str) -> anyhow::Result<reqwest::Response> {
-        let response = self.stream_request(session, Cursor::Start).send().await.context("opening a stream")?;
-        if response.status() != 200 {
-            bail!("stream answered {}: {}", response.status(), text(response).await);
-        }
-        Ok(response)
+        self.client.stream_raw(session, &StreamFrom::Start).await.context("opening a stream")
     }
 
     /// Opens the native stream of `session` at `cursor`; fails unless it is a 200 SSE.
     pub async fn stream(&self, session: &str, cursor: Cursor) -> anyhow::Result<EventStream> {
-        let response = self.stream_request(session, cursor).send().await.context("opening a stream")?;
+        let response = self.client.stream_raw(session, &cursor.from()).await.context("opening a stream")?;
         EventStream::new(response).await
     }
 
-    /// The status and body of a stream request that is expected to fail.
+    /// The status and the error (its code and message) of a stream request that is
+    /// expected to fail.
     pub async fn stream_refusal(&self, session: &str, cursor: Cursor) -> anyhow::Result<(u16, String)> {
-        let response = self.stream_request(session, cursor).send().await?;
-        let status = response.status().as_u16();
-        if status == 200 {
-            return Ok((200, String::new()));
+        match self.client.stream_raw(session, &cursor.from()).await {
+            Ok(_) => Ok((200, String::new())),
+            Err(ClientError::Refused(refusal)) => {
+                let code = refusal.code.as_deref().unwrap_or("no code");
+                Ok((refusal.status.as_u16(), format!("{code}: {}", refusal.message())))
+            }
+            Err(error) => Err(error.into()),
         }
-        Ok((status, text(response).await))
     }
 
     pub async fn metrics(&self) -> anyhow::Result<Metrics> {
-        let body = self.http.get(self.url("/metrics")).send().await?.text().await?;
-        Ok(Metrics::parse(&body))
+        Ok(Metrics::parse(&self.client.metrics().await?))
     }
 }
 

@@ -7,15 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use eventsource_stream::Eventsource;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::agent::mcp::McpServerConfig;
+use crate::client::{
+    AgentChoice, Client, ClientError, Followed, NewSession, PageQuery, Reconnect, SessionQuery, ToolTrust,
+};
 use crate::domain::event::{AgentSpec, SessionSpec};
-use crate::domain::{Event, EventBody, EventId};
+use crate::domain::{Event, EventId};
 use crate::service::Service;
 use crate::session::{rules, Caller, Cursor, EventQuery, Input, ListFilter, SessionError, Submission};
 
@@ -219,19 +220,18 @@ impl Door for Embedded {
     }
 }
 
-/// A running turnlog server, through its HTTP API: sessions are made with the turn API
-/// (`POST /sessions`, with the agent's tools from `GET /meta`), input is posted and the log
-/// read and followed through the native event API.
+/// A running turnlog server, through its HTTP API ([`Client`]): sessions are made with
+/// the turn API (`POST /sessions`, with the agent's tools from `GET /meta`), input is
+/// posted and the log read and followed through the native event API.
 #[derive(Clone)]
 pub struct Bridge {
-    base: String,
-    key: Option<String>,
-    http: reqwest::Client,
+    client: Client,
 }
 
-/// How many times a dropped stream is opened again, a second apart, before the prompt
-/// that follows it fails.
-const RECONNECTS: u32 = 30;
+/// How a dropped stream is opened again: a second apart, 30 times, before the prompt that
+/// follows it fails.
+const RECONNECT: Reconnect =
+    Reconnect { pause: Duration::from_secs(1), max_pause: Duration::from_secs(1), attempts: Some(30) };
 
 impl Bridge {
     pub fn new(base: &str, key: Option<String>) -> Result<Bridge, DoorError> {
@@ -242,85 +242,51 @@ impl Bridge {
             .read_timeout(Duration::from_secs(45))
             .build()
             .map_err(|e| DoorError::Unavailable(format!("an HTTP client: {e}")))?;
-        Ok(Bridge { base: base.trim_end_matches('/').to_string(), key, http })
+        Ok(Bridge { client: Client::with_http(base, key, http).call_timeout(Duration::from_secs(30)) })
     }
+}
 
-    /// A JSON call, bounded in time.
-    fn call(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        self.request(method, path).timeout(Duration::from_secs(30))
-    }
-
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let request = self.http.request(method, format!("{}{path}", self.base));
-        match &self.key {
-            Some(key) => request.bearer_auth(key),
-            None => request,
+/// What the server answered, by its status.
+impl From<ClientError> for DoorError {
+    fn from(error: ClientError) -> DoorError {
+        let refusal = match error {
+            ClientError::Refused(refusal) => refusal,
+            ClientError::Unreachable { base, error } => {
+                return DoorError::Unavailable(format!("turnlog server {base} is unreachable: {error}"))
+            }
+            ClientError::GaveUp { .. } => return DoorError::Unavailable("the server's event stream is gone".into()),
+            other => return DoorError::Unavailable(format!("the server's answer: {}", with_causes(&other))),
+        };
+        let message = refusal.message().to_string();
+        match refusal.status.as_u16() {
+            404 => DoorError::NotFound(message),
+            400 | 413 | 422 => DoorError::Invalid(message),
+            401 => DoorError::Unauthorized(format!("the server refused the API key: {message}")),
+            403 => DoorError::Refused(message),
+            409 if refusal.is("turn_running") => DoorError::Busy(message),
+            409 | 412 => DoorError::Refused(message),
+            _ => DoorError::Unavailable(format!("the server answered {}: {message}", refusal.status)),
         }
     }
+}
 
-    async fn json(&self, request: reqwest::RequestBuilder) -> Result<Value, DoorError> {
-        let response = request.send().await.map_err(|e| unreachable_server(&self.base, e))?;
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        match status.is_success() {
-            true => Ok(body),
-            false => Err(refusal(status, &body)),
-        }
+/// An error and what caused it (a body that does not decode says where), one after another.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut said = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        said = format!("{said}: {error}");
+        cause = error.source();
     }
+    said
 }
 
-impl Bridge {
-    /// The session's native event stream after `after`, as SSE events.
-    async fn open_stream(
-        &self,
-        path: &str,
-        after: EventId,
-    ) -> Result<impl futures_util::Stream<Item = Result<eventsource_stream::Event, impl std::error::Error>>, DoorError>
-    {
-        let request = self
-            .request(reqwest::Method::GET, path)
-            .query(&[("after_id", after.to_string())])
-            .header("accept", "text/event-stream");
-        let response = request.send().await.map_err(|e| unreachable_server(&self.base, e))?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(refusal(status, &response.json().await.unwrap_or(Value::Null)));
-        }
-        Ok(response.bytes_stream().eventsource())
-    }
-}
-
-/// A server's error answer (`{"error":{"message",...}}`) by its status.
-fn refusal(status: reqwest::StatusCode, body: &Value) -> DoorError {
-    let message = body["error"]["message"].as_str().unwrap_or("no message").to_string();
-    match status.as_u16() {
-        404 => DoorError::NotFound(message),
-        400 | 413 | 422 => DoorError::Invalid(message),
-        401 => DoorError::Unauthorized(format!("the server refused the API key: {message}")),
-        403 => DoorError::Refused(message),
-        409 if body["error"]["code"] == "turn_running" => DoorError::Busy(message),
-        409 | 412 => DoorError::Refused(message),
-        _ => DoorError::Unavailable(format!("the server answered {status}: {message}")),
-    }
-}
-
-fn unreachable_server(base: &str, error: reqwest::Error) -> DoorError {
-    DoorError::Unavailable(format!("turnlog server {base} is unreachable: {error}"))
-}
-
-fn session_path(session: &str) -> Result<String, DoorError> {
-    // Only ids go into paths: anything else names no session.
+/// Only ids go into paths: anything else names no session.
+fn session_id(session: &str) -> Result<String, DoorError> {
     match session.parse::<crate::domain::SessionId>() {
-        Ok(id) => Ok(format!("/sessions/{id}")),
+        Ok(id) => Ok(id.to_string()),
         Err(_) => Err(DoorError::NotFound(format!("session {session} not found"))),
     }
-}
-
-/// A page of `GET /sessions/{id}/events`.
-#[derive(Deserialize)]
-struct EventPage {
-    data: Vec<Event>,
-    has_more: bool,
 }
 
 /// An input as the native event API takes it.
@@ -357,28 +323,25 @@ the agent in the server's config ([agents.NAME.mcp_servers.SERVER]) instead.";
 #[async_trait]
 impl Door for Bridge {
     async fn list(&self, agent: &str, after: Option<&str>) -> Result<(Vec<Listed>, Option<String>), DoorError> {
-        let limit = LIST_PAGE.to_string();
-        let mut request = self.call(reqwest::Method::GET, "/sessions").query(&[("agent", agent), ("limit", &limit)]);
-        if let Some(after) = after {
-            request = request.query(&[("after", after)]);
-        }
-        let page = self.json(request).await?;
-        let text = |v: &Value| v.as_str().map(str::to_string);
-        let listed = page["sessions"]
-            .as_array()
+        let query = SessionQuery {
+            agent: Some(agent.to_string()),
+            limit: Some(LIST_PAGE),
+            after: after.map(str::to_string),
+            ..SessionQuery::default()
+        };
+        let page = self.client.sessions(&query).await?;
+        let listed = page
+            .sessions
             .into_iter()
-            .flatten()
-            .filter_map(|s| {
-                Some(Listed {
-                    id: text(&s["sessionId"])?,
-                    title: text(&s["title"]),
-                    cwd: text(&s["metadata"][CWD]),
-                    // The turn API shows when a session was made, not when it last changed.
-                    updated_at: None,
-                })
+            .map(|s| Listed {
+                cwd: s.metadata.get(CWD).and_then(Value::as_str).map(str::to_string),
+                id: s.session_id,
+                title: s.title,
+                // The turn API shows when a session was made, not when it last changed.
+                updated_at: None,
             })
             .collect();
-        Ok((listed, text(&page["next"])))
+        Ok((listed, page.next))
     }
 
     /// A server does not run its clients' commands or reach their URLs for them.
@@ -391,43 +354,32 @@ impl Door for Bridge {
 
     async fn create(&self, agent: &str, metadata: Map<String, Value>, mcp: McpDeclared) -> Result<String, DoorError> {
         self.attach_mcp("", mcp).await?;
-        let meta = self.json(self.call(reqwest::Method::GET, "/meta")).await?;
-        let agents = meta["agents"].as_array().cloned().unwrap_or_default();
-        let Some(found) = agents.iter().find(|a| a["name"] == agent) else {
-            let known: Vec<&str> = agents.iter().filter_map(|a| a["name"].as_str()).collect();
+        let agents = self.client.agents().await?;
+        let Some(found) = agents.iter().find(|a| a.name == agent) else {
+            let known: Vec<&str> = agents.iter().map(|a| a.name.as_str()).collect();
             return Err(DoorError::Unavailable(format!(
                 "no agent named {agent:?} (--agent); the server has: {}",
                 known.join(", ")
             )));
         };
         // Every tool the agent offers, trusted as far as the server's config allows.
-        let tools: Vec<Value> = found["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|tool| json!({"name": tool["name"], "trust": true}))
-            .collect();
-        let body = json!({"agent": {"name": agent, "tools": tools}, "metadata": metadata});
-        let created = self.json(self.call(reqwest::Method::POST, "/sessions").json(&body)).await?;
-        created["sessionId"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| DoorError::Unavailable(format!("the server made a session but named none: {created}")))
+        let tools = found.tools.iter().map(|tool| ToolTrust { name: tool.name.clone(), trust: true }).collect();
+        let new = NewSession {
+            agent: AgentChoice { name: agent.to_string(), tools: Some(tools) },
+            metadata,
+            ..NewSession::default()
+        };
+        Ok(self.client.create_session(&new).await?)
     }
 
     async fn events(&self, session: &str) -> Result<Vec<Event>, DoorError> {
-        let path = format!("{}/events", session_path(session)?);
+        let session = session_id(session)?;
         let mut out = Vec::new();
-        let mut after: Option<EventId> = None;
+        // 100: what every server takes (`limits.max_page_size` is at least that).
+        let mut query = PageQuery { limit: Some(100), after_id: None };
         loop {
-            // 100: what every server takes (`limits.max_page_size` is at least that).
-            let mut request = self.call(reqwest::Method::GET, &path).query(&[("limit", "100")]);
-            if let Some(after) = after {
-                request = request.query(&[("after_id", after.to_string())]);
-            }
-            let page: EventPage = serde_json::from_value(self.json(request).await?)
-                .map_err(|e| DoorError::Unavailable(format!("a page of events does not decode: {e}")))?;
-            after = page.data.last().map(|e| e.id);
+            let page = self.client.events::<Event>(&session, &query).await?;
+            query.after_id = page.data.last().map(|e| e.id.to_string());
             out.extend(page.data.into_iter().filter(|e| !e.body.is_delta()));
             if !page.has_more {
                 return Ok(out);
@@ -436,62 +388,34 @@ impl Door for Bridge {
     }
 
     async fn submit(&self, session: &str, inputs: Vec<Input>) -> Result<Vec<Event>, DoorError> {
-        let path = format!("{}/events", session_path(session)?);
-        let body = json!({"events": inputs.into_iter().map(native).collect::<Vec<_>>()});
-        let stored = self.json(self.call(reqwest::Method::POST, &path).json(&body)).await?;
-        serde_json::from_value::<Vec<Event>>(stored["data"].clone())
-            .map_err(|e| DoorError::Unavailable(format!("the stored events do not decode: {e}")))
+        let events: Vec<Value> = inputs.into_iter().map(native).collect();
+        Ok(self.client.post_events(&session_id(session)?, &events).await?)
     }
 
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {
-        let path = format!("{}/events/stream", session_path(session)?);
-        let bridge = self.clone();
+        let mut follow = self.client.follow(&session_id(session)?, Some(after.to_string()), RECONNECT);
         // The first open answers for the session (unknown, refused); later drops reconnect.
-        let mut frames = bridge.open_stream(&path, after).await?;
+        follow.connect().await?;
         Ok(async_stream::stream! {
-            let mut last = after;
-            let mut failures = 0;
             loop {
-                match frames.next().await {
-                    Some(Ok(frame)) if frame.data.is_empty() => {}
-                    Some(Ok(frame)) => match serde_json::from_str::<Event>(&frame.data) {
-                        Ok(event) => {
-                            failures = 0;
-                            last = event.id;
-                            let terminated = matches!(event.body, EventBody::Terminated { .. });
-                            yield Ok(event);
-                            if terminated {
-                                break;
-                            }
-                        }
+                match follow.next().await {
+                    Ok(Some(Followed::Event(frame))) => match serde_json::from_str::<Event>(&frame.data) {
+                        Ok(event) => yield Ok(event),
                         Err(error) => {
                             yield Err(DoorError::Unavailable(format!("a streamed event does not decode: {error}")));
                             break;
                         }
                     },
-                    // The stream dropped (or the server restarted): open it again after the
-                    // last event seen, as any client of the native stream resumes.
-                    Some(Err(_)) | None => loop {
-                        failures += 1;
-                        if failures > RECONNECTS {
-                            yield Err(DoorError::Unavailable("the server's event stream is gone".into()));
-                            return;
-                        }
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        match bridge.open_stream(&path, last).await {
-                            Ok(reopened) => {
-                                tracing::info!(after = %last, "event stream reopened");
-                                frames = reopened;
-                                failures = 0;
-                                break;
-                            }
-                            Err(DoorError::Unavailable(error)) => tracing::warn!(%error, "event stream"),
-                            Err(error) => {
-                                yield Err(error);
-                                return;
-                            }
-                        }
-                    },
+                    // The stream dropped (or the server restarted): it is opened again after
+                    // the last event seen, as any client of the native stream resumes.
+                    Ok(Some(Followed::Dropped { after, cause })) => {
+                        tracing::warn!(after = after.as_deref().unwrap_or("the start"), %cause, "event stream dropped; reopening");
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        yield Err(error.into());
+                        break;
+                    }
                 }
             }
         }

@@ -1,14 +1,15 @@
 //! `turnlog export`, `import` and `verify`.
 
-use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
-use super::{input, open_data_dir, progress, Client, Failure};
+use super::args::{ExportArgs, ImportArgs, Remote, ServeArgs, VerifyArgs};
+use super::{data_dir, input, open_data_dir, progress, run, Failure};
 use crate::audit::export::Export;
 use crate::audit::format::{self, Line};
 use crate::audit::import::{self as audit, ImportError, Imported};
 use crate::audit::verify::{self, Verifier};
+use crate::client::{Client, ImportStatus, SessionQuery};
 use crate::domain::SessionId;
 use crate::projection::{SessionIndex, SessionSummary};
 use crate::store::sled::SledLog;
@@ -18,6 +19,66 @@ use crate::store::{AuditLog, Key, Log, Projections, Store};
 pub enum Source {
     DataDir(PathBuf),
     Server(Client),
+}
+
+impl Source {
+    /// The server named, or else the data dir.
+    fn of(serve: &ServeArgs, remote: &Remote) -> Result<Source, Failure> {
+        match remote.client() {
+            Some(client) => Ok(Source::Server(client)),
+            None => Ok(Source::DataDir(data_dir(serve)?)),
+        }
+    }
+}
+
+/// `turnlog export`: to standard output, or to a file written aside and renamed once
+/// whole, so that a failed export leaves no file.
+pub fn export_command(serve: &ServeArgs, args: ExportArgs) -> i32 {
+    run("export", async move {
+        let selection = Selection { sessions: args.sessions, agent: args.agent, created_by: args.created_by };
+        let source = Source::of(serve, &args.remote)?;
+        let Some(path) = args.output else {
+            return export(&source, &selection, &mut std::io::stdout().lock()).await.map(|_| ());
+        };
+        let mut aside = path.clone().into_os_string();
+        aside.push(".partial");
+        let aside = PathBuf::from(aside);
+        let mut file =
+            std::fs::File::create(&aside).map_err(|e| Failure::Input(format!("{}: {e}", aside.display())))?;
+        let written = export(&source, &selection, &mut file).await;
+        if written.is_err() {
+            let _ = std::fs::remove_file(&aside);
+        }
+        let count = written?;
+        std::fs::rename(&aside, &path).map_err(input)?;
+        eprintln!("turnlog export: {count} sessions to {}", path.display());
+        Ok(())
+    })
+}
+
+/// `turnlog import`: says on stderr what became of each session.
+pub fn import_command(serve: &ServeArgs, args: ImportArgs) -> i32 {
+    run("import", async move {
+        for (session, imported) in import(&Source::of(serve, &args.remote)?, &args.file).await? {
+            let said = match imported {
+                Imported::New { events } => format!("imported, {events} events"),
+                Imported::Unchanged { events } => format!("already there, the same {events} events"),
+            };
+            eprintln!("turnlog import: {session}: {said}");
+        }
+        Ok(())
+    })
+}
+
+/// `turnlog verify`: an export file, or else the data dir.
+pub fn verify_command(serve: &ServeArgs, args: VerifyArgs) -> i32 {
+    run("verify", async move {
+        let dir = if args.file.is_none() { Some(data_dir(serve)?) } else { None };
+        let checked = verify(args.file.as_deref(), dir.as_deref()).await?;
+        let events: u64 = checked.iter().map(|(_, n)| n).sum();
+        println!("ok: {} sessions, {events} events, every chain verifies", checked.len());
+        Ok(())
+    })
 }
 
 /// Which sessions an export takes: these, or all that match the filters.
@@ -53,8 +114,7 @@ pub async fn export(source: &Source, selection: &Selection, out: &mut dyn Write)
             let sessions = if named.is_empty() { list_server(client, selection).await? } else { named };
             let bar = progress(sessions.len() as u64, "sessions");
             for session in &sessions {
-                let response = client.ok(client.get(&format!("/sessions/{session}/export"))).await?;
-                let body = response.bytes().await.map_err(input)?;
+                let body = client.export(&session.to_string()).await?;
                 out.write_all(&body).map_err(input)?;
                 bar.inc(1);
             }
@@ -117,20 +177,20 @@ async fn export_log(
 /// The server's sessions that match, through its list (the caller's own, or all for an admin).
 async fn list_server(client: &Client, selection: &Selection) -> Result<Vec<SessionId>, Failure> {
     let mut sessions = Vec::new();
-    let mut after: Option<String> = None;
+    let mut query = SessionQuery {
+        limit: Some(100),
+        agent: selection.agent.clone(),
+        created_by: selection.created_by.clone(),
+        after: None,
+    };
     loop {
-        let mut query = vec![("limit", "100".to_string())];
-        query.extend(selection.agent.clone().map(|a| ("agent", a)));
-        query.extend(selection.created_by.clone().map(|c| ("created_by", c)));
-        query.extend(after.clone().map(|a| ("after", a)));
-        let page: serde_json::Value =
-            client.ok(client.get("/sessions").query(&query)).await?.json().await.map_err(input)?;
-        for item in page["sessions"].as_array().into_iter().flatten() {
-            let id = item["sessionId"].as_str().unwrap_or_default();
+        let page = client.sessions(&query).await?;
+        for item in page.sessions {
+            let id = item.session_id;
             sessions.push(id.parse().map_err(|_| Failure::Input(format!("the server listed {id:?}")))?);
         }
-        match page["next"].as_str() {
-            Some(next) => after = Some(next.to_string()),
+        match page.next {
+            Some(next) => query.after = Some(next),
             None => return Ok(sessions),
         }
     }
@@ -220,54 +280,42 @@ pub async fn import(target: &Source, file: &Path) -> Result<Vec<(SessionId, Impo
         }
         Source::Server(client) => {
             for group in &groups {
-                let body: Vec<u8> = group
-                    .iter()
-                    .flat_map(|line| {
-                        format::export_line(
-                            line.session_id,
-                            line.sequence_number,
-                            &line.prev,
-                            &line.hash,
-                            line.stored(),
-                        )
-                    })
-                    .collect();
-                let request = client.post("/sessions/import").header("content-type", "application/x-ndjson").body(body);
-                let response = request.send().await.map_err(|e| Failure::Input(format!("{}: {e}", client.base)))?;
-                let status = response.status();
-                let answer: serde_json::Value = response.json().await.unwrap_or_default();
-                if !status.is_success() {
-                    let message = answer["error"]["message"].as_str().unwrap_or("no message").to_string();
-                    let refused = format!("refused: the server answered {status}: {message}");
-                    // The file's fault (a broken chain, a session held with other events): 1.
-                    return Err(if status.as_u16() == 400 || status.as_u16() == 409 {
-                        Failure::Wrong(refused)
-                    } else {
-                        Failure::Input(refused)
-                    });
-                }
-                let statuses: HashMap<&str, (&str, u64)> = answer["sessions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|s| Some((s["session_id"].as_str()?, (s["status"].as_str()?, s["events"].as_u64()?))))
-                    .collect();
-                let session = group[0].session_id;
-                let (status, events) = statuses
-                    .get(session.to_string().as_str())
-                    .copied()
-                    .ok_or_else(|| Failure::Input(format!("the server did not answer for {session}")))?;
-                let events = events as usize;
-                done.push((
-                    session,
-                    if status == "imported" { Imported::New { events } } else { Imported::Unchanged { events } },
-                ));
+                done.push(import_one(client, group).await?);
                 bar.inc(1);
             }
         }
     }
     bar.finish_and_clear();
     Ok(done)
+}
+
+/// One session's lines through a server (one request each, under its body limit).
+async fn import_one(client: &Client, group: &[Line]) -> Result<(SessionId, Imported), Failure> {
+    let body: Vec<u8> = group
+        .iter()
+        .flat_map(|line| {
+            format::export_line(line.session_id, line.sequence_number, &line.prev, &line.hash, line.stored())
+        })
+        .collect();
+    let answer = client.import(body).await.map_err(|error| match error.refusal().map(|r| r.status.as_u16()) {
+        // The file's fault (a broken chain, a session held with other events): 1.
+        Some(400 | 409) => Failure::Wrong(format!("refused: {error}")),
+        Some(_) => Failure::Input(format!("refused: {error}")),
+        None => error.into(),
+    })?;
+    let session = group[0].session_id;
+    let said = answer
+        .iter()
+        .find(|s| s.session_id == session.to_string())
+        .ok_or_else(|| Failure::Input(format!("the server did not answer for {session}")))?;
+    let events = said.events as usize;
+    Ok((
+        session,
+        match said.status {
+            ImportStatus::Imported => Imported::New { events },
+            ImportStatus::Unchanged => Imported::Unchanged { events },
+        },
+    ))
 }
 
 fn import_failure(error: ImportError) -> Failure {

@@ -4,14 +4,43 @@
 use std::io::Write;
 use std::time::Duration;
 
-use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use super::{input, open_data_dir, Client, Failure};
+use super::args::{ReplayArgs, ServeArgs, TailArgs};
+use super::{data_dir, input, open_data_dir, run, Failure};
 use crate::audit::{pages, Pace};
+use crate::client::{Client, Followed, Reconnect};
 use crate::domain::SessionId;
 use crate::store::Log;
+
+/// `turnlog tail` (the server at `127.0.0.1:8787` unless named).
+pub fn tail_command(args: TailArgs) -> i32 {
+    run("tail", async move {
+        let server = args.remote.server.unwrap_or_else(|| "http://127.0.0.1:8787".into());
+        let client = Client::new(&server, args.remote.api_key);
+        let mut printer = Printer::new(std::io::stdout().lock(), args.json, args.types);
+        tail(&client, &args.session, args.after, &mut printer).await
+    })
+}
+
+/// `turnlog replay`: printed, or (`--into-session`) re-emitted into a new session.
+pub fn replay_command(serve: &ServeArgs, args: ReplayArgs) -> i32 {
+    run("replay", async move {
+        let client = args.remote.client();
+        if args.into_session {
+            let client = client.ok_or_else(|| input("--into-session needs --server"))?;
+            println!("{}", client.replay_into(&args.session, args.speed, args.from.as_deref()).await?);
+            return Ok(());
+        }
+        let source = match client {
+            Some(client) => From::Server(client),
+            None => From::DataDir(data_dir(serve)?),
+        };
+        let mut printer = Printer::new(std::io::stdout().lock(), args.json, args.types);
+        replay(&source, &args.session, args.from.as_deref(), args.speed, &mut printer).await.map(|_| ())
+    })
+}
 
 /// How events are printed: raw JSON lines, or one readable line per event with text
 /// deltas joined into one line.
@@ -121,63 +150,35 @@ fn summary(kind: &str, event: &Value) -> String {
     clip(line.replace('\n', " "), 200)
 }
 
+/// How `tail` reopens a stream: for as long as it takes, 100 ms after a drop and up to 2 s
+/// apart.
+const TAIL: Reconnect =
+    Reconnect { pause: Duration::from_millis(100), max_pause: Duration::from_secs(2), attempts: None };
+
 /// Follows `session` on a server until it ends (`terminated`), reconnecting with
 /// `Last-Event-ID` after the last event printed whenever the stream drops, for as long as
-/// it takes; events come once each, in order.
+/// it takes; events come once each, in order. The session not there (or not the
+/// caller's), or a cursor the log does not hold, ends it.
 pub async fn tail<W: Write>(
     client: &Client,
     session: &str,
     after: Option<String>,
     printer: &mut Printer<W>,
 ) -> Result<(), Failure> {
-    let mut last_id = after;
-    let mut last_seq = 0u64;
-    let mut delay = Duration::from_millis(100);
-    loop {
-        let mut request = client.get(&format!("/sessions/{session}/events/stream"));
-        if let Some(id) = &last_id {
-            request = request.header("Last-Event-ID", id);
-        }
-        match request.send().await {
-            Ok(response) if response.status().is_success() => {
-                delay = Duration::from_millis(100);
-                let mut events = response.bytes_stream().eventsource();
-                while let Some(frame) = events.next().await {
-                    let Ok(frame) = frame else { break };
-                    let Ok(event) = serde_json::from_str::<Value>(&frame.data) else { continue };
-                    let seq = event["sequence_number"].as_u64().unwrap_or(0);
-                    if seq <= last_seq && last_seq > 0 {
-                        continue;
-                    }
-                    printer.print(&event, &frame.data).map_err(input)?;
-                    (last_seq, last_id) = (seq, Some(frame.id));
-                    if event["type"] == "terminated" {
-                        return Ok(());
-                    }
-                }
+    let mut follow = client.follow(session, after, TAIL);
+    while let Some(followed) = follow.next().await? {
+        match followed {
+            Followed::Event(frame) => {
+                let Ok(event) = serde_json::from_str::<Value>(&frame.data) else { continue };
+                printer.print(&event, &frame.data).map_err(input)?;
             }
-            // The session is not there (or not the caller's), or the cursor is unknown.
-            Ok(response) if response.status().is_client_error() => {
-                let status = response.status();
-                let body: Value = response.json().await.unwrap_or_default();
-                let message = body["error"]["message"].as_str().unwrap_or("no message");
-                return Err(Failure::Input(format!("the server answered {status}: {message}")));
-            }
-            _ => {}
+            Followed::Dropped { after, .. } => eprintln!(
+                "turnlog tail: the stream dropped; reconnecting after {}",
+                after.as_deref().unwrap_or("the start")
+            ),
         }
-        eprintln!("turnlog tail: the stream dropped; reconnecting after {}", last_id.as_deref().unwrap_or("the start"));
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
     }
-}
-
-/// Starts a replay of `session` into a new session of the server's
-/// (`POST /sessions/{id}/replay`): the new session's id.
-pub async fn replay_into(client: &Client, session: &str, from: Option<&str>, speed: f64) -> Result<String, Failure> {
-    let body = serde_json::json!({"speed": speed, "from": from});
-    let response = client.ok(client.post(&format!("/sessions/{session}/replay")).json(&body)).await?;
-    let answer: Value = response.json().await.map_err(input)?;
-    answer["sessionId"].as_str().map(str::to_string).ok_or_else(|| input("the server answered without a session id"))
+    Ok(())
 }
 
 /// Where a replay reads a session's log from.
@@ -199,10 +200,7 @@ pub async fn replay<W: Write>(
     let mut printed = 0;
     match source {
         From::Server(client) => {
-            let mut query = vec![("speed", speed.to_string())];
-            query.extend(from.map(|from| ("from", from.to_string())));
-            let request = client.get(&format!("/sessions/{session}/replay")).query(&query);
-            let mut frames = client.ok(request).await?.bytes_stream().eventsource();
+            let mut frames = client.replay(session, speed, from).await?;
             while let Some(frame) = frames.next().await {
                 let frame = frame.map_err(|e| Failure::Input(format!("the replay stream broke: {e}")))?;
                 let event: Value = serde_json::from_str(&frame.data).map_err(input)?;

@@ -1,5 +1,6 @@
 //! Starts the real `turnlog` binary on port 0 with a fresh data dir, and gives tests typed
-//! verbs over its HTTP API.
+//! verbs over its HTTP API: turnlog's own client ([`TestApp::api`]) for the native API, and
+//! requests as they are ([`TestApp::get`], ...) for what a test sends on purpose.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -11,6 +12,7 @@ use futures_util::{Stream, StreamExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use turnlog::client::{Client, NewSession};
 
 pub struct TestApp {
     pub url: String,
@@ -198,22 +200,20 @@ impl TestApp {
         }
     }
 
+    /// turnlog's client of this server, with the key in use.
+    pub fn api(&self) -> Client {
+        Client::with_http(&self.url, self.key.clone(), self.client.clone())
+    }
+
     pub async fn create_session(&self) -> String {
-        let response = self.post("/sessions").json(&json!({"agent": {"name": "default"}})).send().await.unwrap();
-        assert_eq!(response.status(), 201);
-        let body: Value = response.json().await.unwrap();
-        body["sessionId"].as_str().expect("sessionId").to_string()
+        self.api().create_session(&NewSession::of("default")).await.unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Posts `user.define_outcome` events, one per text, and returns the stored events. They
     /// start no turn, so tests of the log itself can append as many as they like.
     pub async fn post_outcomes(&self, session: &str, texts: &[String]) -> Vec<Value> {
         let events: Vec<Value> = texts.iter().map(|t| json!({"type": "user.define_outcome", "outcome": t})).collect();
-        let response =
-            self.post(&format!("/sessions/{session}/events")).json(&json!({"events": events})).send().await.unwrap();
-        assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
-        let body: Value = response.json().await.unwrap();
-        body["data"].as_array().unwrap().clone()
+        self.api().post_events(session, &events).await.unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Posts one event to the session's event API.
@@ -223,7 +223,8 @@ impl TestApp {
 
     /// Every event of the session, through the list API.
     pub async fn all_events(&self, session: &str) -> Vec<Value> {
-        list_events(|path| self.get(path), &self.url, session).await.unwrap_or_else(|why| panic!("{why}"))
+        let listed = self.api().all_events(session, 1000).await;
+        listed.unwrap_or_else(|e| panic!("the events of {session} through {}: {e}", self.url))
     }
 
     /// Opens the native stream after `after_id` (query) or `last_event_id` (header).
@@ -245,7 +246,7 @@ impl TestApp {
     }
 
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = self.get("/metrics").send().await.unwrap().text().await.unwrap();
+        let text = self.api().metrics().await.unwrap();
         text.lines()
             .filter(|l| l.starts_with(name) && !l.starts_with('#'))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -169,7 +169,7 @@ pub async fn turn(api: &Api, session: &str, mode: &str, text: &str) -> anyhow::R
             json!({"stream": mode, "messages": [{"role": "user", "content": text}]}),
         ),
     };
-    let response = api.http.post(api.url(&path)).json(&body).send().await?;
+    let response = api.client.request(reqwest::Method::POST, &path).json(&body).send().await?;
     let status = response.status();
     if status != 200 {
         bail!("POST {path} answered {status}: {}", crate::client::text(response).await);

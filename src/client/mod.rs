@@ -1,0 +1,218 @@
+//! A typed client of a turnlog server's HTTP API, for the programs that drive one from
+//! outside: the command line (`--server`), `turnlog acp --server`, the load harness and the
+//! integration tests. It holds the server's address and the key (`Authorization: Bearer`),
+//! reads the server's error shape once ([`ClientError`]), and follows a session's native
+//! stream across drops ([`Follow`]).
+//!
+//! Verbs answer typed values. The `_raw` ones hand back the [`reqwest::Response`] unread
+//! (its status checked), for a caller that reads the bytes itself, as the load harness
+//! does on the paths it measures.
+
+mod error;
+mod follow;
+mod wire;
+
+use std::time::Duration;
+
+use reqwest::{Method, RequestBuilder, Response};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub use error::{ClientError, Refusal};
+pub use follow::{Follow, Followed, Frame, Frames, Reconnect};
+pub use wire::{
+    AgentChoice, AgentMeta, AgentName, ImportStatus, ImportedSession, NewSession, Page, PageQuery, Session,
+    SessionPage, SessionQuery, StreamFrom, ToolMeta, ToolTrust,
+};
+
+/// A server's API, with a key.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    key: Option<String>,
+    http: reqwest::Client,
+    /// A bound on each call that answers at once (none on streams).
+    call_timeout: Option<Duration>,
+}
+
+impl Client {
+    /// A client of the server at `base` (`http://127.0.0.1:8787`), with no timeouts.
+    pub fn new(base: &str, key: Option<String>) -> Client {
+        Client::with_http(base, key, reqwest::Client::new())
+    }
+
+    /// A client that makes its requests with `http` (its own timeouts, pool, ...).
+    pub fn with_http(base: &str, key: Option<String>, http: reqwest::Client) -> Client {
+        Client { base: base.trim_end_matches('/').to_string(), key, http, call_timeout: None }
+    }
+
+    /// Bounds each call but the streams to `timeout`.
+    pub fn call_timeout(self, timeout: Duration) -> Client {
+        Client { call_timeout: Some(timeout), ..self }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// A request of `path` with the key, for a route that has no verb here.
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.key {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        }
+    }
+
+    /// A call that answers at once.
+    fn call(&self, method: Method, path: &str) -> RequestBuilder {
+        let request = self.request(method, path);
+        match self.call_timeout {
+            Some(timeout) => request.timeout(timeout),
+            None => request,
+        }
+    }
+
+    /// Sends `request`: the answer if it succeeded, else why not.
+    pub async fn send(&self, request: RequestBuilder) -> Result<Response, ClientError> {
+        let response =
+            request.send().await.map_err(|error| ClientError::Unreachable { base: self.base.clone(), error })?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        Err(ClientError::Refused(Refusal::read(response).await))
+    }
+
+    async fn json<T: DeserializeOwned>(&self, request: RequestBuilder) -> Result<T, ClientError> {
+        self.send(request).await?.json().await.map_err(ClientError::Body)
+    }
+
+    /// The agents the caller may start sessions of (`GET /meta`).
+    pub async fn agents(&self) -> Result<Vec<AgentMeta>, ClientError> {
+        let meta: wire::Meta = self.json(self.call(Method::GET, "/meta")).await?;
+        Ok(meta.agents)
+    }
+
+    /// Starts a session (`POST /sessions`); its id.
+    pub async fn create_session(&self, new: &NewSession) -> Result<String, ClientError> {
+        let created: wire::Created = self.json(self.call(Method::POST, "/sessions").json(new)).await?;
+        Ok(created.session_id)
+    }
+
+    pub async fn session(&self, session: &str) -> Result<Session, ClientError> {
+        self.json(self.call(Method::GET, &format!("/sessions/{session}"))).await
+    }
+
+    /// A page of sessions (`GET /sessions`).
+    pub async fn sessions(&self, query: &SessionQuery) -> Result<SessionPage, ClientError> {
+        self.json(self.call(Method::GET, "/sessions").query(query)).await
+    }
+
+    /// Appends `events` (`POST /sessions/{id}/events`); the stored events, once durable.
+    pub async fn post_events<T: DeserializeOwned>(
+        &self,
+        session: &str,
+        events: &[Value],
+    ) -> Result<Vec<T>, ClientError> {
+        let body = serde_json::json!({ "events": events });
+        let path = format!("/sessions/{session}/events");
+        let stored: wire::Stored<T> = self.json(self.call(Method::POST, &path).json(&body)).await?;
+        Ok(stored.data)
+    }
+
+    /// Appends a body made by the caller (`{"events":[...]}`, JSON); the answer unread.
+    pub async fn post_events_raw(
+        &self,
+        session: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> Result<Response, ClientError> {
+        let request = self.call(Method::POST, &format!("/sessions/{session}/events"));
+        self.send(request.header("content-type", "application/json").body(body)).await
+    }
+
+    /// A page of the session's events (`GET /sessions/{id}/events`).
+    pub async fn events<T: DeserializeOwned>(&self, session: &str, query: &PageQuery) -> Result<Page<T>, ClientError> {
+        self.json(self.call(Method::GET, &format!("/sessions/{session}/events")).query(query)).await
+    }
+
+    /// Every event of the session, `page_size` at a time.
+    pub async fn all_events<T: DeserializeOwned>(
+        &self,
+        session: &str,
+        page_size: usize,
+    ) -> Result<Vec<T>, ClientError> {
+        let mut all = Vec::new();
+        let mut query = PageQuery { limit: Some(page_size), after_id: None };
+        loop {
+            let page: Page<T> = self.events(session, &query).await?;
+            all.extend(page.data);
+            if !page.has_more {
+                return Ok(all);
+            }
+            let last =
+                page.last_id.ok_or_else(|| ClientError::Invalid("a page with more after it and no last_id".into()))?;
+            query.after_id = Some(last);
+        }
+    }
+
+    /// Opens the session's native stream (`GET /sessions/{id}/events/stream`); the answer
+    /// unread.
+    pub async fn stream_raw(&self, session: &str, from: &StreamFrom) -> Result<Response, ClientError> {
+        let request = self.request(Method::GET, &format!("/sessions/{session}/events/stream"));
+        let request = match from {
+            StreamFrom::Start => request,
+            StreamFrom::AfterId(id) => request.query(&[("after_id", id)]),
+            StreamFrom::LastEventId(id) => request.header("last-event-id", id),
+        };
+        self.send(request).await
+    }
+
+    /// The session's native stream as it comes, until it drops.
+    pub async fn stream(&self, session: &str, from: &StreamFrom) -> Result<Frames, ClientError> {
+        Ok(follow::frames(self.stream_raw(session, from).await?))
+    }
+
+    /// Follows the session's native stream after `after` (the start if `None`) until the
+    /// session ends, opening it again after the last event seen whenever it drops, as
+    /// `reconnect` says. Nothing is sent before the first [`Follow::next`] or
+    /// [`Follow::connect`].
+    pub fn follow(&self, session: &str, after: Option<String>, reconnect: Reconnect) -> Follow {
+        Follow::new(self.clone(), session, after, reconnect)
+    }
+
+    /// The session as JSON Lines with its hash chain (`GET /sessions/{id}/export`).
+    pub async fn export(&self, session: &str) -> Result<bytes::Bytes, ClientError> {
+        let response = self.send(self.call(Method::GET, &format!("/sessions/{session}/export"))).await?;
+        response.bytes().await.map_err(ClientError::Body)
+    }
+
+    /// Imports export lines (`POST /sessions/import`, an admin's call); what became of
+    /// each session.
+    pub async fn import(&self, lines: Vec<u8>) -> Result<Vec<ImportedSession>, ClientError> {
+        let request = self.call(Method::POST, "/sessions/import").header("content-type", "application/x-ndjson");
+        let answer: wire::ImportAnswer = self.json(request.body(lines)).await?;
+        Ok(answer.sessions)
+    }
+
+    /// The session's events again at their original pace divided by `speed`, from event
+    /// `from` on (`GET /sessions/{id}/replay`), until the last.
+    pub async fn replay(&self, session: &str, speed: f64, from: Option<&str>) -> Result<Frames, ClientError> {
+        let mut query = vec![("speed", speed.to_string())];
+        query.extend(from.map(|from| ("from", from.to_string())));
+        let request = self.request(Method::GET, &format!("/sessions/{session}/replay")).query(&query);
+        Ok(follow::frames(self.send(request).await?))
+    }
+
+    /// Re-emits the session into a new one (`POST /sessions/{id}/replay`); its id.
+    pub async fn replay_into(&self, session: &str, speed: f64, from: Option<&str>) -> Result<String, ClientError> {
+        let body = serde_json::json!({"speed": speed, "from": from});
+        let path = format!("/sessions/{session}/replay");
+        let created: wire::Created = self.json(self.call(Method::POST, &path).json(&body)).await?;
+        Ok(created.session_id)
+    }
+
+    /// The server's metrics, as Prometheus text (`GET /metrics`).
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        self.send(self.call(Method::GET, "/metrics")).await?.text().await.map_err(ClientError::Body)
+    }
+}
