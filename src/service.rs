@@ -13,7 +13,8 @@ use crate::catalog::Catalog;
 use crate::config::{Settings, StoreBackend};
 use crate::engine::cluster::Cluster;
 use crate::engine::{Engine, InputLimits};
-use crate::session::{FollowConfig, SessionLog, Sessions};
+use crate::session::{SessionLog, Sessions};
+use crate::store::follow::FollowConfig;
 use crate::store::sled::{SledConfig, SledLog};
 use crate::store::{Log, Store, StoreError};
 

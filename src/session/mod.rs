@@ -16,13 +16,10 @@ pub use sessions::Sessions;
 
 pub use crate::domain::Caller;
 pub use crate::engine::rules;
-pub use crate::engine::{
-    AgentChanges, Closing, Engine, EngineSettings, Follows, Input, InputLimits, SessionUpdate, Submission, Submitted,
-    WhenBusy,
-};
+pub use crate::engine::{AgentChanges, Follows, Input, SessionUpdate, Submission, Submitted, WhenBusy};
 pub use crate::error::SessionError;
 pub use crate::projection::{Page, TimeBounds};
-pub use crate::store::follow::{FollowConfig, FollowError, Follower};
+pub use crate::store::follow::{FollowError, Follower};
 
 pub(crate) use log::SessionLog;
 
