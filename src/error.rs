@@ -95,6 +95,16 @@ pub enum SessionError {
 }
 
 impl SessionError {
+    /// Whether what was asked could not be done for now (an engine out of reach, an MCP
+    /// server down), and may be asked again.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            SessionError::Unavailable(_) => true,
+            SessionError::Storage(cause) => cause.is_unavailable(),
+            _ => false,
+        }
+    }
+
     /// Why an append to `session` was not made, as the layers above the log answer it.
     pub fn from_append(session: SessionId, error: AppendError) -> SessionError {
         match error {

@@ -88,10 +88,7 @@ impl Service {
         };
         let engine = Engine::new(&store, agents.clone(), settings.engine.clone(), limits, cluster.clone());
         // The catalog before recovery: a session that recovery wakes may run one of its agents.
-        let catalog = Catalog::open(&store, engine.clone(), agents.clone(), follow)
-            .await
-            .map_err(|error| StartError::Refused(format!("could not read the catalog: {error}")))?;
-        let catalog = Arc::new(catalog);
+        let catalog = Arc::new(open_catalog(&store, &engine, &agents, follow).await?);
         let recovered = match engine.recover().await {
             Ok(0) => 0,
             Ok(closed) => {
@@ -157,6 +154,30 @@ impl Service {
         self.log.close().await?;
         tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "log flushed and closed");
         Ok(())
+    }
+}
+
+/// How long a start waits for a log whose engine is not ready yet (a cluster electing its
+/// leaders, as when it has just come back), as opening the log itself does.
+const START_WAIT: Duration = Duration::from_secs(30);
+
+/// Opens the catalog, waiting up to [`START_WAIT`] while the log's engine is out of reach.
+async fn open_catalog(
+    store: &Store,
+    engine: &Engine,
+    agents: &Arc<Agents>,
+    follow: FollowConfig,
+) -> Result<Catalog, StartError> {
+    let deadline = Instant::now() + START_WAIT;
+    loop {
+        match Catalog::open(store, engine.clone(), agents.clone(), follow).await {
+            Ok(catalog) => return Ok(catalog),
+            Err(error) if error.is_unavailable() && Instant::now() < deadline => {
+                tracing::warn!(%error, "the log is not ready to read the catalog yet; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => return Err(StartError::Refused(format!("could not read the catalog: {error}"))),
+        }
     }
 }
 

@@ -109,14 +109,14 @@ impl Catalog {
     ) -> Result<Catalog, SessionError> {
         let (log, projections) = (store.log.clone(), store.projections.clone());
         let catalog = Catalog { log, projections, engine, agents, writing: tokio::sync::Mutex::new(()) };
-        // Followed from before the scan, so that nothing made meanwhile is missed.
+        // Followed from before the scan, so that nothing made meanwhile is missed; taught
+        // from once the scan is done.
         let follower = Follower::live(catalog.log.clone(), CATALOG, follow).await?;
-        tokio::spawn(learn(follower, catalog.agents.clone()));
         let mut after = None;
         loop {
             let scan = Scan { session: Some(CATALOG), after, newest_first: false, limit: SCAN_CHUNK };
             let page = read::scan::<AgentVersions>(catalog.projections.as_ref(), CatalogAgents::NAME, scan).await?;
-            let Some((last, _)) = page.last() else { return Ok(catalog) };
+            let Some((last, _)) = page.last() else { break };
             after = Some(*last);
             for definition in page.iter().flat_map(|(_, all)| &all.versions) {
                 if let Err(error) = catalog.agents.define(definition) {
@@ -124,6 +124,8 @@ impl Catalog {
                 }
             }
         }
+        tokio::spawn(learn(follower, catalog.agents.clone()));
+        Ok(catalog)
     }
 
     /// Makes one change under the lock: `change` reads the stored state and says what to
