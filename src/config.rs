@@ -19,6 +19,8 @@ pub struct Settings {
     pub limits: LimitSettings,
     pub auth: AuthSettings,
     pub engine: crate::engine::EngineSettings,
+    pub turns: crate::engine::TurnSettings,
+    pub shutdown: ShutdownSettings,
     pub tools: crate::agent::tools::ToolSettings,
     pub agents: std::collections::BTreeMap<String, crate::agent::AgentConfig>,
     /// Models that agents made through an API may name by id (`scripted` always exists).
@@ -38,6 +40,15 @@ pub struct ServerSettings {
     pub request_head_timeout_ms: u64,
     /// A request has this long to send its whole body (else 408, and it is closed).
     pub body_timeout_ms: u64,
+}
+
+/// A graceful stop (SIGTERM, SIGINT, the end of an ACP client's input).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownSettings {
+    /// How long running turns have to finish; past it, each is left to be resumed (by this
+    /// node when it starts again, or by another node of a cluster), never closed.
+    pub grace_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -145,6 +145,12 @@ pub static TURNS: LazyLock<IntCounterVec> = LazyLock::new(|| {
             .expect("valid metric"),
     )
 });
+pub static TURNS_RESUMED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new("turnlog_turns_resumed_total", "Turns a stopped process left running, resumed here.")
+            .expect("valid metric"),
+    )
+});
 pub static MODEL_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     register(
         HistogramVec::new(
@@ -191,6 +197,7 @@ pub fn init() {
     LazyLock::force(&HTTP_REQUESTS);
     LazyLock::force(&HTTP_SECONDS);
     LazyLock::force(&TURNS);
+    LazyLock::force(&TURNS_RESUMED);
     LazyLock::force(&MODEL_SECONDS);
     LazyLock::force(&MODEL_TOKENS);
     LazyLock::force(&TOOL_SECONDS);

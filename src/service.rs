@@ -1,8 +1,8 @@
 //! The service without a front end: the log, the agents, the engine and recovery, built
 //! from [`Settings`]. The HTTP server ([`crate::app`]) and `turnlog acp` both build on it.
-//! [`Service::shutdown`] stops in order: running turns are cancelled and their end is
-//! recorded, then the log is flushed and closed, so a clean stop leaves nothing for the
-//! next start to close as `interrupted`.
+//! [`Service::shutdown`] stops in order: no new turn starts, running turns have
+//! `shutdown.grace_ms` to finish and are otherwise left as they are (the next start, or
+//! another node, resumes them), then the log is flushed and closed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,16 +86,17 @@ impl Service {
             max_events_per_request: settings.limits.max_events_per_request,
             max_event_bytes: settings.limits.max_event_bytes,
         };
-        let engine = Engine::new(&store, agents.clone(), settings.engine.clone(), limits, cluster.clone());
+        let engine_settings = crate::engine::EngineSettings { turns: settings.turns, ..settings.engine.clone() };
+        let engine = Engine::new(&store, agents.clone(), engine_settings, limits, cluster.clone());
         // The catalog before recovery: a session that recovery wakes may run one of its agents.
         let catalog = Arc::new(open_catalog(&store, &engine, &agents, follow).await?);
         let recovered = match engine.recover().await {
             Ok(0) => 0,
-            Ok(closed) => {
-                tracing::warn!(closed, "closed turns that the last stop left running");
-                closed
+            Ok(resumed) => {
+                tracing::warn!(resumed, "resuming turns that the last run left running");
+                resumed
             }
-            Err(error) => return Err(StartError::Refused(format!("could not close interrupted turns: {error}"))),
+            Err(error) => return Err(StartError::Refused(format!("could not resume the turns left running: {error}"))),
         };
         let sessions = Sessions::new(SessionLog::new(&store, follow), engine.clone(), agents, catalog.clone());
         let audit = Audit::new(sessions.clone(), store.clone(), engine.clone());
@@ -106,12 +107,12 @@ impl Service {
             let reaper = engine.clone();
             background.extend([serving, tokio::spawn(async move { reaper.reap().await })]);
         }
-        let stop_wait = Duration::from_secs(settings.server.shutdown_timeout_secs);
+        let stop_wait = Duration::from_millis(settings.shutdown.grace_ms);
         let turns_stopped = Default::default();
         Ok(Service { sessions, catalog, audit, engine, log, background, stop_wait, recovered, turns_stopped })
     }
 
-    /// How many turns that the last run left running this start closed as `interrupted`.
+    /// How many turns that the last run left running this start found (and resumes).
     pub fn recovered(&self) -> usize {
         self.recovered
     }
@@ -129,15 +130,15 @@ impl Service {
         &self.audit
     }
 
-    /// Cancels running turns and records how each ended, waiting up to
-    /// `server.shutdown_timeout_secs`; from then on every submission answers that the
-    /// service is shutting down. Reads and streams go on until [`Service::shutdown`].
+    /// Takes no new turn (every submission answers that the service is shutting down) and
+    /// gives running turns `shutdown.grace_ms` to finish; those still running then are
+    /// left to be resumed. Reads and streams go on until [`Service::shutdown`].
     pub async fn stop_turns(&self) {
         let stop = async {
             let started = Instant::now();
-            let (stopped, actors) = self.engine.shutdown(self.stop_wait).await;
+            let (stopped, left) = self.engine.shutdown(self.stop_wait).await;
             let elapsed_ms = started.elapsed().as_millis() as u64;
-            tracing::info!(stopped, actors, elapsed_ms, "session actors stopped");
+            tracing::info!(stopped, left, elapsed_ms, "session actors stopped");
         };
         // Once: a second caller waits for the first stop rather than as long again.
         self.turns_stopped.get_or_init(|| stop).await;

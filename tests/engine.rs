@@ -153,7 +153,7 @@ impl Given {
     }
 
     /// Starts the service again on the same log, as the process would after a crash;
-    /// answers how many turns it closed.
+    /// answers how many turns it found running.
     async fn restart(&self) -> usize {
         Service::with_store(&self.settings, self.store.clone()).await.unwrap().recovered()
     }
@@ -699,26 +699,129 @@ async fn a_call_of_an_unknown_tool_is_answered_with_an_error(log: Backend) {
     assert_eq!(stop(&events).0, StopReason::EndTurn);
 }
 
-async fn a_turn_left_running_is_closed_at_start(log: Backend) {
-    let g = given(log, &[]).await;
+/// Appends a turn as a process that stopped mid-way leaves it: started, its message, then
+/// `bodies`; answers the turn and the number of events before it.
+async fn left_running(g: &Given, message: &str, bodies: Vec<EventBody>) -> (turnlog::domain::TurnId, usize) {
     let turn = turnlog::domain::TurnId::generate();
-    let drafts = vec![
-        turnlog::domain::Draft::new(Some(turn), &EventBody::TurnStarted {}),
-        turnlog::domain::Draft::new(Some(turn), &EventBody::StatusRunning { status: "running".into() }),
+    let mut drafts = vec![
+        Draft::new(Some(turn), &EventBody::TurnStarted {}),
+        Draft::new(Some(turn), &EventBody::UserMessage { content: vec![Block::text(message)] }),
+        Draft::new(Some(turn), &EventBody::StatusRunning { status: "running".into() }),
     ];
+    drafts.extend(bodies.iter().map(|body| Draft::new(Some(turn), body)));
     let at = g.log.position(g.session.id).await.unwrap().seq;
     g.log.append(g.session.id, at, drafts).await.unwrap().unwrap();
-    assert_eq!(g.restart().await, 1);
-    let events = g.then_events(1).await;
-    let code = events.iter().find_map(|e| match &e.body {
-        EventBody::SessionError { code, .. } => Some(code.clone()),
+    (turn, at as usize)
+}
+
+fn span_start() -> EventBody {
+    EventBody::ModelRequestStart { model: "scripted".into(), span_id: "span_left".into() }
+}
+
+fn resumed(events: &[Event]) -> (u32, Vec<String>, Vec<EventId>, Vec<EventId>) {
+    let found = events.iter().find_map(|e| match &e.body {
+        EventBody::TurnResumed { attempt, discarded, rerun, interrupted, .. } => {
+            Some((*attempt, discarded.clone(), rerun.clone(), interrupted.clone()))
+        }
         _ => None,
     });
-    assert_eq!(code.as_deref(), Some("interrupted"));
+    found.expect("a turn.resumed")
+}
+
+async fn a_reply_cut_by_a_crash_is_made_again_from_the_history(log: Backend) {
+    let g = given(log, &[]).await;
+    let partial = EventBody::AgentMessageDelta { message_id: "msg_cut".into(), delta: "w1 w2".into() };
+    let (turn, mark) = left_running(&g, "/words 5", vec![span_start(), partial]).await;
+    assert_eq!(g.restart().await, 1, "one turn found running");
+    let events = g.then_events(mark).await;
+    assert_eq!(
+        kinds(&events)[4..],
+        [
+            "span.model_request_end",
+            "turn.resumed",
+            "session.status_running",
+            "span.model_request_start",
+            "agent.message",
+            "span.model_request_end",
+            "session.status_idle"
+        ]
+    );
+    assert!(events.iter().all(|e| e.turn_id == Some(turn)), "one turn, going on");
+    let numbers: Vec<u32> = events.iter().filter_map(|e| e.turn_sequence_number).collect();
+    assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "its numbers go on: {numbers:?}");
+    assert_eq!(resumed(&events), (1, vec!["msg_cut".to_string()], vec![], vec![]));
+    assert_eq!(said(&events), ["w1 w2 w3 w4 w5"], "one whole message, no half one");
+    assert_eq!(stop(&events).0, StopReason::EndTurn);
+    assert_eq!(g.restart().await, 0, "resumed once");
+}
+
+async fn a_call_left_without_a_result_runs_again_only_if_it_may(log: Backend) {
+    let g = given(log, &[("calculator", true), ("current_time", true)]).await;
+    let call = |name: &str, input, idempotent| EventBody::AgentToolUse {
+        tool_call_id: format!("call_{name}"),
+        name: name.into(),
+        input,
+        evaluated_permission: turnlog::domain::event::Permission::Allow,
+        mcp: None,
+        idempotent,
+    };
+    let response = vec![
+        span_start(),
+        call("calculator", json!({"expression": "1+1"}), true),
+        // As a tool that may not run twice would be recorded.
+        call("current_time", json!({}), false),
+        EventBody::ModelRequestEnd {
+            span_id: "span_left".into(),
+            model: "scripted".into(),
+            usage: Usage::default(),
+            is_error: false,
+            model_request_start_id: None,
+            stop_reason: Some(ModelStop::ToolUse),
+        },
+    ];
+    let (_, mark) = left_running(&g, "/tool calculator {}\n/tool current_time {}", response).await;
+    let log = g.log().await;
+    let calls: Vec<EventId> =
+        log[mark..].iter().filter(|e| matches!(e.body, EventBody::AgentToolUse { .. })).map(|e| e.id).collect();
+    g.restart().await;
+    let events = g.then_events(mark).await;
+    let (attempt, discarded, rerun, interrupted) = resumed(&events);
+    assert_eq!((attempt, discarded, rerun, interrupted), (1, vec![], vec![calls[0]], vec![calls[1]]));
+    let results = tool_results(&events);
+    assert_eq!(results.len(), 2, "one answer each: {results:?}");
+    assert!(results.iter().any(|(text, error)| text == "2" && !error), "the calculator ran again: {results:?}");
+    let interrupted = results.iter().find(|(text, _)| text.starts_with("Tool call interrupted")).unwrap();
+    assert!(interrupted.1 && interrupted.0.contains("may or may not have taken effect"));
+    let reply = said(&events).pop().unwrap();
+    assert!(reply.contains("calculator=2") && reply.contains("current_time=Tool call interrupted"), "{reply}");
+    assert_eq!(stop(&events).0, StopReason::EndTurn);
+}
+
+async fn a_turn_resumed_max_resumes_times_is_closed_saying_why(log: Backend) {
+    let g = given(log, &[]).await;
+    let again = |attempt| EventBody::TurnResumed {
+        attempt,
+        reason: "the server stopped".into(),
+        discarded: vec![],
+        rerun: vec![],
+        interrupted: vec![],
+    };
+    let (turn, mark) = left_running(&g, "hi", vec![span_start(), again(1), again(2), again(3), span_start()]).await;
+    assert_eq!(g.restart().await, 1);
+    let events = g.then_events(mark).await;
+    let error = events.iter().find_map(|e| match &e.body {
+        EventBody::SessionError { code, error, .. } => Some((code.clone(), error.clone())),
+        _ => None,
+    });
+    let (code, error) = error.expect("a session.error");
+    assert_eq!(code, "retries_exhausted");
+    assert!(error.contains("turns.max_resumes"), "{error}");
     assert_eq!(stop(&events).0, StopReason::Error);
     assert!(events.iter().all(|e| e.turn_id == Some(turn)));
     assert_eq!(g.restart().await, 0, "closed once");
+    let mark = g.log().await.len();
     g.when(vec![text("hi")]).await.unwrap();
+    assert_eq!(said(&g.then_events(mark).await), ["echo: hi"], "the session goes on");
 }
 
 /// A one-shot HTTP server on loopback that answers every request with `body`.
@@ -1140,7 +1243,9 @@ on_every_log!(
     a_cancel_right_as_the_turn_starts_is_not_lost,
     a_cancel_while_calls_wait_closes_them,
     a_call_of_an_unknown_tool_is_answered_with_an_error,
-    a_turn_left_running_is_closed_at_start,
+    a_reply_cut_by_a_crash_is_made_again_from_the_history,
+    a_call_left_without_a_result_runs_again_only_if_it_may,
+    a_turn_resumed_max_resumes_times_is_closed_saying_why,
     fetch_url_reaches_only_allowed_hosts,
     an_ask_tool_in_config_asks_even_when_the_client_trusts_it,
     turns_are_indexed_and_their_events_read_back_by_number,

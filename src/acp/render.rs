@@ -293,6 +293,7 @@ mod tests {
             input: json!({"url": "http://example.com/"}),
             evaluated_permission: Permission::Ask,
             mcp: None,
+            idempotent: false,
         });
         let id = ask.id;
         let first = wire(&live.update(&ask));
@@ -328,6 +329,7 @@ mod tests {
             input: json!({"expression": "1+1"}),
             evaluated_permission: Permission::Allow,
             mcp: None,
+            idempotent: false,
         });
         let events = vec![
             event(EventBody::UserMessage { content: vec![Block::text("hi")] }),

@@ -49,6 +49,11 @@ pub struct McpServerConfig {
     /// A call that takes longer fails (and is cancelled on the server).
     #[serde(default = "default_call_timeout")]
     pub timeout_secs: u64,
+    /// The operator's word that every tool of the server may run twice: a turn resumed
+    /// after a crash runs such a call again rather than answering that it was interrupted
+    /// (as it does for tools the server annotates `readOnlyHint` or `idempotentHint`).
+    #[serde(default)]
+    pub idempotent: bool,
 }
 
 fn ask() -> Permission {
@@ -82,6 +87,7 @@ impl McpServerConfig {
             permission: Permission::Ask,
             tools: BTreeMap::new(),
             timeout_secs: default_call_timeout(),
+            idempotent: false,
         }
     }
 
@@ -155,6 +161,12 @@ impl McpServerConfig {
     }
 }
 
+/// Whether the server says running the tool twice does no more than running it once.
+fn annotated_idempotent(tool: &rmcp::model::Tool) -> bool {
+    let hints = tool.annotations.as_ref();
+    hints.is_some_and(|h| h.read_only_hint == Some(true) || h.idempotent_hint == Some(true))
+}
+
 /// One of a server's tools, as the turn offers it.
 #[derive(Debug, Clone)]
 pub struct McpTool {
@@ -163,6 +175,9 @@ pub struct McpTool {
     /// Named `<server>__<tool>` (see [`model_names`]), with the tool's input schema.
     pub def: ToolDef,
     pub permission: Permission,
+    /// Whether a call may run twice: the server annotates the tool `readOnlyHint` or
+    /// `idempotentHint`, or the declaration says `idempotent = true`.
+    pub idempotent: bool,
     /// The servers that answer its calls.
     pub servers: Arc<McpServers>,
 }
@@ -311,6 +326,7 @@ impl McpServers {
                     parameters: Value::Object((*tool.input_schema).clone()),
                 },
                 permission,
+                idempotent: server.config.idempotent || annotated_idempotent(&tool),
                 servers: self.clone(),
             })
             .collect();

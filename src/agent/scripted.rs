@@ -31,7 +31,11 @@ struct Script {
     error: Option<String>,
     refuse: bool,
     max_tokens: bool,
+    crash: bool,
 }
+
+/// The environment variable that lets `/crash` abort the process (for crash tests only).
+pub const CRASH_ENV: &str = "TURNLOG_SCRIPTED_CRASH";
 
 /// The most words `/words` makes (a message of about 700 KB, under the largest event).
 const MAX_WORDS: usize = 100_000;
@@ -76,6 +80,8 @@ fn parse(text: &str) -> Result<Script, ModelError> {
             "error" => script.error = Some(if rest.is_empty() { "model_error".into() } else { rest.to_string() }),
             "refuse" => script.refuse = true,
             "max_tokens" => script.max_tokens = true,
+            "crash" if std::env::var(CRASH_ENV).is_ok_and(|v| v == "1") => script.crash = true,
+            "crash" => return Err(bad(&format!("aborts the process only where {CRASH_ENV}=1 (crash tests)"))),
             _ => return Err(bad("unknown directive")),
         }
     }
@@ -89,6 +95,8 @@ struct Reply {
     text: String,
     calls: Vec<(String, Value)>,
     stop: ModelStop,
+    /// Abort the process once the text is streamed (`/crash`).
+    crash: bool,
 }
 
 /// The fuzz target's entry (`fuzz/fuzz_targets/scripted.rs`): a user's text as the model
@@ -108,10 +116,22 @@ fn reply<M: AsRef<Message>>(messages: &[M]) -> Result<Reply, ModelError> {
     let answered_tools = matches!(messages.last().map(AsRef::as_ref), Some(Message::Tool { .. }));
     if script.looping {
         let call = ("calculator".to_string(), json!({"expression": "1+1"}));
-        return Ok(Reply { thinking: None, text: String::new(), calls: vec![call], stop: ModelStop::ToolUse });
+        return Ok(Reply {
+            thinking: None,
+            text: String::new(),
+            calls: vec![call],
+            stop: ModelStop::ToolUse,
+            crash: false,
+        });
     }
     if answered_tools {
-        return Ok(Reply { thinking: None, text: tool_results(messages), calls: vec![], stop: ModelStop::EndTurn });
+        return Ok(Reply {
+            thinking: None,
+            text: tool_results(messages),
+            calls: vec![],
+            stop: ModelStop::EndTurn,
+            crash: false,
+        });
     }
     let said = script.text.join("\n");
     let (text, calls, stop) = if script.refuse {
@@ -127,7 +147,7 @@ fn reply<M: AsRef<Message>>(messages: &[M]) -> Result<Reply, ModelError> {
     } else {
         (format!("echo: {user_text}"), vec![], ModelStop::EndTurn)
     };
-    Ok(Reply { thinking: script.thinking, text, calls, stop })
+    Ok(Reply { thinking: script.thinking, text, calls, stop, crash: script.crash })
 }
 
 /// `tool results: name=content; name=content`, in the order of the calls.
@@ -213,6 +233,12 @@ impl Model for ScriptedModel {
                 }
                 output_tokens += 1;
                 yield Ok(piece);
+            }
+            if reply.crash {
+                // Time for what was said to reach the log as deltas, as with a real crash.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                tracing::error!("the scripted model aborts the process (/crash)");
+                std::process::abort();
             }
             for (name, input) in reply.calls {
                 output_tokens += 1;

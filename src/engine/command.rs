@@ -15,6 +15,23 @@ pub struct EngineSettings {
     pub delta_coalesce_ms: u64,
     /// An actor with nothing to do for this long is dropped (its state is in the log).
     pub actor_idle_secs: u64,
+    /// What becomes of turns a stopped process left (`[turns]`, set beside this section).
+    #[serde(skip)]
+    pub turns: TurnSettings,
+}
+
+/// Turns a stopped process left running (`[turns]`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnSettings {
+    /// How many times one turn is resumed; a turn that stops the process once more is closed.
+    pub max_resumes: u32,
+}
+
+impl Default for TurnSettings {
+    fn default() -> TurnSettings {
+        TurnSettings { max_resumes: 3 }
+    }
 }
 
 /// How much input one submission may carry, whichever view it came through (`[limits]`).

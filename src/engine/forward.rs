@@ -79,7 +79,7 @@ fn remote(session: SessionId, node: &str, command: Command) -> Option<(Remote, R
             return None;
         }
         // Only ever sent to an actor of this node.
-        Command::TurnEnded(..) | Command::Stop(_) => return None,
+        Command::TurnEnded(..) | Command::Stop(_) | Command::Leave(_) => return None,
     })
 }
 

@@ -24,7 +24,6 @@ pub(super) struct EngineLog {
 pub(super) struct Open {
     pub session: SessionId,
     pub turn: Option<TurnId>,
-    pub queued: bool,
 }
 
 impl EngineLog {
@@ -123,11 +122,7 @@ impl EngineLog {
             let Some((last, _)) = page.last() else { return Ok(open) };
             after = Some(*last);
             let found = page.into_iter().filter(|(_, state)| state.turn.is_some() || !state.queued.is_empty());
-            open.extend(found.map(|(key, state)| Open {
-                session: key.session,
-                turn: state.turn,
-                queued: !state.queued.is_empty(),
-            }));
+            open.extend(found.map(|(key, state)| Open { session: key.session, turn: state.turn }));
         }
     }
 

@@ -18,8 +18,11 @@ pub(super) enum Command {
     TurnEnded(TurnId, Outcome),
     /// Cancel what runs, record how it ended, then delete or archive the session.
     Close(Closing, Answer<()>),
-    /// Cancel what runs, record how it ended, and stop (the service is shutting down).
+    /// Stop once the running turn (if any) has ended (the service is shutting down).
     Stop(oneshot::Sender<()>),
+    /// Stop now, leaving the running turn as the log shows it, to be resumed by the next
+    /// actor of the session (after a restart, or on another node).
+    Leave(oneshot::Sender<()>),
     /// Nothing to do but load: the actor then answers the messages that wait.
     Wake,
     /// Events of another session's log, re-emitted as they are (a replay session's):
@@ -78,7 +81,7 @@ impl Command {
                 drop(reply.send(Err(failure())))
             }
             Command::Copy(_, reply) => drop(reply.send(Err(failure()))),
-            Command::Stop(reply) => drop(reply.send(())),
+            Command::Stop(reply) | Command::Leave(reply) => drop(reply.send(())),
             Command::TurnEnded(..) | Command::Wake => {}
         }
     }

@@ -37,7 +37,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use command::{
-    AgentChanges, Closing, EngineSettings, Follows, Input, InputLimits, SessionUpdate, Submission, Submitted, WhenBusy,
+    AgentChanges, Closing, EngineSettings, Follows, Input, InputLimits, SessionUpdate, Submission, Submitted,
+    TurnSettings, WhenBusy,
 };
 
 use self::cluster::Cluster;
@@ -159,11 +160,12 @@ impl Engine {
         self.env.replays.stop(session);
     }
 
-    /// Stops every actor: running turns are cancelled and their end recorded, waiting up
-    /// to `wait`. From the start of this no submission is taken (`ShuttingDown`), so an
-    /// actor that starts after the stops were sent runs nothing. Answers how many actors
-    /// stopped, and how many there were.
-    pub async fn shutdown(&self, wait: Duration) -> (usize, usize) {
+    /// Stops every actor: running turns have `grace` to finish, and those still running
+    /// then are left as the log shows them, to be resumed by the session's next actor (after
+    /// a restart, or on another node). From the start of this no submission is taken
+    /// (`ShuttingDown`), so no new turn starts. Answers how many turns finished in the
+    /// grace, and how many were left.
+    pub async fn shutdown(&self, grace: Duration) -> (usize, usize) {
         self.env.stop();
         let senders = self.registry.senders();
         let stopped = AtomicUsize::new(0);
@@ -173,11 +175,24 @@ impl Engine {
                 stopped.fetch_add(1, Ordering::Relaxed);
             }
         });
-        if tokio::time::timeout(wait, futures_util::future::join_all(stops)).await.is_err() {
-            let wait_secs = wait.as_secs();
-            tracing::warn!(wait_secs, "some turns did not stop in time; the next start closes them");
+        if tokio::time::timeout(grace, futures_util::future::join_all(stops)).await.is_ok() {
+            return (senders.len(), 0);
         }
-        (stopped.load(Ordering::Relaxed), senders.len())
+        let finished = stopped.load(Ordering::Relaxed);
+        let leaves = senders.iter().map(|sender| async {
+            let (reply, answer) = oneshot::channel();
+            if sender.send(Command::Leave(reply)).await.is_ok() {
+                let _ = answer.await;
+            }
+        });
+        futures_util::future::join_all(leaves).await;
+        let left = senders.len() - finished;
+        tracing::warn!(
+            left,
+            grace_ms = grace.as_millis() as u64,
+            "turns still running at the end of the grace are left to be resumed"
+        );
+        (finished, left)
     }
 
     /// Hands `command` to the session's actor, wherever it runs.

@@ -100,6 +100,15 @@ impl ToolPlan {
         }
     }
 
+    /// Whether a call of `name` may run twice: the built-in tools only read (`fetch_url`
+    /// is a GET), and an MCP tool may if its server or the operator says so.
+    pub fn idempotent(&self, name: &str) -> bool {
+        match self.mcp.get(name) {
+            Some(tool) => tool.idempotent,
+            None => crate::agent::tools::NAMES.contains(&name),
+        }
+    }
+
     /// The MCP server and tool behind `name`, as the log records them.
     pub fn mcp_ref(&self, name: &str) -> Option<McpRef> {
         self.mcp.get(name).map(|t| McpRef { server: t.server.clone(), tool: t.tool.clone() })

@@ -4,6 +4,7 @@
 pub mod catalog;
 pub mod history;
 pub mod page;
+pub mod progress;
 pub mod read;
 pub mod sessions;
 pub mod turns;

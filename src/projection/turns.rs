@@ -30,6 +30,9 @@ pub struct PendingCall {
     /// The MCP server and tool the call was made of, if it was: a granted call runs that
     /// tool, whatever name it has by then.
     pub mcp: Option<McpRef>,
+    /// Whether it may run twice (see [`EventBody::AgentToolUse`]).
+    #[serde(default)]
+    pub idempotent: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -66,9 +69,17 @@ impl TurnState {
             }
             EventBody::UserMessage { .. } if event.processed_at.is_none() => self.queued.push(event.id),
             EventBody::TurnInput { event_ids } => self.queued.retain(|id| !event_ids.contains(id)),
-            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission: Permission::Ask, mcp } => {
+            EventBody::AgentToolUse {
+                tool_call_id,
+                name,
+                input,
+                evaluated_permission: Permission::Ask,
+                mcp,
+                idempotent,
+            } => {
                 let mut call = call(event.id, tool_call_id, name, input, CallKind::Ask);
                 call.mcp = mcp.clone();
+                call.idempotent = *idempotent;
                 self.pending.insert(event.id, call);
             }
             EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
@@ -118,6 +129,7 @@ fn call(event_id: EventId, tool_call_id: &str, name: &str, input: &Value, kind: 
         input: input.clone(),
         kind,
         mcp: None,
+        idempotent: false,
     }
 }
 

@@ -206,6 +206,7 @@ mod tests {
                 input: json!({}),
                 evaluated_permission: Permission::Ask,
                 mcp: None,
+                idempotent: false,
             },
             EventBody::AgentCustomToolUse { tool_call_id: "c".into(), name: "n".into(), input: json!({}) },
             EventBody::AgentToolResult {

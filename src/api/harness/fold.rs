@@ -309,7 +309,7 @@ impl TurnFold {
     /// (a client tool's result, or a permission).
     fn called(&mut self, out: &mut Out, event: &Event) {
         let (tool_call_id, name, input, info, waits) = match &event.body {
-            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission, mcp } => {
+            EventBody::AgentToolUse { tool_call_id, name, input, evaluated_permission, mcp, .. } => {
                 let waits = *evaluated_permission == Permission::Ask;
                 (tool_call_id, name, input, tool_info(name, mcp.as_ref()), waits.then_some(false))
             }

@@ -27,6 +27,7 @@ pub const TYPES: &[&str] = &[
     "agent.mcp_tool_result",
     "agent.custom_tool_use",
     "session.status_running",
+    "session.status_rescheduled",
     "session.status_idle",
     "session.status_terminated",
     "session.error",
@@ -41,6 +42,7 @@ pub const TYPES: &[&str] = &[
 pub fn log_kind(sdk: &str) -> &str {
     match sdk {
         "session.status_terminated" => "terminated",
+        "session.status_rescheduled" => "turn.resumed",
         "agent.mcp_tool_use" => "agent.tool_use",
         "agent.mcp_tool_result" => "agent.tool_result",
         other => other,
@@ -134,6 +136,10 @@ pub enum Event {
     },
     #[serde(rename = "session.status_running")]
     StatusRunning { id: String, processed_at: Option<String> },
+    /// A turn whose process stopped goes on from the log (`turn.resumed`): what it had
+    /// previewed of an unfinished message is void, and a new attempt follows.
+    #[serde(rename = "session.status_rescheduled")]
+    StatusRescheduled { id: String, processed_at: Option<String> },
     #[serde(rename = "session.status_idle")]
     StatusIdle {
         id: String,
@@ -192,6 +198,7 @@ impl Event {
             Event::AgentMcpToolResult { .. } => "agent.mcp_tool_result",
             Event::AgentToolResult { .. } => "agent.tool_result",
             Event::StatusRunning { .. } => "session.status_running",
+            Event::StatusRescheduled { .. } => "session.status_rescheduled",
             Event::StatusIdle { .. } => "session.status_idle",
             Event::SessionError { .. } => "session.error",
             Event::ModelRequestStart { .. } => "span.model_request_start",
@@ -362,6 +369,7 @@ fn session(e: &crate::domain::Event) -> Option<Event> {
     let processed_at = e.processed_at.clone();
     Some(match &e.body {
         EventBody::StatusRunning { .. } => Event::StatusRunning { id, processed_at },
+        EventBody::TurnResumed { .. } => Event::StatusRescheduled { id, processed_at },
         EventBody::StatusIdle { stop_reason, .. } => {
             let stop = match stop_reason.kind {
                 StopReason::RequiresAction => {

@@ -210,6 +210,11 @@ pub enum EventBody {
         /// `<server>__<tool>`, as the model saw it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mcp: Option<McpRef>,
+        /// Whether running the call twice is safe (a read-only or idempotent tool): a
+        /// turn resumed after its process stopped runs it again if it has no result, rather
+        /// than answering that it was interrupted.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        idempotent: bool,
     },
     /// The MCP servers' tools a turn offers, listed as it starts.
     #[serde(rename = "agent.mcp_tools")]
@@ -254,6 +259,22 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mcp_server: Option<String>,
     },
+    /// A turn whose process stopped goes on from its log: what the stopped process had
+    /// streamed of messages it never finished is `discarded` (those message ids' deltas
+    /// are retracted), the server calls it had started without a result are run again
+    /// (`rerun`: safe to run twice) or answered as `interrupted`; `attempt` counts the
+    /// resumptions of this turn.
+    #[serde(rename = "turn.resumed")]
+    TurnResumed {
+        attempt: u32,
+        reason: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        discarded: Vec<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        rerun: Vec<EventId>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        interrupted: Vec<EventId>,
+    },
     #[serde(rename = "terminated")]
     Terminated { reason: String },
 }
@@ -288,6 +309,7 @@ impl EventBody {
         "span.model_request_end",
         "session.status_idle",
         "session.error",
+        "turn.resumed",
         "terminated",
     ];
 

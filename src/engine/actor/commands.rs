@@ -6,11 +6,12 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{exists, Actor, AfterTurn};
+use super::{exists, Actor, AfterTurn, Running};
 use crate::agent::Agent;
+use crate::domain::event::StopReason;
 use crate::domain::{Draft, RawEvent, TurnId};
 use crate::engine::command::{Closing, Input, Submission, Submitted};
-use crate::engine::decide::{self, Decision, Outcome};
+use crate::engine::decide::{self, Decision, Outcome, Resume, ResumePoint};
 use crate::engine::mailbox::{Answer, Command, Pending, Reply};
 use crate::engine::plan::ToolPlan;
 use crate::engine::rules;
@@ -18,7 +19,9 @@ use crate::engine::turn::{self, TurnContext};
 use crate::engine::writer::Durable;
 use crate::error::SessionError;
 use crate::metrics;
+use crate::projection::progress::TurnProgress;
 use crate::projection::turns::Phase;
+use crate::store::Position;
 
 impl Actor {
     pub(super) async fn handle(&mut self, command: Command) {
@@ -42,22 +45,21 @@ impl Actor {
                 let _ = reply.send(closed);
             }
             Command::Close(closing, reply) => match &self.running {
-                Some((_, cancel)) => {
-                    cancel.cancel();
+                Some(running) => {
+                    running.cancel.cancel();
                     self.after_turn.push(AfterTurn::Close(closing, reply));
                 }
                 None => self.close(closing, reply).await,
             },
+            // The running turn goes on to its end (unless the stop's grace ends first).
             Command::Stop(reply) => match &self.running {
-                Some((_, cancel)) => {
-                    cancel.cancel();
-                    self.after_turn.push(AfterTurn::Stop(reply));
-                }
+                Some(_) => self.after_turn.push(AfterTurn::Stop(reply)),
                 None => {
                     self.done = true;
                     let _ = reply.send(());
                 }
             },
+            Command::Leave(reply) => self.leave(reply),
         }
     }
 
@@ -91,12 +93,12 @@ impl Actor {
             })
             .await?;
         if let (Some(turn), Some(agent)) = (decision.start, agent) {
-            self.start_turn(turn, agent);
+            self.start_turn(turn, agent, None);
         }
         // After starting: an interrupt that came with the input that started a turn cancels it.
         if decision.cancel {
-            if let Some((_, cancel)) = &self.running {
-                cancel.cancel();
+            if let Some(running) = &self.running {
+                running.cancel.cancel();
             }
         }
         Ok((Submitted { events, turn: decision.start }, durable))
@@ -131,23 +133,56 @@ impl Actor {
         self.done |= closing == Closing::Delete;
     }
 
-    /// Closes the turn the log shows running, as a restart does: nothing runs it, since
-    /// this actor has just started (its node stopped, or lost the session's lease).
-    pub(super) async fn close_orphan(&mut self) {
+    /// Resumes the turn the log shows running: nothing runs it, since this actor has just
+    /// started (its process stopped, or its node lost the session's lease). The turn goes on
+    /// from its log, or is closed if it was resumed `turns.max_resumes` times already.
+    pub(super) async fn resume_orphan(&mut self) {
         let Phase::Running(turn) = self.folded.state.phase else { return };
         // A replay's copied turn runs nowhere: the replay goes on with it.
         if self.env.replays.contains(self.session) {
             return;
         }
-        match self.append_durably(decide::interrupted(turn)).await {
-            Ok(()) => {
-                tracing::warn!(session_id = %self.session, turn_id = %turn, "closed a turn nothing runs any more")
-            }
-            Err(error) => tracing::warn!(%error, session_id = %self.session, "could not close a turn left running"),
+        if let Err(error) = self.resume(turn).await {
+            tracing::warn!(%error, session_id = %self.session, turn_id = %turn, "could not resume a turn left running");
         }
     }
 
-    fn start_turn(&mut self, turn: TurnId, agent: Arc<Agent>) {
+    async fn resume(&mut self, turn: TurnId) -> Result<(), SessionError> {
+        // The turn's own events, deltas and spans included, which the actor's folds skip.
+        let mut progress = TurnProgress::new(turn);
+        let fold = |raw: &RawEvent| {
+            if raw.turn().is_some_and(|(of, _)| of == turn) {
+                if let Ok(event) = raw.decode() {
+                    progress.apply(&event);
+                }
+            }
+        };
+        self.env.log.fold(self.session, Position::default(), fold).await?;
+        let agent = session_agent(&self.env.agents, &self.folded.summary);
+        let resume = match &agent {
+            Ok(_) => decide::resume(turn, &progress, &self.folded.state, self.env.settings.turns.max_resumes),
+            Err(error) => Resume::Close(decide::abandoned(turn, &error.to_string())),
+        };
+        match (resume, agent) {
+            (Resume::Go(drafts, point), Ok(agent)) => {
+                // Durable before the turn goes on: a crash in it counts as one more resume.
+                self.append_durably(drafts).await?;
+                metrics::TURNS_RESUMED.inc();
+                tracing::warn!(session_id = %self.session, turn_id = %turn, attempt = progress.resumes + 1,
+                    "resuming a turn its process left running");
+                self.start_turn(turn, agent, Some(point));
+            }
+            (Resume::Close(drafts), _) | (Resume::Go(drafts, _), Err(_)) => {
+                self.append_durably(drafts).await?;
+                metrics::TURNS.with_label_values(&[StopReason::Error.as_str()]).inc();
+                tracing::warn!(session_id = %self.session, turn_id = %turn, resumes = progress.resumes,
+                    "closed a turn left running that could not go on");
+            }
+        }
+        Ok(())
+    }
+
+    fn start_turn(&mut self, turn: TurnId, agent: Arc<Agent>, resume: Option<ResumePoint>) {
         let Some(me) = self.me.upgrade() else { return };
         let cancel = CancellationToken::new();
         let (env, folded) = (&self.env, &self.folded);
@@ -159,19 +194,25 @@ impl Actor {
             agent,
             tools: env.agents.tools.clone(),
             history: folded.history.messages.clone(),
-            granted: folded.state.granted.clone(),
+            // A resumed turn runs again the calls that may run twice; the granted ones among
+            // them, and the others, have their answers.
+            granted: match &resume {
+                Some(point) => point.rerun.clone(),
+                None => folded.state.granted.clone(),
+            },
+            resume,
             cancel: cancel.clone(),
             delta_coalesce: env.delta_coalesce(),
         };
         let span = tracing::info_span!("turn", session_id = %self.session, turn_id = %turn);
-        tokio::spawn(tracing::Instrument::instrument(
+        let task = tokio::spawn(tracing::Instrument::instrument(
             async move {
                 let outcome = turn::run(context).await;
                 let _ = me.send(Command::TurnEnded(turn, outcome)).await;
             },
             span,
         ));
-        self.running = Some((turn, cancel));
+        self.running = Some(Running { cancel, task: task.abort_handle() });
     }
 
     /// Starts the turn that answers the messages queued while the last one ran, if the
@@ -189,7 +230,7 @@ impl Actor {
         let answered =
             self.apply(|folded| Ok(decide::answer_queued(&folded.state, TurnId::generate()).unwrap_or_default()));
         match answered.await {
-            Ok((Decision { start: Some(turn), .. }, ..)) => self.start_turn(turn, agent),
+            Ok((Decision { start: Some(turn), .. }, ..)) => self.start_turn(turn, agent, None),
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, session_id = %self.session, "could not answer queued messages"),
         }

@@ -18,7 +18,7 @@ use super::decide;
 use super::env::Env;
 use super::mailbox::{Command, Reply};
 use super::writer::Writer;
-use crate::domain::{SessionId, TurnId};
+use crate::domain::SessionId;
 use crate::error::SessionError;
 use crate::metrics;
 use crate::store::StoreError;
@@ -29,13 +29,20 @@ pub(super) struct Actor {
     me: mpsc::WeakSender<Command>,
     folded: Folded,
     writer: Arc<Writer>,
-    running: Option<(TurnId, CancellationToken)>,
+    running: Option<Running>,
     /// What waits for the running turn's end to be recorded.
     after_turn: Vec<AfterTurn>,
     /// Set once the actor is done (deleted or stopped); it exits after this command.
     done: bool,
     /// Cancelled if this node loses the session's lease: another node runs it from then on.
     lost: CancellationToken,
+}
+
+/// The turn an actor runs: cancelled, it records how it ended; aborted (a stop past its
+/// grace), it records nothing more and is resumed by the session's next actor.
+struct Running {
+    cancel: CancellationToken,
+    task: tokio::task::AbortHandle,
 }
 
 /// An actor's place in this node's registry, which it leaves when it stops (if it still
@@ -105,7 +112,7 @@ impl Actor {
         }
     }
 
-    /// The session from its log, with the turn it shows running closed (nothing runs it);
+    /// The session from its log, with the turn it shows running resumed (nothing runs it);
     /// or, if there is no such session and the first command creates it, the new session.
     async fn open(
         env: &Arc<Env>,
@@ -116,7 +123,7 @@ impl Actor {
         env.log.prepare(session).await?;
         match Actor::load(env.clone(), session, me.clone()).await {
             Ok(mut actor) => {
-                actor.close_orphan().await;
+                actor.resume_orphan().await;
                 Ok(actor)
             }
             // This actor is the new session's one writer from its first event.
@@ -226,9 +233,27 @@ impl Actor {
     }
 
     fn cancel_turn(&mut self) {
-        if let Some((_, cancel)) = self.running.take() {
-            cancel.cancel();
+        if let Some(running) = self.running.take() {
+            running.cancel.cancel();
         }
+    }
+
+    /// Stops now (the service's stop is past its grace): the running turn is aborted
+    /// where it is, its events so far stay in the log, and the next actor resumes it.
+    fn leave(&mut self, reply: oneshot::Sender<()>) {
+        if let Some(running) = self.running.take() {
+            running.task.abort();
+            tracing::warn!(session_id = %self.session, "left the running turn to be resumed");
+        }
+        for waiting in std::mem::take(&mut self.after_turn) {
+            match waiting {
+                AfterTurn::Close(_, reply) => drop(reply.send(Err(SessionError::ShuttingDown))),
+                AfterTurn::Stop(reply) => drop(reply.send(())),
+                AfterTurn::Answer(reply, _) => drop(reply.send(Reply::Refused(SessionError::ShuttingDown))),
+            }
+        }
+        self.done = true;
+        let _ = reply.send(());
     }
 }
 
@@ -239,7 +264,7 @@ fn bounce(command: Command, session: SessionId) {
         // Dropping the reply sends these on to the next actor.
         Command::Close(..) | Command::TurnEnded(..) | Command::Wake => {}
         Command::Create(_, reply) => drop(reply.send(Err(exists(session)))),
-        Command::Stop(reply) => drop(reply.send(())),
+        Command::Stop(reply) | Command::Leave(reply) => drop(reply.send(())),
         Command::Copy(_, reply) => drop(reply.send(Err(SessionError::ShuttingDown))),
         Command::EndReplay(reply) => drop(reply.send(Err(SessionError::ShuttingDown))),
     }

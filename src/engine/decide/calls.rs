@@ -69,6 +69,7 @@ fn tool_use(plan: &ToolPlan, tool_call_id: &str, name: &str, input: &Value, perm
         input: input.clone(),
         evaluated_permission: permission,
         mcp: plan.mcp_ref(name),
+        idempotent: plan.idempotent(name),
     }
 }
 

@@ -6,13 +6,16 @@
 //! - [`submit`]: a client's input (messages, results, permissions, interrupts, cancels).
 //! - [`ends`]: how turns end and sessions close.
 //! - [`calls`]: a model's (or a seed history's) tool calls, and the denials among them.
+//! - [`resume`]: a turn whose process stopped, going on from its log.
 
 mod calls;
 mod ends;
+mod resume;
 mod submit;
 
 pub use calls::{denials, plan_calls, seed_settled, seed_waiting, Call};
 pub use ends::{abandoned, admit, after_response, answer_queued, close, copy, end_turn, interrupted, Outcome};
+pub use resume::{resume, Next, Resume, ResumePoint, INTERRUPTED, RETRIES_EXHAUSTED};
 pub use submit::decide;
 
 use crate::domain::event::{StopInfo, StopReason};

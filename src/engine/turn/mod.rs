@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use self::tools::ServerCall;
-use super::decide::{self, Outcome};
+use super::decide::{self, Next, Outcome, ResumePoint};
 use super::plan::{Mode, ToolPlan};
 use super::writer::Writer;
 use crate::agent::mcp::{name_tools, McpServers};
@@ -34,8 +34,11 @@ pub struct TurnContext {
     pub mcp: Vec<Arc<McpServers>>,
     pub plan: ToolPlan,
     pub history: Vec<Arc<Message>>,
-    /// Calls granted permission before this turn: they run first.
+    /// Calls granted permission before this turn (or, for a resumed turn, the calls it
+    /// runs again): they run first.
     pub granted: Vec<PendingCall>,
+    /// Where a resumed turn goes on from (`None`: a new turn).
+    pub resume: Option<ResumePoint>,
     pub cancel: CancellationToken,
     pub delta_coalesce: Duration,
 }
@@ -68,7 +71,15 @@ async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, 
     list_mcp(ctx).await?;
     let granted = std::mem::take(&mut ctx.granted).into_iter().map(ServerCall::granted).collect();
     tools::run(ctx, granted).await?;
-    for _ in 0..ctx.agent.config.max_turn_requests {
+    let mut made = 0;
+    if let Some(point) = ctx.resume.take() {
+        made = point.requests;
+        *usage += point.usage;
+        if let Next::Stop(reason, waiting) = point.next {
+            return Ok((reason, waiting));
+        }
+    }
+    for _ in made..ctx.agent.config.max_turn_requests {
         if ctx.cancel.is_cancelled() {
             return Err(Failure::Cancelled);
         }
