@@ -119,6 +119,7 @@ export class SessionRenderer {
     this.thoughts = new Map(); // message_id → its details.thinking while deltas grow it
     this.queued = new Map(); // user.message event id → its element, until a turn takes it
     this.interrupted = new Set(); // turn ids a user.interrupt cancelled
+    this.resumed = new Set(); // turn ids just resumed, whose cut request's end is no failure
     this.conversation.replaceChildren();
     this.rows.replaceChildren();
   }
@@ -201,8 +202,11 @@ export class SessionRenderer {
       case 'agent.mcp_tools': return this.mcpTools(e.servers ?? []);
       case 'session.status_idle': return this.turnEnd(e);
       case 'session.error': return this.error(e);
+      case 'turn.resumed': return this.resume(e);
       case 'span.model_request_end':
-        // A request the user's interrupt cut short ends as an error too, but it did not fail.
+        // A request the user's interrupt cut short ends as an error too, but it did not
+        // fail; nor did one its stopped process cut short (the resume said so).
+        if (e.is_error && this.resumed.delete(e.turn_id)) return undefined;
         if (e.is_error && !this.interrupted.has(e.turn_id)) this.note('model-error', `The request to ${e.model} failed`);
         return undefined;
       case 'terminated':
@@ -286,6 +290,30 @@ export class SessionRenderer {
     this.thoughts.delete(messageId);
     box.classList.remove('streaming');
     body.textContent = text ?? '';
+  }
+
+  /**
+   * The turn's process stopped and the turn goes on from its log: what it had streamed of
+   * unfinished messages is struck out (their final events never come), and a note says
+   * what became of the calls that were running.
+   */
+  resume(e) {
+    this.resumed.add(e.turn_id);
+    for (const id of e.discarded ?? []) {
+      for (const growing of [this.texts, this.thoughts]) {
+        const node = growing.get(id);
+        if (!node) continue;
+        growing.delete(id);
+        node.classList.remove('streaming');
+        node.classList.add('retracted');
+        node.title = 'Discarded: the server stopped before this was finished; the turn went on';
+      }
+    }
+    const parts = [`The server stopped during this turn; it goes on (resume ${e.attempt})`];
+    if (e.discarded?.length) parts.push('the unfinished reply is struck out');
+    if (e.rerun?.length) parts.push(`${e.rerun.length} tool call(s) run again`);
+    if (e.interrupted?.length) parts.push(`${e.interrupted.length} tool call(s) answered as interrupted`);
+    this.note('resumed', parts.join(' · '));
   }
 
   /** Ends the growing texts of a turn that stopped before their final events. */

@@ -180,10 +180,12 @@ fn raise_open_files_limit() {
 
 /// The listening socket, bound here so that [`Application::addr`] can say where port 0 went:
 /// with a backlog of 4,096, so that a thousand clients connecting at once do not overflow it.
+/// Closed on exec: a process turnlog starts (a stdio MCP server) must not hold the port, or
+/// one that outlives a crash keeps the next start from listening.
 fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    use rustix::net::{self, sockopt, AddressFamily, SocketType};
+    use rustix::net::{self, sockopt, AddressFamily, SocketFlags, SocketType};
     let family = if addr.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
-    let socket = net::socket(family, SocketType::STREAM, None)?;
+    let socket = net::socket_with(family, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
     sockopt::set_socket_reuseaddr(&socket, true)?;
     net::bind(&socket, &addr)?;
     net::listen(&socket, 4096)?;

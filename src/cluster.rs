@@ -107,11 +107,15 @@ async fn renew(
         lost.cancel();
         revision
     };
+    // After a failed renewal (the bucket electing a leader, say), the next try comes soon,
+    // not a third of the time to live later.
+    let mut again = false;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return revision,
             _ = tokio::time::sleep_until(valid_until) => return expired(revision),
-            _ = every.tick() => {}
+            _ = every.tick(), if !again => {}
+            _ = tokio::time::sleep(RETRY), if again => {}
         }
         let sent = tokio::time::Instant::now();
         let update = leases.update(&key, Bytes::from(node.clone()), revision);
@@ -120,21 +124,50 @@ async fn renew(
             _ = tokio::time::sleep_until(valid_until) => return expired(revision),
             answer = update => answer,
         };
-        match answer {
+        again = match answer {
             Ok(next) => {
                 revision = next;
                 valid_until = sent + ttl - margin;
                 metrics::LEASE_CHANGES.with_label_values(&["renewed"]).inc();
+                false
             }
+            // An update whose answer was lost (a leader election) may have landed: the entry
+            // then still names this node, at a later revision, and the lease is still this
+            // node's.
             Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                tracing::warn!(session = %key, "another node took this node's lease");
-                lost.cancel();
-                return revision;
+                let entry = tokio::select! {
+                    _ = stop.cancelled() => return revision,
+                    _ = tokio::time::sleep_until(valid_until) => return expired(revision),
+                    entry = leases.entry(&key) => entry,
+                };
+                match entry {
+                    Ok(Some(entry)) if entry.operation == kv::Operation::Put && entry.value == node.as_bytes() => {
+                        tracing::info!(session = %key, "a renewal had landed unanswered; the lease is still this node's");
+                        revision = entry.revision;
+                        valid_until = sent + ttl - margin;
+                        false
+                    }
+                    Ok(_) => {
+                        tracing::warn!(session = %key, "another node took this node's lease");
+                        lost.cancel();
+                        return revision;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, session = %key, "could not read a lease back; trying again");
+                        true
+                    }
+                }
             }
-            Err(error) => tracing::warn!(%error, session = %key, "could not renew a lease; trying again"),
-        }
+            Err(error) => {
+                tracing::warn!(%error, session = %key, "could not renew a lease; trying again");
+                true
+            }
+        };
     }
 }
+
+/// How soon a renewal that failed is tried again.
+const RETRY: Duration = Duration::from_millis(200);
 
 struct NatsLease {
     leases: kv::Store,

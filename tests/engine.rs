@@ -737,8 +737,8 @@ async fn a_reply_cut_by_a_crash_is_made_again_from_the_history(log: Backend) {
     assert_eq!(
         kinds(&events)[4..],
         [
-            "span.model_request_end",
             "turn.resumed",
+            "span.model_request_end",
             "session.status_running",
             "span.model_request_start",
             "agent.message",

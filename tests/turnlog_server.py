@@ -4,6 +4,7 @@ free loopback port with a temp data dir and a config of the suite's own."""
 import hashlib
 import os
 import pathlib
+import signal
 import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -52,3 +53,10 @@ class Server:
     def restart(self):
         self.stop()
         self.start()
+
+    def kill(self):
+        """SIGKILL, as a crash: no turn gets to record anything. Waits for the process to be
+        gone; `start` runs it again over the same data dir."""
+        self.process.kill()
+        assert self.process.wait(timeout=30) == -signal.SIGKILL, "turnlog died of the SIGKILL"
+        self.process.stdout.close()

@@ -1,6 +1,7 @@
-//! With other nodes on the log: every lease time to live, the turns whose node stopped
-//! (their lease has expired) are taken over, and the messages that wait in sessions nobody
-//! holds are answered, for as long as the service runs.
+//! With other nodes on the log: several times per lease time to live, the turns whose node
+//! stopped (their lease has expired) are taken over and resumed, and the messages that
+//! wait in sessions nobody holds are answered, for as long as the service runs. A turn is
+//! taken over at most a tenth of the time to live after its lease expired.
 
 use super::mailbox::Command;
 use super::Engine;
@@ -8,7 +9,9 @@ use super::Engine;
 impl Engine {
     pub async fn reap(&self) {
         let Some(cluster) = self.cluster.clone() else { return };
-        let mut every = tokio::time::interval(cluster.lease_ttl());
+        let period = (cluster.lease_ttl() / 10).max(std::time::Duration::from_millis(100));
+        let mut every = tokio::time::interval(period);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
             if self.env.stopping() {

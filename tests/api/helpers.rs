@@ -75,6 +75,8 @@ pub async fn launch(config: &Path, data: &Path, addr: &str) -> Result<(Child, St
         .arg("--data-dir")
         .arg(data)
         .env("RUST_LOG", filter)
+        // The scripted model's `/crash` aborts the process (the crash-loop test).
+        .env("TURNLOG_SCRIPTED_CRASH", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))
         .kill_on_drop(true)
@@ -164,10 +166,24 @@ impl TestApp {
 
     /// Starts the server again on the same data dir (after `kill` or `terminate`).
     pub async fn restart(&mut self) {
+        self.try_restart().await.expect("server restarts");
+    }
+
+    /// Starts the server again, or what it printed if it exited before it listened.
+    pub async fn try_restart(&mut self) -> Result<(), String> {
         let config_path = self.dir.path().join("config.toml");
-        let (child, url) = launch(&config_path, &self.data_dir(), "127.0.0.1:0").await.expect("server restarts");
+        let (child, url) = launch(&config_path, &self.data_dir(), "127.0.0.1:0").await?;
         self.child = child;
         self.url = url;
+        Ok(())
+    }
+
+    /// Waits up to `secs` for the server to exit by itself: how it exited, if it did.
+    pub async fn exit_within(&mut self, secs: u64) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(Duration::from_secs(secs), self.child.wait())
+            .await
+            .ok()
+            .map(|status| status.expect("reap"))
     }
 
     /// The server started again by the caller (on an address of its choosing).

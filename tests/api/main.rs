@@ -13,6 +13,7 @@ mod managed;
 mod nats;
 mod openapi;
 mod ops;
+mod resume;
 mod sessions;
 mod soak;
 mod soak_cluster;

@@ -39,40 +39,67 @@ async fn a_graceful_stop_flushes_and_the_log_reopens_clean() {
     assert_eq!(&all[1..], &stored[..]);
 }
 
-#[tokio::test]
-async fn a_sigterm_during_a_slow_turn_records_its_end_before_the_process_exits() {
-    let mut app = spawn_app().await;
-    let session = app.create_session().await;
-    let slow = serde_json::json!({"type": "user.message", "content": "/delay 100\n/words 1000"});
-    assert_eq!(app.post_event(&session, slow).await.status(), 200);
-    // Wait until the turn is streaming: its first delta is in the log.
+/// Waits until the session's log holds an event of this type.
+async fn wait_for(app: &crate::helpers::TestApp, session: &str, kind: &str) {
     for _ in 0..400 {
-        if app.all_events(&session).await.iter().any(|e| e["type"] == "agent.message.delta") {
-            break;
+        if app.all_events(session).await.iter().any(|e| e["type"] == kind) {
+            return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
+    panic!("no {kind} in the log of {session}");
+}
+
+fn texts_of(events: &[Value], kind: &str) -> Vec<String> {
+    let of_kind = events.iter().filter(|e| e["type"] == kind);
+    of_kind.map(|e| e["content"][0]["text"].as_str().unwrap().to_string()).collect()
+}
+
+#[tokio::test]
+async fn a_sigterm_lets_a_running_turn_finish_within_its_grace() {
+    let mut app = spawn_app().await;
+    let session = app.create_session().await;
+    let turn = serde_json::json!({"type": "user.message", "content": "/delay 20\n/words 40"});
+    assert_eq!(app.post_event(&session, turn).await.status(), 200);
+    wait_for(&app, &session, "agent.message.delta").await;
     let status = app.terminate().await;
     assert!(status.success(), "{status:?}");
-
-    // Whatever the next start writes, it writes after what the stopped process left.
     app.restart().await;
     let events = app.all_events(&session).await;
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-    assert!(kinds.contains(&"agent.message.delta"), "the turn was running: {kinds:?}");
-    let last = events.last().unwrap();
-    assert_eq!(last["type"], "session.status_idle", "{kinds:?}");
-    assert_eq!(last["stop_reason"]["type"], "cancelled");
-    assert_eq!(last["turn_id"], events[1]["turn_id"], "it is the slow turn's end");
-    assert!(!kinds.contains(&"session.error"), "the next start closed nothing as interrupted: {kinds:?}");
-    let said: String = events
-        .iter()
-        .filter(|e| e["type"] == "agent.message")
-        .map(|e| e["content"][0]["text"].as_str().unwrap())
-        .collect();
-    assert!(said.starts_with("w1") && !said.contains("w1000"), "what was said before the stop is kept: {said:?}");
-
-    // The session goes on.
+    assert_eq!(kinds.last(), Some(&"session.status_idle"), "the turn ended before the exit: {kinds:?}");
+    assert_eq!(events.last().unwrap()["stop_reason"]["type"], "end_turn");
+    assert_eq!(texts_of(&events, "agent.message").last().unwrap().split(' ').count(), 40, "the whole reply");
+    assert!(!kinds.contains(&"turn.resumed") && !kinds.contains(&"session.error"), "{kinds:?}");
+    // A new turn is refused while the stop runs, not lost: the session takes input again.
     let next = serde_json::json!({"type": "user.message", "content": "again"});
     assert_eq!(app.post_event(&session, next).await.status(), 200);
+}
+
+#[tokio::test]
+async fn a_sigterm_past_its_grace_leaves_the_turn_to_be_resumed_at_the_next_start() {
+    let mut app = crate::helpers::spawn_with("[shutdown]\ngrace_ms = 300\n").await;
+    let session = app.create_session().await;
+    let slow = serde_json::json!({"type": "user.message", "content": "/delay 50\n/words 100"});
+    assert_eq!(app.post_event(&session, slow).await.status(), 200);
+    wait_for(&app, &session, "agent.message.delta").await;
+    let status = app.terminate().await;
+    assert!(status.success(), "{status:?}");
+    app.restart().await;
+    let mut events = app.all_events(&session).await;
+    for _ in 0..400 {
+        if events.last().is_some_and(|e| e["type"] == "session.status_idle") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        events = app.all_events(&session).await;
+    }
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let resumed = kinds.iter().position(|k| *k == "turn.resumed").expect("resumed at the start");
+    assert!(!kinds[..resumed].contains(&"session.status_idle"), "the stop recorded no end: {kinds:?}");
+    assert!(!kinds.contains(&"session.error"), "nothing closed as interrupted: {kinds:?}");
+    assert_eq!(events.last().unwrap()["stop_reason"]["type"], "end_turn", "{kinds:?}");
+    let said = texts_of(&events, "agent.message");
+    assert_eq!(said.len(), 1, "one whole message: {said:?}");
+    assert!(said[0].starts_with("w1 ") && said[0].ends_with(" w100"), "{said:?}");
 }

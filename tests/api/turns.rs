@@ -214,34 +214,6 @@ async fn an_interrupt_cancels_a_streaming_turn_and_a_disconnect_does_not() {
 }
 
 #[tokio::test]
-async fn a_turn_running_at_a_crash_is_closed_on_restart() {
-    let mut app = spawn_app().await;
-    let session = aap_session(&app).await;
-    let mut streaming = sse(turn(
-        &app,
-        &session,
-        json!({"stream": "delta", "messages": [{"role": "user", "content": "/delay 50\n/words 100"}]}),
-    )
-    .await);
-    take(&mut streaming, 2, 10).await;
-    app.kill().await;
-    app.restart().await;
-    let events = app.all_events(&session).await;
-    let n = events.len();
-    assert_eq!(events[n - 2]["type"], "session.error");
-    assert_eq!(events[n - 2]["code"], "interrupted");
-    assert_eq!(events[n - 1]["type"], "session.status_idle");
-    assert_eq!(events[n - 1]["stop_reason"]["type"], "error");
-    assert_eq!(events[n - 1]["turn_id"], events[n - 2]["turn_id"]);
-    let body: Value = turn(&app, &session, json!({"messages": [{"role": "user", "content": "still here"}]}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(body["messages"][0]["content"], "echo: still here");
-}
-
-#[tokio::test]
 async fn the_event_api_and_the_turn_api_drive_one_session_in_turn() {
     let app = spawn_app().await;
     let session = aap_session(&app).await;

@@ -47,7 +47,10 @@ function outline(page) {
     for (const el of items) {
       const id = el.dataset.eventId;
       if (el.matches(".msg.user")) lines.push(`user${el.matches(".queued") ? " (queued)" : ""}: ${JSON.stringify(el.textContent)}`);
-      else if (el.matches(".msg.agent")) lines.push(`agent${el.matches(".streaming") ? " (streaming)" : ""}: ${JSON.stringify(el.textContent)}`);
+      else if (el.matches(".msg.agent")) {
+        const states = ["streaming", "retracted"].filter((c) => el.matches(`.${c}`)).map((c) => ` (${c})`).join("");
+        lines.push(`agent${states}: ${JSON.stringify(el.textContent)}`);
+      }
       else if (el.matches("details.thinking")) {
         lines.push(`thinking ${el.open ? "open" : "folded"}: ${JSON.stringify(el.querySelector(".thinking-text")?.textContent)}`);
       } else if (el.matches(".tool")) {
@@ -432,6 +435,129 @@ test("interrupt: the Interrupt button cancels a running turn; the page and the l
   assert.equal(count(next, "user.interrupt"), 1, "one interrupt in the log");
   await assertRowsMatchLog(page, next);
   await lab.screenshot(page, "after-interrupt");
+});
+
+test("resume: a turn whose server is SIGKILLed mid-reply goes on after the restart; the page strikes out the cut reply, notes the resume once, and shows the whole new reply", TEST, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer();
+  const api = new Api(server);
+  const id = await api.createSession();
+  const view = await lab.newPage();
+  const { page } = view;
+  await openSession(page, server, id);
+
+  // 80 words at 60 ms each (about 5 s); the server dies once a few of them are on the page.
+  const slow = "/delay 60\n/words 80";
+  const reply = words(80);
+  await api.postMessage(id, slow);
+  const before = await waitInPage(
+    page,
+    () => {
+      const el = document.querySelector("#conversation .msg.agent.streaming");
+      return el && /^w1 w2 w3\b/.test(el.textContent) ? { messageId: el.dataset.messageId, text: el.textContent } : false;
+    },
+    null,
+    "a growing .msg.agent.streaming with at least 3 words",
+    { timeout: 15_000, polling: 10 },
+  );
+  // Marks the growing message's element and the document: after the restart the same
+  // element must be the one struck out, in the same document (no reload).
+  const marked = await page.evaluate((messageId) => {
+    window.__sameDocument = true;
+    const el = document.querySelector(`#conversation .msg.agent[data-message-id="${messageId}"]`);
+    if (el) el.__beforeKill = true;
+    return Boolean(el);
+  }, before.messageId);
+  assert.ok(marked, `the growing message ${before.messageId} is on the page`);
+  const fromRequest = view.requests.length;
+  await server.kill();
+  lab.note(`killed with ${JSON.stringify(before.text)} on the page (message ${before.messageId})`);
+  assert.ok(!before.text.includes("w80"), `the server was killed before the reply's last word: ${show(before.text)}`);
+  await lab.screenshot(page, "killed");
+  await waitFor(page, "#conn[data-state=reconnecting]", "#conn to show the lost connection", { timeout: 15_000 });
+
+  // Same port, same data dir: the page's own EventSource finds the server again and the
+  // turn goes on from its log.
+  await server.start({ port: server.port });
+  await waitFor(page, "#conn[data-state=live]", "the page to reconnect to the restarted server", { timeout: 30_000 });
+  await waitForText(page, "#conversation .msg.agent:not(.streaming):not(.retracted)", reply, "the whole new reply after the resume", { timeout: 30_000 });
+
+  // The log: one turn, resumed once; the cut reply discarded; its request closed as failed;
+  // the new attempt's whole reply under a new message id; no error.
+  const log = await api.waitForIdle(id, 1);
+  const [turn, ...more] = turns(log);
+  assert.deepEqual(more, [], `one turn in the log: ${show(log.map((e) => e.type))}`);
+  const resumed = only(turn, "turn.resumed")[0];
+  assert.equal(resumed.attempt, 1, `the first resume: ${show(resumed)}`);
+  assert.deepEqual(resumed.discarded, [before.messageId], `the message cut by the kill is discarded: ${show(resumed)}`);
+  assert.deepEqual([resumed.rerun ?? [], resumed.interrupted ?? []], [[], []], `no tool call ran: ${show(resumed)}`);
+  const at = turn.indexOf(resumed);
+  assert.deepEqual(
+    turn.slice(at + 1, at + 3).map((e) => `${e.type}${e.type === "span.model_request_end" ? ` is_error=${e.is_error}` : ""}`),
+    ["span.model_request_end is_error=true", "session.status_running"],
+    "after turn.resumed: the cut request ends failed (a failure the page must not report), then the turn runs",
+  );
+  const cutText = turn
+    .filter((e) => e.type === "agent.message.delta" && e.message_id === before.messageId)
+    .map((e) => e.delta)
+    .join("");
+  assert.ok(cutText.startsWith(before.text), `the log's deltas of the cut message begin with what the page showed before the kill: ${show(cutText)} vs ${show(before.text)}`);
+  assert.ok(reply.startsWith(cutText) && !cutText.includes("w80"), `the cut message is a prefix of the reply, without w80: ${show(cutText)}`);
+  const final = only(turn, "agent.message")[0];
+  assert.equal(eventText(final), reply, "the new attempt's whole reply in the log");
+  assert.notEqual(final.message_id, before.messageId, "the new attempt is a new message");
+  assert.equal(count(turn, "session.error"), 0, "no session.error");
+  assert.equal(only(turn, "session.status_idle")[0].stop_reason.type, "end_turn", "the turn ends end_turn");
+
+  // The page: the cut reply struck out (the same element, never finished), one note of the
+  // resume, the new reply whole, the turn's end; no "request failed".
+  const expected = [
+    "note created: Session created by local with agent default",
+    `user: ${JSON.stringify(slow)}`,
+    `agent (retracted): ${JSON.stringify(cutText)}`,
+    "note resumed: The server stopped during this turn; it goes on (resume 1) · the unfinished reply is struck out",
+    replyLine(turn),
+    endLine(turn),
+  ];
+  await waitForOutline(page, expected, "the resumed turn on the page");
+  assert.equal(await page.locator("#conversation .note.resumed").count(), 1, "exactly one .note.resumed");
+  assert.equal(await page.locator("#conversation .note.model-error").count(), 0, "no .note.model-error for the request the kill cut");
+  assert.equal(await page.locator("#conversation .streaming").count(), 0, "nothing is left streaming");
+  const struck = await page.$$eval("#conversation .msg.agent.retracted", (els) =>
+    els.map((el) => ({ messageId: el.dataset.messageId, same: el.__beforeKill === true, decoration: getComputedStyle(el).textDecorationLine })),
+  );
+  assert.deepEqual(
+    struck,
+    [{ messageId: before.messageId, same: true, decoration: "line-through" }],
+    "the struck-out message is the element that was growing before the kill, its text struck through",
+  );
+  assert.deepEqual(
+    await page.$$eval("#conversation .msg.agent:not(.retracted)", (els) => els.map((el) => el.dataset.messageId)),
+    [final.message_id],
+    "the one reply not struck out is the final agent.message's",
+  );
+  assert.equal(await page.evaluate(() => window.__sameDocument === true), true, "the page followed the restart without reloading");
+
+  // The page's EventSource came back by itself, each request resuming after the last event
+  // it had (Last-Event-ID from the browser, or the page's after_id once it reopens).
+  const streams = view.requests.slice(fromRequest).filter((r) => new URL(r.url()).pathname === `/sessions/${id}/events/stream`);
+  const headers = await Promise.all(streams.map((r) => r.allHeaders()));
+  const resumedFrom = streams.map((r, i) => headers[i]["last-event-id"] ?? new URL(r.url()).searchParams.get("after_id"));
+  lab.note(`stream requests after the kill: ${show(streams.map((r, i) => `${r.url()} last-event-id=${headers[i]["last-event-id"] ?? "-"}`))}`);
+  assert.ok(streams.length > 0, "the page asked for the session's stream again after the kill");
+  assert.ok(
+    resumedFrom.every((from) => from && log.some((e) => e.id === from)),
+    `every stream request after the kill resumes after an event of the log: ${show(resumedFrom)}`,
+  );
+  await assertRowsMatchLog(page, log);
+  await lab.screenshot(page, "resumed");
+
+  // Drawn again from the log in one catch-up (a reload), the conversation is the same.
+  await page.reload();
+  await waitFor(page, "#conn[data-state=live]", "the reloaded view to be live", { timeout: 15_000 });
+  await waitForOutline(page, expected, "the reloaded conversation, drawn from the log at once");
+  await assertRowsMatchLog(page, log);
+  await lab.screenshot(page, "reloaded");
 });
 
 test("type filter: the raw events show exactly the log's events of the type chosen, also as new ones arrive, and all again once cleared", TEST, async (t) => {

@@ -232,6 +232,10 @@ impl TurnFold {
                 out.push(Place::Both, TurnEvent::ToolResponse(response));
             }
             EventBody::SessionError { error, .. } => self.error = Some(error.clone()),
+            // The turn goes on after its process stopped: the message it was putting
+            // together is void (no whole message is listed of it); the next attempt opens
+            // its own.
+            EventBody::TurnResumed { .. } => self.message = None,
             EventBody::StatusIdle { stop_reason, usage, .. } => {
                 return self.stopped(out, event.id, stop_reason, *usage, at)
             }

@@ -198,9 +198,10 @@ impl Actor {
             let command = tokio::select! {
                 biased;
                 _ = self.lost.cancelled() => {
-                    tracing::warn!(session_id = %self.session, "this node lost the session's lease; another node runs it");
+                    tracing::warn!(session_id = %self.session, "this node lost the session's lease; its next holder runs it");
                     metrics::LEASE_CHANGES.with_label_values(&["lost"]).inc();
-                    self.cancel_turn();
+                    // Nothing more of the turn is written here: its next holder resumes it.
+                    self.abort_turn();
                     return;
                 }
                 // An append failed after its command was handled (one whose client went, or
@@ -238,13 +239,18 @@ impl Actor {
         }
     }
 
-    /// Stops now (the service's stop is past its grace): the running turn is aborted
-    /// where it is, its events so far stay in the log, and the next actor resumes it.
-    fn leave(&mut self, reply: oneshot::Sender<()>) {
+    /// Stops the running turn where it is, writing nothing more of it: its events so far
+    /// stay in the log, and the session's next actor resumes it.
+    fn abort_turn(&mut self) {
         if let Some(running) = self.running.take() {
             running.task.abort();
             tracing::warn!(session_id = %self.session, "left the running turn to be resumed");
         }
+    }
+
+    /// Stops now (the service's stop is past its grace), leaving the running turn.
+    fn leave(&mut self, reply: oneshot::Sender<()>) {
+        self.abort_turn();
         for waiting in std::mem::take(&mut self.after_turn) {
             match waiting {
                 AfterTurn::Close(_, reply) => drop(reply.send(Err(SessionError::ShuttingDown))),

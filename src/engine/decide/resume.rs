@@ -51,8 +51,8 @@ pub enum Next {
 /// The decision for `turn`, which the log shows running and nothing runs: `progress` is
 /// folded from its events, `state` is the session's.
 pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resumes: u32) -> Resume {
-    let mut drafts = Vec::new();
-    if let Some((span_id, model, start)) = &progress.open_span {
+    // The request in flight ended with the process: its span is closed as failed.
+    let span_end = progress.open_span.as_ref().map(|(span_id, model, start)| {
         let end = EventBody::ModelRequestEnd {
             span_id: span_id.clone(),
             model: model.clone(),
@@ -61,9 +61,10 @@ pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resu
             model_request_start_id: Some(*start),
             stop_reason: None,
         };
-        drafts.push(Draft::new(Some(turn), &end));
-    }
+        Draft::new(Some(turn), &end)
+    });
     if progress.resumes >= max_resumes {
+        let mut drafts: Vec<Draft> = span_end.into_iter().collect();
         let why = format!(
             "the server stopped while this turn was running, and again each of the {} times it was resumed \
              (turns.max_resumes); it is closed",
@@ -88,7 +89,10 @@ pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resu
         rerun: rerun.iter().map(|call| call.event_id).collect(),
         interrupted: interrupted.iter().map(|call| call.event_id).collect(),
     };
-    drafts.push(Draft::new(Some(turn), &resumed));
+    // The retraction first: a view that puts messages together drops the unfinished one
+    // before the span's end would close it.
+    let mut drafts = vec![Draft::new(Some(turn), &resumed)];
+    drafts.extend(span_end);
     drafts.push(Draft::new(Some(turn), &running()));
     for call in &interrupted {
         drafts.push(Draft::new(Some(turn), &error_result(call.event_id, &call.tool_call_id, INTERRUPTED)));

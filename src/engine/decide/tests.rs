@@ -423,7 +423,7 @@ mod resuming {
         let (progress, state, _) = left(turn, &deltas);
         let (drafts, point) = go(resume(turn, &progress, &state, 3));
         let kinds: Vec<&str> = drafts.iter().map(Draft::kind).collect();
-        assert_eq!(kinds, ["span.model_request_end", "turn.resumed", "session.status_running"]);
+        assert_eq!(kinds, ["turn.resumed", "span.model_request_end", "session.status_running"]);
         assert!(drafts.iter().all(|d| d.turn == Some(turn)), "the same turn goes on");
         let EventBody::TurnResumed { attempt, discarded, rerun, interrupted, .. } = resumed(&drafts) else {
             unreachable!()
