@@ -77,7 +77,7 @@ pub(super) struct Cycle {
     pub number: usize,
     urls: Vec<String>,
     /// Whether several nodes share the log: once one is killed, the others may refuse a
-    /// request (503) or close a turn as interrupted while they take its sessions over.
+    /// request (503) while they take its sessions over (and resume their turns).
     failover: bool,
     killed: AtomicBool,
     /// The node killed (its index in `urls`), once `killed`.
@@ -96,7 +96,7 @@ pub(super) struct Cycle {
     pub turning: AtomicUsize,
     pub acp_ready: AtomicBool,
     /// How the clients ended after the kill: a connection to the killed node failed; a
-    /// survivor refused (503) or closed a turn as interrupted; still going when stopped.
+    /// survivor refused (503); still going when stopped.
     pub ended_cut: AtomicUsize,
     pub ended_refused: AtomicUsize,
     pub ended_stopped: AtomicUsize,
@@ -159,7 +159,7 @@ impl Cycle {
     }
 
     /// A client got a failure from `node` that, with several nodes, the kill of another
-    /// explains (an error answer, a turn closed as interrupted); with one node, only that
+    /// explains (an error answer); with one node, only that
     /// node's death does.
     fn failed_over(&self, node: usize, what: impl std::fmt::Display) {
         if self.failover && self.killed.load(Ordering::SeqCst) {
@@ -1105,7 +1105,12 @@ pub(super) struct Checked {
     pub sessions: usize,
     pub events: usize,
     pub turns: usize,
+    /// Turns closed as `interrupted`: none, now that a stopped process's turns are resumed.
     pub interrupted: usize,
+    /// Resumptions of turns a killed process left running (`turn.resumed`).
+    pub resumed: usize,
+    /// Turns closed because they were resumed `turns.max_resumes` times.
+    pub exhausted: usize,
     /// The deleted sessions every node answered 404 for.
     gone: Vec<String>,
 }
@@ -1201,6 +1206,8 @@ async fn survey(client: &reqwest::Client, urls: &[String], soak: &Soak) -> Resul
         events: logs.values().map(Vec::len).sum(),
         turns: count("turn.started", None),
         interrupted: count("session.error", Some("interrupted")),
+        resumed: count("turn.resumed", None),
+        exhausted: count("session.error", Some("retries_exhausted")),
         gone,
     })
 }
@@ -1469,7 +1476,8 @@ async fn soak_sigkill_under_mixed_load() {
         println!(
             "cycle {:>2}/{cycles}: killed {delay} ms into the load | acked {appended} events in {requests} requests | \
              turns {} | acp prompts {} | subscribers got {received} events over {reconnects} reconnects | \
-             sessions created {} deleted {} | after restart: {} sessions, {} events, {} turns of which {} closed as interrupted, checked in {} ms",
+             sessions created {} deleted {} | after restart: {} sessions, {} events, {} turns, {} resumes, {} closed after \
+             max_resumes, {} closed as interrupted, checked in {} ms",
             number + 1,
             turns.join(", "),
             soak.acp.acked.len() - before.2 .0,
@@ -1478,9 +1486,12 @@ async fn soak_sigkill_under_mixed_load() {
             checked.sessions,
             checked.events,
             checked.turns,
+            checked.resumed,
+            checked.exhausted,
             checked.interrupted,
             checking.elapsed().as_millis(),
         );
+        assert_eq!(checked.interrupted, 0, "a turn the kill left running was closed, not resumed");
     }
 
     // After the last restart, with no load: every subscriber catches up with its log, and
