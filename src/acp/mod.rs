@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::mcp::McpServerConfig;
-use crate::domain::Block;
+use crate::domain::{Block, EventBody, EventId};
 use door::{Door, DoorError};
 use prompt::{Ended, Prompt};
 
@@ -178,6 +178,8 @@ impl Acp {
     }
 
     /// Replays the whole conversation, then answers (the client reads the updates first).
+    /// A turn still running (one this agent resumed after its process stopped) goes on
+    /// streaming to the client until it ends.
     async fn load_session(&self, request: &LoadSessionRequest, cx: &ConnectionTo<Client>) -> Result<(), Error> {
         absolute(&request.cwd)?;
         let session = request.session_id.0.to_string();
@@ -186,6 +188,9 @@ impl Acp {
         self.door.attach_mcp(&session, mcp).await.map_err(|e| error(e, Some(&session)))?;
         for update in render::replay(&events) {
             cx.send_notification(SessionNotification::new(session.clone(), update))?;
+        }
+        if let Some(last) = events.last().filter(|_| render::running(&events)) {
+            tokio::spawn(follow_running(self.door.clone(), cx.clone(), session, last.id));
         }
         Ok(())
     }
@@ -251,6 +256,43 @@ impl Acp {
         let all = futures_util::future::join_all(running.into_iter().map(|r| r.task));
         if tokio::time::timeout(CLOSE_WAIT, all).await.is_err() {
             tracing::warn!("prompts still running {} s after stdin closed", CLOSE_WAIT.as_secs());
+        }
+    }
+}
+
+/// Streams the rest of a running turn after a load's replay (which ends at `after`, the
+/// last event other than a delta: the deltas after it are the turn's message in progress),
+/// until the turn stops or the client goes. The deltas right after `after` may be of a
+/// message whose process stopped, not yet retracted: they are held until the next other
+/// event says (a `turn.resumed` discards them).
+async fn follow_running(door: Arc<dyn Door>, cx: ConnectionTo<Client>, session: String, after: EventId) {
+    use futures_util::StreamExt;
+    let Ok(mut events) = door.follow(&session, after).await else { return };
+    let mut live = render::Live::default();
+    let mut held = Some(Vec::new());
+    while let Some(Ok(event)) = events.next().await {
+        let mut ready = vec![event];
+        if let Some(waiting) = &mut held {
+            if ready[0].body.is_delta() {
+                waiting.append(&mut ready);
+                continue;
+            }
+            let discarded = match &ready[0].body {
+                EventBody::TurnResumed { discarded, .. } => discarded.clone(),
+                _ => Vec::new(),
+            };
+            let kept = waiting.drain(..).filter(|delta| !render::of_messages(delta, &discarded));
+            ready = kept.chain(ready).collect();
+            held = None;
+        }
+        let Some(event) = ready.pop() else { continue };
+        for update in ready.iter().chain([&event]).flat_map(|e| live.update(e)) {
+            if cx.send_notification(SessionNotification::new(session.clone(), update)).is_err() {
+                return;
+            }
+        }
+        if matches!(event.body, EventBody::StatusIdle { .. } | EventBody::Terminated { .. }) {
+            return;
         }
     }
 }

@@ -108,6 +108,28 @@ impl Chunk {
     }
 }
 
+/// Whether `delta` is a piece of one of these messages.
+pub fn of_messages(delta: &Event, messages: &[String]) -> bool {
+    match &delta.body {
+        EventBody::AgentMessageDelta { message_id, .. } | EventBody::AgentThinkingDelta { message_id, .. } => {
+            messages.contains(message_id)
+        }
+        _ => false,
+    }
+}
+
+/// Whether the session's last turn is still running (started, and not stopped since).
+pub fn running(events: &[Event]) -> bool {
+    let started = events.iter().rposition(|e| matches!(e.body, EventBody::TurnStarted {}));
+    let stopped =
+        events.iter().rposition(|e| matches!(e.body, EventBody::StatusIdle { .. } | EventBody::Terminated { .. }));
+    match (started, stopped) {
+        (Some(started), Some(stopped)) => started > stopped,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
 /// A whole conversation, in log order: user messages block by block, each agent message
 /// and thought whole, each tool call once, with its final status and content.
 pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {

@@ -145,6 +145,16 @@ fn summary(kind: &str, event: &Value) -> String {
             format!("{}: {}", event["code"].as_str().unwrap_or("?"), event["error"].as_str().unwrap_or(""))
         }
         "terminated" => event["reason"].as_str().unwrap_or("").to_string(),
+        "turn.resumed" => {
+            let count = |field: &str| event[field].as_array().map_or(0, Vec::len);
+            format!(
+                "attempt {}: {} message(s) discarded, {} call(s) run again, {} interrupted",
+                event["attempt"],
+                count("discarded"),
+                count("rerun"),
+                count("interrupted")
+            )
+        }
         _ => String::new(),
     };
     clip(line.replace('\n', " "), 200)
