@@ -797,6 +797,38 @@ async fn a_call_left_without_a_result_runs_again_only_if_it_may(log: Backend) {
     assert_eq!(stop(&events).0, StopReason::EndTurn);
 }
 
+async fn calls_left_waiting_for_the_client_keep_waiting_after_a_resume(log: Backend) {
+    let g = given(log, &[]).await;
+    let response = vec![
+        span_start(),
+        EventBody::AgentCustomToolUse { tool_call_id: "c1".into(), name: "get_weather".into(), input: json!({}) },
+        EventBody::ModelRequestEnd {
+            span_id: "span_left".into(),
+            model: "scripted".into(),
+            usage: Usage::default(),
+            is_error: false,
+            model_request_start_id: None,
+            stop_reason: Some(ModelStop::ToolUse),
+        },
+    ];
+    let (turn, mark) = left_running(&g, "/tool get_weather {}", response).await;
+    g.restart().await;
+    let events = g.then_events(mark).await;
+    let call = events.iter().find(|e| matches!(e.body, EventBody::AgentCustomToolUse { .. })).unwrap().id;
+    assert_eq!(resumed(&events), (1, vec![], vec![], vec![]));
+    assert_eq!(stop(&events), (StopReason::RequiresAction, vec![call.to_string()]), "the call still waits");
+    let requests = events.iter().filter(|e| matches!(e.body, EventBody::ModelRequestStart { .. })).count();
+    assert_eq!(requests, 1, "the model is not asked again while the client's result is missing");
+    let result = Input::Result { call: call.to_string(), content: vec![Block::text("sunny")], is_error: false };
+    let mark = g.log().await.len();
+    g.when(vec![result]).await.unwrap();
+    let events = g.then_events(mark).await;
+    assert_eq!(said(&events), ["tool results: get_weather=sunny"], "the result is answered as ever");
+    let resumes = g.log().await.iter().filter(|e| matches!(e.body, EventBody::TurnResumed { .. })).count();
+    assert_eq!(resumes, 1);
+    assert_eq!(events.iter().filter(|e| e.turn_id == Some(turn)).count(), 0, "the resumed turn had stopped");
+}
+
 async fn a_turn_resumed_max_resumes_times_is_closed_saying_why(log: Backend) {
     let g = given(log, &[]).await;
     let again = |attempt| EventBody::TurnResumed {
@@ -1246,6 +1278,7 @@ on_every_log!(
     a_reply_cut_by_a_crash_is_made_again_from_the_history,
     a_call_left_without_a_result_runs_again_only_if_it_may,
     a_turn_resumed_max_resumes_times_is_closed_saying_why,
+    calls_left_waiting_for_the_client_keep_waiting_after_a_resume,
     fetch_url_reaches_only_allowed_hosts,
     an_ask_tool_in_config_asks_even_when_the_client_trusts_it,
     turns_are_indexed_and_their_events_read_back_by_number,
