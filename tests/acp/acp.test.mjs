@@ -511,6 +511,128 @@ for (const mode of ["embedded", "bridge"]) {
   });
 }
 
+// ---------- embedded only: a turn outlives the agent's process ----------
+
+describe("turnlog acp --data-dir: a turn outlives its process", () => {
+  test("SIGKILL mid-reply: the next process resumes the turn by itself; session/load gives the whole reply once (replayed, or followed to its end) and no chunk of the cut message; the log retracts it; a new prompt goes on", TEST, async (t) => {
+    const lab = new Lab(t);
+    const target = await lab.target("embedded");
+    const prompt = "/delay 60\n/words 80"; // 80 words, 60 ms apart: about 5 s
+    const reply = words(80);
+    const isChunk = (u) => u.sessionUpdate === "agent_message_chunk";
+
+    // The first process streams a few words of the reply, and is killed.
+    const child = lab.spawn(target.args);
+    const doomed = new AcpClient(child);
+    let sessionId;
+    let killed = false;
+    await doomed
+      .app()
+      .connectWith(doomed.stream(), async (agent) => {
+        doomed.agent = agent;
+        sessionId = await doomed.openSession();
+        const from = doomed.transcript.length;
+        const asked = agent.request(m.agent.session.prompt, { sessionId, prompt: [{ type: "text", text: prompt }] });
+        asked.catch(() => {}); // never answered: the agent dies first
+        await waitFor(
+          () => updatesIn(doomed.transcript.slice(from), sessionId).filter(isChunk).length >= 3,
+          10_000,
+          () => `three chunks of the reply; updates so far: ${show(updatesIn(doomed.transcript, sessionId))}`,
+        );
+        child.kill("SIGKILL");
+        killed = true;
+        await deadline(child.exited, 5_000, "the killed agent to exit");
+      })
+      .catch((error) => {
+        if (!killed) throw error; // after the kill, the connection dies with the agent
+      });
+    assert.match(sessionId ?? "", SESSION_ID, "the session was made before the kill");
+    const cutChunks = updatesIn(doomed.transcript, sessionId).filter(isChunk);
+    const cutIds = [...new Set(cutChunks.map((u) => u.messageId))];
+    assert.equal(cutIds.length, 1, `the cut reply's chunks share one messageId: ${show(cutChunks)}`);
+    const [cutId] = cutIds;
+    const cutText = cutChunks.map((u) => u.content?.text ?? "").join("");
+    assert.ok(cutText.startsWith("w1") && reply.startsWith(cutText) && !cutText.includes("w80"), `cut mid-reply: ${show(cutText)}`);
+
+    // The next process resumes the turn as it starts; the client loads the session.
+    const { result: newId } = await withAgent(lab, target.args, async (c) => {
+      c.loadsFollowRunningTurn.add(sessionId); // the updates after the load's answer are checked below
+      await c.initialize();
+      const from = c.transcript.length;
+      const loaded = await c.load(sessionId);
+      const answeredAt = loaded.answerIndex;
+      // The load's updates: its replay, then those of the turn if it still runs.
+      const sinceLoad = (to = c.transcript.length) => updatesIn(c.transcript.slice(from, to), sessionId);
+      const byMessage = (updates) => {
+        const texts = new Map();
+        for (const u of updates.filter(isChunk)) texts.set(u.messageId, (texts.get(u.messageId) ?? "") + (u.content?.text ?? ""));
+        return texts;
+      };
+      // The turn ends with its last word: the reply's final event and the turn's end are
+      // stored together, before the load (whole in the replay) or its follow-up shows it.
+      await waitFor(
+        () => [...byMessage(sinceLoad()).values()].some((text) => text.includes("w80")),
+        20_000,
+        () => `the resumed reply's last word; the load's updates: ${show(sinceLoad())}`,
+      );
+      const promptAt = c.transcript.length;
+      const turn = await c.prompt(sessionId, "hi");
+      const loadUpdates = sinceLoad(promptAt);
+      const replayed = loaded.updates;
+      const followed = loadUpdates.slice(replayed.length);
+      t.diagnostic(
+        `the load replayed ${replayed.filter(isChunk).length} agent chunk(s) and ${followed.length} update(s) followed its answer: ` +
+          `the resumed turn was ${replayed.some(isChunk) ? "finished" : "still running"} when it was loaded`,
+      );
+
+      const kinds = [...new Set(loadUpdates.map((u) => u.sessionUpdate))].sort();
+      assert.deepEqual(kinds, ["agent_message_chunk", "user_message_chunk"], `the load says the prompt and the reply: ${show(loadUpdates)}`);
+      const cutAgain = updatesIn(c.transcript, sessionId).filter((u) => isChunk(u) && u.messageId === cutId);
+      assert.deepEqual(cutAgain, [], `no chunk of the cut message (${cutId}) from the new process`);
+      const messages = byMessage(loadUpdates);
+      assert.equal(messages.size, 1, `one agent message for the turn: ${show([...messages])}`);
+      const [[id, text]] = [...messages];
+      assert.notEqual(id, cutId, "the resumed reply is a new message");
+      assert.equal(text, reply, `the whole reply, once: ${show(loadUpdates)}`);
+      assert.deepEqual(
+        comparable(outline(loadUpdates)),
+        [{ kind: "user", text: prompt }, { kind: "agent", text: reply }],
+        `the conversation as the load gave it: ${show(loadUpdates)}`,
+      );
+      assert.ok(followed.every((u) => isChunk(u) && u.messageId === id), `after the load's answer, only the reply's chunks: ${show(followed)}`);
+      assert.ok(answeredAt < promptAt, "the load was answered before the new prompt went out");
+
+      assert.equal(turn.stopReason, "end_turn", about("stop reason", turn));
+      assert.equal(turn.text, "echo: hi", about("reply text", turn));
+      return id;
+    });
+
+    // The log, read through a server on the same data dir.
+    const server = await lab.startServer({ dataDir: target.dataDir });
+    const log = [];
+    for (let after = null; ; ) {
+      const page = await getJson(`${server.url}/sessions/${sessionId}/events?limit=500${after ? `&after_id=${after}` : ""}`);
+      log.push(...page.data);
+      if (!page.has_more) break;
+      after = page.last_id;
+    }
+    const ofType = (type) => log.filter((e) => e.type === type);
+    const types = show(log.filter((e) => !e.type.endsWith(".delta")).map((e) => e.type));
+    const resumed = ofType("turn.resumed");
+    assert.equal(resumed.length, 1, `one turn.resumed: ${types}`);
+    assert.deepEqual(resumed[0].discarded, [cutId], `turn.resumed discards the cut message: ${show(resumed[0])}`);
+    assert.ok(ofType("agent.message.delta").some((d) => d.message_id === cutId), `the cut message's deltas are in the log: ${types}`);
+    const said = ofType("agent.message").map((e) => [e.message_id, (e.content ?? []).map((b) => b.text ?? "").join("")]);
+    assert.equal(said.filter(([, text]) => text === reply).length, 1, `one agent.message with the whole reply: ${show(said)}`);
+    assert.deepEqual(said.map(([, text]) => text), [reply, "echo: hi"], `the agent's messages: ${show(said)}`);
+    assert.equal(said[0][0], newId, "the reply's message id is the one the load gave");
+    assert.deepEqual(ofType("session.error"), [], `no session.error: ${types}`);
+    const idle = ofType("session.status_idle");
+    assert.deepEqual(idle.map((e) => e.stop_reason?.type), ["end_turn", "end_turn"], `the resumed turn and the new one end end_turn: ${types}`);
+    assert.equal(idle[0].turn_id, resumed[0].turn_id, `the first end is the resumed turn's: ${show(idle[0])}`);
+  });
+});
+
 // ---------- bridge only: the server's own views, and API keys ----------
 
 describe("turnlog acp --server: the session lives in the server's log", () => {

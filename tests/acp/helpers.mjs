@@ -251,6 +251,12 @@ export class AcpClient {
     /** What to answer a permission request: an option kind, "cancelled", or "hold". */
     this.permissionPolicy = "cancelled";
     this.detached = false;
+    /**
+     * Sessions whose `session/load` may be followed by updates after its answer: a load of a
+     * session whose turn still runs goes on streaming that turn until it ends. A test that
+     * adds a session here checks those updates itself; `lateUpdates` leaves them out.
+     */
+    this.loadsFollowRunningTurn = new Set();
   }
 
   /** The SDK stream over the child's stdio, recording each line before the SDK sees it. */
@@ -469,6 +475,7 @@ export class AcpClient {
       if (e.dir !== "in" || !isResponse(e.msg) || !("result" in e.msg)) return;
       const request = requests.get(e.msg.id);
       if (!["session/prompt", "session/load"].includes(request?.method)) return;
+      if (request.method === "session/load" && this.loadsFollowRunningTurn.has(request.params.sessionId)) return;
       for (const next of this.transcript.slice(i + 1)) {
         if (next.dir === "out" && isRequest(next.msg)) break;
         if (next.dir === "in" && isUpdate(next.msg, request.params.sessionId)) late.push({ after: request.method, update: next.msg.params.update });

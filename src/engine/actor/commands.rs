@@ -158,13 +158,15 @@ impl Actor {
             }
         };
         self.env.log.fold(self.session, Position::default(), fold).await?;
-        let agent = session_agent(&self.env.agents, &self.folded.summary);
-        let resume = match &agent {
-            Ok(_) => decide::resume(turn, &progress, &self.folded.state, self.env.settings.turns.max_resumes),
-            Err(error) => Resume::Close(decide::abandoned(turn, &error.to_string())),
+        let (agent, resume) = match session_agent(&self.env.agents, &self.folded.summary) {
+            Ok(agent) => {
+                let max_resumes = self.env.settings.turns.max_resumes;
+                (Some(agent), decide::resume(turn, &progress, &self.folded.state, max_resumes))
+            }
+            Err(error) => (None, Resume::Close(decide::abandoned(turn, &error.to_string()))),
         };
         match (resume, agent) {
-            (Resume::Go(drafts, point), Ok(agent)) => {
+            (Resume::Go(drafts, point), Some(agent)) => {
                 // Durable before the turn goes on: a crash in it counts as one more resume.
                 self.append_durably(drafts).await?;
                 metrics::TURNS_RESUMED.inc();
@@ -172,7 +174,7 @@ impl Actor {
                     "resuming a turn its process left running");
                 self.start_turn(turn, agent, Some(point));
             }
-            (Resume::Close(drafts), _) | (Resume::Go(drafts, _), Err(_)) => {
+            (Resume::Close(drafts), _) | (Resume::Go(drafts, _), None) => {
                 self.append_durably(drafts).await?;
                 metrics::TURNS.with_label_values(&[StopReason::Error.as_str()]).inc();
                 tracing::warn!(session_id = %self.session, turn_id = %turn, resumes = progress.resumes,

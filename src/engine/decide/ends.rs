@@ -63,13 +63,8 @@ pub fn end_turn(turn: TurnId, outcome: &Outcome) -> Vec<Draft> {
     drafts
 }
 
-/// The closing events of a turn that nothing runs any more (a crash, or a node that died).
-pub fn interrupted(turn: TurnId) -> Vec<Draft> {
-    abandoned(turn, "the server stopped while this turn was running")
-}
-
-/// The end of a turn nothing runs any more: `session.error` (`interrupted`, saying `why`)
-/// and an idle status.
+/// The end of a turn nothing runs and nothing will resume (a session closed, or a replay
+/// ended, while it ran): `session.error` (`interrupted`, saying `why`) and an idle status.
 pub fn abandoned(turn: TurnId, why: &str) -> Vec<Draft> {
     let error = EventBody::SessionError { error: why.into(), code: "interrupted".into(), mcp_server: None };
     vec![Draft::new(Some(turn), &error), Draft::new(Some(turn), &idle(StopReason::Error, vec![], Usage::default()))]
