@@ -262,31 +262,15 @@ impl Acp {
 
 /// Streams the rest of a running turn after a load's replay (which ends at `after`, the
 /// last event other than a delta: the deltas after it are the turn's message in progress),
-/// until the turn stops or the client goes. The deltas right after `after` may be of a
-/// message whose process stopped, not yet retracted: they are held until the next other
-/// event says (a `turn.resumed` discards them).
+/// until the turn stops or the client goes. A turn a stopped process left is resumed (its
+/// cut message retracted) before a start serves anyone, so these deltas are of a message
+/// that is being said.
 async fn follow_running(door: Arc<dyn Door>, cx: ConnectionTo<Client>, session: String, after: EventId) {
     use futures_util::StreamExt;
     let Ok(mut events) = door.follow(&session, after).await else { return };
     let mut live = render::Live::default();
-    let mut held = Some(Vec::new());
     while let Some(Ok(event)) = events.next().await {
-        let mut ready = vec![event];
-        if let Some(waiting) = &mut held {
-            if ready[0].body.is_delta() {
-                waiting.append(&mut ready);
-                continue;
-            }
-            let discarded = match &ready[0].body {
-                EventBody::TurnResumed { discarded, .. } => discarded.clone(),
-                _ => Vec::new(),
-            };
-            let kept = waiting.drain(..).filter(|delta| !render::of_messages(delta, &discarded));
-            ready = kept.chain(ready).collect();
-            held = None;
-        }
-        let Some(event) = ready.pop() else { continue };
-        for update in ready.iter().chain([&event]).flat_map(|e| live.update(e)) {
+        for update in live.update(&event) {
             if cx.send_notification(SessionNotification::new(session.clone(), update)).is_err() {
                 return;
             }

@@ -108,16 +108,6 @@ impl Chunk {
     }
 }
 
-/// Whether `delta` is a piece of one of these messages.
-pub fn of_messages(delta: &Event, messages: &[String]) -> bool {
-    match &delta.body {
-        EventBody::AgentMessageDelta { message_id, .. } | EventBody::AgentThinkingDelta { message_id, .. } => {
-            messages.contains(message_id)
-        }
-        _ => false,
-    }
-}
-
 /// Whether the session's last turn is still running (started, and not stopped since).
 pub fn running(events: &[Event]) -> bool {
     let started = events.iter().rposition(|e| matches!(e.body, EventBody::TurnStarted {}));

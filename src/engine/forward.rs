@@ -52,7 +52,7 @@ impl ReplyTo {
             }
             (Remote::Submit(submission), ReplyTo::Submitted(reply)) => Command::Submit(submission, reply),
             (Remote::Close(closing), ReplyTo::Done(reply)) => Command::Close(closing, reply),
-            _ => Command::Wake,
+            _ => Command::Wake(None),
         })
     }
 }
@@ -67,7 +67,7 @@ fn remote(session: SessionId, node: &str, command: Command) -> Option<(Remote, R
         }
         Command::Submit(submission, reply) => (Remote::Submit(submission), ReplyTo::Submitted(reply)),
         Command::Close(closing, reply) => (Remote::Close(closing), ReplyTo::Done(reply)),
-        Command::Wake => (Remote::Wake, ReplyTo::Nothing),
+        Command::Wake(_) => (Remote::Wake, ReplyTo::Nothing),
         // A replay re-emits into a session whose actor runs on its own node (which keeps
         // it while the replay runs); one that has moved to another node ends the replay.
         Command::Copy(_, reply) => {
@@ -165,7 +165,7 @@ impl Engine {
             },
             Remote::Submit(submission) => self.submit(session, *submission).await.map(|s| Answer::submitted(&s)),
             Remote::Close(closing) => self.close(session, closing).await.map(|()| Answer::Done),
-            Remote::Wake => self.send(session, Command::Wake).await.map(|()| Answer::Done),
+            Remote::Wake => self.send(session, Command::Wake(None)).await.map(|()| Answer::Done),
         };
         answered.unwrap_or_else(failed)
     }

@@ -23,8 +23,9 @@ pub(super) enum Command {
     /// Stop now, leaving the running turn as the log shows it, to be resumed by the next
     /// actor of the session (after a restart, or on another node).
     Leave(oneshot::Sender<()>),
-    /// Nothing to do but load: the actor then answers the messages that wait.
-    Wake,
+    /// Nothing to do but load (which resumes a turn left running): the actor then answers
+    /// the messages that wait. Answered, if asked, once loaded.
+    Wake(Option<oneshot::Sender<()>>),
     /// Events of another session's log, re-emitted as they are (a replay session's):
     /// appended after the session's last, answered with them once durable.
     Copy(Vec<Draft>, Answer<Vec<RawEvent>>),
@@ -82,7 +83,7 @@ impl Command {
             }
             Command::Copy(_, reply) => drop(reply.send(Err(failure()))),
             Command::Stop(reply) | Command::Leave(reply) => drop(reply.send(())),
-            Command::TurnEnded(..) | Command::Wake => {}
+            Command::TurnEnded(..) | Command::Wake(_) => {}
         }
     }
 }

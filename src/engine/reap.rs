@@ -28,7 +28,7 @@ impl Engine {
                     continue;
                 }
                 if let Ok(None) = cluster.holder(session).await {
-                    if let Err(error) = self.send(session, Command::Wake).await {
+                    if let Err(error) = self.send(session, Command::Wake(None)).await {
                         tracing::warn!(%error, session_id = %session, "could not take over a session left running");
                     }
                 }

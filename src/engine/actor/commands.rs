@@ -29,7 +29,7 @@ impl Actor {
             Command::Submit(submission, reply) => self.submit(*submission, reply).await,
             Command::TurnEnded(turn, outcome) => self.end_turn(turn, outcome).await,
             Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
-            Command::Wake => {}
+            Command::Wake(loaded) => drop(loaded.map(|loaded| loaded.send(()))),
             Command::Copy(drafts, reply) => self.copy(drafts, reply).await,
             Command::EndReplay(reply) => {
                 let ended = match (&self.folded.state.phase, &self.running) {

@@ -268,7 +268,7 @@ fn bounce(command: Command, session: SessionId) {
     match command {
         Command::Submit(submission, reply) => drop(reply.send(Reply::Again(submission))),
         // Dropping the reply sends these on to the next actor.
-        Command::Close(..) | Command::TurnEnded(..) | Command::Wake => {}
+        Command::Close(..) | Command::TurnEnded(..) | Command::Wake(_) => {}
         Command::Create(_, reply) => drop(reply.send(Err(exists(session)))),
         Command::Stop(reply) | Command::Leave(reply) => drop(reply.send(())),
         Command::Copy(_, reply) => drop(reply.send(Err(SessionError::ShuttingDown))),
