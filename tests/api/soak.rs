@@ -622,8 +622,9 @@ pub(super) struct AcpProcess {
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
     next_id: u64,
-    /// The text of the `agent_message_chunk` updates since the last request.
-    chunks: String,
+    /// The text of the `agent_message_chunk` updates since the last request, by message id
+    /// in the order the messages began.
+    chunks: Vec<(String, String)>,
 }
 
 /// Why a call got no result.
@@ -636,6 +637,20 @@ enum Failed {
 }
 
 impl AcpProcess {
+    /// Checks that the last prompt's chunks said `expected`: one message, or (when a node's
+    /// death cut a reply and the turn was resumed on another node) cut attempts that each
+    /// said a beginning of it, each under its own message id, and then all of it.
+    fn said(&self, expected: &str) {
+        let Some(((_, reply), cut)) = self.chunks.split_last() else { panic!("acp: no reply streamed") };
+        assert_eq!(reply, expected, "acp: the streamed reply");
+        for (id, text) in cut {
+            assert!(
+                expected.starts_with(text.as_str()),
+                "acp: message {id} is not a cut attempt of the reply: {text:?}"
+            );
+        }
+    }
+
     pub fn spawn(url: &str, log: &std::path::Path) -> (Child, AcpProcess) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_turnlog"))
             .args(["acp", "--server", url])
@@ -649,7 +664,7 @@ impl AcpProcess {
             .expect("spawn turnlog acp");
         let stdin = child.stdin.take().unwrap();
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        (child, AcpProcess { stdin, lines, next_id: 0, chunks: String::new() })
+        (child, AcpProcess { stdin, lines, next_id: 0, chunks: Vec::new() })
     }
 
     async fn call(&mut self, method: &str, params: Value) -> Result<Value, Failed> {
@@ -672,7 +687,12 @@ impl AcpProcess {
                 assert!(message.get("id").is_none(), "acp: the agent asked the client something: {line}");
                 let update = &message["params"]["update"];
                 if message["method"] == "session/update" && update["sessionUpdate"] == "agent_message_chunk" {
-                    self.chunks.push_str(update["content"]["text"].as_str().unwrap_or_default());
+                    let id = update["messageId"].as_str().unwrap_or_default();
+                    let text = update["content"]["text"].as_str().unwrap_or_default();
+                    match self.chunks.last_mut() {
+                        Some((last, said)) if last == id => said.push_str(text),
+                        _ => self.chunks.push((id.to_string(), text.to_string())),
+                    }
                 }
                 continue;
             }
@@ -754,7 +774,7 @@ pub(super) async fn acp(
             return state;
         }
         assert_eq!(answer, json!({"stopReason": "end_turn"}), "acp: session/prompt");
-        assert_eq!(process.chunks, expected, "acp: the streamed reply");
+        process.said(&expected);
         state.acked.push(expected);
     }
 }
@@ -1382,7 +1402,7 @@ pub(super) async fn finish(
         let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
         let answer = process.call("session/prompt", params).await.expect("acp: a prompt after the last restart");
         assert_eq!(answer, json!({"stopReason": "end_turn"}));
-        assert_eq!(process.chunks, expected);
+        process.said(&expected);
     }
     drop(process.stdin);
     let exit = tokio::time::timeout(WAIT, child.wait()).await.expect("acp exits once its stdin closes");
