@@ -118,51 +118,59 @@ async fn renew(
             _ = tokio::time::sleep(RETRY), if again => {}
         }
         let sent = tokio::time::Instant::now();
-        let update = leases.update(&key, Bytes::from(node.clone()), revision);
-        let answer = tokio::select! {
+        let renewal = tokio::select! {
             _ = stop.cancelled() => return revision,
             _ = tokio::time::sleep_until(valid_until) => return expired(revision),
-            answer = update => answer,
+            renewal = renew_once(&leases, &key, &node, revision) => renewal,
         };
-        again = match answer {
-            Ok(next) => {
+        again = match renewal {
+            Renewal::Renewed(next) => {
                 revision = next;
                 valid_until = sent + ttl - margin;
                 metrics::LEASE_CHANGES.with_label_values(&["renewed"]).inc();
                 false
             }
-            // An update whose answer was lost (a leader election) may have landed: the entry
-            // then still names this node, at a later revision, and the lease is still this
-            // node's.
-            Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                let entry = tokio::select! {
-                    _ = stop.cancelled() => return revision,
-                    _ = tokio::time::sleep_until(valid_until) => return expired(revision),
-                    entry = leases.entry(&key) => entry,
-                };
-                match entry {
-                    Ok(Some(entry)) if entry.operation == kv::Operation::Put && entry.value == node.as_bytes() => {
-                        tracing::info!(session = %key, "a renewal had landed unanswered; the lease is still this node's");
-                        revision = entry.revision;
-                        valid_until = sent + ttl - margin;
-                        false
-                    }
-                    Ok(_) => {
-                        tracing::warn!(session = %key, "another node took this node's lease");
-                        lost.cancel();
-                        return revision;
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, session = %key, "could not read a lease back; trying again");
-                        true
-                    }
-                }
+            Renewal::Taken => {
+                tracing::warn!(session = %key, "another node took this node's lease");
+                lost.cancel();
+                return revision;
             }
-            Err(error) => {
-                tracing::warn!(%error, session = %key, "could not renew a lease; trying again");
-                true
-            }
+            Renewal::Failed => true,
         };
+    }
+}
+
+/// What one renewal found.
+enum Renewal {
+    /// The lease is this node's, at this revision.
+    Renewed(u64),
+    Taken,
+    /// No answer to go by (the bucket electing a leader, say): try again.
+    Failed,
+}
+
+/// One revision-checked update of the lease. One refused for its revision may have lost
+/// only its answer (an update answered into a leader election had landed): the entry is
+/// read back, and the lease is still this node's if it names this node.
+async fn renew_once(leases: &kv::Store, key: &str, node: &str, revision: u64) -> Renewal {
+    let error = match leases.update(key, Bytes::from(node.to_string()), revision).await {
+        Ok(next) => return Renewal::Renewed(next),
+        Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => error,
+        Err(error) => {
+            tracing::warn!(%error, session = %key, "could not renew a lease; trying again");
+            return Renewal::Failed;
+        }
+    };
+    match leases.entry(key).await {
+        Ok(Some(entry)) if entry.operation == kv::Operation::Put && entry.value == node.as_bytes() => {
+            tracing::info!(session = %key, "a renewal had landed unanswered; the lease is still this node's");
+            Renewal::Renewed(entry.revision)
+        }
+        Ok(_) => Renewal::Taken,
+        Err(read) => {
+            tracing::warn!(%error, %read, session = %key, "could not read a lease back; trying again");
+            Renewal::Failed
+        }
     }
 }
 

@@ -99,6 +99,14 @@ async fn a_reply_cut_by_sigkill_goes_on_after_a_restart_as_one_continuous_turn()
     assert!(of_type(&log, "session.error").is_empty(), "nothing closed as interrupted");
     assert_eq!(of_type(&log, "session.status_idle").len(), 1, "the turn ends once");
     assert_eq!(app.metric("turnlog_turns_resumed_total").await, 1.0);
+
+    // The AAP history holds the whole reply once, and nothing of the cut one.
+    let history: Value =
+        app.get(&format!("/sessions/{session}/history?type=full")).send().await.unwrap().json().await.unwrap();
+    let messages = history["history"]["full"].as_array().unwrap_or_else(|| panic!("{history}"));
+    let said: Vec<&Value> = messages.iter().filter(|m| m["role"] == "assistant").collect();
+    assert_eq!(said.len(), 1, "{history}");
+    assert_eq!(said[0]["content"], words(60), "{history}");
 }
 
 #[tokio::test]
