@@ -718,6 +718,18 @@ fn span_start() -> EventBody {
     EventBody::ModelRequestStart { model: "scripted".into(), span_id: "span_left".into() }
 }
 
+/// The end of [`span_start`]'s request, whole.
+fn span_end(stop: ModelStop) -> EventBody {
+    EventBody::ModelRequestEnd {
+        span_id: "span_left".into(),
+        model: "scripted".into(),
+        usage: Usage::default(),
+        is_error: false,
+        model_request_start_id: None,
+        stop_reason: Some(stop),
+    }
+}
+
 fn resumed(events: &[Event]) -> (u32, Vec<String>, Vec<EventId>, Vec<EventId>) {
     let found = events.iter().find_map(|e| match &e.body {
         EventBody::TurnResumed { attempt, discarded, rerun, interrupted, .. } => {
@@ -770,14 +782,7 @@ async fn a_call_left_without_a_result_runs_again_only_if_it_may(log: Backend) {
         call("calculator", json!({"expression": "1+1"}), true),
         // As a tool that may not run twice would be recorded.
         call("current_time", json!({}), false),
-        EventBody::ModelRequestEnd {
-            span_id: "span_left".into(),
-            model: "scripted".into(),
-            usage: Usage::default(),
-            is_error: false,
-            model_request_start_id: None,
-            stop_reason: Some(ModelStop::ToolUse),
-        },
+        span_end(ModelStop::ToolUse),
     ];
     let (_, mark) = left_running(&g, "/tool calculator {}\n/tool current_time {}", response).await;
     let log = g.log().await;
@@ -802,14 +807,7 @@ async fn calls_left_waiting_for_the_client_keep_waiting_after_a_resume(log: Back
     let response = vec![
         span_start(),
         EventBody::AgentCustomToolUse { tool_call_id: "c1".into(), name: "get_weather".into(), input: json!({}) },
-        EventBody::ModelRequestEnd {
-            span_id: "span_left".into(),
-            model: "scripted".into(),
-            usage: Usage::default(),
-            is_error: false,
-            model_request_start_id: None,
-            stop_reason: Some(ModelStop::ToolUse),
-        },
+        span_end(ModelStop::ToolUse),
     ];
     let (turn, mark) = left_running(&g, "/tool get_weather {}", response).await;
     g.restart().await;

@@ -1,11 +1,13 @@
 """The real turnlog binary for the Python suites (managed agents, harness): started on a
 free loopback port with a temp data dir and a config of the suite's own."""
 
+import contextlib
 import hashlib
 import os
 import pathlib
 import signal
 import subprocess
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BINARY = os.environ.get("TURNLOG_BIN", str(ROOT / "target" / "debug" / "turnlog"))
@@ -60,3 +62,14 @@ class Server:
         self.process.kill()
         assert self.process.wait(timeout=30) == -signal.SIGKILL, "turnlog died of the SIGKILL"
         self.process.stdout.close()
+
+
+@contextlib.contextmanager
+def own_server(config: str):
+    """A server of a test's own, in a temp dir of its own (killing it disturbs no other
+    test); stopped at the end if it is still running."""
+    with tempfile.TemporaryDirectory() as root:
+        running = Server(root, config)
+        yield running
+        if running.process.poll() is None:
+            running.stop()

@@ -3,13 +3,12 @@ streams a reply, the server starts again and the turn goes on from its log. A su
 that resumes the turn's stream after the last frame it saw gets the new attempt, numbered
 on, and one `turn.done`; the turn's list holds the whole reply once, no half message."""
 
-import tempfile
 import time
 
 import pytest
 
 from conftest import CONFIG, merged, message, sdk
-from turnlog_server import Server
+from turnlog_server import own_server
 
 WORDS = " ".join(f"w{i}" for i in range(1, 61))
 
@@ -17,11 +16,8 @@ WORDS = " ".join(f"w{i}" for i in range(1, 61))
 @pytest.fixture
 def killable():
     """A server of the test's own (killing it disturbs no other test)."""
-    with tempfile.TemporaryDirectory() as root:
-        running = Server(root, CONFIG)
+    with own_server(CONFIG) as running:
         yield running
-        if running.process.poll() is None:
-            running.stop()
 
 
 def test_a_turn_killed_mid_reply_resumes_its_stream_with_the_new_attempt(killable):

@@ -3,7 +3,6 @@ it streams a reply, the server starts again and the turn goes on from its log. T
 shows `session.status_rescheduled` (Anthropic's event for a session scheduled again), then
 the whole reply once, and the turn ends."""
 
-import tempfile
 import time
 
 import httpx2
@@ -11,7 +10,7 @@ import pytest
 from anthropic.types.beta.sessions import BetaManagedAgentsSessionStatusRescheduledEvent
 
 from conftest import ALICE, CONFIG, message, sdk
-from turnlog_server import Server
+from turnlog_server import own_server
 
 WORDS = " ".join(f"w{i}" for i in range(1, 61))
 
@@ -19,11 +18,8 @@ WORDS = " ".join(f"w{i}" for i in range(1, 61))
 @pytest.fixture
 def killable():
     """A server of the test's own (killing it disturbs no other test)."""
-    with tempfile.TemporaryDirectory() as root:
-        running = Server(root, CONFIG)
+    with own_server(CONFIG) as running:
         yield running
-        if running.process.poll() is None:
-            running.stop()
 
 
 def until(what: str, probe, deadline_s: float = 30):
