@@ -33,6 +33,7 @@ impl Cluster {
             let config = format!(
                 "[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {}\nreplicas = 3\nnode = \"{name}\"\n\
                  lease_ttl_secs = {LEASE_TTL_SECS}\n\
+                 [shutdown]\ngrace_ms = 300\n\
                  [agents.other]\nsystem = \"Another.\"\nmodel = {{ provider = \"scripted\", name = \"scripted\" }}\n",
                 nats.toml_servers()
             );
@@ -375,6 +376,35 @@ async fn turns_ride_through_the_death_of_the_leases_buckets_leader() {
         assert_eq!(said.len(), 1, "{kinds:?}");
         assert_eq!(said[0]["content"][0]["text"], whole.as_str());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_mid_turn_hands_the_turn_over_to_another() {
+    let _heavy = crate::helpers::HEAVY.lock().await;
+    let mut cluster = Cluster::start().await;
+    let session = cluster.nodes[0].create_session().await;
+    let mut on_b = sse(cluster.nodes[1].stream(&session, None, None).await);
+    // Posted to A, which runs the session: 80 words at 40 ms, longer than A's 300 ms grace.
+    let long = json!({"type": "user.message", "content": "/words 80\n/delay 40"});
+    assert_eq!(cluster.nodes[0].post_event(&session, long).await.status(), 200);
+    until(&mut on_b, "agent.message.delta", 10).await;
+    let stopping = Instant::now();
+    let status = cluster.nodes[0].terminate().await;
+    assert!(status.success(), "{status:?}");
+
+    // A left the turn and gave its lease up: another node resumes it at once, not a time to
+    // live later, and finishes it.
+    let resumed = until(&mut on_b, "turn.resumed", 10).await;
+    let taken_over = stopping.elapsed();
+    assert!(taken_over < Duration::from_secs(LEASE_TTL_SECS), "before the lease could expire: {taken_over:?}");
+    assert!(resumed.iter().all(|e| e.data["type"] != "session.status_idle"), "A recorded no end");
+    let finished = until(&mut on_b, "session.status_idle", 20).await;
+    let whole = (1..=80).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+    let said: Vec<&Sse> = finished.iter().filter(|e| e.data["type"] == "agent.message").collect();
+    assert_eq!(said.len(), 1, "one whole message");
+    assert_eq!(said[0].data["content"][0]["text"], whole.as_str());
+    assert_eq!(finished.last().unwrap().data["stop_reason"]["type"], "end_turn");
+    assert!(resumed.iter().chain(&finished).all(|e| e.data["type"] != "session.error"), "nothing closed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
