@@ -100,6 +100,12 @@ async fn a_reply_cut_by_sigkill_goes_on_after_a_restart_as_one_continuous_turn()
     assert_eq!(of_type(&log, "session.status_idle").len(), 1, "the turn ends once");
     assert_eq!(app.metric("turnlog_turns_resumed_total").await, 1.0);
 
+    // The hash chain goes on through the resume.
+    let audit: Value =
+        app.get(&format!("/sessions/{session}/audit?verify=true")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(audit["verified"], true, "{audit}");
+    assert_eq!(audit["sequence_number"], log.len() as u64, "{audit}");
+
     // The AAP history holds the whole reply once, and nothing of the cut one.
     let history: Value =
         app.get(&format!("/sessions/{session}/history?type=full")).send().await.unwrap().json().await.unwrap();
