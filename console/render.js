@@ -213,9 +213,12 @@ export class SessionRenderer {
         this.finishStreaming();
         this.ended = true;
         return this.note('terminated', `Session ended${e.reason ? `: ${e.reason}` : ''}`);
+      case 'session.status_running':
+        // Running again after a resume: a later failed request is a failure again.
+        this.resumed.delete(e.turn_id);
+        return undefined;
       // Plumbing a reader does not need in the transcript; the raw table has them.
       case 'turn.started':
-      case 'session.status_running':
       case 'span.model_request_start':
         return undefined;
       default:

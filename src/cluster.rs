@@ -110,6 +110,9 @@ async fn renew(
     // After a failed renewal (the bucket electing a leader, say), the next try comes soon,
     // not a third of the time to live later.
     let mut again = false;
+    // When the first renewal not yet confirmed was sent: one whose answer was lost may have
+    // landed then, and the entry expires a time to live after it.
+    let mut unconfirmed: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return revision,
@@ -118,6 +121,7 @@ async fn renew(
             _ = tokio::time::sleep(RETRY), if again => {}
         }
         let sent = tokio::time::Instant::now();
+        let first = *unconfirmed.get_or_insert(sent);
         let renewal = tokio::select! {
             _ = stop.cancelled() => return revision,
             _ = tokio::time::sleep_until(valid_until) => return expired(revision),
@@ -127,8 +131,18 @@ async fn renew(
             Renewal::Renewed(next) => {
                 revision = next;
                 valid_until = sent + ttl - margin;
+                unconfirmed = None;
                 metrics::LEASE_CHANGES.with_label_values(&["renewed"]).inc();
                 false
+            }
+            // An earlier renewal landed unanswered, when is not known: the lease holds for
+            // a time to live after the earliest it can have been sent, and is renewed
+            // again at once to be sure of more.
+            Renewal::Landed(next) => {
+                revision = next;
+                valid_until = valid_until.max(first + ttl - margin);
+                unconfirmed = None;
+                true
             }
             Renewal::Taken => {
                 tracing::warn!(session = %key, "another node took this node's lease");
@@ -142,8 +156,10 @@ async fn renew(
 
 /// What one renewal found.
 enum Renewal {
-    /// The lease is this node's, at this revision.
+    /// This renewal is stored: the lease is this node's, at this revision.
     Renewed(u64),
+    /// An earlier renewal, unanswered, was stored: the lease is this node's, at this revision.
+    Landed(u64),
     Taken,
     /// No answer to go by (the bucket electing a leader, say): try again.
     Failed,
@@ -164,7 +180,7 @@ async fn renew_once(leases: &kv::Store, key: &str, node: &str, revision: u64) ->
     match leases.entry(key).await {
         Ok(Some(entry)) if entry.operation == kv::Operation::Put && entry.value == node.as_bytes() => {
             tracing::info!(session = %key, "a renewal had landed unanswered; the lease is still this node's");
-            Renewal::Renewed(entry.revision)
+            Renewal::Landed(entry.revision)
         }
         Ok(_) => Renewal::Taken,
         Err(read) => {

@@ -262,9 +262,10 @@ impl Acp {
 
 /// Streams the rest of a running turn after a load's replay (which ends at `after`, the
 /// last event other than a delta: the deltas after it are the turn's message in progress),
-/// until the turn stops or the client goes. A turn a stopped process left is resumed (its
-/// cut message retracted) before a start serves anyone, so these deltas are of a message
-/// that is being said.
+/// until the turn stops or the client goes. On one node, a turn a stopped process left is
+/// resumed (its cut message retracted) before the start serves anyone, so these deltas are
+/// of a message being said; through a cluster node, a load that comes before another node
+/// has taken a dead node's turn over may stream the cut message's deltas too.
 async fn follow_running(door: Arc<dyn Door>, cx: ConnectionTo<Client>, session: String, after: EventId) {
     use futures_util::StreamExt;
     let Ok(mut events) = door.follow(&session, after).await else { return };

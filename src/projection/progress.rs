@@ -24,6 +24,8 @@ pub struct TurnProgress {
     pub unfinished: Vec<String>,
     /// Calls the server runs (allowed at once) with no result yet, in call order.
     pub running_calls: Vec<PendingCall>,
+    /// Whether the user interrupted the turn (its end as cancelled is not recorded).
+    pub interrupted: bool,
     /// Calls denied at once whose denial is not recorded yet.
     pub denied: Vec<(EventId, String, String)>,
     /// Whether the request open (or last ended) made calls: they are recorded before its end.
@@ -84,6 +86,7 @@ impl TurnProgress {
                 self.running_calls.retain(|call| call.event_id != *tool_use_id);
                 self.denied.retain(|(id, ..)| id != tool_use_id);
             }
+            EventBody::UserInterrupt {} => self.interrupted = true,
             EventBody::TurnResumed { attempt, discarded, .. } => {
                 self.resumes = self.resumes.max(*attempt);
                 self.unfinished.retain(|id| !discarded.contains(id));

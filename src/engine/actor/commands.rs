@@ -23,6 +23,9 @@ use crate::projection::progress::TurnProgress;
 use crate::projection::turns::Phase;
 use crate::store::Position;
 
+/// How many times a resume decides again when another writer appended as it decided.
+const RESUME_ATTEMPTS: usize = 3;
+
 impl Actor {
     pub(super) async fn handle(&mut self, command: Command) {
         match command {
@@ -137,21 +140,39 @@ impl Actor {
     /// started (its process stopped, or its node lost the session's lease). The turn goes on
     /// from its log, or is closed if it was resumed `turns.max_resumes` times already.
     pub(super) async fn resume_orphan(&mut self) {
-        let Phase::Running(turn) = self.folded.state.phase else { return };
         // A replay's copied turn runs nowhere: the replay goes on with it.
         if self.env.replays.contains(self.session) {
             return;
         }
-        if let Err(error) = self.resume(turn).await {
-            tracing::warn!(%error, session_id = %self.session, turn_id = %turn, "could not resume a turn left running");
+        for _ in 0..RESUME_ATTEMPTS {
+            let Phase::Running(turn) = self.folded.state.phase else { return };
+            match self.resume(turn).await {
+                Ok(()) => return,
+                // Another writer's events came (a stopped node's last append, landing late):
+                // read them and decide again.
+                Err(SessionError::Conflict(_)) => {
+                    if let Err(error) = self.catch_up().await {
+                        tracing::warn!(%error, session_id = %self.session, "could not read the log again to resume");
+                        return;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, session_id = %self.session, turn_id = %turn, "could not resume a turn left running");
+                    return;
+                }
+            }
         }
+        tracing::warn!(session_id = %self.session, "the log kept changing under a resume; the turn is left running");
     }
 
+    /// Decides how `turn` goes on from its events (read up to where this actor has folded
+    /// the session), and appends that only if nothing was appended since.
     async fn resume(&mut self, turn: TurnId) -> Result<(), SessionError> {
         // The turn's own events, deltas and spans included, which the actor's folds skip.
         let mut progress = TurnProgress::new(turn);
+        let upto = self.folded.seen.seq;
         let fold = |raw: &RawEvent| {
-            if raw.turn().is_some_and(|(of, _)| of == turn) {
+            if raw.seq <= upto && raw.turn().is_some_and(|(of, _)| of == turn) {
                 if let Ok(event) = raw.decode() {
                     progress.apply(&event);
                 }
@@ -165,20 +186,30 @@ impl Actor {
             }
             Err(error) => (None, Resume::Close(decide::abandoned(turn, &error.to_string()))),
         };
-        match (resume, agent) {
-            (Resume::Go(drafts, point), Some(agent)) => {
-                // Durable before the turn goes on: a crash in it counts as one more resume.
-                self.append_durably(drafts).await?;
+        let (drafts, go) = match (resume, agent) {
+            (Resume::Go(drafts, point), Some(agent)) => (drafts, Some((point, agent))),
+            (Resume::Close(drafts), _) | (Resume::Go(drafts, _), None) => (drafts, None),
+        };
+        let session = self.session;
+        let unchanged = |folded: &super::folded::Folded| match folded.seen.seq == upto {
+            true => Ok(Decision { drafts: drafts.clone(), ..Decision::default() }),
+            false => Err(SessionError::Conflict(format!("session {session}'s log changed as its turn was resumed"))),
+        };
+        let (_, _, durable) = self.apply(unchanged).await?;
+        // Durable before the turn goes on: a crash in it counts as one more resume.
+        durable.wait().await?;
+        match go {
+            Some((point, agent)) => {
                 metrics::TURNS_RESUMED.inc();
                 tracing::warn!(session_id = %self.session, turn_id = %turn, attempt = progress.resumes + 1,
                     "resuming a turn its process left running");
                 self.start_turn(turn, agent, Some(point));
             }
-            (Resume::Close(drafts), _) | (Resume::Go(drafts, _), None) => {
-                self.append_durably(drafts).await?;
-                metrics::TURNS.with_label_values(&[StopReason::Error.as_str()]).inc();
+            None => {
+                let reason = if progress.interrupted { StopReason::Cancelled } else { StopReason::Error };
+                metrics::TURNS.with_label_values(&[reason.as_str()]).inc();
                 tracing::warn!(session_id = %self.session, turn_id = %turn, resumes = progress.resumes,
-                    "closed a turn left running that could not go on");
+                    "closed a turn left running that does not go on");
             }
         }
         Ok(())

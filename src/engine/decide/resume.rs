@@ -63,6 +63,23 @@ pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resu
         };
         Draft::new(Some(turn), &end)
     });
+    let mut started: Vec<PendingCall> = progress.running_calls.clone();
+    for granted in &state.granted {
+        if !started.iter().any(|call| call.event_id == granted.event_id) {
+            started.push(granted.clone());
+        }
+    }
+    // The user's interrupt was stored before the process stopped: the turn ends as the
+    // cancel would have ended it.
+    if progress.interrupted {
+        let mut drafts: Vec<Draft> = span_end.into_iter().collect();
+        for call in &started {
+            drafts
+                .push(Draft::new(Some(turn), &error_result(call.event_id, &call.tool_call_id, "Tool call cancelled")));
+        }
+        drafts.push(Draft::new(Some(turn), &idle(StopReason::Cancelled, vec![], progress.usage)));
+        return Resume::Close(drafts);
+    }
     if progress.resumes >= max_resumes {
         let mut drafts: Vec<Draft> = span_end.into_iter().collect();
         let why = format!(
@@ -74,12 +91,6 @@ pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resu
         drafts.push(Draft::new(Some(turn), &error));
         drafts.push(Draft::new(Some(turn), &idle(StopReason::Error, vec![], progress.usage)));
         return Resume::Close(drafts);
-    }
-    let mut started: Vec<PendingCall> = progress.running_calls.clone();
-    for granted in &state.granted {
-        if !started.iter().any(|call| call.event_id == granted.event_id) {
-            started.push(granted.clone());
-        }
     }
     let (rerun, interrupted): (Vec<PendingCall>, Vec<PendingCall>) = started.into_iter().partition(|c| c.idempotent);
     let resumed = EventBody::TurnResumed {
@@ -98,11 +109,13 @@ pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resu
         drafts.push(Draft::new(Some(turn), &error_result(call.event_id, &call.tool_call_id, INTERRUPTED)));
     }
     for (event_id, tool_call_id, name) in &progress.denied {
-        let text = format!("Tool call denied: this session does not run {name:?}");
+        let text = format!("Tool call denied: {name:?} is not available in this session, or the user rejects it");
         drafts.push(Draft::new(Some(turn), &error_result(*event_id, tool_call_id, &text)));
     }
     let waiting: Vec<EventId> = state.pending.keys().copied().collect();
     let next = match progress.last_stop {
+        // Calls wait for the client (a seed history's, say): the turn waits with them.
+        _ if !waiting.is_empty() => Next::Stop(StopReason::RequiresAction, waiting),
         // No request ended since the last one started (or none was made), or it failed.
         None | Some((None, _)) => Next::Model,
         Some((Some(stop), called)) => match after_response(stop, called, waiting) {
@@ -110,5 +123,7 @@ pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resu
             Some((reason, waiting)) => Next::Stop(reason, waiting),
         },
     };
-    Resume::Go(drafts, ResumePoint { rerun, next, requests: progress.requests, usage: progress.usage })
+    // The request the process stopped in is made again: it counts once.
+    let requests = progress.requests - u32::from(progress.open_span.is_some());
+    Resume::Go(drafts, ResumePoint { rerun, next, requests, usage: progress.usage })
 }

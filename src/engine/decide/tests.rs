@@ -427,7 +427,8 @@ mod resuming {
         };
         assert_eq!((attempt, discarded), (1, vec!["msg_t".to_string(), "msg_a".to_string()]));
         assert!(rerun.is_empty() && interrupted.is_empty());
-        assert_eq!((point.next, point.requests, point.rerun), (Next::Model, 1, vec![]));
+        assert_eq!((point.next, point.rerun), (Next::Model, vec![]));
+        assert_eq!(point.requests, 0, "the cut request is made again: it counts once");
     }
 
     #[test]
@@ -500,6 +501,35 @@ mod resuming {
             assert_eq!(point.rerun.len(), usize::from(idempotent));
             assert_eq!(point.next, Next::Model);
         }
+    }
+
+    #[test]
+    fn a_turn_the_user_interrupted_before_the_process_stopped_ends_cancelled() {
+        let turn = TurnId::generate();
+        let left_so = [start("span_1"), tool_use("calculator", Permission::Allow, true), EventBody::UserInterrupt {}];
+        let (progress, state, _) = left(turn, &left_so);
+        let Resume::Close(drafts) = resume(turn, &progress, &state, 3) else {
+            panic!("resumed against the user's stop")
+        };
+        let kinds: Vec<&str> = drafts.iter().map(Draft::kind).collect();
+        assert_eq!(kinds, ["span.model_request_end", "agent.tool_result", "session.status_idle"]);
+        let bodies: Vec<EventBody> = stored(&drafts).iter().map(|raw| raw.decode().unwrap().body).collect();
+        assert!(matches!(&bodies[1], EventBody::AgentToolResult { content, is_error: true, .. }
+            if Block::join_text(content) == "Tool call cancelled"));
+        assert!(
+            matches!(&bodies[2], EventBody::StatusIdle { stop_reason, .. } if stop_reason.kind == StopReason::Cancelled)
+        );
+    }
+
+    #[test]
+    fn calls_left_waiting_before_any_request_keep_waiting() {
+        let turn = TurnId::generate();
+        let custom =
+            EventBody::AgentCustomToolUse { tool_call_id: "c1".into(), name: "get_weather".into(), input: json!({}) };
+        let (progress, state, events) = left(turn, &[custom]);
+        let call = events.iter().find(|e| e.kind() == "agent.custom_tool_use").unwrap().id;
+        let (_, point) = go(resume(turn, &progress, &state, 3));
+        assert_eq!(point.next, Next::Stop(StopReason::RequiresAction, vec![call]), "the model is not asked");
     }
 
     #[test]

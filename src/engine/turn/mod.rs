@@ -68,16 +68,19 @@ impl From<SessionError> for Failure {
 }
 
 async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, Vec<EventId>), Failure> {
+    // A resumed turn's earlier requests count, in its usage and against its limit.
+    let (made, next) = match ctx.resume.take() {
+        Some(point) => {
+            *usage += point.usage;
+            (point.requests, point.next)
+        }
+        None => (0, Next::Model),
+    };
     list_mcp(ctx).await?;
     let granted = std::mem::take(&mut ctx.granted).into_iter().map(ServerCall::granted).collect();
     tools::run(ctx, granted).await?;
-    let mut made = 0;
-    if let Some(point) = ctx.resume.take() {
-        made = point.requests;
-        *usage += point.usage;
-        if let Next::Stop(reason, waiting) = point.next {
-            return Ok((reason, waiting));
-        }
+    if let Next::Stop(reason, waiting) = next {
+        return Ok((reason, waiting));
     }
     for _ in made..ctx.agent.config.max_turn_requests {
         if ctx.cancel.is_cancelled() {
