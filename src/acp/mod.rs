@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::mcp::McpServerConfig;
 use crate::domain::{Block, EventBody, EventId};
+use crate::projection::turns::{Phase, TurnState};
 use door::{Door, DoorError};
 use prompt::{Ended, Prompt};
 
@@ -189,7 +190,10 @@ impl Acp {
         for update in render::replay(&events) {
             cx.send_notification(SessionNotification::new(session.clone(), update))?;
         }
-        if let Some(last) = events.last().filter(|_| render::running(&events)) {
+        // Whether a turn runs, as the engine's own fold of the log says.
+        let mut state = TurnState::default();
+        events.iter().for_each(|event| state.apply(event));
+        if let Some(last) = events.last().filter(|_| matches!(state.phase, Phase::Running(_))) {
             tokio::spawn(follow_running(self.door.clone(), cx.clone(), session, last.id));
         }
         Ok(())

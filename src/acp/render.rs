@@ -108,18 +108,6 @@ impl Chunk {
     }
 }
 
-/// Whether the session's last turn is still running (started, and not stopped since).
-pub fn running(events: &[Event]) -> bool {
-    let started = events.iter().rposition(|e| matches!(e.body, EventBody::TurnStarted {}));
-    let stopped =
-        events.iter().rposition(|e| matches!(e.body, EventBody::StatusIdle { .. } | EventBody::Terminated { .. }));
-    match (started, stopped) {
-        (Some(started), Some(stopped)) => started > stopped,
-        (Some(_), None) => true,
-        _ => false,
-    }
-}
-
 /// A whole conversation, in log order: user messages block by block, each agent message
 /// and thought whole, each tool call once, with its final status and content.
 pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {
