@@ -59,6 +59,7 @@ impl Application {
             auth = auth.with_secret(secret);
         }
         let service = Arc::new(Service::open(&settings).await?);
+        let settings = settings.with_body_limit(service.max_body_bytes());
         let state = web::Data::new(AppState::new(&service, Arc::new(settings.clone()), auth));
         let shutdown = state.shutdown.clone();
         // The log's writer thread keeps a core busy under load (it syncs, inserts and

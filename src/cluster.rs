@@ -29,10 +29,13 @@ pub struct NatsCluster {
     node: String,
     prefix: String,
     ttl: Duration,
+    /// How long a request to the engine is sent again while it fails over.
+    wait: Duration,
 }
 
-/// How long a forwarded command waits for its answer.
-const FORWARD_WAIT: Duration = Duration::from_secs(30);
+/// How long a forwarded command waits for its answer, beyond the time its node may spend
+/// waiting out an engine's election.
+const FORWARD_WAIT: Duration = Duration::from_secs(10);
 
 fn unavailable(context: &str, error: impl std::fmt::Display) -> SessionError {
     SessionError::Unavailable(format!("{context}: {error}"))
@@ -66,7 +69,8 @@ impl NatsCluster {
                 settings.lease_ttl_secs
             )));
         }
-        Ok(NatsCluster { client, leases, node, prefix: settings.prefix.clone(), ttl })
+        let wait = Duration::from_millis(settings.failover_wait_ms);
+        Ok(NatsCluster { client, leases, node, prefix: settings.prefix.clone(), ttl, wait })
     }
 
     fn subject(&self, node: &str) -> String {
@@ -243,13 +247,14 @@ impl Cluster for NatsCluster {
         for _ in 0..4 {
             let exists = |e: &kv::CreateError| e.kind() == kv::CreateErrorKind::AlreadyExists;
             let created =
-                patiently("a lease", || self.leases.create(&key, Bytes::from(self.node.clone())), exists).await;
+                patiently(self.wait, "a lease", || self.leases.create(&key, Bytes::from(self.node.clone())), exists)
+                    .await;
             match created {
                 Ok(revision) => return Ok(Claim::Mine(self.lease(session, revision))),
                 Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {}
                 Err(error) => return Err(unavailable("could not take a session's lease", error)),
             }
-            let entry = patiently("a lease", || self.leases.entry(&key), |_| false)
+            let entry = patiently(self.wait, "a lease", || self.leases.entry(&key), |_| false)
                 .await
                 .map_err(|e| unavailable("could not read a lease", e))?;
             let Some(entry) = entry.filter(|entry| entry.operation == kv::Operation::Put) else { continue };
@@ -268,20 +273,25 @@ impl Cluster for NatsCluster {
 
     async fn holder(&self, session: SessionId) -> Result<Option<String>, SessionError> {
         let key = session.ulid().to_string();
-        let entry =
-            patiently("a lease", || self.leases.entry(&key), |_| false).await.map_err(|e| unavailable("a lease", e))?;
+        let entry = patiently(self.wait, "a lease", || self.leases.entry(&key), |_| false)
+            .await
+            .map_err(|e| unavailable("a lease", e))?;
         Ok(entry
             .filter(|entry| entry.operation == kv::Operation::Put)
             .map(|entry| String::from_utf8_lossy(&entry.value).into_owned()))
     }
 
     async fn forward(&self, node: &str, request: Bytes) -> Result<Bytes, ForwardError> {
-        let asked = self.client.request(self.subject(node), request);
-        match tokio::time::timeout(FORWARD_WAIT, asked).await {
+        // The node that holds the session may itself wait out an election, twice (an append
+        // and the read of its fate): the client's own request timeout (10 s) is too short.
+        let wait = FORWARD_WAIT + 2 * self.wait;
+        let request = async_nats::Request::new().payload(request).timeout(Some(wait));
+        let asked = self.client.send_request(self.subject(node), request);
+        match tokio::time::timeout(wait + Duration::from_secs(1), asked).await {
             Ok(Ok(message)) => Ok(message.payload),
             Ok(Err(error)) if error.kind() == async_nats::RequestErrorKind::NoResponders => Err(ForwardError::Gone),
             Ok(Err(error)) => Err(ForwardError::Failed(error.to_string())),
-            Err(_) => Err(ForwardError::Failed(format!("no answer in {FORWARD_WAIT:?}"))),
+            Err(_) => Err(ForwardError::Failed(format!("no answer in {wait:?}"))),
         }
     }
 
@@ -329,6 +339,9 @@ pub async fn open(
         max_events_per_session: settings.limits.max_events_per_session,
         bus_capacity: settings.streams.bus_capacity,
         max_batch_bytes: settings.server.max_body_bytes,
+        failover_wait: Duration::from_millis(js.failover_wait_ms),
+        claims_bucket: js.claims_bucket.clone(),
+        claims_max_age: Duration::from_secs(settings.engine.idempotency_hours.max(1) * 3600),
     };
     let log = crate::store::jetstream::JetStreamLog::open(config, crate::projection::all()).await?;
     let node = js.node.clone().unwrap_or_else(|| format!("node-{}", ulid::Ulid::new()));

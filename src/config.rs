@@ -80,6 +80,10 @@ pub struct JetStreamSettings {
     pub leases_bucket: String,
     pub lease_ttl_secs: u64,
     pub connect_timeout_ms: u64,
+    /// How long a request to the engine is sent again while it fails over (see
+    /// [`crate::store::jetstream::JetStreamConfig::failover_wait`]).
+    pub failover_wait_ms: u64,
+    pub claims_bucket: String,
     /// This node's name in leases (default: made up at start, unique).
     #[serde(default)]
     pub node: Option<String>,
@@ -172,6 +176,15 @@ pub enum ConfigError {
 }
 
 impl Settings {
+    /// These settings with request bodies (and the events they make) held to `limit` bytes,
+    /// where the log underneath carries no more in one append.
+    pub fn with_body_limit(&self, limit: usize) -> Settings {
+        let mut settings = self.clone();
+        settings.server.max_body_bytes = settings.server.max_body_bytes.min(limit);
+        settings.limits.max_event_bytes = settings.limits.max_event_bytes.min(limit);
+        settings
+    }
+
     /// Reads the layers. `file` is optional; a named file that does not exist is an error.
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULTS));

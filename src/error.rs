@@ -49,9 +49,11 @@ codes! {
     RequestTimeout => (408, "timeout_error", "request_timeout"),
     PayloadTooLarge => (413, "request_too_large", "payload_too_large"),
     LimitExceeded => (422, "invalid_request_error", "limit_exceeded"),
+    KeyReused => (422, "invalid_request_error", "idempotency_key_reused"),
     TooManyStreams => (429, "rate_limit_error", "too_many_streams"),
     Internal => (500, "api_error", "internal_error"),
     Unavailable => (503, "overloaded_error", "unavailable"),
+    FateUnknown => (504, "api_error", "write_fate_unknown"),
 }
 
 /// What the session layer and the engine answer when they do not do what was asked:
@@ -88,6 +90,13 @@ pub enum SessionError {
     /// The caller may see the session but not do this.
     #[error("{0}")]
     Forbidden(String),
+    /// The request's `Idempotency-Key` named another request (another route or body).
+    #[error("{0}")]
+    KeyReused(String),
+    /// The log did not say whether a write was stored (an engine failing over for longer
+    /// than the wait): sending it again without a key might store it twice.
+    #[error("{0}")]
+    FateUnknown(String),
     #[error("the service is shutting down")]
     ShuttingDown,
     #[error(transparent)]
@@ -116,6 +125,7 @@ impl SessionError {
             AppendError::Malformed(message) => SessionError::Invalid(message),
             AppendError::Storage(message) => SessionError::Storage(StoreError::new(message)),
             AppendError::Unavailable(message) => SessionError::Unavailable(message),
+            AppendError::FateUnknown(message) => SessionError::FateUnknown(message),
             AppendError::Raced(message) => SessionError::Conflict(format!("{message}; send it again")),
         }
     }
@@ -161,6 +171,8 @@ impl From<SessionError> for ApiError {
             SessionError::Limit(_) => ApiError::new(Code::LimitExceeded, message),
             SessionError::TooLarge(_) => ApiError::new(Code::PayloadTooLarge, message),
             SessionError::Forbidden(_) => ApiError::new(Code::Forbidden, message),
+            SessionError::KeyReused(_) => ApiError::new(Code::KeyReused, message),
+            SessionError::FateUnknown(_) => ApiError::new(Code::FateUnknown, message),
             SessionError::ShuttingDown | SessionError::Unavailable(_) => ApiError::new(Code::Unavailable, message),
             // The engine under a shared log is out of reach for now: try again.
             SessionError::Storage(cause) if cause.is_unavailable() => ApiError::new(Code::Unavailable, message),

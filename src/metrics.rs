@@ -86,6 +86,16 @@ pub static JETSTREAM_FOLLOWERS_REPLACED: LazyLock<IntCounterVec> = LazyLock::new
         .expect("valid metric"),
     )
 });
+pub static PROJECTION_PUTS_SUPERSEDED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "turnlog_projection_puts_superseded_total",
+        "Projection values not put because the bucket held one folded further (from another node, or an earlier \
+         copy of the put).",
+    )
+});
+pub static PROJECTIONS_REPAIRED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter("turnlog_projections_repaired_total", "Sessions whose projections were behind their log, made whole.")
+});
 pub static LEASE_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(

@@ -32,6 +32,8 @@ pub struct Service {
     audit: Audit,
     engine: Engine,
     log: Arc<dyn Log>,
+    /// The largest request body the log underneath takes (see [`Settings::with_body_limit`]).
+    max_body_bytes: usize,
     /// The sweeper, and with other nodes the server of forwarded commands and the reaper.
     background: Vec<tokio::task::JoinHandle<()>>,
     stop_wait: Duration,
@@ -49,6 +51,7 @@ impl Service {
                 .await
                 .map_err(|source| StartError::Store { path: format!("NATS JetStream at {servers}"), source })?;
             tracing::info!(node = cluster.node(), servers, "the log is on JetStream");
+            let settings = &settings.with_body_limit(log.max_batch_bytes());
             return Service::start(settings, agents, Store::shared(Arc::new(log)), Some(cluster)).await;
         }
         let config = SledConfig {
@@ -109,7 +112,25 @@ impl Service {
         }
         let stop_wait = Duration::from_millis(settings.shutdown.grace_ms);
         let turns_stopped = Default::default();
-        Ok(Service { sessions, catalog, audit, engine, log, background, stop_wait, recovered, turns_stopped })
+        let max_body_bytes = settings.server.max_body_bytes;
+        Ok(Service {
+            sessions,
+            catalog,
+            audit,
+            engine,
+            log,
+            max_body_bytes,
+            background,
+            stop_wait,
+            recovered,
+            turns_stopped,
+        })
+    }
+
+    /// The largest request body the log takes: `server.max_body_bytes`, or less where the
+    /// engine underneath carries less in one message.
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
     }
 
     /// How many turns that the last run left running this start found (and resumes).

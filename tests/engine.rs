@@ -91,7 +91,7 @@ async fn given_on(store: Store, server_tools: &[(&str, bool)], tweak: impl FnOnc
         ..Default::default()
     };
     let caller = Caller { subject: "t".into(), admin: false };
-    let session = sessions.create(&caller, spec).await.unwrap();
+    let session = sessions.create(&caller, spec, None).await.unwrap();
     let log = store.log.clone();
     Given { settings, store, log, _service: service, _nats: None, sessions, session }
 }
@@ -425,8 +425,13 @@ async fn a_server_tool_runs_only_once_its_call_is_durable() {
         released: tokio::sync::watch::channel(false).0,
     });
     // The held log, and the memory log's projections and audit side beneath it.
-    let store =
-        Store { log: log.clone(), projections: Arc::new(memory.clone()), audit: Arc::new(memory), shared: None };
+    let store = Store {
+        log: log.clone(),
+        projections: Arc::new(memory.clone()),
+        audit: Arc::new(memory.clone()),
+        claims: Arc::new(memory),
+        shared: None,
+    };
     let g = given_on(store, &[("calculator", true)], |_| {}).await;
     let mut checkpoint = log.checkpoint.subscribe();
     g.when(vec![text("/tool calculator {\"expression\": \"2*(3+4)\"}")]).await.unwrap();
@@ -1133,10 +1138,10 @@ async fn metadata_is_a_patch_and_title_replaces(log: Backend) {
         metadata: Some(pairs.as_object().unwrap().clone()),
         ..Default::default()
     };
-    let first = g.sessions.update(&g.session, patch(json!({"a": "1", "b": "2"}))).await.unwrap();
+    let first = g.sessions.update(&g.session, patch(json!({"a": "1", "b": "2"})), None).await.unwrap();
     assert_eq!(first.spec.metadata, *json!({"a": "1", "b": "2"}).as_object().unwrap());
     let titled = turnlog::session::SessionUpdate { title: Some("t".into()), ..patch(json!({"a": null, "c": "3"})) };
-    let second = g.sessions.update(&g.session, titled).await.unwrap();
+    let second = g.sessions.update(&g.session, titled, None).await.unwrap();
     assert_eq!(second.spec.metadata, *json!({"b": "2", "c": "3"}).as_object().unwrap());
     assert_eq!(second.spec.title.as_deref(), Some("t"));
 }

@@ -16,7 +16,7 @@ use crate::client::{
     AgentChoice, Client, ClientError, Followed, NewSession, PageQuery, Reconnect, SessionQuery, ToolTrust,
 };
 use crate::domain::event::{AgentSpec, SessionSpec};
-use crate::domain::{Event, EventId};
+use crate::domain::{Event, EventId, RequestKey};
 use crate::service::Service;
 use crate::session::{rules, Caller, Cursor, EventQuery, Input, ListFilter, SessionError, Submission};
 
@@ -52,14 +52,16 @@ impl From<SessionError> for DoorError {
             SessionError::Invalid(_)
             | SessionError::Limit(_)
             | SessionError::TooLarge(_)
-            | SessionError::UnknownCursor(_) => DoorError::Invalid(message),
+            | SessionError::UnknownCursor(_)
+            | SessionError::KeyReused(_) => DoorError::Invalid(message),
             SessionError::Busy(_) => DoorError::Busy(message),
             SessionError::Conflict(_) | SessionError::PreviousTurn(_) | SessionError::Forbidden(_) => {
                 DoorError::Refused(message)
             }
-            SessionError::ShuttingDown | SessionError::Storage(_) | SessionError::Unavailable(_) => {
-                DoorError::Unavailable(message)
-            }
+            SessionError::ShuttingDown
+            | SessionError::Storage(_)
+            | SessionError::Unavailable(_)
+            | SessionError::FateUnknown(_) => DoorError::Unavailable(message),
         }
     }
 }
@@ -83,19 +85,38 @@ const LIST_PAGE: usize = 50;
 #[async_trait]
 pub trait Door: Send + Sync + 'static {
     /// Starts a session of `agent`, with `metadata` and the MCP servers the client
-    /// declared for it; its id.
-    async fn create(&self, agent: &str, metadata: Map<String, Value>, mcp: McpDeclared) -> Result<String, DoorError>;
+    /// declared for it; its id. `key` names the request (see [`write_key`]): asked again
+    /// with it, the session it made is answered.
+    async fn create(
+        &self,
+        agent: &str,
+        metadata: Map<String, Value>,
+        mcp: McpDeclared,
+        key: &str,
+    ) -> Result<String, DoorError>;
     /// Gives the session the MCP servers the client declared (none: it has none).
     async fn attach_mcp(&self, session: &str, mcp: McpDeclared) -> Result<(), DoorError>;
     /// Every event of the session, in log order (deltas left out).
     async fn events(&self, session: &str) -> Result<Vec<Event>, DoorError>;
-    /// Stores input; the events it stored.
-    async fn submit(&self, session: &str, inputs: Vec<Input>) -> Result<Vec<Event>, DoorError>;
+    /// Stores input; the events it stored. `key` names the write (see [`write_key`]): sent
+    /// again with it, it is stored once.
+    async fn submit(&self, session: &str, inputs: Vec<Input>, key: &str) -> Result<Vec<Event>, DoorError>;
     /// The session's events after `after`, then live ones as they are stored.
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError>;
     /// A page of the sessions of `agent`, newest first, after the session `after`; and the
     /// cursor of the next page, if there is one.
     async fn list(&self, agent: &str, after: Option<&str>) -> Result<(Vec<Listed>, Option<String>), DoorError>;
+}
+
+/// The idempotency key of a write the ACP view makes: the connection's and the JSON-RPC
+/// request's ids (a request is one write), or a fresh id for a write no request names (an
+/// interrupt, an answer to the client's permission prompt). Over the bridge, the key makes
+/// the HTTP retries of a write (a server restarting, failing over) safe.
+pub fn write_key(connection: &ulid::Ulid, request: Option<&dyn std::fmt::Display>) -> String {
+    match request {
+        Some(id) => format!("acp-{connection}-{id}"),
+        None => format!("acp-{connection}-{}", ulid::Ulid::new()),
+    }
 }
 
 /// MCP servers a client declared for a session, by name.
@@ -150,8 +171,18 @@ impl Door for Embedded {
         Ok((listed, next))
     }
 
-    async fn create(&self, agent: &str, metadata: Map<String, Value>, mcp: McpDeclared) -> Result<String, DoorError> {
+    async fn create(
+        &self,
+        agent: &str,
+        metadata: Map<String, Value>,
+        mcp: McpDeclared,
+        key: &str,
+    ) -> Result<String, DoorError> {
         let sessions = self.service.sessions();
+        let request = RequestKey::derived(
+            key.to_string(),
+            &[agent.as_bytes(), Value::Object(metadata.clone()).to_string().as_bytes()],
+        );
         let configured = sessions.agents().get(agent).ok_or_else(|| {
             let known: Vec<String> = sessions.agents().all().iter().map(|a| a.name.clone()).collect();
             DoorError::Unavailable(format!("no agent named {agent:?} (--agent); the config has: {}", known.join(", ")))
@@ -163,7 +194,7 @@ impl Door for Embedded {
             metadata,
             ..SessionSpec::default()
         };
-        Ok(sessions.create_with_mcp(&self.caller, spec, mcp).await?.id.to_string())
+        Ok(sessions.create_with_mcp(&self.caller, spec, mcp, Some(&request)).await?.id.to_string())
     }
 
     /// The editor's servers run here, as the user who started this process.
@@ -189,10 +220,12 @@ impl Door for Embedded {
         }
     }
 
-    async fn submit(&self, session: &str, inputs: Vec<Input>) -> Result<Vec<Event>, DoorError> {
+    async fn submit(&self, session: &str, inputs: Vec<Input>, key: &str) -> Result<Vec<Event>, DoorError> {
         let sessions = self.service.sessions();
         let summary = sessions.get(&self.caller, session).await?;
-        let submitted = sessions.submit(&summary, Submission { inputs, ..Submission::default() }).await?;
+        let asked = serde_json::to_vec(&inputs).map_err(|e| DoorError::Invalid(e.to_string()))?;
+        let request = Some(RequestKey::derived(key.to_string(), &[session.as_bytes(), &asked]));
+        let submitted = sessions.submit(&summary, Submission { inputs, request, ..Submission::default() }).await?;
         submitted.events.iter().map(decoded).collect()
     }
 
@@ -352,7 +385,13 @@ impl Door for Bridge {
         }
     }
 
-    async fn create(&self, agent: &str, metadata: Map<String, Value>, mcp: McpDeclared) -> Result<String, DoorError> {
+    async fn create(
+        &self,
+        agent: &str,
+        metadata: Map<String, Value>,
+        mcp: McpDeclared,
+        key: &str,
+    ) -> Result<String, DoorError> {
         self.attach_mcp("", mcp).await?;
         let agents = self.client.agents().await?;
         let Some(found) = agents.iter().find(|a| a.name == agent) else {
@@ -369,7 +408,7 @@ impl Door for Bridge {
             metadata,
             ..NewSession::default()
         };
-        Ok(self.client.create_session(&new).await?)
+        Ok(self.client.create_session_keyed(&new, key).await?)
     }
 
     async fn events(&self, session: &str) -> Result<Vec<Event>, DoorError> {
@@ -387,9 +426,9 @@ impl Door for Bridge {
         }
     }
 
-    async fn submit(&self, session: &str, inputs: Vec<Input>) -> Result<Vec<Event>, DoorError> {
+    async fn submit(&self, session: &str, inputs: Vec<Input>, key: &str) -> Result<Vec<Event>, DoorError> {
         let events: Vec<Value> = inputs.into_iter().map(native).collect();
-        Ok(self.client.post_events(&session_id(session)?, &events).await?)
+        Ok(self.client.post_events_keyed(&session_id(session)?, &events, key).await?)
     }
 
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {

@@ -46,6 +46,8 @@ pub struct Acp {
     door: Arc<dyn Door>,
     agent: String,
     prompts: Arc<Mutex<HashMap<String, Running>>>,
+    /// This connection's id, in the keys of the writes it makes (see [`door::write_key`]).
+    connection: ulid::Ulid,
 }
 
 /// A prompt in flight. No other prompt of its session starts until it has taken itself off
@@ -57,7 +59,7 @@ struct Running {
 
 impl Acp {
     pub fn new(door: Arc<dyn Door>, agent: String) -> Acp {
-        Acp { door, agent, prompts: Default::default() }
+        Acp { door, agent, prompts: Default::default(), connection: ulid::Ulid::new() }
     }
 
     /// Serves stdin/stdout until stdin closes (or a signal comes), then cancels the prompts
@@ -94,7 +96,7 @@ impl Acp {
                 {
                     let acp = self.clone();
                     async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, _cx| match acp
-                        .new_session(request)
+                        .new_session(request, &door::write_key(&acp.connection, Some(responder.raw_id())))
                         .await
                     {
                         Ok(id) => responder.respond(NewSessionResponse::new(id)),
@@ -153,11 +155,11 @@ impl Acp {
             .await
     }
 
-    async fn new_session(&self, request: NewSessionRequest) -> Result<String, Error> {
+    async fn new_session(&self, request: NewSessionRequest, key: &str) -> Result<String, Error> {
         let cwd = absolute(&request.cwd)?;
         let mcp = mcp_servers(&request.mcp_servers)?;
         let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
-        let id = self.door.create(&self.agent, metadata, mcp).await.map_err(|e| error(e, None))?;
+        let id = self.door.create(&self.agent, metadata, mcp, key).await.map_err(|e| error(e, None))?;
         tracing::info!(session_id = %id, agent = %self.agent, "session created");
         Ok(id)
     }
@@ -219,7 +221,9 @@ impl Acp {
             return responder.respond_with_error(Error::new(BUSY, message).data(json!({"sessionId": session})));
         }
         let cancel = CancellationToken::new();
-        let prompt = Prompt { door: self.door.clone(), cx, session: session.clone(), cancel: cancel.clone() };
+        let key = door::write_key(&self.connection, Some(responder.raw_id()));
+        let (door, connection) = (self.door.clone(), self.connection);
+        let prompt = Prompt { door, cx, session: session.clone(), cancel: cancel.clone(), key, connection };
         let task = tokio::spawn(self.clone().answer(prompt, content, responder));
         prompts.insert(session, Running { cancel, task });
         Ok(())

@@ -41,6 +41,10 @@ pub struct Prompt {
     pub cx: ConnectionTo<Client>,
     pub session: String,
     pub cancel: CancellationToken,
+    /// The prompt request's idempotency key, and the connection's id for the other writes
+    /// it makes (see [`super::door::write_key`]).
+    pub key: String,
+    pub connection: ulid::Ulid,
 }
 
 /// How long a cancelled prompt waits for the log to record the end of its turn before it
@@ -61,13 +65,15 @@ impl Prompt {
             // Cancelled before anything was stored: nothing to store.
             return Ended::Stopped(AcpStop::Cancelled);
         }
-        let stored = match self.door.submit(&self.session, vec![Input::Message(content.clone())]).await {
+        let message = vec![Input::Message(content.clone())];
+        let stored = match self.door.submit(&self.session, message, &self.key).await {
             // Calls wait that no one will answer (an agent stopped while it asked the client):
             // the editor's user has moved on, so they are closed and the message taken.
             Err(DoorError::Refused(reason)) => {
                 tracing::warn!(session_id = %self.session, %reason, "closing calls left waiting, for a new prompt");
                 self.interrupt().await;
-                self.door.submit(&self.session, vec![Input::Message(content)]).await
+                // Refused, the first was not stored: the same key names this one.
+                self.door.submit(&self.session, vec![Input::Message(content)], &self.key).await
             }
             stored => stored,
         };
@@ -158,7 +164,8 @@ impl Prompt {
 
     /// Stops the running turn, or closes the calls it left waiting.
     async fn interrupt(&self) {
-        match self.door.submit(&self.session, vec![Input::Interrupt]).await {
+        let key = super::door::write_key(&self.connection, None);
+        match self.door.submit(&self.session, vec![Input::Interrupt], &key).await {
             Ok(_) | Err(DoorError::Refused(_)) | Err(DoorError::Busy(_)) => {}
             Err(error) => tracing::warn!(session_id = %self.session, %error, "interrupt"),
         }
@@ -212,7 +219,8 @@ impl Prompt {
             };
             Input::Permission { call: call.to_string(), granted, reason: None, remember }
         };
-        match self.door.submit(&self.session, vec![input]).await {
+        let key = super::door::write_key(&self.connection, None);
+        match self.door.submit(&self.session, vec![input], &key).await {
             // Refused: another client answered the call first; the log goes on either way.
             Ok(_) | Err(DoorError::Refused(_)) | Err(DoorError::Busy(_)) => Ok(Answered::Yes),
             Err(error) => Err(error),

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::{Error, Render, Standard};
 use super::State;
+use crate::domain::RequestKey;
 use crate::error::{ApiError, Code};
 
 /// Parses JSON, naming the failing field (`events[0].content`) in the error. Every body is
@@ -104,8 +105,27 @@ pub fn integer<'de, D: serde::Deserializer<'de>, N: TryFrom<u64>>(d: D) -> Resul
 /// How `objects` tells `parse_json` the path inside its field.
 const WITHIN: &str = "within `";
 
-/// A JSON body read up to `server.max_body_bytes`.
-pub struct JsonBody<T, R: Render = Standard>(pub T, pub PhantomData<fn() -> R>);
+/// A JSON body read up to `server.max_body_bytes`, and the request's idempotency key.
+pub struct JsonBody<T, R: Render = Standard>(pub T, pub PhantomData<fn() -> R>, Option<RequestKey>);
+
+impl<T, R: Render> JsonBody<T, R> {
+    /// The request's `Idempotency-Key`, fingerprinted with its method, path and body.
+    pub fn request_key(&self) -> Option<RequestKey> {
+        self.2.clone()
+    }
+}
+
+/// The header a client names a write with, so that sending it again does it once.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The request's `Idempotency-Key`, if it has one, fingerprinted with its method, path
+/// (and query) and `body`; 400 for a key that is not 1 to 255 visible characters.
+pub fn request_key(req: &HttpRequest, body: &[u8]) -> Result<Option<RequestKey>, ApiError> {
+    let Some(header) = req.headers().get(IDEMPOTENCY_KEY) else { return Ok(None) };
+    let key = header.to_str().map_err(|_| ApiError::invalid("invalid header `Idempotency-Key`: not visible ASCII"))?;
+    let target = req.uri().path_and_query().map_or(req.path(), |p| p.as_str());
+    RequestKey::new(key, req.method().as_str(), target, body).map(Some).map_err(ApiError::invalid)
+}
 
 impl<T: DeserializeOwned + 'static, R: Render> FromRequest for JsonBody<T, R> {
     type Error = Error<R>;
@@ -113,15 +133,17 @@ impl<T: DeserializeOwned + 'static, R: Render> FromRequest for JsonBody<T, R> {
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let read = read_limited(req, payload);
+        let req = req.clone();
         Box::pin(async move {
             let body = read.await.map_err(Error::new)?;
+            let key = request_key(&req, &body).map_err(Error::new)?;
             if body.is_empty() {
                 return Err(Error::new(ApiError::new(
                     Code::InvalidJson,
                     "the body is empty; a JSON object is expected",
                 )));
             }
-            parse_json(&body).map(|body| JsonBody(body, PhantomData)).map_err(Error::new)
+            parse_json(&body).map(|body| JsonBody(body, PhantomData, key)).map_err(Error::new)
         })
     }
 }

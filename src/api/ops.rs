@@ -8,8 +8,9 @@ pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
     cfg.service(healthz).service(metrics).service(openapi);
 }
 
-/// `{"status": "ok"}`; with the log on an engine (JetStream), also the engine and whether
-/// this node is connected to it, and 503 while it is not.
+/// `{"status": "ok"}` and when an acknowledged append is on disk (`durability`); with the
+/// log on an engine (JetStream), also the engine, its version and whether this node is
+/// connected to it, and 503 while it is not.
 #[utoipa::path(
     tag = "ops",
     operation_id = "healthz",
@@ -22,10 +23,18 @@ pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
 #[get("/healthz")]
 async fn healthz(state: web::Data<super::state::AppState>) -> HttpResponse {
     match state.sessions.health() {
-        None => HttpResponse::Ok().json(serde_json::json!({"status": "ok", "store": "sled"})),
+        None => HttpResponse::Ok().json(
+            serde_json::json!({"status": "ok", "store": "sled", "durability": crate::store::Durability::SyncedOnAck}),
+        ),
         Some(health) => {
             let status = if health.connected { "ok" } else { "unavailable" };
-            let body = serde_json::json!({"status": status, "store": health.engine, "connected": health.connected});
+            let body = serde_json::json!({
+                "status": status,
+                "store": health.engine,
+                "connected": health.connected,
+                "version": health.version,
+                "durability": health.durability,
+            });
             match health.connected {
                 true => HttpResponse::Ok().json(body),
                 false => HttpResponse::ServiceUnavailable().json(body),

@@ -54,6 +54,6 @@ impl Audit {
             sequence_number: point.seq,
             hash: hex::encode(hash),
         });
-        self.sessions.create(caller, spec).await
+        self.sessions.create(caller, spec, None).await
     }
 }

@@ -65,7 +65,7 @@ impl Audit {
         let start = self.replay_start(source.id, from).await?.ok_or_else(|| unknown_from(from))?;
         let (mut spec, calls) = self.as_it_stood(source.id, start).await?;
         spec.replay_of = Some(ReplayOf { session_id: source.id, from, speed });
-        let created = self.sessions.create(caller, spec).await?;
+        let created = self.sessions.create(caller, spec, None).await?;
         let mut copier = Copier::new(created.id, pace);
         // The seed's calls, by the source's ids: the copy's creation made its own of them.
         let all = ReadRange { after: None, before: None, limit: 10_000, newest_first: false };

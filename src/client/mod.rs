@@ -25,6 +25,10 @@ pub use wire::{
     SessionPage, SessionQuery, StreamFrom, ToolMeta, ToolTrust,
 };
 
+/// How long a keyed write is sent again while the server cannot store it (a restart, a
+/// failover of the engine underneath).
+pub const KEYED_RETRIES: Duration = Duration::from_secs(60);
+
 /// A server's API, with a key.
 #[derive(Clone)]
 pub struct Client {
@@ -97,6 +101,51 @@ impl Client {
     pub async fn create_session(&self, new: &NewSession) -> Result<String, ClientError> {
         let created: wire::Created = self.json(self.call(Method::POST, "/sessions").json(new)).await?;
         Ok(created.session_id)
+    }
+
+    /// [`Client::create_session`] with an idempotency key, sent again (with it) while the
+    /// server cannot be reached or answers that it could not store it, for up to
+    /// [`KEYED_RETRIES`]: made once, whatever failed over in between.
+    pub async fn create_session_keyed(&self, new: &NewSession, key: &str) -> Result<String, ClientError> {
+        let send = || self.call(Method::POST, "/sessions").json(new);
+        let created: wire::Created = self.keyed(send, key).await?.json().await.map_err(ClientError::Body)?;
+        Ok(created.session_id)
+    }
+
+    /// [`Client::post_events`] with an idempotency key, sent again as
+    /// [`Client::create_session_keyed`] is.
+    pub async fn post_events_keyed<T: DeserializeOwned>(
+        &self,
+        session: &str,
+        events: &[Value],
+        key: &str,
+    ) -> Result<Vec<T>, ClientError> {
+        let body = serde_json::json!({ "events": events });
+        let path = format!("/sessions/{session}/events");
+        let send = || self.call(Method::POST, &path).json(&body);
+        let stored: wire::Stored<T> = self.keyed(send, key).await?.json().await.map_err(ClientError::Body)?;
+        Ok(stored.data)
+    }
+
+    /// Sends the request `build` makes with `Idempotency-Key: key` until it is answered
+    /// with anything but "not now" (no connection, 502, 503, 504), or for [`KEYED_RETRIES`].
+    async fn keyed(&self, build: impl Fn() -> RequestBuilder, key: &str) -> Result<Response, ClientError> {
+        let deadline = tokio::time::Instant::now() + KEYED_RETRIES;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let sent = self.send(build().header("idempotency-key", key)).await;
+            let again = match &sent {
+                Err(ClientError::Unreachable { .. }) => true,
+                Err(ClientError::Refused(refusal)) => matches!(refusal.status.as_u16(), 502..=504),
+                _ => false,
+            };
+            if !again || tokio::time::Instant::now() + pause > deadline {
+                return sent;
+            }
+            tracing::debug!(key, "a keyed request was not answered; sending it again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
     }
 
     pub async fn session(&self, session: &str) -> Result<Session, ClientError> {

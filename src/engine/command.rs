@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::domain::event::{ClientTool, ToolTrust};
-use crate::domain::{Block, RawEvent, TurnId};
+use crate::domain::{Block, RawEvent, RequestKey, TurnId};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -15,6 +15,9 @@ pub struct EngineSettings {
     pub delta_coalesce_ms: u64,
     /// An actor with nothing to do for this long is dropped (its state is in the log).
     pub actor_idle_secs: u64,
+    /// How long a write's idempotency key is honoured: sent again within this, it is
+    /// answered with what was stored the first time.
+    pub idempotency_hours: u64,
     /// What becomes of turns a stopped process left (`[turns]`, set beside this section).
     #[serde(skip)]
     pub turns: TurnSettings,
@@ -113,6 +116,10 @@ pub struct Submission {
     pub when_busy: WhenBusy,
     /// The turn a turn this submission starts must follow.
     pub follows: Follows,
+    /// The client's key for this write: sent again, it is answered with what was stored
+    /// the first time (see [`crate::domain::request`]).
+    #[serde(default)]
+    pub request: Option<RequestKey>,
 }
 
 /// The turn a new turn must follow: the session's last, whichever it is (every view but the

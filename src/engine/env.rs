@@ -52,6 +52,11 @@ impl Env {
         Duration::from_secs(self.settings.actor_idle_secs.max(1))
     }
 
+    /// How long a write's idempotency key is honoured.
+    pub fn idempotency_retention_ms(&self) -> u64 {
+        self.settings.idempotency_hours.saturating_mul(3_600_000)
+    }
+
     /// Model tokens are merged into at most one delta event per message this often.
     pub fn delta_coalesce(&self) -> Duration {
         Duration::from_millis(self.settings.delta_coalesce_ms)

@@ -106,9 +106,13 @@ impl Engine {
                     Err(error) => Some(failed(error)),
                 },
                 Err(ForwardError::Gone) => None,
+                // Sent, and not answered: the node may have made the write.
                 Err(ForwardError::Failed(message)) => {
-                    let error = format!("node {node}, which runs session {session}: {message}");
-                    Some(failed(SessionError::Unavailable(error)))
+                    let error = format!(
+                        "node {node}, which runs session {session}, did not answer ({message}); whether it did \
+                         what was asked is not known: send it again only with the same Idempotency-Key"
+                    );
+                    Some(failed(SessionError::FateUnknown(error)))
                 }
             };
             let answered = answered.or_else(|| {

@@ -9,13 +9,15 @@ use crate::error::SessionError;
 use crate::projection::turns::{OpenTurn, OpenTurns};
 use crate::projection::{read, SessionIndex, SessionSummary};
 use crate::store::{
-    self, AppendError, Appended, Conflict, Key, Live, Log, Ordered, Position, Projections, Scan, SharedLog, Store,
+    self, AppendError, Appended, Claims, Conflict, Key, Live, Log, Ordered, Position, Projections, Scan, SharedLog,
+    Store,
 };
 
 #[derive(Clone)]
 pub(super) struct EngineLog {
     log: Arc<dyn Log>,
     projections: Arc<dyn Projections>,
+    claims: Arc<dyn Claims>,
     /// What a log shared by several nodes adds (`None` on one node).
     shared: Option<Arc<dyn SharedLog>>,
 }
@@ -28,7 +30,8 @@ pub(super) struct Open {
 
 impl EngineLog {
     pub fn new(store: &Store) -> EngineLog {
-        EngineLog { log: store.log.clone(), projections: store.projections.clone(), shared: store.shared.clone() }
+        let (log, projections, claims) = (store.log.clone(), store.projections.clone(), store.claims.clone());
+        EngineLog { log, projections, claims, shared: store.shared.clone() }
     }
 
     /// Appends at `expected`: the stored events or the conflict, once durable.
@@ -106,6 +109,35 @@ impl EngineLog {
         apply: impl FnMut(&RawEvent),
     ) -> Result<Position, SessionError> {
         Ok(store::fold(self.log.as_ref(), session, after, apply).await?)
+    }
+
+    /// Reserves `value` under `name` unless a live claim holds it (see [`Claims`]).
+    pub async fn claim(
+        &self,
+        name: &str,
+        value: bytes::Bytes,
+        ttl: std::time::Duration,
+    ) -> Result<bytes::Bytes, SessionError> {
+        Ok(self.claims.claim(name, value, ttl).await?)
+    }
+
+    /// `count` durable events of `session` from sequence number `first` on.
+    pub async fn events_from(
+        &self,
+        session: SessionId,
+        first: u64,
+        count: usize,
+    ) -> Result<Vec<RawEvent>, SessionError> {
+        let Some(before) = first.checked_sub(1) else { return Ok(Vec::new()) };
+        let after = match before {
+            0 => None,
+            seq => Some(self.log.event_at(session, seq).await?.ok_or_else(|| {
+                SessionError::Storage(store::StoreError::new(format!("event {seq} of session {session} is missing")))
+            })?),
+        };
+        let range =
+            store::ReadRange { after: after.map(|event| event.id), before: None, limit: count, newest_first: false };
+        Ok(self.log.read(session, range).await?)
     }
 
     pub async fn summary(&self, session: SessionId) -> Result<Option<SessionSummary>, SessionError> {

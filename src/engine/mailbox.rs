@@ -39,6 +39,16 @@ pub(super) enum Reply {
     Refused(SessionError),
     /// The actor stopped before it took the submission: send it to the next one.
     Again(Box<Submission>),
+    /// A keyed submission sent again: what the first one stored, to read once durable.
+    Recalled(Recall),
+}
+
+/// Where a keyed write's events are: `events` events from sequence number `first`,
+/// durable once `durable` resolves (`None`: they are).
+pub(super) struct Recall {
+    pub first: u64,
+    pub events: u32,
+    pub durable: Option<Durable>,
 }
 
 /// A submission's answer, which may not be durable yet: the caller waits for that itself

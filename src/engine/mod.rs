@@ -43,10 +43,10 @@ pub use command::{
 
 use self::cluster::Cluster;
 use self::env::Env;
-use self::mailbox::{Command, Reply};
+use self::mailbox::{Command, Recall, Reply};
 use self::registry::{Registry, Route};
 use crate::agent::Agents;
-use crate::domain::{Draft, RawEvent, SessionId};
+use crate::domain::{Draft, RawEvent, RequestKey, SessionId};
 use crate::error::SessionError;
 use crate::store::{Appended, Store};
 
@@ -103,6 +103,26 @@ impl Engine {
         answer.await.map_err(|_| SessionError::ShuttingDown)?
     }
 
+    /// The session a keyed write that makes one makes (or made): the id its first copy
+    /// claimed for `subject`'s key, this copy's if it is the first. A key once used for
+    /// another request (another route or body) is refused.
+    pub async fn session_for(&self, subject: &str, key: &RequestKey) -> Result<SessionId, SessionError> {
+        #[derive(serde::Serialize, serde::Deserialize)]
+        struct Claimed {
+            session: SessionId,
+            fingerprint: String,
+        }
+        let name = key.scoped(subject);
+        let mine = Claimed { session: SessionId::generate(), fingerprint: key.fingerprint.clone() };
+        let mine = bytes::Bytes::from(serde_json::to_vec(&mine).expect("a claim serialises"));
+        let ttl = Duration::from_millis(self.env.idempotency_retention_ms());
+        let held = self.env.log.claim(&name, mine, ttl).await?;
+        let held: Claimed = serde_json::from_slice(&held)
+            .map_err(|e| SessionError::Storage(crate::store::StoreError::new(format!("a stored claim: {e}"))))?;
+        key.matches(&held.fingerprint).map_err(SessionError::KeyReused)?;
+        Ok(held.session)
+    }
+
     /// Appends to a log that no session's actor writes (the catalog's), at `expected`:
     /// the stored events or the conflict, once durable.
     pub async fn append(&self, log: SessionId, expected: u64, drafts: Vec<Draft>) -> Result<Appended, SessionError> {
@@ -119,9 +139,21 @@ impl Engine {
                 Reply::Again(returned) => submission = *returned,
                 Reply::Refused(error) => return Err(error),
                 Reply::Done(pending) => return pending.settle().await,
+                Reply::Recalled(recall) => return self.recalled(session, recall).await,
             }
         }
         Err(SessionError::ShuttingDown)
+    }
+
+    /// A keyed submission sent again: the events the first one stored, once durable, and
+    /// the turn it started, as the first answer had them.
+    async fn recalled(&self, session: SessionId, recall: Recall) -> Result<Submitted, SessionError> {
+        if let Some(durable) = recall.durable {
+            durable.wait().await?;
+        }
+        let events = self.env.log.events_from(session, recall.first, recall.events as usize).await?;
+        let turn = events.iter().find(|event| event.kind() == "turn.started").and_then(|event| event.turn());
+        Ok(Submitted { events, turn: turn.map(|(turn, _)| turn) })
     }
 
     /// Cancels whatever runs in the session, records its end, then deletes or archives it.

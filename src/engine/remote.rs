@@ -5,7 +5,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::command::{Closing, Submission, Submitted};
-use crate::domain::{Draft, EventId, RawEvent, SessionId, TurnId};
+use crate::domain::{Draft, EventId, RawEvent, RequestMark, SessionId, TurnId};
 use crate::error::SessionError;
 use crate::store::StoreError;
 
@@ -29,17 +29,23 @@ pub(super) struct WireDraft {
     turn: Option<TurnId>,
     body: String,
     queued: bool,
+    #[serde(default)]
+    request: Option<RequestMark>,
 }
 
 impl WireDraft {
     pub fn from_draft(draft: &Draft) -> WireDraft {
         let body = String::from_utf8_lossy(draft.body()).into_owned();
-        WireDraft { turn: draft.turn, body, queued: draft.is_queued() }
+        WireDraft { turn: draft.turn, body, queued: draft.is_queued(), request: draft.request().cloned() }
     }
 
     pub fn into_draft(self) -> Result<Draft, SessionError> {
-        Draft::from_body(self.turn, Bytes::from(self.body), self.queued)
-            .ok_or_else(|| SessionError::Invalid("a forwarded event is not one turnlog makes".into()))
+        let draft = Draft::from_body(self.turn, Bytes::from(self.body), self.queued)
+            .ok_or_else(|| SessionError::Invalid("a forwarded event is not one turnlog makes".into()))?;
+        Ok(match self.request {
+            Some(mark) => draft.marked(mark),
+            None => draft,
+        })
     }
 }
 
@@ -98,6 +104,8 @@ pub(super) enum WireError {
     TooLarge(String),
     Unavailable(String),
     Forbidden(String),
+    KeyReused(String),
+    FateUnknown(String),
     ShuttingDown,
     Storage(String),
     /// The node does not hold the session's lease (any more): ask again where it is.
@@ -121,6 +129,8 @@ impl WireError {
             SessionError::TooLarge(s) => WireError::TooLarge(s.clone()),
             SessionError::Unavailable(s) => WireError::Unavailable(s.clone()),
             SessionError::Forbidden(s) => WireError::Forbidden(s.clone()),
+            SessionError::KeyReused(s) => WireError::KeyReused(s.clone()),
+            SessionError::FateUnknown(s) => WireError::FateUnknown(s.clone()),
             SessionError::ShuttingDown => WireError::ShuttingDown,
             // An engine out of reach stays so (503: try again) on the node that forwarded.
             SessionError::Storage(e) if e.is_unavailable() => WireError::Unavailable(e.to_string()),
@@ -142,6 +152,8 @@ impl WireError {
             WireError::TooLarge(s) => SessionError::TooLarge(s),
             WireError::Unavailable(s) => SessionError::Unavailable(s),
             WireError::Forbidden(s) => SessionError::Forbidden(s),
+            WireError::KeyReused(s) => SessionError::KeyReused(s),
+            WireError::FateUnknown(s) => SessionError::FateUnknown(s),
             WireError::ShuttingDown => SessionError::ShuttingDown,
             WireError::Storage(s) => SessionError::Storage(StoreError::new(s)),
             WireError::NotHere => SessionError::Unavailable("the session moved between nodes; send it again".into()),

@@ -113,11 +113,15 @@ impl Writer {
 
     /// Waits until everything ordered here so far is durable.
     pub async fn settled(&self) -> Result<(), SessionError> {
-        let last = self.state.lock().last.clone();
-        match last {
+        match self.last() {
             Some(last) => last.wait().await,
             None => Ok(()),
         }
+    }
+
+    /// What resolves once everything ordered here so far is durable.
+    pub fn last(&self) -> Option<Durable> {
+        self.state.lock().last.clone()
     }
 
     /// The events ordered here since the last call, oldest first.

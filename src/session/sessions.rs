@@ -11,7 +11,7 @@ use crate::agent::Agents;
 use crate::catalog::Catalog;
 use crate::domain::event::SessionSpec;
 use crate::domain::message::waiting_calls;
-use crate::domain::{Draft, EventBody, SessionId, TurnId};
+use crate::domain::{Draft, EventBody, RequestKey, SessionId, TurnId};
 use crate::engine::decide::seed_waiting;
 use crate::engine::plan::ToolPlan;
 use crate::engine::{rules, Closing, Engine, SessionUpdate, Submission, Submitted};
@@ -43,8 +43,14 @@ impl Sessions {
 
     /// Checks `spec` against its agent and starts the session's log. A seed history that
     /// ends with tool calls leaves them waiting for the client, as if the model had just
-    /// made them.
-    pub async fn create(&self, caller: &Caller, mut spec: SessionSpec) -> Result<SessionSummary, SessionError> {
+    /// made them. A keyed request (see [`crate::domain::request`]) sent again answers the
+    /// session its first copy made (or makes it, if the first was cut short).
+    pub async fn create(
+        &self,
+        caller: &Caller,
+        mut spec: SessionSpec,
+        request: Option<&RequestKey>,
+    ) -> Result<SessionSummary, SessionError> {
         // An agent that is not there is not found (404), as a session that is not there is:
         // which agents exist is the server's to say, not a fault of the request's shape.
         let Some(agent) = self.agents.get_version(&spec.agent.name, spec.agent.version) else {
@@ -64,7 +70,16 @@ impl Sessions {
             }
         }
         rules::check_new(&agent, &self.agents.tools, &mut spec)?;
-        let id = SessionId::generate();
+        let id = match request {
+            Some(key) => {
+                let id = self.engine.session_for(&caller.subject, key).await?;
+                if let Some(made) = self.log.summary(id).await? {
+                    return Ok(self.redacted(made));
+                }
+                id
+            }
+            None => SessionId::generate(),
+        };
         let mut plan = ToolPlan::new(&agent, &self.agents.tools, &spec, &Default::default());
         // A seed history's calls of the agent's MCP tools wait like any other: the tools
         // are listed to know them (so the servers start here), and a server that cannot
@@ -79,7 +94,11 @@ impl Sessions {
         }
         let waiting = seed_waiting(&spec.messages, &plan, TurnId::generate());
         let created = Draft::new(None, &EventBody::SessionCreated { spec, created_by: caller.subject.clone() });
-        self.engine.start(id, created, waiting).await?;
+        match self.engine.start(id, created, waiting).await {
+            // A copy of this keyed request made it meanwhile.
+            Err(SessionError::Conflict(_)) if request.is_some() => {}
+            started => started?,
+        }
         let summary = self.log.summary(id).await?.ok_or_else(|| SessionError::NotFound(id.to_string()))?;
         Ok(self.redacted(summary))
     }
@@ -116,10 +135,11 @@ impl Sessions {
         caller: &Caller,
         spec: SessionSpec,
         servers: BTreeMap<String, McpServerConfig>,
+        request: Option<&RequestKey>,
     ) -> Result<SessionSummary, SessionError> {
         let mut servers = servers;
         self.check_mcp(caller, &spec.agent.name, spec.agent.version, &mut servers)?;
-        let summary = self.create(caller, spec).await?;
+        let summary = self.create(caller, spec, request).await?;
         if !servers.is_empty() {
             self.agents.attach(summary.id, servers).await;
         }
@@ -194,9 +214,10 @@ impl Sessions {
         &self,
         session: &SessionSummary,
         update: SessionUpdate,
+        request: Option<RequestKey>,
     ) -> Result<SessionSummary, SessionError> {
         if !update.is_empty() {
-            self.engine.submit(session.id, Submission { update, ..Submission::default() }).await?;
+            self.engine.submit(session.id, Submission { update, request, ..Submission::default() }).await?;
         }
         self.reread(session).await
     }
@@ -218,13 +239,15 @@ impl Sessions {
         first: Submission,
     ) -> Result<SessionSummary, SessionError> {
         if first.inputs.is_empty() {
-            return self.create(caller, spec).await;
+            return self.create(caller, spec, first.request.as_ref()).await;
         }
         if spec.messages.is_empty() {
             let new = TurnState::default();
             crate::engine::decide::decide(&new, &first, None, TurnId::generate(), self.engine.limits())?;
         }
-        let summary = self.create(caller, spec).await?;
+        // A keyed request's key names its input in the new session too: sent again, neither
+        // is made twice.
+        let summary = self.create(caller, spec, first.request.as_ref()).await?;
         self.submit(&summary, first).await?;
         Ok(summary)
     }

@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use super::hub::Hub;
 use super::numbering::{Clock, Tail};
 use super::{
-    chain, project, AppendError, Appended, AuditLog, Key, Log, Ordered, Position, Projection, Projections, ReadRange,
-    Scan, StoreError, Subscription, Values,
+    chain, claim_record, live_claim, project, AppendError, Appended, AuditLog, Claims, Key, Log, Ordered, Position,
+    Projection, Projections, ReadRange, Scan, StoreError, Subscription, Values,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
 
@@ -33,6 +33,7 @@ struct Inner {
 struct State {
     sessions: HashMap<SessionId, Session>,
     values: HashMap<&'static str, BTreeMap<Key, Bytes>>,
+    claims: HashMap<String, Vec<u8>>,
     closed: bool,
 }
 
@@ -268,5 +269,17 @@ impl AuditLog for MemoryLog {
         ids.sort_unstable();
         ids.truncate(limit);
         Ok(ids)
+    }
+}
+
+#[async_trait::async_trait]
+impl Claims for MemoryLog {
+    async fn claim(&self, name: &str, value: Bytes, ttl: std::time::Duration) -> Result<Bytes, StoreError> {
+        let mut state = self.inner.state.lock();
+        if let Some(held) = state.claims.get(name).and_then(|record| live_claim(record)) {
+            return Ok(Bytes::copy_from_slice(held));
+        }
+        state.claims.insert(name.to_string(), claim_record(&value, ttl));
+        Ok(value)
     }
 }

@@ -2,7 +2,8 @@
 //! for each kind of user: [`Log`] (append a batch of drafts to one session at an expected
 //! position, read after a cursor, subscribe to live events), [`Projections`] (the values
 //! folded from the log), [`AuditLog`] (the hash chain, whole logs brought in) and
-//! [`SharedLog`] (what a log shared by several nodes adds for the engine). [`Store`] is one
+//! [`SharedLog`] (what a log shared by several nodes adds for the engine), and [`Claims`]
+//! (names reserved once, for keyed writes that make a session). [`Store`] is one
 //! backend seen through each.
 //!
 //! Three implementations: [`sled::SledLog`], embedded and durable; [`jetstream`], shared by
@@ -103,6 +104,10 @@ pub enum AppendError {
     /// nothing was acknowledged, and the caller may try again.
     #[error("{0}")]
     Unavailable(String),
+    /// The engine under a shared log did not say whether it stored the append, and could
+    /// not be asked in time: it may be stored. Only a keyed write is safe to send again.
+    #[error("{0}")]
+    FateUnknown(String),
 }
 
 impl AppendError {
@@ -115,6 +120,7 @@ impl AppendError {
             AppendError::ShuttingDown => "shutting_down",
             AppendError::Raced(_) => "raced",
             AppendError::Unavailable(_) => "unavailable",
+            AppendError::FateUnknown(_) => "fate_unknown",
             AppendError::Storage(_) => "storage",
         }
     }
@@ -294,10 +300,29 @@ fn project(projections: &[Arc<dyn Projection>], event: &RawEvent, values: &mut i
 }
 
 /// The engine underneath a log that is a client of one, for `/healthz`.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Health {
     pub engine: &'static str,
     pub connected: bool,
+    /// The engine's version, as its server said at connect.
+    pub version: String,
+    /// When an acknowledged append is on disk (see [`Durability`]).
+    pub durability: Durability,
+}
+
+/// When an append the log acknowledged is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// Synced before the acknowledgement (sled's write-ahead log).
+    SyncedOnAck,
+    /// Synced on the engine's own timer (nats-server before 2.10: every 2 minutes): the
+    /// replicas' memory holds it until then, and losing every replica at once (one machine,
+    /// one power supply) loses it.
+    SyncedOnTimer,
+    /// As the engine's configuration says (nats-server 2.10+: `sync_interval: always` syncs
+    /// every write before its acknowledgement), which the log cannot read from here.
+    EngineConfigured,
 }
 
 /// The log itself: each session's events, appended at an expected position, read back
@@ -394,6 +419,35 @@ pub trait SharedLog: Send + Sync + 'static {
     fn health(&self) -> Health;
 }
 
+/// Names reserved once, for keyed writes that make something new (a session, whose id a
+/// retry must find): the first claim of a name reserves its value, and every later claim
+/// answers that value, until it expires. The log stays the truth of what was made: a claim
+/// names only what a write will make, so a write cut short is made by its retry.
+#[async_trait::async_trait]
+pub trait Claims: Send + Sync + 'static {
+    /// Reserves `value` under `name` for `ttl` unless a live claim holds it: answers the
+    /// value that holds it now (`value`, if this claim won). Durable before it answers.
+    async fn claim(&self, name: &str, value: Bytes, ttl: std::time::Duration) -> Result<Bytes, StoreError>;
+}
+
+/// A claim's value as an embedded log keeps it: when it expires (ms since the epoch, 8
+/// bytes big-endian), then the value.
+fn claim_record(value: &[u8], ttl: std::time::Duration) -> Vec<u8> {
+    let expires = now_ms().saturating_add(ttl.as_millis() as u64);
+    [&expires.to_be_bytes()[..], value].concat()
+}
+
+/// The value of a stored claim record if it has not expired.
+fn live_claim(record: &[u8]) -> Option<&[u8]> {
+    let (expires, value) = record.split_at_checked(8)?;
+    let expires = u64::from_be_bytes(expires.try_into().ok()?);
+    (expires > now_ms()).then_some(value)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// One log store seen through each of its traits, as the service hands it out: the log to
 /// everyone, the projections to readers, the audit side to audit tools, and what a shared
 /// log adds to the engine (`None` for an embedded log).
@@ -402,17 +456,19 @@ pub struct Store {
     pub log: Arc<dyn Log>,
     pub projections: Arc<dyn Projections>,
     pub audit: Arc<dyn AuditLog>,
+    pub claims: Arc<dyn Claims>,
     pub shared: Option<Arc<dyn SharedLog>>,
 }
 
 impl Store {
     /// A log of this process alone (sled, or memory).
-    pub fn embedded<S: Log + Projections + AuditLog>(store: Arc<S>) -> Store {
-        Store { log: store.clone(), projections: store.clone(), audit: store, shared: None }
+    pub fn embedded<S: Log + Projections + AuditLog + Claims>(store: Arc<S>) -> Store {
+        Store { log: store.clone(), projections: store.clone(), audit: store.clone(), claims: store, shared: None }
     }
 
     /// A log shared by several nodes.
-    pub fn shared<S: Log + Projections + AuditLog + SharedLog>(store: Arc<S>) -> Store {
-        Store { log: store.clone(), projections: store.clone(), audit: store.clone(), shared: Some(store) }
+    pub fn shared<S: Log + Projections + AuditLog + Claims + SharedLog>(store: Arc<S>) -> Store {
+        let claims = store.clone();
+        Store { log: store.clone(), projections: store.clone(), audit: store.clone(), claims, shared: Some(store) }
     }
 }

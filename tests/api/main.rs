@@ -8,6 +8,7 @@ mod events;
 mod harness;
 mod helpers;
 mod hostile;
+mod idempotency;
 mod managed;
 #[path = "../common/nats.rs"]
 mod nats;

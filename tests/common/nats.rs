@@ -257,6 +257,9 @@ pub async fn open_log_with(nats: &Nats, replicas: usize) -> turnlog::store::jets
         max_events_per_session: 1_000_000,
         bus_capacity: 256,
         max_batch_bytes: 1 << 20,
+        failover_wait: Duration::from_secs(20),
+        claims_bucket: "claims".into(),
+        claims_max_age: Duration::from_secs(3600),
     };
     JetStreamLog::open(config, turnlog::projection::all()).await.expect("the log opens")
 }

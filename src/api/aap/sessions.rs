@@ -18,7 +18,8 @@ use crate::session::{ListFilter, TimeBounds};
 )]
 #[post("/sessions")]
 pub async fn create(state: State, Auth(caller, _): Auth, body: JsonBody<CreateSession>) -> Result<HttpResponse, Error> {
-    let summary = state.sessions.create(&caller, body.0.into_spec()).await?;
+    let key = body.request_key();
+    let summary = state.sessions.create(&caller, body.0.into_spec(), key.as_ref()).await?;
     tracing::info!(session_id = %summary.id, agent = %summary.spec.agent.name, "session created");
     Ok(HttpResponse::Created().json(Created { session_id: summary.id.to_string() }))
 }

@@ -16,7 +16,7 @@ use crate::api::{Error, State};
 use crate::domain::{Block, Event, EventBody, TurnId};
 use crate::error::ApiError;
 use crate::projection::history::History;
-use crate::session::{Caller, Follower, Input, Submission};
+use crate::session::{Caller, Cursor, Follower, Input, Submission};
 
 /// Runs a turn: the answer as one JSON body (`stream: none`) or as SSE (`delta`, `message`).
 #[utoipa::path(
@@ -37,14 +37,17 @@ pub async fn post(
     CallerSession { caller, summary, .. }: CallerSession,
     body: JsonBody<TurnRequest>,
 ) -> Result<HttpResponse, Error> {
+    let key = body.request_key();
     let mut request = body.0;
     let update = request.update();
     let inputs = inputs(request.messages)?;
-    // Follow from the current end before submitting, so every event of the turn is seen.
-    let follower = state.sessions.follow_live(&summary).await?;
-    let submission = Submission { update, inputs, all_at_once: true, ..Submission::default() };
+    let submission = Submission { update, inputs, all_at_once: true, request: key, ..Submission::default() };
     let submitted = state.sessions.submit(&summary, submission).await?;
     let turn = submitted.turn.ok_or_else(|| ApiError::internal("a turn request started no turn"))?;
+    // From the request's first event, so every event of the turn is seen (a request sent
+    // again with its key is answered with the turn its first copy started, however far on).
+    let before = submitted.events.first().map_or(0, |event| event.seq - 1);
+    let follower = state.sessions.follow(&summary, Some(Cursor::Sequence(before))).await?;
     tracing::debug!(session_id = %summary.id, turn_id = %turn, "turn started");
     match request.stream {
         StreamMode::None => answer(follower, turn).await,

@@ -27,6 +27,7 @@ pub async fn create(
     Auth(caller, _): Auth<Harness>,
     body: Json<CreateSession>,
 ) -> Result<HttpResponse, Error> {
+    let request = body.request_key();
     let CreateSession { agent_name, title } = body.0;
     known_agent(&state, &caller, &agent_name)?;
     // The harness has no way to pick an agent's server tools: a session runs its agent as
@@ -35,7 +36,7 @@ pub async fn create(
     let tools = agents.get(&agent_name).and_then(|agent| configured_tools(&agent, &agents.tools));
     let agent = AgentSpec { name: agent_name, tools, ..AgentSpec::default() };
     let spec = SessionSpec { agent, title, ..SessionSpec::default() };
-    let summary = state.sessions.create(&caller, spec).await?;
+    let summary = state.sessions.create(&caller, spec, request.as_ref()).await?;
     tracing::info!(session_id = %summary.id, agent = %summary.spec.agent.name, "session created");
     Ok(data(wire::session(&summary)))
 }

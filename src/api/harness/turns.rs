@@ -34,26 +34,28 @@ pub async fn create(
     CallerSession { caller, summary, .. }: CallerSession<Harness>,
     body: Json<CreateTurn>,
 ) -> Result<HttpResponse, Error> {
+    let request = body.request_key();
     let CreateTurn { input, previous_turn_id, stream } = body.0;
     let inputs = wire::inputs(input)?;
     let follows = wire::follows(previous_turn_id.as_deref())?;
-    // Counted and following from the current end before the turn starts, so that every
-    // event of the turn is seen and a refused stream starts nothing.
-    let live = match stream {
-        true => {
-            let guard = state.streams.open(&caller.subject, state.settings.streams.max_streams_per_subject)?;
-            Some((guard, state.sessions.follow_live(&summary).await?))
-        }
+    // Counted before the turn starts, so that a refused stream starts nothing.
+    let guard = match stream {
+        true => Some(state.streams.open(&caller.subject, state.settings.streams.max_streams_per_subject)?),
         false => None,
     };
-    let submission = Submission { inputs, all_at_once: true, follows, ..Submission::default() };
+    let submission = Submission { inputs, all_at_once: true, follows, request, ..Submission::default() };
     let submitted = state.sessions.submit(&summary, submission).await?;
     let turn = submitted.turn.ok_or_else(|| ApiError::internal("a turn request started no turn"))?;
     tracing::debug!(session_id = %summary.id, turn_id = %turn, "turn started");
     let previous = previous(&state, &summary, turn).await?;
     let fold = fold_of(&state, &summary, turn, previous, &submitted.events).await?;
-    match live {
-        Some((guard, follower)) => Ok(respond(&state, guard, follower, fold, 0)),
+    match guard {
+        // From the turn's start, as a subscription does: every event of the turn is seen,
+        // also by a request sent again with its key, whose turn may be far on.
+        Some(guard) => {
+            let follower = state.sessions.follow(&summary, Some(Cursor::Turn { turn, sequence: 0 })).await?;
+            Ok(respond(&state, guard, follower, fold, 0))
+        }
         None => {
             let mut fold = fold;
             for event in &submitted.events {

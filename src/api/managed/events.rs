@@ -41,6 +41,7 @@ pub async fn send(
     CallerSession { summary, .. }: CallerSession<Managed>,
     body: Json<SendEvents>,
 ) -> Result<HttpResponse, Error> {
+    let request = body.request_key();
     let events = body.0.events;
     if events.is_empty() {
         return Err(ApiError::invalid("invalid field `events`: at least one event is needed").into());
@@ -48,7 +49,7 @@ pub async fn send(
     let allowed =
         ["user.message", "user.interrupt", "user.tool_confirmation", "user.custom_tool_result", "user.define_outcome"];
     let inputs = inputs("events", events, &allowed)?;
-    let submission = Submission { inputs, when_busy: WhenBusy::Queue, ..Submission::default() };
+    let submission = Submission { inputs, when_busy: WhenBusy::Queue, request, ..Submission::default() };
     let submitted = state.sessions.submit(&summary, submission).await?;
     let data = submitted.events.iter().filter(|e| e.kind().starts_with("user.")).filter_map(render).collect();
     Ok(HttpResponse::Ok().json(event::Sent { data }))

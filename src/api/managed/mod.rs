@@ -18,7 +18,8 @@ use super::error::{ErrorTag, Render};
 use crate::error::ApiError;
 
 /// Anthropic's error shape: `{"type":"error","error":{"type","message"}}`. The SDK retries a
-/// 409 unless told not to, and a conflict here is an answer, not a hiccup.
+/// 409 and every 5xx unless told not to: a conflict here is an answer, not a hiccup, and a
+/// 504 says a write may be stored. A 503 says it is not, and is retried.
 pub struct Managed;
 
 impl Render for Managed {
@@ -34,7 +35,10 @@ impl Render for Managed {
     fn render(error: &ApiError) -> HttpResponse {
         let status = Self::status(error.code);
         let mut response = HttpResponse::build(status);
-        if status == StatusCode::CONFLICT {
+        // A write whose fate is unknown may be stored: sent again by the SDK on its own, it
+        // could be stored twice (unless it carries an Idempotency-Key, which the caller
+        // then sends again itself).
+        if status == StatusCode::CONFLICT || error.code == crate::error::Code::FateUnknown {
             response.insert_header(("x-should-retry", "false"));
         }
         response.json(Self::body(error))

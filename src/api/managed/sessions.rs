@@ -68,6 +68,7 @@ pub async fn create(
     Auth(caller, _): Auth<Managed>,
     body: Json<CreateSession>,
 ) -> Result<HttpResponse, Error> {
+    let key = body.request_key();
     let request = body.0;
     unsupported("resources", request.resources.as_ref().is_some_and(|r| !r.is_empty()))?;
     unsupported("vault_ids", request.vault_ids.as_ref().is_some_and(|v| !v.is_empty()))?;
@@ -93,7 +94,7 @@ pub async fn create(
         environment_id: Some(request.environment_id),
         ..SessionSpec::default()
     };
-    let first = Submission { inputs: initial, when_busy: WhenBusy::Queue, ..Submission::default() };
+    let first = Submission { inputs: initial, when_busy: WhenBusy::Queue, request: key, ..Submission::default() };
     let summary = state.sessions.create_with_input(&caller, spec, first).await?;
     Ok(HttpResponse::Ok().json(render(&state, &summary).await?))
 }
@@ -248,6 +249,7 @@ pub async fn update(
     CallerSession { summary, .. }: CallerSession<Managed>,
     body: Json<UpdateSession>,
 ) -> Result<HttpResponse, Error> {
+    let key = body.request_key();
     let request = body.0;
     unsupported("budget", request.budget.is_some())?;
     unsupported("vault_ids", request.vault_ids.is_some())?;
@@ -260,7 +262,7 @@ pub async fn update(
         tools: agent.tools.map(|tools| custom_tools("agent.tools", tools)).transpose()?,
         ..SessionUpdate::default()
     };
-    let summary = state.sessions.update(&summary, update).await?;
+    let summary = state.sessions.update(&summary, update, key).await?;
     Ok(HttpResponse::Ok().json(render(&state, &summary).await?))
 }
 

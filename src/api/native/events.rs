@@ -27,13 +27,14 @@ pub async fn post(
     CallerSession { summary, .. }: CallerSession,
     body: JsonBody<PostEvents>,
 ) -> Result<HttpResponse, Error> {
+    let request = body.request_key();
     let events = body.0.events;
     if events.is_empty() {
         return Err(ApiError::invalid("invalid field `events`: at least one event is needed").into());
     }
     let inputs =
         events.iter().enumerate().map(|(i, event)| user_event(i, event).map(input)).collect::<Result<_, _>>()?;
-    let submission = Submission { inputs, ..Submission::default() };
+    let submission = Submission { inputs, request, ..Submission::default() };
     let submitted = state.sessions.submit(&summary, submission).await?;
     let stored: Vec<RawEvent> = submitted.events.into_iter().filter(|e| e.kind().starts_with("user.")).collect();
     Ok(json_events(&stored, None))

@@ -4,8 +4,11 @@
 
 use bytes::Bytes;
 
+use std::sync::Arc;
+
 use super::{Event, EventBody, SCHEMA_VERSION, SCHEMA_VERSION_QUEUED};
 use crate::domain::ids::{EventId, SessionId, TurnId};
+use crate::domain::request::{RequestMark, MARK_FIELD};
 
 /// What a caller asks to append: the body already serialised (off the writer's thread)
 /// and the turn it belongs to. The writer adds the envelope.
@@ -17,6 +20,8 @@ pub struct Draft {
     /// Input stored while a turn runs, answered by a later one: `processed_at` is null
     /// until a `turn.input` names it.
     queued: bool,
+    /// The keyed write this draft is the first event of (see [`crate::domain::request`]).
+    request: Option<Arc<RequestMark>>,
 }
 
 const TYPE_PREFIX: &[u8] = b"{\"type\":\"";
@@ -26,7 +31,7 @@ impl Draft {
         let body = Bytes::from(serde_json::to_vec(body).expect("event bodies always serialise"));
         let kind_end =
             TYPE_PREFIX.len() + body[TYPE_PREFIX.len()..].iter().position(|&b| b == b'"').expect("a type tag");
-        Draft { turn, body, kind_end, queued: false }
+        Draft { turn, body, kind_end, queued: false, request: None }
     }
 
     /// Input that waits for the running turn to end (`processed_at` null).
@@ -36,6 +41,15 @@ impl Draft {
 
     pub fn is_queued(&self) -> bool {
         self.queued
+    }
+
+    /// This draft as the first event of a keyed write, which its envelope then says.
+    pub fn marked(self, mark: RequestMark) -> Draft {
+        Draft { request: Some(Arc::new(mark)), ..self }
+    }
+
+    pub fn request(&self) -> Option<&RequestMark> {
+        self.request.as_deref()
     }
 
     /// The serialised body, as [`Draft::from_body`] takes it (to hand a draft to another node).
@@ -48,7 +62,7 @@ impl Draft {
         let rest = body.strip_prefix(TYPE_PREFIX)?;
         let kind_end = TYPE_PREFIX.len() + rest.iter().position(|&b| b == b'"')?;
         serde_json::from_slice::<EventBody>(&body).ok()?;
-        Some(Draft { turn, body, kind_end, queued })
+        Some(Draft { turn, body, kind_end, queued, request: None })
     }
 
     pub fn kind(&self) -> &str {
@@ -175,6 +189,10 @@ impl Envelope<'_> {
             SCHEMA_VERSION
         };
         write!(out, ",\"schema_version\":{version}").expect("vec");
+        if let Some(mark) = &draft.request {
+            out.extend_from_slice(&MARK_FIELD[..MARK_FIELD.len() - b"{\"idempotency_key\":".len()]);
+            serde_json::to_writer(&mut out, mark.as_ref()).expect("vec");
+        }
         out.extend_from_slice(draft.fields());
         Bytes::from(out)
     }

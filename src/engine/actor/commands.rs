@@ -12,7 +12,7 @@ use crate::domain::event::StopReason;
 use crate::domain::{Draft, RawEvent, TurnId};
 use crate::engine::command::{Closing, Input, Submission, Submitted};
 use crate::engine::decide::{self, Decision, Outcome, Resume, ResumePoint};
-use crate::engine::mailbox::{Answer, Command, Pending, Reply};
+use crate::engine::mailbox::{Answer, Command, Pending, Recall, Reply};
 use crate::engine::plan::ToolPlan;
 use crate::engine::rules;
 use crate::engine::turn::{self, TurnContext};
@@ -67,6 +67,21 @@ impl Actor {
     }
 
     async fn submit(&mut self, submission: Submission, reply: oneshot::Sender<Reply>) {
+        self.fold_ordered();
+        if let Some(key) = &submission.request {
+            let retention = self.env.idempotency_retention_ms();
+            if let Some(recalled) = self.folded.requests.recall(&key.key, retention) {
+                let answer = match key.matches(&recalled.fingerprint) {
+                    Ok(()) => Reply::Recalled(Recall {
+                        first: recalled.first,
+                        events: recalled.events,
+                        durable: self.writer.last(),
+                    }),
+                    Err(conflict) => Reply::Refused(SessionError::KeyReused(conflict)),
+                };
+                return drop(reply.send(answer));
+            }
+        }
         let cancels = submission.inputs.iter().any(|input| matches!(input, Input::Cancel));
         match self.decide_submission(submission).await {
             // Answered once the turn's end is recorded, which is durable after these.
@@ -92,7 +107,13 @@ impl Actor {
                 decide::admit(session, &folded.summary, &submission, replaying)?;
                 let of_session = agent.insert(session_agent(&env.agents, &folded.summary)?);
                 let update = rules::update(of_session, &env.agents.tools, &folded.summary.spec, &submission.update)?;
-                decide::decide(&folded.state, &submission, update, TurnId::generate(), env.limits)
+                let mut decision = decide::decide(&folded.state, &submission, update, TurnId::generate(), env.limits)?;
+                // A keyed write says so on its first event, in the same append.
+                let count = decision.drafts.len();
+                if let (Some(key), Some(first)) = (&submission.request, decision.drafts.first_mut()) {
+                    *first = first.clone().marked(key.mark(count));
+                }
+                Ok(decision)
             })
             .await?;
         if let (Some(turn), Some(agent)) = (decision.start, agent) {

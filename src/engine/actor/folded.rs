@@ -36,15 +36,66 @@ pub(super) struct Folded {
     pub state: TurnState,
     /// The last event folded.
     pub seen: Position,
+    /// The keyed writes stored in the session, by key.
+    pub requests: Requests,
+}
+
+/// A keyed write the log holds: its fingerprint, its events (by sequence number) and when
+/// it was stored.
+#[derive(Debug, Clone)]
+pub(super) struct Recalled {
+    pub fingerprint: String,
+    pub first: u64,
+    pub events: u32,
+    pub at_ms: u64,
+}
+
+/// The session's keyed writes, by key (those older than the retention are dropped as more
+/// come).
+#[derive(Debug, Default)]
+pub(super) struct Requests(std::collections::HashMap<String, Recalled>);
+
+/// Keys kept before the old ones are looked for and dropped.
+const REQUESTS_KEPT: usize = 1024;
+
+impl Requests {
+    fn note(&mut self, raw: &RawEvent, retention_ms: u64) {
+        if raw.is_delta() {
+            return;
+        }
+        let Some(mark) = raw.request_mark() else { return };
+        let at_ms = raw.id.0.timestamp_ms();
+        if self.0.len() >= REQUESTS_KEPT {
+            let now = now_ms();
+            self.0.retain(|_, recalled| now.saturating_sub(recalled.at_ms) <= retention_ms);
+        }
+        let recalled = Recalled { fingerprint: mark.fingerprint, first: raw.seq, events: mark.events, at_ms };
+        self.0.insert(mark.idempotency_key, recalled);
+    }
+
+    /// The write stored under `key` within the retention, if there is one.
+    pub fn recall(&self, key: &str, retention_ms: u64) -> Option<&Recalled> {
+        self.0.get(key).filter(|recalled| now_ms().saturating_sub(recalled.at_ms) <= retention_ms)
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Folded {
     pub fn new(summary: SessionSummary) -> Folded {
-        Folded { summary, history: History::default(), state: TurnState::default(), seen: Position::default() }
+        Folded {
+            summary,
+            history: History::default(),
+            state: TurnState::default(),
+            seen: Position::default(),
+            requests: Requests::default(),
+        }
     }
 
     /// Folds events the session's writer ordered, in hand: nothing is read back.
-    fn fold_ordered(&mut self, session: SessionId, ordered: Vec<RawEvent>) {
+    fn fold_ordered(&mut self, session: SessionId, ordered: Vec<RawEvent>, retention_ms: u64) {
         for raw in ordered {
             // Already folded when a read of the log (after a conflict) got there first.
             if raw.seq <= self.seen.seq {
@@ -57,12 +108,13 @@ impl Folded {
                     "events ordered past a gap in what the actor folded; not folded");
                 continue;
             }
-            self.fold(&raw);
+            self.fold(&raw, retention_ms);
         }
     }
 
-    fn fold(&mut self, raw: &RawEvent) {
+    fn fold(&mut self, raw: &RawEvent, retention_ms: u64) {
         self.seen = Position { last: Some(raw.id), seq: raw.seq };
+        self.requests.note(raw, retention_ms);
         if UNFOLDED.contains(&raw.kind()) {
             return;
         }
@@ -84,15 +136,16 @@ impl Folded {
 impl Actor {
     /// Folds what this session's writer (the actor and its turn) ordered since the last fold.
     pub(super) fn fold_ordered(&mut self) {
-        self.folded.fold_ordered(self.session, self.writer.take_ordered());
+        let retention = self.env.idempotency_retention_ms();
+        self.folded.fold_ordered(self.session, self.writer.take_ordered(), retention);
     }
 
     /// Reads and folds every durable event after the last one folded (at load, and after
     /// another writer appended), then appends after it.
     pub(super) async fn catch_up(&mut self) -> Result<(), SessionError> {
         self.fold_ordered();
-        let folded = &mut self.folded;
-        self.env.log.fold(self.session, folded.seen, |raw| folded.fold(raw)).await?;
+        let (folded, retention) = (&mut self.folded, self.env.idempotency_retention_ms());
+        self.env.log.fold(self.session, folded.seen, |raw| folded.fold(raw, retention)).await?;
         self.writer.caught_up(self.folded.seen.seq);
         Ok(())
     }

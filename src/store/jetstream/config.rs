@@ -19,6 +19,13 @@ pub struct JetStreamConfig {
     pub bus_capacity: usize,
     /// The largest append (bytes of JSON) the service takes: the engine must carry it.
     pub max_batch_bytes: usize,
+    /// How long a request is sent again while it fails: a server failing over (a stream or
+    /// bucket electing a new leader, a client reconnecting) answers nothing for a while
+    /// (5 to 17 s measured on nats-server 2.9), and a write then waits rather than fail.
+    pub failover_wait: Duration,
+    /// Where claims (see [`crate::store::Claims`]) are kept, and for how long.
+    pub claims_bucket: String,
+    pub claims_max_age: Duration,
 }
 
 #[derive(Clone, Default)]

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::quiet::{quiet_ticks, Quiet, FETCH_ROUND, QUIET_WAIT};
-use super::{store_error, wire, Hashed, JetStreamLog, FAILOVER_WAIT, HEARD};
+use super::{store_error, wire, Hashed, JetStreamLog, HEARD};
 use crate::metrics;
 use crate::store::StoreError;
 
@@ -144,7 +144,7 @@ impl JetStreamLog {
             }
             Ok::<_, StoreError>(open)
         };
-        let open = tokio::time::timeout(FAILOVER_WAIT, read)
+        let open = tokio::time::timeout(self.inner.config.failover_wait, read)
             .await
             .map_err(|_| StoreError::unavailable("reading the sessions' last messages took too long"))??;
         self.inner.seen_open.lock().extend(open);

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::wire::{self, Entry};
-use super::{follows, patiently, skipped, store_error, Hashed, JetStreamLog, Session, FAILOVER_WAIT};
+use super::{follows, patiently, skipped, store_error, Hashed, JetStreamLog, Session};
 use crate::domain::{RawEvent, SessionId};
 use crate::store::numbering::Tail;
 use crate::store::{chain, Position, ReadRange, StoreError};
@@ -76,7 +76,13 @@ impl JetStreamLog {
         let subject = self.subject(session.id);
         let no_message = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
         let stream = &self.inner.stream;
-        let last = patiently("last message", || stream.get_last_raw_message_by_subject(&subject), no_message).await;
+        let last = patiently(
+            self.inner.config.failover_wait,
+            "last message",
+            || stream.get_last_raw_message_by_subject(&subject),
+            no_message,
+        )
+        .await;
         let last = match last {
             Ok(message) => Some(message),
             Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
@@ -140,7 +146,7 @@ impl JetStreamLog {
         let mut from = 1;
         while from <= upto {
             let next = || stream.raw_message_builder().sequence(from).next_by_subject(subject.to_string()).send();
-            let message = patiently("a session's message", next, |_| false)
+            let message = patiently(self.inner.config.failover_wait, "a session's message", next, |_| false)
                 .await
                 .map_err(|e| store_error("could not index a session", e))?;
             every.push(wire::entry(message.sequence, Some(&message.headers)).map_err(StoreError::new)?);
@@ -171,9 +177,10 @@ impl JetStreamLog {
             return Ok(events);
         }
         let stream = &self.inner.stream;
-        let message = patiently("a message", || stream.get_raw_message(stream_seq), |_| false)
-            .await
-            .map_err(|e| store_error(&format!("could not read message {stream_seq}"), e))?;
+        let message =
+            patiently(self.inner.config.failover_wait, "a message", || stream.get_raw_message(stream_seq), |_| false)
+                .await
+                .map_err(|e| store_error(&format!("could not read message {stream_seq}"), e))?;
         Ok(Hashed::from(wire::decode(&message.payload).map_err(StoreError::new)?))
     }
 
@@ -289,7 +296,13 @@ impl JetStreamLog {
         let subject = self.subject(session.id);
         let no_message = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
         let stream = &self.inner.stream;
-        let last = patiently("last message", || stream.get_last_raw_message_by_subject(&subject), no_message).await;
+        let last = patiently(
+            self.inner.config.failover_wait,
+            "last message",
+            || stream.get_last_raw_message_by_subject(&subject),
+            no_message,
+        )
+        .await;
         let last = match last {
             Ok(message) => message,
             Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => return Ok(false),
@@ -302,7 +315,7 @@ impl JetStreamLog {
         let caught_up = async {
             let _ = seen.wait_for(|seen| *seen >= last.sequence).await;
         };
-        if tokio::time::timeout(FAILOVER_WAIT, caught_up).await.is_err() {
+        if tokio::time::timeout(self.inner.config.failover_wait, caught_up).await.is_err() {
             return Err(StoreError::unavailable(format!("session {}: this node is behind its log", session.id)));
         }
         Ok(true)
@@ -379,7 +392,7 @@ impl JetStreamLog {
             // Fold onto the projections as they stand in the bucket, not as this node's copy
             // had them (another node may have appended to the session until a moment ago).
             let upto = self.bucket_revision().await?;
-            if tokio::time::timeout(FAILOVER_WAIT, self.inner.mirror.applied(upto)).await.is_err() {
+            if tokio::time::timeout(self.inner.config.failover_wait, self.inner.mirror.applied(upto)).await.is_err() {
                 return Err(StoreError::unavailable("this node's copy of the projections is behind the bucket"));
             }
             self.load_tail(&loaded).await?;

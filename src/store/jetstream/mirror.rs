@@ -47,6 +47,11 @@ pub fn watermark_key(session: SessionId) -> String {
     format!("_projected.{}", session.ulid())
 }
 
+/// Whether `key` is a session's watermark (its value the last event projected, as text).
+pub fn is_watermark(key: &str) -> bool {
+    key.starts_with("_projected.")
+}
+
 fn parse_key(key: &str) -> Option<(&str, Key)> {
     let mut parts = key.split('.');
     let projection = parts.next()?;
@@ -88,6 +93,11 @@ impl Mirror {
     }
 
     /// The last event folded into the value under `key` (0: none).
+    /// The bucket's revision of the value under `bucket_key` this copy holds (0: none).
+    pub fn revision(&self, bucket_key: &str) -> u64 {
+        self.revisions.read().get(bucket_key).map_or(0, |(revision, _)| *revision)
+    }
+
     pub fn folded(&self, projection: &str, key: Key) -> u64 {
         self.revisions.read().get(&value_key(projection, key)).map_or(0, |(_, seq)| *seq)
     }
@@ -172,7 +182,15 @@ impl Mirror {
     /// Sets (or removes) the value under a bucket key (as stored: with its sequence number)
     /// if `revision` is newer than the one held; answers the session whose summary changed.
     fn set(&self, bucket_key: &str, stored: Option<Bytes>, revision: u64) -> Option<SessionId> {
-        let (projection, key) = parse_key(bucket_key)?;
+        let Some((projection, key)) = parse_key(bucket_key) else {
+            // A watermark: only its revision is kept, for the next conditional put of it.
+            if is_watermark(bucket_key) {
+                let mut revisions = self.revisions.write();
+                let held = revisions.entry(bucket_key.to_string()).or_default();
+                held.0 = held.0.max(revision);
+            }
+            return None;
+        };
         let mut revisions = self.revisions.write();
         let held = revisions.entry(bucket_key.to_string()).or_default();
         if revision <= held.0 {

@@ -47,6 +47,7 @@
 //! - [`projections`]: putting, repairing and rebuilding the projections;
 //! - [`mirror`]: each node's copy of the projections' bucket; [`wire`]: a message's form.
 
+mod claims;
 mod config;
 mod follow;
 mod load;
@@ -60,7 +61,6 @@ pub mod wire;
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
@@ -94,6 +94,8 @@ struct Inner {
     js: jetstream::Context,
     stream: stream::Stream,
     bucket: kv::Store,
+    /// Claims of keyed writes that make sessions (see [`crate::store::Claims`]).
+    claims: kv::Store,
     config: JetStreamConfig,
     hub: Hub,
     sessions: DashMap<SessionId, Arc<Session>>,
@@ -168,17 +170,18 @@ fn skipped(session: impl std::fmt::Display, entry: &Entry, index: &[Entry]) {
         "a message of the stream is not part of its session's log; skipped");
 }
 
-/// How long a request to JetStream is sent again while it fails: a server failing over (a
-/// stream or bucket electing a new leader, a client reconnecting) answers nothing for a
-/// few seconds.
-const FAILOVER_WAIT: Duration = Duration::from_secs(8);
-
 /// A failure of a request to JetStream: the engine may be failing over, so try again.
 fn store_error(context: &str, error: impl std::fmt::Display) -> StoreError {
     StoreError::unavailable(format!("{context}: {error}"))
 }
 
 impl JetStreamLog {
+    /// The largest append (bytes of JSON) this log takes: `server.max_body_bytes`, or less
+    /// if the NATS server's messages are too small for that.
+    pub fn max_batch_bytes(&self) -> usize {
+        self.inner.config.max_batch_bytes
+    }
+
     fn subject(&self, session: SessionId) -> String {
         format!("{}.events.{}", self.inner.config.prefix, session.ulid())
     }
@@ -323,6 +326,19 @@ impl Log for JetStreamLog {
     }
 
     fn sweep(&self) {
+        // Projections this node could not put after an append (the bucket out of reach): put
+        // now, not only before the session's next append.
+        let unprojected: Vec<Arc<Session>> =
+            self.inner.sessions.iter().filter(|s| s.state.lock().unprojected).map(|s| s.clone()).collect();
+        for session in unprojected {
+            let log = self.clone();
+            tokio::spawn(async move {
+                match log.repair(&session).await {
+                    Ok(()) => session.state.lock().unprojected = false,
+                    Err(error) => tracing::warn!(%error, session_id = %session.id, "projections still not repaired"),
+                }
+            });
+        }
         self.inner.sessions.retain(|_, session| {
             // A writer here has it prepared (until it releases it).
             let prepared = session.channel.tail.lock().is_some();
@@ -396,7 +412,19 @@ impl SharedLog for JetStreamLog {
     }
 
     fn health(&self) -> super::Health {
-        super::Health { engine: "jetstream", connected: self.connected() }
+        let version = self.inner.client.server_info().version;
+        let durability = durability(&version);
+        super::Health { engine: "jetstream", connected: self.connected(), version, durability }
+    }
+}
+
+/// When a nats-server of `version` has an acknowledged message on disk: 2.10 added
+/// `sync_interval` (`always`: before the acknowledgement); before it, every 2 minutes.
+pub fn durability(version: &str) -> super::Durability {
+    let mut parts = version.trim_start_matches('v').split('.').map(|part| part.parse::<u32>().unwrap_or(0));
+    match (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) {
+        (major, minor) if (major, minor) < (2, 10) => super::Durability::SyncedOnTimer,
+        _ => super::Durability::EngineConfigured,
     }
 }
 

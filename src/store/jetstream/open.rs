@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::mirror::Mirror;
-use super::{store_error, Credentials, Inner, JetStreamConfig, JetStreamLog, FAILOVER_WAIT, HEARD};
+use super::{store_error, Credentials, Inner, JetStreamConfig, JetStreamLog, HEARD};
 use crate::store::hub::Hub;
 use crate::store::{Projection, StoreError};
 
@@ -40,14 +40,15 @@ pub async fn when_ready<T, F: std::future::Future<Output = Result<T, StoreError>
     }
 }
 
-/// `request` until it succeeds, fails with an answer (`answered`), or [`FAILOVER_WAIT`]
-/// has passed.
+/// `request` until it succeeds, fails with an answer (`answered`), or `wait` has passed
+/// (`store.jetstream.failover_wait_ms`: longer than the engine's elections take).
 pub async fn patiently<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    wait: Duration,
     what: &str,
     mut request: impl FnMut() -> F,
     answered: impl Fn(&E) -> bool,
 ) -> Result<T, E> {
-    let deadline = Instant::now() + FAILOVER_WAIT;
+    let deadline = Instant::now() + wait;
     let mut pause = Duration::from_millis(50);
     loop {
         match request().await {
@@ -77,13 +78,40 @@ impl JetStreamLog {
         }
         let client = connect(&config).await?;
         let max_payload = client.server_info().max_payload;
-        // The batch, its envelopes and framing must fit one message.
-        let needed = config.max_batch_bytes + config.max_batch_bytes / 4 + 64 * 1024;
+        // The batch, its envelopes and framing must fit one message: with a server that
+        // takes less, bodies are held to what fits (see [`JetStreamLog::max_batch_bytes`]).
+        let needed = config.max_batch_bytes + config.max_batch_bytes / 4 + FRAMING;
+        let mut config = config;
         if max_payload < needed {
-            return Err(StoreError::new(format!(
-                "the NATS server takes messages of at most {max_payload} bytes (max_payload); one append of \
-                 server.max_body_bytes needs {needed}: raise max_payload or lower server.max_body_bytes"
-            )));
+            let fits = max_payload.saturating_sub(FRAMING) * 4 / 5;
+            if fits < MIN_BODY_BYTES {
+                return Err(StoreError::new(format!(
+                    "the NATS server takes messages of at most {max_payload} bytes (max_payload): too small to \
+                     carry a request body of {MIN_BODY_BYTES} bytes; raise max_payload"
+                )));
+            }
+            tracing::warn!(
+                max_payload,
+                body_bytes = fits,
+                configured = config.max_batch_bytes,
+                "the NATS server takes smaller messages (max_payload) than server.max_body_bytes needs: request \
+                 bodies are held to what one message carries; raise max_payload to take larger ones"
+            );
+            config.max_batch_bytes = fits;
+        }
+        let version = client.server_info().version;
+        match super::durability(&version) {
+            crate::store::Durability::SyncedOnTimer => tracing::warn!(
+                version,
+                "this nats-server syncs acknowledged appends to disk on its own timer (2 minutes by default; \
+                 nats-server 2.10+ can sync each one with `sync_interval: always`): replicas that all lose power \
+                 at once can lose acknowledged events (docs/cluster.md, Durability)"
+            ),
+            _ => {
+                tracing::info!(version,
+                "acknowledged appends are on disk as the nats-server's `sync_interval` says (`always`: before each \
+                 acknowledgement)")
+            }
         }
         when_ready(|| JetStreamLog::attach(client.clone(), config.clone(), projections.clone())).await
     }
@@ -121,12 +149,14 @@ impl JetStreamLog {
         }
         let (start, messages) = (info.state.last_sequence + 1, info.state.messages);
         let bucket = open_bucket(&js, &config.projections_bucket, Duration::ZERO, config.replicas).await?;
+        let claims = open_bucket(&js, &config.claims_bucket, config.claims_max_age, config.replicas).await?;
         let mirror = Mirror::new(&projections);
         let inner = Arc::new(Inner {
             client,
             js,
             stream,
             bucket,
+            claims,
             hub: Hub::new(config.bus_capacity),
             config,
             sessions: DashMap::new(),
@@ -228,10 +258,22 @@ pub async fn open_bucket(
     js.get_key_value(bucket).await.map_err(|e| store_error(&format!("could not open the bucket {bucket}"), e))
 }
 
+/// What a message carries beside its events (headers, framing), at most.
+const FRAMING: usize = 64 * 1024;
+
+/// The smallest request body a node serves with (as `server.max_body_bytes` must be).
+const MIN_BODY_BYTES: usize = 1024;
+
+/// How long one request to the engine waits for its answer before it is sent again.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
 async fn connect(config: &JetStreamConfig) -> Result<async_nats::Client, StoreError> {
     let mut options = async_nats::ConnectOptions::new()
         .name("turnlog")
         .connection_timeout(config.connect_timeout)
+        // A request to a server that died as it was sent is answered by nobody: sent again
+        // (patiently) after this, not after the client's default 10 s.
+        .request_timeout(Some(REQUEST_TIMEOUT))
         .max_reconnects(None);
     options = match &config.credentials {
         Credentials::None => options,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_nats::jetstream::{consumer, kv};
+use async_nats::jetstream::{consumer, kv, stream};
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
@@ -14,6 +14,9 @@ use super::mirror::{self, Mirror};
 use super::{patiently, store_error, wire, JetStreamLog, Session};
 use crate::domain::{RawEvent, SessionId};
 use crate::store::{chain, project, signature, Key, Log, ReadRange, StoreError};
+
+/// How many times a projection's value is put again after it changed under the put.
+const PUT_ATTEMPTS: usize = 4;
 
 impl JetStreamLog {
     pub(super) async fn bucket_revision(&self) -> Result<u64, StoreError> {
@@ -36,13 +39,38 @@ impl JetStreamLog {
         // watch has not brought it yet. The bucket itself has the answer.
         let bucket_key = mirror::value_key(projection, key);
         let bucket = &self.inner.bucket;
-        let entry = patiently("a projection", || bucket.entry(&bucket_key), |_| false)
+        let entry = patiently(self.inner.config.failover_wait, "a projection", || bucket.entry(&bucket_key), |_| false)
             .await
             .map_err(|e| store_error("could not read a projection", e))?;
-        Ok(entry.filter(|entry| entry.operation == kv::Operation::Put).map(|entry| {
+        if let Some(entry) = entry.filter(|entry| entry.operation == kv::Operation::Put) {
             self.inner.mirror.put(&bucket_key, entry.value.clone(), entry.revision);
-            mirror::unstamp(entry.value).1
-        }))
+            return Ok(Some(mirror::unstamp(entry.value).1));
+        }
+        // Nowhere: a session's value missing while its log has events (a node stopped between
+        // storing its first events and putting their projections) is made whole now, here.
+        if key.item.is_none() && self.repair_missing(key.session).await? {
+            return Ok(self.inner.mirror.get(projection, key));
+        }
+        Ok(None)
+    }
+
+    /// Repairs the projections of `session` if its log has events (answers whether it has):
+    /// for a session-wide value found nowhere, which would otherwise answer "no such session"
+    /// on every node until someone appended to it.
+    async fn repair_missing(&self, session: SessionId) -> Result<bool, StoreError> {
+        let (stream, subject) = (&self.inner.stream, self.subject(session));
+        let none = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
+        let wait = self.inner.config.failover_wait;
+        match patiently(wait, "a session's last message", || stream.get_last_raw_message_by_subject(&subject), none)
+            .await
+        {
+            Ok(_) => {}
+            Err(error) if none(&error) => return Ok(false),
+            Err(error) => return Err(store_error("could not read a session's last message", error)),
+        }
+        let loaded = self.session(session).await?;
+        self.repair(&loaded).await?;
+        Ok(true)
     }
 
     /// Folds `events` into the projections and puts what changed, then the session's
@@ -58,23 +86,76 @@ impl JetStreamLog {
         }
         let last = events.last().map_or(0, |(event, _)| event.seq);
         let puts = staged.stored();
-        let (bucket, mirror) = (&self.inner.bucket, &self.inner.mirror);
-        let revisions = futures_util::future::try_join_all(puts.into_iter().map(|(key, value)| async move {
-            // A put is idempotent: one whose answer was lost (a server failing over) is sent again.
-            let revision = patiently("a projection", || bucket.put(&key, value.clone()), |_| false)
-                .await
-                .map_err(|e| store_error(&format!("could not put {key}"), e))?;
-            mirror.put(&key, value, revision);
-            Ok::<_, StoreError>(revision)
-        }))
-        .await?;
+        let puts = puts.into_iter().map(|(key, value)| async move {
+            let folded = mirror::unstamp(value.clone()).0;
+            self.put_if_newer(&key, value, folded).await
+        });
+        let revisions = futures_util::future::try_join_all(puts).await?;
         // Only once every value is in: the watermark says they all are.
         let key = mirror::watermark_key(session);
-        let value = Bytes::from(last.to_string());
-        let watermark = patiently("a watermark", || bucket.put(&key, value.clone()), |_| false)
-            .await
-            .map_err(|e| store_error("could not put the watermark", e))?;
+        let watermark = self.put_if_newer(&key, Bytes::from(last.to_string()), last).await?;
         Ok(revisions.into_iter().max().unwrap_or(0).max(watermark))
+    }
+
+    /// Puts `value` (folded up to the session's event `folded`) under `key`, conditional on
+    /// the revision this node's copy holds: a node that folded on an older copy (one that
+    /// lost its lease, or is a moment behind) never overwrites a value folded further. On a
+    /// conflict the bucket's value is read: folded as far or further, it stays (this put is
+    /// done, or was made before by a copy of it whose answer was lost); else this one is
+    /// put over it. Answers the key's revision after.
+    async fn put_if_newer(&self, key: &str, value: Bytes, folded: u64) -> Result<u64, StoreError> {
+        let (bucket, mirror, wait) = (&self.inner.bucket, &self.inner.mirror, self.inner.config.failover_wait);
+        let failed = |e: &dyn std::fmt::Display| store_error(&format!("could not put {key}"), e);
+        let mut held = mirror.revision(key);
+        for _ in 0..PUT_ATTEMPTS {
+            let put = match held {
+                0 => {
+                    let exists = |e: &kv::CreateError| e.kind() == kv::CreateErrorKind::AlreadyExists;
+                    match patiently(wait, "a projection", || bucket.create(key, value.clone()), exists).await {
+                        Ok(revision) => Ok(revision),
+                        Err(e) if exists(&e) => Err(None),
+                        Err(e) => Err(Some(failed(&e))),
+                    }
+                }
+                held => {
+                    let moved = |e: &kv::UpdateError| e.kind() == kv::UpdateErrorKind::WrongLastRevision;
+                    match patiently(wait, "a projection", || bucket.update(key, value.clone(), held), moved).await {
+                        Ok(revision) => Ok(revision),
+                        Err(e) if moved(&e) => Err(None),
+                        Err(e) => Err(Some(failed(&e))),
+                    }
+                }
+            };
+            match put {
+                Ok(revision) => {
+                    mirror.put(key, value, revision);
+                    return Ok(revision);
+                }
+                Err(Some(error)) => return Err(error),
+                // Changed since this node's copy had it: see what is there.
+                Err(None) => {
+                    let entry = patiently(wait, "a projection", || bucket.entry(key), |_| false)
+                        .await
+                        .map_err(|e| failed(&e))?;
+                    let Some(entry) = entry.filter(|entry| entry.operation == kv::Operation::Put) else {
+                        held = 0;
+                        continue;
+                    };
+                    held = entry.revision;
+                    mirror.put(key, entry.value.clone(), entry.revision);
+                    let theirs = match mirror::is_watermark(key) {
+                        true => std::str::from_utf8(&entry.value).ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+                        false => mirror::unstamp(entry.value.clone()).0,
+                    };
+                    if theirs >= folded {
+                        crate::metrics::PROJECTION_PUTS_SUPERSEDED.inc();
+                        tracing::debug!(key, theirs, folded, "a projection's value was folded further elsewhere; kept");
+                        return Ok(entry.revision);
+                    }
+                }
+            }
+        }
+        Err(StoreError::unavailable(format!("{key} kept changing as it was put")))
     }
 
     /// Makes the projections of `session` whole up to its last event, if the node that
@@ -97,6 +178,7 @@ impl JetStreamLog {
             self.within(session.id, ReadRange { after, before: None, limit: usize::MAX, newest_first: false }).await?;
         tracing::warn!(session_id = %session.id, from = projected, to = at, "projecting events the last writer left unprojected");
         self.project(session.id, &events).await?;
+        crate::metrics::PROJECTIONS_REPAIRED.inc();
         Ok(())
     }
 

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::wire::{self, Entry};
-use super::{patiently, Hashed, JetStreamLog, Job, Session, FAILOVER_WAIT};
+use super::{patiently, Hashed, JetStreamLog, Job, Session};
 use crate::domain::{RawEvent, SessionId};
 use crate::metrics;
 use crate::store::numbering::Tail;
@@ -179,14 +179,14 @@ impl JetStreamLog {
             matches!(e.kind(), Kind::WrongLastSequence | Kind::WrongLastMessageId | Kind::MaxPayloadExceeded)
         };
         let (mut expect, mut passes) = (expect, 0);
-        let ack = loop {
+        let at = loop {
             headers.insert("Nats-Expected-Last-Subject-Sequence", expect.to_string().as_str());
             let send = || async {
                 let sent = js.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await?;
                 sent.await
             };
-            match patiently("an append", send, answered).await {
-                Ok(ack) => break ack,
+            match patiently(self.inner.config.failover_wait, "an append", send, answered).await {
+                Ok(ack) => break ack.sequence,
                 Err(error) if error.kind() == Kind::WrongLastSequence => {
                     passes += 1;
                     match self.past_void(session, events[0].0.seq).await {
@@ -198,15 +198,30 @@ impl JetStreamLog {
                     }
                 }
                 Err(error) if answered(&error) => return Err(storage("JetStream did not store the append", &error)),
-                // Still failing once the failover wait is over: the engine is out of reach (503).
-                Err(error) => {
-                    return Err(AppendError::Unavailable(format!("JetStream did not answer the append: {error}")))
-                }
+                // Still unanswered once the failover wait is over: stored or not, the answer
+                // says which only after the stream is read where the append would be.
+                Err(error) => match self.fate(session, expect, &payload).await {
+                    Fate::Stored(at) => break at,
+                    Fate::NotStored => {
+                        metrics::APPENDS_REFUSED.with_label_values(&["unavailable"]).inc();
+                        return Err(AppendError::Unavailable(format!(
+                            "JetStream did not answer the append ({error}) and has not stored it; send it again"
+                        )));
+                    }
+                    Fate::Unknown(cause) => {
+                        metrics::APPENDS_REFUSED.with_label_values(&["fate_unknown"]).inc();
+                        return Err(AppendError::FateUnknown(format!(
+                            "JetStream did not answer the append ({error}), and whether it stored it could not be \
+                             read ({cause}): it may be stored. Send it again only with the same Idempotency-Key, or \
+                             read the session's events first"
+                        )));
+                    }
+                },
             }
         };
-        let stream_seq = self.placed(session, expect, ack.sequence, events[0].0.seq, &payload).await?;
+        let stream_seq = self.placed(session, expect, at, events[0].0.seq, &payload).await?;
         metrics::JETSTREAM_PUBLISH_SECONDS.observe(started.elapsed().as_secs_f64());
-        session.state.lock().expect = Some(ack.sequence);
+        session.state.lock().expect = Some(at);
         // Applied here at once, not when this node's consumer brings it back (it may be
         // recovering from a lost server): it is the first message after the one this node
         // last had, so it follows what the session holds.
@@ -238,6 +253,27 @@ impl JetStreamLog {
         Ok(())
     }
 
+    /// Whether JetStream stored the batch `payload`, published after the subject's message
+    /// `expect`, whose answer never came: a copy of it among the subject's messages after
+    /// `expect` (read patiently: the stream may still be electing a leader).
+    async fn fate(&self, session: &Session, expect: u64, payload: &Bytes) -> Fate {
+        let (stream, subject) = (&self.inner.stream, self.subject(session.id));
+        let wait = self.inner.config.failover_wait;
+        let mut from = expect + 1;
+        loop {
+            let next = || stream.raw_message_builder().sequence(from).next_by_subject(subject.clone()).send();
+            let no_message = |e: &jetstream::stream::LastRawMessageError| {
+                e.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound
+            };
+            match patiently(wait, "whether an append was stored", next, no_message).await {
+                Ok(message) if message.payload == *payload => return Fate::Stored(message.sequence),
+                Ok(message) => from = message.sequence + 1,
+                Err(error) if no_message(&error) => return Fate::NotStored,
+                Err(error) => return Fate::Unknown(error.to_string()),
+            }
+        }
+    }
+
     /// After JetStream refused an append numbered from `first_seq` at the subject's expected
     /// sequence: the subject's last message, if the messages after what this node held are
     /// all void, so that the append still follows the log's last event and may name that
@@ -245,10 +281,16 @@ impl JetStreamLog {
     /// tell in time, as its consumer recovers from a failover).
     async fn past_void(&self, session: &Session, first_seq: u64) -> Option<u64> {
         let (stream, subject) = (&self.inner.stream, self.subject(session.id));
-        let last = patiently("last message", || stream.get_last_raw_message_by_subject(&subject), |_| false).await;
+        let last = patiently(
+            self.inner.config.failover_wait,
+            "last message",
+            || stream.get_last_raw_message_by_subject(&subject),
+            |_| false,
+        )
+        .await;
         let last = last.ok()?.sequence;
         let mut seen = session.seen.subscribe();
-        tokio::time::timeout(FAILOVER_WAIT, seen.wait_for(|seen| *seen >= last)).await.ok()?.ok()?;
+        tokio::time::timeout(self.inner.config.failover_wait, seen.wait_for(|seen| *seen >= last)).await.ok()?.ok()?;
         let state = session.state.lock();
         let held = state.index.last().map_or(0, |entry| entry.last_seq());
         (held + 1 == first_seq).then(|| *session.seen.borrow())
@@ -277,9 +319,11 @@ impl JetStreamLog {
         let mut from = expect + 1;
         loop {
             let next = || stream.raw_message_builder().sequence(from).next_by_subject(subject.clone()).send();
-            let message = patiently("checking where an append is", next, |_| false).await.map_err(|error| {
-                AppendError::Unavailable(format!("JetStream stored an append but did not say where: {error}"))
-            })?;
+            let message = patiently(self.inner.config.failover_wait, "checking where an append is", next, |_| false)
+                .await
+                .map_err(|error| {
+                    AppendError::Unavailable(format!("JetStream stored an append but did not say where: {error}"))
+                })?;
             if message.sequence >= at {
                 return Ok(at);
             }
@@ -296,6 +340,13 @@ impl JetStreamLog {
             from = message.sequence + 1;
         }
     }
+}
+
+/// What became of a publish whose answer never came.
+enum Fate {
+    Stored(u64),
+    NotStored,
+    Unknown(String),
 }
 
 fn raced(session: SessionId) -> AppendError {

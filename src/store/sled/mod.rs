@@ -21,8 +21,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::hub::Hub;
 use super::numbering::{Clock, Tail};
 use super::{
-    chain, project, AppendError, Appended, AuditLog, Key, Log, Ordered, Position, Projection, Projections, ReadRange,
-    Scan, StoreError, Subscription, Values,
+    chain, claim_record, live_claim, project, AppendError, Appended, AuditLog, Claims, Key, Log, Ordered, Position,
+    Projection, Projections, ReadRange, Scan, StoreError, Subscription, Values,
 };
 use crate::domain::{Draft, EventId, RawEvent, SessionId};
 use crate::metrics;
@@ -443,5 +443,29 @@ impl AuditLog for SledLog {
             from = Some(u128::from(session.ulid()).checked_add(1));
         }
         Ok(ids)
+    }
+}
+
+/// Claims live in the `meta` tree under this prefix.
+const CLAIM_PREFIX: &[u8] = b"claim:";
+
+#[async_trait::async_trait]
+impl Claims for SledLog {
+    async fn claim(&self, name: &str, value: Bytes, ttl: std::time::Duration) -> Result<Bytes, StoreError> {
+        let key = [CLAIM_PREFIX, name.as_bytes()].concat();
+        let mut held = self.inner.meta.get(&key)?;
+        loop {
+            if let Some(value) = held.as_deref().and_then(live_claim) {
+                return Ok(Bytes::copy_from_slice(value));
+            }
+            // Absent or expired: taken if nobody changed it since it was read.
+            match self.inner.meta.compare_and_swap(&key, held.as_ref(), Some(claim_record(&value, ttl)))? {
+                Ok(()) => break,
+                Err(swap) => held = swap.current,
+            }
+        }
+        // Durable before the write it reserves for is made: a retry after a crash finds it.
+        self.inner.db.flush_async().await?;
+        Ok(value)
     }
 }
