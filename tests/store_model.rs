@@ -950,3 +950,86 @@ async fn an_event_acknowledged_on_one_node_is_found_on_another_at_once() {
     a.close().await.unwrap();
     b.close().await.unwrap();
 }
+
+/// The bucket's keys that hold `session`'s projected values (and its watermark).
+async fn projection_keys(bucket: &async_nats::jetstream::kv::Store, session: SessionId) -> Vec<String> {
+    use futures_util::TryStreamExt;
+    let id = session.ulid().to_string();
+    let keys: Vec<String> = bucket.keys().await.unwrap().try_collect().await.unwrap();
+    keys.into_iter().filter(|key| key.contains(&id)).collect()
+}
+
+/// The projections bucket the test nodes keep their values in.
+async fn projections_bucket(nats: &nats::Nats) -> async_nats::jetstream::kv::Store {
+    let client = async_nats::connect(nats.urls()[0].as_str()).await.unwrap();
+    async_nats::jetstream::new(client).get_key_value("projections").await.unwrap()
+}
+
+/// A node that stopped between storing a session's first events and putting their
+/// projections leaves a session that no summary lists: the next read of it, on any node,
+/// finds its log in the stream and puts what is missing, rather than answer "no such
+/// session" until someone appends to it (which nobody can: it is not found).
+#[tokio::test]
+async fn a_session_whose_projections_were_never_put_is_repaired_on_its_first_read() {
+    let nats = nats::Nats::single().await;
+    let a = nats::open_log(&nats).await;
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    a.prepare(session).await.unwrap();
+    a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    a.close().await.unwrap();
+    // As if node a had died before its puts: none of the session's values is in the bucket.
+    let bucket = projections_bucket(&nats).await;
+    let keys = projection_keys(&bucket, session).await;
+    assert!(!keys.is_empty(), "node a put the session's projections");
+    for key in &keys {
+        bucket.purge(key).await.unwrap();
+    }
+
+    let b = nats::open_log(&nats).await;
+    let summary = b.get(SessionIndex::NAME, Key::session(session)).await.unwrap();
+    let summary: SessionSummary = serde_json::from_slice(&summary.expect("the summary, repaired")).unwrap();
+    assert_eq!(summary.id, session);
+    assert!(!projection_keys(&bucket, session).await.is_empty(), "put back in the bucket, for every node");
+    // A session that has no log is not made up.
+    let nobody = SessionId::generate();
+    assert_eq!(b.get(SessionIndex::NAME, Key::session(nobody)).await.unwrap(), None);
+    b.close().await.unwrap();
+}
+
+/// A projection's put is conditional on the revision the node folded it from: a node whose
+/// copy of the bucket is behind (one that lost a lease, or has not seen another node's put
+/// yet) does not overwrite a value folded further, however its put is timed.
+#[tokio::test]
+async fn a_projection_put_from_a_stale_copy_keeps_the_value_folded_further() {
+    let nats = nats::Nats::single().await;
+    let a = nats::open_log(&nats).await;
+    let bucket = projections_bucket(&nats).await;
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    a.prepare(session).await.unwrap();
+    a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    let key = format!("{}.{}", SessionIndex::NAME, session.ulid());
+    for round in 0..5u64 {
+        // Another node's value, folded as far as event 100 + round: put under node a's copy.
+        let stored = bucket.get(&key).await.unwrap().expect("the summary");
+        let mut summary: serde_json::Value = serde_json::from_slice(&stored[8..]).unwrap();
+        let further = format!("folded further {round}");
+        summary["title"] = serde_json::json!(further);
+        let value = [&(100 + round).to_be_bytes()[..], &serde_json::to_vec(&summary).unwrap()].concat();
+        bucket.put(&key, value.into()).await.unwrap();
+        // Node a folds its next event on the copy it has, at once.
+        let title = EventBody::SessionUpdated {
+            agent: None,
+            tools: None,
+            title: Some(format!("stale {round}")),
+            metadata: None,
+        };
+        a.append(session, 1 + round, vec![Draft::new(None, &title)]).await.unwrap().unwrap();
+        let kept = bucket.get(&key).await.unwrap().expect("the summary");
+        assert_eq!(u64::from_be_bytes(kept[..8].try_into().unwrap()), 100 + round, "round {round}");
+        let kept: serde_json::Value = serde_json::from_slice(&kept[8..]).unwrap();
+        assert_eq!(kept["title"], further, "round {round}: the value folded further stays");
+    }
+    a.close().await.unwrap();
+}
