@@ -711,3 +711,57 @@ async fn a_node_says_when_the_engine_is_out_of_reach() {
     let session = node.create_session().await;
     assert_eq!(node.all_events(&session).await.len(), 1, "the node works again");
 }
+
+/// A keyed write through one node, that node killed as it ran (its answer cut off), and the
+/// same write sent again through another node until it is answered: stored once, and
+/// answered with the turn its first copy started; a session made with a key through one
+/// node is the same session through another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_write_sent_again_through_another_node_after_the_first_died_is_stored_once() {
+    use super::idempotency::keyed;
+    let _heavy = crate::helpers::HEAVY.lock().await;
+    let mut cluster = Cluster::start().await;
+    let make = json!({"agent": {"name": "default"}, "title": "keyed"});
+    let (status, made) = keyed(&cluster.nodes[0], "/sessions", "make-1", &make).await;
+    assert_eq!(status, 201, "{made}");
+    let (status, again) = keyed(&cluster.nodes[1], "/sessions", "make-1", &make).await;
+    assert_eq!((status, &again), (201, &made), "the same session through another node");
+    let session = made["sessionId"].as_str().unwrap().to_string();
+
+    let path = format!("/sessions/{session}/turns");
+    let turn = json!({"stream": "none", "messages": [{"role": "user", "content": "/words 40\n/delay 20"}]});
+    let mut on_c = sse(cluster.nodes[2].stream(&session, None, None).await);
+    let (url, client, body, first_path) =
+        (cluster.nodes[0].url.clone(), cluster.nodes[0].client.clone(), turn.clone(), path.clone());
+    let first = tokio::spawn(async move {
+        let sent = client.post(format!("{url}{first_path}")).header("Idempotency-Key", "turn-1").json(&body).send();
+        sent.await.map(|response| response.status().as_u16())
+    });
+    until(&mut on_c, "agent.message.delta", 10).await;
+    cluster.nodes[0].kill().await;
+    assert!(first.await.unwrap().is_err(), "the first copy's answer was cut off with its node");
+
+    // Sent again through node b, as a client does after a dropped connection, until it is
+    // answered: b takes the session over once a's lease expires, and finds the write.
+    let deadline = Instant::now() + Duration::from_secs(30 + 3 * LEASE_TTL_SECS);
+    let answer = loop {
+        let (status, answer) = keyed(&cluster.nodes[1], &path, "turn-1", &turn).await;
+        match status {
+            200 => break answer,
+            503 | 504 => assert!(Instant::now() < deadline, "not answered in time: {status} {answer}"),
+            _ => panic!("{status} {answer}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let whole = (1..=40).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+    assert_eq!(answer["messages"].as_array().unwrap().last().unwrap()["content"], whole.as_str(), "{answer}");
+    let (status, again) = keyed(&cluster.nodes[2], &path, "turn-1", &turn).await;
+    assert_eq!((status, &again), (200, &answer), "and the same answer through a third node");
+
+    let all = read_all(&cluster.nodes[2], &session).await;
+    assert_gapless(&all);
+    let count = |kind: &str| all.iter().filter(|e| e["type"] == kind).count();
+    assert_eq!((count("user.message"), count("turn.started")), (1, 1), "stored once");
+    let marked: Vec<&Value> = all.iter().filter(|e| e["request"]["idempotency_key"] == "turn-1").collect();
+    assert_eq!(marked.len(), 1, "the write's mark, on its first event");
+}

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::helpers::{spawn_app, TestApp};
 
 /// POSTs `body` to `path` with `Idempotency-Key: key`: the status and the JSON answer.
-async fn keyed(app: &TestApp, path: &str, key: &str, body: &Value) -> (u16, Value) {
+pub(super) async fn keyed(app: &TestApp, path: &str, key: &str, body: &Value) -> (u16, Value) {
     let response = app.post(path).header("Idempotency-Key", key).json(body).send().await.unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap_or(Value::Null))
