@@ -21,12 +21,12 @@ pub struct RequestKey {
 
 impl RequestKey {
     /// The key from an `Idempotency-Key` header, fingerprinted with the request it came
-    /// with. A key must be 1 to 255 visible ASCII characters.
+    /// with. A key must be 1 to 255 printable ASCII characters (space included).
     pub fn new(key: &str, method: &str, path: &str, body: &[u8]) -> Result<RequestKey, String> {
         let visible = key.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
         if key.is_empty() || key.len() > MAX_KEY_LEN || !visible {
             return Err(format!(
-                "invalid header `Idempotency-Key`: 1 to {MAX_KEY_LEN} visible ASCII characters are required"
+                "invalid header `Idempotency-Key`: 1 to {MAX_KEY_LEN} printable ASCII characters are required"
             ));
         }
         Ok(RequestKey { key: key.to_string(), fingerprint: fingerprint(&[method.as_bytes(), path.as_bytes(), body]) })

@@ -765,3 +765,29 @@ async fn a_keyed_write_sent_again_through_another_node_after_the_first_died_is_s
     let marked: Vec<&Value> = all.iter().filter(|e| e["request"]["idempotency_key"] == "turn-1").collect();
     assert_eq!(marked.len(), 1, "the write's mark, on its first event");
 }
+
+/// A nats-server as it comes (`max_payload` 1 MB, less than one append of the default
+/// `server.max_body_bytes` needs): the node starts, says once that it holds request bodies
+/// to what one message carries, takes bodies that fit and answers 413 for larger ones; its
+/// `/healthz` names the server's version and when an acknowledged append is on disk.
+#[tokio::test]
+async fn a_node_on_a_stock_nats_server_starts_and_takes_the_bodies_it_can_carry() {
+    let nats = Nats::stock().await;
+    let config = format!("[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {}\n", nats.toml_servers());
+    let node = spawn_with(&config).await;
+    let said = node.log();
+    assert_eq!(said.matches("request bodies are held to what one message carries").count(), 1, "{said}");
+    let (status, health) = get_json(&node, "/healthz").await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(health["durability"], "synced_on_timer", "nats-server 2.9 syncs on its own timer: {health}");
+    assert!(health["version"].as_str().is_some_and(|v| v.starts_with("2.")), "{health}");
+
+    let session = node.create_session().await;
+    let outcome = |bytes: usize| json!({"events": [{"type": "user.define_outcome", "outcome": "x".repeat(bytes)}]});
+    let (status, body) = post_json(&node, &format!("/sessions/{session}/events"), outcome(300_000)).await;
+    assert_eq!(status, 200, "a body that fits is stored: {body}");
+    let (status, body) = post_json(&node, &format!("/sessions/{session}/events"), outcome(900_000)).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.to_string().contains("limit"), "the answer names the limit: {body}");
+    assert_eq!(node.all_events(&session).await.len(), 2, "created, and the body that fit");
+}

@@ -75,7 +75,7 @@ pub(super) fn client() -> reqwest::Client {
 /// single-node soak), which was killed, and how far the load has got.
 pub(super) struct Cycle {
     pub number: usize,
-    urls: Vec<String>,
+    pub urls: Vec<String>,
     /// Whether several nodes share the log: once one is killed, the others may refuse a
     /// request (503) while they take its sessions over (and resume their turns).
     failover: bool,
@@ -100,6 +100,8 @@ pub(super) struct Cycle {
     pub ended_cut: AtomicUsize,
     pub ended_refused: AtomicUsize,
     pub ended_stopped: AtomicUsize,
+    /// Appends answered 504 (stored or not, not known yet): sent again with their keys.
+    pub ended_unknown: AtomicUsize,
 }
 
 impl Cycle {
@@ -121,6 +123,7 @@ impl Cycle {
             ended_cut: AtomicUsize::new(0),
             ended_refused: AtomicUsize::new(0),
             ended_stopped: AtomicUsize::new(0),
+            ended_unknown: AtomicUsize::new(0),
         })
     }
 
@@ -147,6 +150,27 @@ impl Cycle {
     /// Ends the clients still going.
     pub fn stop(&self) {
         self.stop.cancel();
+    }
+
+    /// Whether the cycle has stopped its clients (not counted as a client's end).
+    pub fn is_stopped(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    /// `work`, unless the cycle stops first (not counted as a client's end).
+    pub async fn until_stopped<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            biased;
+            _ = self.stop.cancelled() => None,
+            done = work => Some(done),
+        }
+    }
+
+    /// A node chosen at random among those not killed in this cycle.
+    pub fn live_node(&self, rng: &mut StdRng) -> usize {
+        let killed = self.killed.load(Ordering::SeqCst).then(|| self.victim.load(Ordering::SeqCst));
+        let live: Vec<usize> = (0..self.urls.len()).filter(|n| Some(*n) != killed).collect();
+        live[rng.random_range(0..live.len())]
     }
 
     /// A client's connection to `node` failed: the expected end of it once that node was
@@ -191,11 +215,12 @@ impl Cycle {
     fn refused(&self, node: usize, status: u16, body: &str, what: impl std::fmt::Display) -> bool {
         let killed = self.killed.load(Ordering::SeqCst);
         let raced = status == 409 && body.contains("another node appended");
-        if self.failover && killed && (status == 503 || raced) {
+        // 503: not stored; 504: not known, which the writer's key makes safe to send again.
+        if self.failover && killed && (status == 503 || status == 504 || raced) {
             self.ended_refused.fetch_add(1, Ordering::SeqCst);
             return false;
         }
-        if status == 503 && self.aftermath_refusal() {
+        if matches!(status, 503 | 504) && self.aftermath_refusal() {
             return true;
         }
         let when = if killed { "after the kill" } else { "before the kill" };
@@ -251,6 +276,68 @@ struct Posted<'a> {
 pub(super) struct Appended {
     pub acked: Vec<Acked>,
     pub requests: usize,
+    /// The batch whose answer the kill cut off (or that was answered 504: its fate not
+    /// known): sent again with its key once the nodes are back, and then acknowledged.
+    pub cut: Option<Keyed>,
+    /// Batches answered 503, which their logs must not hold.
+    pub refused: Vec<(String, Vec<String>)>,
+}
+
+/// An appender's batch, with the idempotency key it was sent with.
+#[derive(Clone)]
+pub(super) struct Keyed {
+    pub session: String,
+    pub key: String,
+    pub body: Value,
+    pub outcomes: Vec<String>,
+}
+
+impl Keyed {
+    /// Sends the batch again through `urls` (a node at random each time) until it is
+    /// answered 200, within `within`: its events, acknowledged.
+    pub async fn resend(&self, urls: &[String], within: Duration, rng: &mut StdRng) -> Vec<Acked> {
+        let client = client();
+        let deadline = Instant::now() + within;
+        loop {
+            let url = &urls[rng.random_range(0..urls.len())];
+            let sent = client
+                .post(format!("{url}/sessions/{}/events", self.session))
+                .header("Idempotency-Key", &self.key)
+                .json(&self.body)
+                .send()
+                .await;
+            let answer = match sent {
+                Ok(response) => Some((response.status().as_u16(), response.text().await.unwrap_or_default())),
+                Err(_) => None,
+            };
+            match answer {
+                Some((200, body)) => return self.acknowledged(&body),
+                Some((status, body)) if !matches!(status, 409 | 503 | 504) => {
+                    panic!("{}: the batch sent again with its key answered {status}: {body}", self.key)
+                }
+                _ => assert!(Instant::now() < deadline, "{}: not answered 200 within {within:?}", self.key),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The events of an answer to this batch, checked against what was sent.
+    pub fn acknowledged(&self, body: &str) -> Vec<Acked> {
+        let posted: Posted = serde_json::from_str(body).expect("the answer is JSON");
+        assert_eq!(posted.data.len(), self.outcomes.len(), "{}: every event is acknowledged: {body}", self.key);
+        let acked = posted.data.iter().zip(&self.outcomes).map(|(raw, outcome)| {
+            let event: Value = serde_json::from_str(raw.get()).unwrap();
+            assert_eq!(event["outcome"], outcome.as_str(), "the acknowledged event is the one sent");
+            assert_eq!(event["session_id"], self.session.as_str());
+            Acked {
+                session: self.session.clone(),
+                id: event["id"].as_str().unwrap().to_string(),
+                seq: event["sequence_number"].as_u64().unwrap(),
+                raw: raw.get().to_string(),
+            }
+        });
+        acked.collect()
+    }
 }
 
 /// Appends through `node` until its first failure after the kill (or the stop).
@@ -275,13 +362,21 @@ pub(super) async fn append(
             (0..n).map(|k| format!("c{}-w{w}-{i}-{k}-{}", cycle.number, "x".repeat(rng.random_range(0..80)))).collect();
         let events: Vec<Value> =
             outcomes.iter().map(|o| json!({"type": "user.define_outcome", "outcome": o})).collect();
+        // Every batch is keyed: one whose answer is lost is sent again after the cycle.
+        let key = format!("c{}-w{w}-{i}", cycle.number);
+        let batch = Keyed { session: session.clone(), key, body: json!({"events": events}), outcomes };
         let url = cycle.url(node);
-        let sent = client.post(format!("{url}/sessions/{session}/events")).json(&json!({"events": events})).send();
+        let sent = client
+            .post(format!("{url}/sessions/{session}/events"))
+            .header("Idempotency-Key", &batch.key)
+            .json(&batch.body)
+            .send();
         let response = match cycle.unless_stopped(sent).await {
             None => return done,
             Some(Ok(response)) => response,
             Some(Err(error)) => {
                 cycle.cut(node, format!("appender {w}: {error}"));
+                done.cut = Some(batch);
                 return done;
             }
         };
@@ -291,28 +386,29 @@ pub(super) async fn append(
             Some(Ok(body)) => body,
             Some(Err(error)) => {
                 cycle.cut(node, format!("appender {w}: reading the answer: {error}"));
+                done.cut = Some(batch);
                 return done;
             }
         };
-        if status != 200 {
-            if cycle.refused(node, status.as_u16(), &body, format!("appender {w}: {session}: {body}")) {
-                continue;
+        match status.as_u16() {
+            200 => {}
+            // Stored or not, nobody knows yet: sent again with its key after the cycle.
+            504 => {
+                cycle.ended_unknown.fetch_add(1, Ordering::SeqCst);
+                done.cut = Some(batch);
+                return done;
             }
-            return done;
+            status => {
+                if status == 503 {
+                    done.refused.push((batch.session.clone(), batch.outcomes.clone()));
+                }
+                if cycle.refused(node, status, &body, format!("appender {w}: {session}: {body}")) {
+                    continue;
+                }
+                return done;
+            }
         }
-        let posted: Posted = serde_json::from_str(&body).expect("the answer is JSON");
-        assert_eq!(posted.data.len(), n, "appender {w}: every event is acknowledged: {body}");
-        for (raw, outcome) in posted.data.iter().zip(&outcomes) {
-            let event: Value = serde_json::from_str(raw.get()).unwrap();
-            assert_eq!(event["outcome"], outcome.as_str(), "the acknowledged event is the one sent");
-            assert_eq!(event["session_id"], session.as_str());
-            done.acked.push(Acked {
-                session: session.clone(),
-                id: event["id"].as_str().unwrap().to_string(),
-                seq: event["sequence_number"].as_u64().unwrap(),
-                raw: raw.get().to_string(),
-            });
-        }
+        done.acked.extend(batch.acknowledged(&body));
         done.requests += 1;
         cycle.appended.fetch_add(n, Ordering::SeqCst);
     }
@@ -500,8 +596,10 @@ pub(super) async fn drive(cycle: Arc<Cycle>, mut driver: Driver, node: usize) ->
             cycle.turning.fetch_add(1, Ordering::SeqCst);
         }
         let url = cycle.url(node);
-        let sent = client.post(format!("{url}/sessions/{}/turns", driver.session)).json(&body).send();
-        let response = match cycle.unless_stopped(sent).await {
+        let key = format!("turn-{}-{marker}", driver.session);
+        let sent =
+            client.post(format!("{url}/sessions/{}/turns", driver.session)).header("Idempotency-Key", key).json(&body);
+        let response = match cycle.unless_stopped(sent.send()).await {
             None => {
                 driver.cut += 1;
                 return driver;
@@ -858,7 +956,9 @@ pub(super) async fn delete_sessions(cycle: Arc<Cycle>, mut d: Deleter, node: usi
         if cycle.stopped() {
             return d;
         }
-        let made = client.post(format!("{url}/sessions")).json(&json!({"agent": {"name": "default"}})).send();
+        let key = format!("deleter-c{}-{}", cycle.number, d.created);
+        let made = client.post(format!("{url}/sessions")).header("Idempotency-Key", key);
+        let made = made.json(&json!({"agent": {"name": "default"}})).send();
         let body = match cycle.unless_stopped(made).await {
             None => return d,
             Some(Ok(response)) if response.status() != 201 => {
@@ -1079,6 +1179,12 @@ pub(super) struct Soak {
     pub deleter: Deleter,
     /// Sessions whose delete every node has answered for (404): they stay deleted.
     pub gone: HashSet<String>,
+    /// Batches whose answer was cut off, to send again with their keys (see [`Soak::resend`]).
+    pub cut: Vec<Keyed>,
+    /// Batches answered 503: not stored, ever.
+    pub refused: Vec<(String, Vec<String>)>,
+    /// Batches sent again with their keys after their answer was cut off, and answered.
+    pub resent: usize,
 }
 
 /// A cycle's clients, running until the kill ends them.
@@ -1118,6 +1224,17 @@ impl Soak {
     /// Takes back what a cycle's clients did: the subscribers', drivers', deleter's and ACP
     /// client's state for the next cycle, and the appends acknowledged (with the requests
     /// that made them).
+    /// Sends the batches whose answers were cut off again, each with its key, through the
+    /// nodes at `urls` until answered: each is then acknowledged (stored once, however
+    /// often it was sent, which the checks hold).
+    pub(super) async fn resend(&mut self, urls: &[String], rng: &mut StdRng) {
+        for batch in std::mem::take(&mut self.cut) {
+            let acked = batch.resend(urls, Duration::from_secs(60), rng).await;
+            self.acked.extend(acked);
+            self.resent += 1;
+        }
+    }
+
     pub(super) async fn gather(&mut self, clients: Clients) -> (usize, usize) {
         let (mut appended, mut requests) = (0, 0);
         for handle in clients.appenders {
@@ -1125,6 +1242,8 @@ impl Soak {
             appended += done.acked.len();
             requests += done.requests;
             self.acked.extend(done.acked);
+            self.cut.extend(done.cut);
+            self.refused.extend(done.refused);
         }
         for handle in clients.subscribers {
             self.subscribers.push(join("a subscriber", handle).await);
@@ -1253,6 +1372,24 @@ async fn survey(client: &reqwest::Client, urls: &[String], soak: &Soak) -> Resul
 /// The acknowledged events, what the subscribers received and the answered turns, against
 /// the logs read through the node at `url`.
 fn check_logs(url: &str, soak: &Soak, logs: &HashMap<String, Vec<Stored>>) -> Result<(), String> {
+    // Nothing twice: every batch an appender sent (however often) is in its log at most once.
+    for session in &soak.append_sessions {
+        let mut seen = HashSet::new();
+        for stored in &logs[session] {
+            if let Some(outcome) = stored.value["outcome"].as_str() {
+                assert!(seen.insert(outcome), "{session}: {outcome} is stored twice (through {url})");
+            }
+        }
+    }
+    // A 503 says the append was not stored.
+    for (session, outcomes) in &soak.refused {
+        let stored = logs[session].iter().find(|s| outcomes.iter().any(|o| s.value["outcome"] == o.as_str()));
+        assert!(
+            stored.is_none(),
+            "{session}: a batch answered 503 is in the log (through {url}): {:?}",
+            stored.map(|s| &s.raw)
+        );
+    }
     for acked in &soak.acked {
         let log = &logs[&acked.session];
         let Some(stored) = log.get(acked.seq as usize - 1) else {
@@ -1496,6 +1633,10 @@ async fn soak_sigkill_under_mixed_load() {
         let (appended, requests) = soak.gather(clients).await;
 
         app.restart().await;
+        // The batches the kill cut off, sent again with their keys: each stored once.
+        let resent = soak.resent;
+        soak.resend(std::slice::from_ref(&app.url), &mut rng).await;
+        let resent = soak.resent - resent;
         let checking = Instant::now();
         let checked = check(&app, &mut soak).await;
 
@@ -1510,8 +1651,8 @@ async fn soak_sigkill_under_mixed_load() {
             })
             .collect();
         println!(
-            "cycle {:>2}/{cycles}: killed {delay} ms into the load | acked {appended} events in {requests} requests | \
-             turns {} | acp prompts {} | subscribers got {received} events over {reconnects} reconnects | \
+            "cycle {:>2}/{cycles}: killed {delay} ms into the load | acked {appended} events in {requests} requests, \
+             {resent} cut off and sent again with their keys | turns {} | acp prompts {} | subscribers got {received} events over {reconnects} reconnects | \
              sessions created {} deleted {} | after restart: {} sessions, {} events, {} turns, {} resumes, {} closed after \
              max_resumes, {} closed as interrupted, checked in {} ms",
             number + 1,
@@ -1538,10 +1679,12 @@ async fn soak_sigkill_under_mixed_load() {
     let turns: usize = soak.drivers.iter().map(|d| d.acked.len()).sum();
     assert!(!soak.acked.is_empty() && total_received > 0, "the load ran");
     println!(
-        "soak: {cycles} kills in {:.1} s: {} events acknowledged, {turns} turns and {} acp prompts answered, \
+        "soak: {cycles} kills in {:.1} s: {} events acknowledged ({} batches cut off, sent again with their keys, \
+         stored once), {turns} turns and {} acp prompts answered, \
          {total_received} events received by {} subscribers, {} sessions deleted; all checks held",
         started.elapsed().as_secs_f64(),
         soak.acked.len(),
+        soak.resent,
         soak.acp.acked.len(),
         soak.subscribers.len(),
         soak.deleter.deleted,

@@ -68,16 +68,26 @@ impl Nats {
         Nats::start(3).await
     }
 
+    /// One server as it comes, with NATS's default `max_payload` (1 MB).
+    #[allow(dead_code)] // Only the cluster tests start one.
+    pub async fn stock() -> Nats {
+        Nats::start_with(1, None).await
+    }
+
     async fn start(count: usize) -> Nats {
+        Nats::start_with(count, Some("8MB")).await
+    }
+
+    async fn start_with(count: usize, max_payload: Option<&str>) -> Nats {
         for _ in 1..ATTEMPTS {
-            let mut nats = Nats::configure(count);
+            let mut nats = Nats::configure(count, max_payload);
             match nats.all_ready().await {
                 Ok(()) => return nats,
                 Err(NotReady::PortTaken) => continue,
                 Err(NotReady::Failed(why)) => panic!("{why}"),
             }
         }
-        let mut nats = Nats::configure(count);
+        let mut nats = Nats::configure(count, max_payload);
         if let Err(NotReady::Failed(why)) = nats.all_ready().await {
             panic!("{why}");
         }
@@ -95,15 +105,16 @@ impl Nats {
     }
 
     /// Fresh ports and store dirs for `count` servers, none started yet.
-    fn configure(count: usize) -> Nats {
+    fn configure(count: usize, max_payload: Option<&str>) -> Nats {
         let dir = tempfile::tempdir().unwrap();
         let routes: Vec<u16> = (0..count).map(|_| free_port()).collect();
         let mut servers = Vec::new();
         for (i, route) in routes.iter().enumerate() {
             let (port, http) = (free_port(), free_port());
             let store = dir.path().join(format!("n{i}"));
+            let max_payload = max_payload.map(|max| format!("max_payload: {max}\n")).unwrap_or_default();
             let mut config = format!(
-                "server_name: n{i}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{http}\nmax_payload: 8MB\n\
+                "server_name: n{i}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{http}\n{max_payload}\
                  jetstream {{ store_dir: {store:?} }}\n"
             );
             if count > 1 {
