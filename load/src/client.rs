@@ -113,6 +113,16 @@ impl Api {
     /// (a `user.message` starts one, and a second while it runs is refused). Answers the
     /// stored events (once durable) and the size of the response body.
     pub async fn post_events(&self, session: &str, texts: &[String]) -> anyhow::Result<(Vec<Acked>, usize)> {
+        self.post_events_keyed(session, texts, None).await
+    }
+
+    /// [`Api::post_events`], with `Idempotency-Key: key` if given (docs/idempotency.md).
+    pub async fn post_events_keyed(
+        &self,
+        session: &str,
+        texts: &[String],
+        key: Option<&str>,
+    ) -> anyhow::Result<(Vec<Acked>, usize)> {
         let mut body = String::with_capacity(texts.iter().map(|t| t.len() + 48).sum());
         body.push_str("{\"events\":[");
         for (i, text) in texts.iter().enumerate() {
@@ -124,7 +134,12 @@ impl Api {
             body.push('}');
         }
         body.push_str("]}");
-        let response = self.client.post_events_raw(session, body).await.context("POST /sessions/{id}/events")?;
+        let path = format!("/sessions/{session}/events");
+        let mut request = self.client.request(reqwest::Method::POST, &path).header("content-type", "application/json");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = self.client.send(request.body(body)).await.context("POST /sessions/{id}/events")?;
         let bytes = response.bytes().await?;
         let acked: Data<Acked> = serde_json::from_slice(&bytes).context("the append's answer")?;
         if acked.data.len() != texts.len() {

@@ -9,17 +9,31 @@ use crate::agent::{Agent, Agents};
 use crate::domain::catalog::AgentDefinition;
 use crate::domain::event::timestamp_now;
 use crate::domain::ids::prefixed;
-use crate::domain::{Caller, EventBody};
+use crate::domain::{Caller, EventBody, RequestKey};
 use crate::error::SessionError;
 use crate::projection::catalog::{catalog_key, AgentVersions, CatalogAgents};
 use crate::projection::Page;
 
 impl Catalog {
-    /// Stores a new agent (version 1) and makes it runnable.
-    pub async fn create_agent(&self, caller: &Caller, new: NewAgent) -> Result<AgentDefinition, SessionError> {
+    /// Stores a new agent (version 1) and makes it runnable. A keyed request sent again
+    /// answers the agent its first copy made (as it is now), or makes it with the id that
+    /// copy claimed.
+    pub async fn create_agent(
+        &self,
+        caller: &Caller,
+        new: NewAgent,
+        request: Option<&RequestKey>,
+    ) -> Result<AgentDefinition, SessionError> {
+        let id = match request {
+            Some(key) => self.engine.claim(&caller.subject, key, prefixed("agent_")).await?,
+            None => prefixed("agent_"),
+        };
+        if let (Some(_), Ok(made)) = (request, self.stored_agent(caller, &id).await) {
+            return Ok(made);
+        }
         let now = timestamp_now();
         let definition = AgentDefinition {
-            id: prefixed("agent_"),
+            id,
             version: 1,
             name: new.name,
             description: new.description,

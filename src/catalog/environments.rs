@@ -5,16 +5,30 @@ use super::{not_found, Catalog, CatalogFilter, EnvironmentChange, NewEnvironment
 use crate::domain::catalog::Environment;
 use crate::domain::event::timestamp_now;
 use crate::domain::ids::prefixed;
-use crate::domain::{Caller, EventBody};
+use crate::domain::{Caller, EventBody, RequestKey};
 use crate::error::SessionError;
 use crate::projection::catalog::{catalog_key, CatalogEnvironments};
 use crate::projection::Page;
 
 impl Catalog {
-    pub async fn create_environment(&self, caller: &Caller, new: NewEnvironment) -> Result<Environment, SessionError> {
+    /// Stores a new environment; a keyed request sent again answers the one its first copy
+    /// made (as it is now), as agents do.
+    pub async fn create_environment(
+        &self,
+        caller: &Caller,
+        new: NewEnvironment,
+        request: Option<&RequestKey>,
+    ) -> Result<Environment, SessionError> {
+        let id = match request {
+            Some(key) => self.engine.claim(&caller.subject, key, prefixed("env_")).await?,
+            None => prefixed("env_"),
+        };
+        if let (Some(_), Ok(made)) = (request, self.environment(caller, &id).await) {
+            return Ok(made);
+        }
         let now = timestamp_now();
         let environment = Environment {
-            id: prefixed("env_"),
+            id,
             name: new.name,
             description: new.description,
             config: new.config,

@@ -107,20 +107,28 @@ impl Engine {
     /// claimed for `subject`'s key, this copy's if it is the first. A key once used for
     /// another request (another route or body) is refused.
     pub async fn session_for(&self, subject: &str, key: &RequestKey) -> Result<SessionId, SessionError> {
+        let id = self.claim(subject, key, SessionId::generate().to_string()).await?;
+        id.parse().map_err(|_| SessionError::Storage(crate::store::StoreError::new(format!("a claimed id: {id}"))))
+    }
+
+    /// The id a keyed write that makes something (a session, an agent) gives it: `fresh`
+    /// if this is the key's first use by `subject`, else the one its first copy claimed
+    /// (see [`crate::store::Claims`]); a key once used for another request is refused.
+    pub async fn claim(&self, subject: &str, key: &RequestKey, fresh: String) -> Result<String, SessionError> {
         #[derive(serde::Serialize, serde::Deserialize)]
         struct Claimed {
-            session: SessionId,
+            id: String,
             fingerprint: String,
         }
         let name = key.scoped(subject);
-        let mine = Claimed { session: SessionId::generate(), fingerprint: key.fingerprint.clone() };
+        let mine = Claimed { id: fresh, fingerprint: key.fingerprint.clone() };
         let mine = bytes::Bytes::from(serde_json::to_vec(&mine).expect("a claim serialises"));
         let ttl = Duration::from_millis(self.env.idempotency_retention_ms());
         let held = self.env.log.claim(&name, mine, ttl).await?;
         let held: Claimed = serde_json::from_slice(&held)
             .map_err(|e| SessionError::Storage(crate::store::StoreError::new(format!("a stored claim: {e}"))))?;
         key.matches(&held.fingerprint).map_err(SessionError::KeyReused)?;
-        Ok(held.session)
+        Ok(held.id)
     }
 
     /// Appends to a log that no session's actor writes (the catalog's), at `expected`:

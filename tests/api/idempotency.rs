@@ -138,8 +138,16 @@ async fn managed_writes_sent_again_with_their_key_are_stored_once_across_a_sigki
     let mut app = spawn_app().await;
     let (status, env) = keyed(&app, "/v1/environments", "env-1", &json!({"name": "e"})).await;
     assert_eq!(status, 200, "{env}");
+    let (status, again) = keyed(&app, "/v1/environments", "env-1", &json!({"name": "e"})).await;
+    assert_eq!((status, &again["id"]), (200, &env["id"]), "the same environment: {again}");
     let (status, agent) = keyed(&app, "/v1/agents", "agent-1", &json!({"name": "a", "model": "scripted"})).await;
     assert_eq!(status, 200, "{agent}");
+    let (status, again) = keyed(&app, "/v1/agents", "agent-1", &json!({"name": "a", "model": "scripted"})).await;
+    assert_eq!((status, &again["id"], &again["version"]), (200, &agent["id"], &agent["version"]), "{again}");
+    let (status, other) = keyed(&app, "/v1/agents", "agent-1", &json!({"name": "b", "model": "scripted"})).await;
+    reused(status, &other);
+    let (_, agents) = crate::helpers::get_json(&app, "/v1/agents?limit=100").await;
+    assert_eq!(agents["data"].as_array().unwrap().len(), 1, "one agent made: {agents}");
     let message = json!({"type": "user.message", "content": [{"type": "text", "text": "first words"}]});
     let make = json!({"agent": agent["id"], "environment_id": env["id"], "initial_events": [message]});
     let (status, first) = keyed(&app, "/v1/sessions", "make-1", &make).await;

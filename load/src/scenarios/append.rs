@@ -48,6 +48,9 @@ pub struct Params {
     /// Do not measure raw sled alongside (then no ratio is reported).
     #[arg(long)]
     pub no_baseline: bool,
+    /// Send each request with an `Idempotency-Key` of its own (what keys cost an append).
+    #[arg(long)]
+    pub keyed: bool,
 }
 
 impl Params {
@@ -194,7 +197,8 @@ async fn write(api: &Api, p: &Params, lane: Lane) -> Acks {
         let tags: Vec<String> = (0..per).map(|e| format!("w{}r{request}e{e}", lane.writer)).collect();
         let texts: Vec<String> = tags.iter().map(|t| message(t, p.event_bytes)).collect();
         let sent = Instant::now();
-        match lane.deadline.run(api.post_events(&lane.session_id, &texts)).await {
+        let key = p.keyed.then(|| format!("w{}r{request}", lane.writer));
+        match lane.deadline.run(api.post_events_keyed(&lane.session_id, &texts, key.as_deref())).await {
             None => acks.deadline_hit = true,
             Some(Err(error)) => acks.error = Some(format!("writer {}: {error:#}", lane.writer)),
             Some(Ok((stored, bytes))) => {

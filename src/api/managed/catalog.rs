@@ -214,6 +214,7 @@ async fn create_agent(
     Auth(caller, _): Auth<Managed>,
     body: Json<AgentBody>,
 ) -> Result<HttpResponse, Error> {
+    let key = body.request_key();
     let body = body.0;
     body.unsupported()?;
     if body.version.is_some() {
@@ -230,7 +231,7 @@ async fn create_agent(
         mcp_toolsets,
         metadata: metadata(body.metadata)?,
     };
-    let agent = state.catalog.create_agent(&caller, new).await?;
+    let agent = state.catalog.create_agent(&caller, new, key.as_ref()).await?;
     Ok(HttpResponse::Ok().json(wire::agent(&agent)))
 }
 
@@ -420,6 +421,7 @@ async fn create_environment(
     Auth(caller, _): Auth<Managed>,
     body: Json<EnvironmentBody>,
 ) -> Result<HttpResponse, Error> {
+    let key = body.request_key();
     let body = body.0;
     scope(&body.scope)?;
     let new = NewEnvironment {
@@ -431,7 +433,7 @@ async fn create_environment(
         config: config(body.config)?,
         metadata: metadata(body.metadata)?,
     };
-    let environment = state.catalog.create_environment(&caller, new).await?;
+    let environment = state.catalog.create_environment(&caller, new, key.as_ref()).await?;
     Ok(HttpResponse::Ok().json(wire::environment(&environment)))
 }
 

@@ -24,6 +24,13 @@ const CONSUMER_WAIT: Duration = Duration::from_secs(3);
 /// it calls the event unknown (see `JetStreamLog::find`).
 const UNSEEN_WAIT: Duration = Duration::from_secs(2);
 
+/// A log of at most this many events is short: walking its messages (one request each) is
+/// cheap.
+const SHORT_LOG: u64 = 64;
+
+/// How long the first read of a short log waits for its consumer before it walks it too.
+const HEDGE_AFTER: Duration = Duration::from_millis(250);
+
 /// Messages fetched from the stream at once by a read.
 const FETCH_AHEAD: usize = 16;
 
@@ -96,7 +103,11 @@ impl JetStreamLog {
         let mut index = Vec::new();
         let mut recent = VecDeque::new();
         if upto > 0 {
-            index = self.index(session.id, &subject, upto).await?;
+            // How many events the log holds, from its last message's header: a short log is
+            // cheaper to walk than to wait for a consumer (see `index`).
+            let events = last.as_ref().and_then(|last| wire::entry(last.sequence, Some(&last.headers)).ok());
+            let short = events.is_some_and(|entry| entry.last_seq() <= SHORT_LOG);
+            index = self.index(session.id, &subject, upto, short).await?;
             if let Some(last) = last.filter(|last| last.sequence == upto) {
                 if index.last().is_some_and(|entry| entry.stream_seq == upto) {
                     let events = Hashed::from(wire::decode(&last.payload).map_err(StoreError::new)?);
@@ -114,8 +125,25 @@ impl JetStreamLog {
     /// headers; if that does not answer in time (a server failing over may leave a new
     /// consumer unplaced for a while), by walking the subject's messages one request at a
     /// time, which only needs the stream's leader.
-    async fn index(&self, session: SessionId, subject: &str, upto: u64) -> Result<Vec<Entry>, StoreError> {
-        let every = match tokio::time::timeout(CONSUMER_WAIT, self.index_once(subject, upto)).await {
+    /// A `short` log is also walked if the consumer has not answered within
+    /// [`HEDGE_AFTER`] (a busy or failing-over server places new consumers slowly): its first
+    /// read does not wait for a consumer that a few requests do without.
+    async fn index(&self, session: SessionId, subject: &str, upto: u64, short: bool) -> Result<Vec<Entry>, StoreError> {
+        let by_consumer = tokio::time::timeout(CONSUMER_WAIT, self.index_once(subject, upto));
+        let by_consumer = match short {
+            false => by_consumer.await,
+            true => {
+                tokio::pin!(by_consumer);
+                tokio::select! {
+                    indexed = &mut by_consumer => indexed,
+                    _ = tokio::time::sleep(HEDGE_AFTER) => tokio::select! {
+                        indexed = by_consumer => indexed,
+                        walked = self.index_walking(subject, upto) => Ok(walked),
+                    },
+                }
+            }
+        };
+        let every = match by_consumer {
             Ok(Ok(every)) => every,
             Ok(Err(error)) => {
                 tracing::warn!(%error, subject, "indexing a session by consumer failed; walking it");
