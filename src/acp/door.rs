@@ -434,7 +434,19 @@ impl Door for Bridge {
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {
         let mut follow = self.client.follow(&session_id(session)?, Some(after.to_string()), RECONNECT);
         // The first open answers for the session (unknown, refused); later drops reconnect.
-        follow.connect().await?;
+        // A server that cannot answer now (restarting, failing over) is asked again, as a
+        // keyed write is: the prompt's turn goes on there meanwhile.
+        let deadline = tokio::time::Instant::now() + crate::client::KEYED_RETRIES;
+        loop {
+            match follow.connect().await {
+                Ok(()) => break,
+                Err(error) if error.is_transient() && tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(%error, session_id = session, "the event stream did not open; opening it again");
+                    tokio::time::sleep(RECONNECT.pause).await;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
         Ok(async_stream::stream! {
             loop {
                 match follow.next().await {

@@ -128,17 +128,13 @@ impl Client {
     }
 
     /// Sends the request `build` makes with `Idempotency-Key: key` until it is answered
-    /// with anything but "not now" (no connection, 502, 503, 504), or for [`KEYED_RETRIES`].
+    /// with anything but "not now" (no connection, a 5xx), or for [`KEYED_RETRIES`].
     async fn keyed(&self, build: impl Fn() -> RequestBuilder, key: &str) -> Result<Response, ClientError> {
         let deadline = tokio::time::Instant::now() + KEYED_RETRIES;
         let mut pause = Duration::from_millis(100);
         loop {
             let sent = self.send(build().header("idempotency-key", key)).await;
-            let again = match &sent {
-                Err(ClientError::Unreachable { .. }) => true,
-                Err(ClientError::Refused(refusal)) => matches!(refusal.status.as_u16(), 502..=504),
-                _ => false,
-            };
+            let again = sent.as_ref().is_err_and(ClientError::is_transient);
             if !again || tokio::time::Instant::now() + pause > deadline {
                 return sent;
             }
