@@ -1033,3 +1033,49 @@ async fn a_projection_put_from_a_stale_copy_keeps_the_value_folded_further() {
     }
     a.close().await.unwrap();
 }
+
+/// A node that died between an append and its projections' puts leaves the session's
+/// values behind its log while they still exist: a node that has the session loaded (it
+/// serves it to a reader) finds it behind at two sweeps in a row and puts what is missing,
+/// without waiting for the session's next append.
+#[tokio::test]
+async fn projections_left_behind_their_log_are_repaired_by_a_sweep_on_another_node() {
+    let nats = nats::Nats::single().await;
+    let a = nats::open_log(&nats).await;
+    let bucket = projections_bucket(&nats).await;
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    a.prepare(session).await.unwrap();
+    a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    let key = format!("{}.{}", SessionIndex::NAME, session.ulid());
+    let watermark = format!("_projected.{}", session.ulid());
+    let before = bucket.get(&key).await.unwrap().expect("the summary");
+    let titled = EventBody::SessionUpdated { agent: None, tools: None, title: Some("renamed".into()), metadata: None };
+    a.append(session, 1, vec![Draft::new(None, &titled)]).await.unwrap().unwrap();
+    a.close().await.unwrap();
+    // As if node a had died before it put the second append's projections.
+    bucket.put(&key, before).await.unwrap();
+    bucket.put(&watermark, "1".into()).await.unwrap();
+
+    let b = nats::open_log(&nats).await;
+    let title = |b: &JetStreamLog| {
+        let b = b.clone();
+        async move {
+            let summary = b.get(SessionIndex::NAME, Key::session(session)).await.unwrap().expect("the summary");
+            serde_json::from_slice::<SessionSummary>(&summary).unwrap().spec.title
+        }
+    };
+    // Served here (a reader follows it live), with its old summary.
+    let _following = b.subscribe(session).await.unwrap();
+    let range = ReadRange { after: None, before: None, limit: 10, newest_first: false };
+    assert_eq!(b.read(session, range).await.unwrap().len(), 2);
+    assert_eq!(title(&b).await, None, "the summary as node a left it");
+    b.sweep();
+    b.sweep();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while title(&b).await.as_deref() != Some("renamed") {
+        assert!(std::time::Instant::now() < deadline, "the sweep did not repair the summary");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    b.close().await.unwrap();
+}

@@ -92,12 +92,18 @@ impl Mirror {
         self.values.read().get(projection)?.get(&key).cloned()
     }
 
-    /// The last event folded into the value under `key` (0: none).
     /// The bucket's revision of the value under `bucket_key` this copy holds (0: none).
     pub fn revision(&self, bucket_key: &str) -> u64 {
         self.revisions.read().get(bucket_key).map_or(0, |(revision, _)| *revision)
     }
 
+    /// The last event of `session` whose projections are all put, as its watermark in this
+    /// copy says (0: none).
+    pub fn watermark(&self, session: SessionId) -> u64 {
+        self.revisions.read().get(&watermark_key(session)).map_or(0, |(_, seq)| *seq)
+    }
+
+    /// The last event folded into the value under `key` (0: none).
     pub fn folded(&self, projection: &str, key: Key) -> u64 {
         self.revisions.read().get(&value_key(projection, key)).map_or(0, |(_, seq)| *seq)
     }
@@ -183,11 +189,14 @@ impl Mirror {
     /// if `revision` is newer than the one held; answers the session whose summary changed.
     fn set(&self, bucket_key: &str, stored: Option<Bytes>, revision: u64) -> Option<SessionId> {
         let Some((projection, key)) = parse_key(bucket_key) else {
-            // A watermark: only its revision is kept, for the next conditional put of it.
+            // A watermark: its revision (for the next conditional put of it) and its value.
             if is_watermark(bucket_key) {
                 let mut revisions = self.revisions.write();
                 let held = revisions.entry(bucket_key.to_string()).or_default();
-                held.0 = held.0.max(revision);
+                if revision > held.0 {
+                    let seq = stored.as_deref().and_then(|v| std::str::from_utf8(v).ok()).and_then(|v| v.parse().ok());
+                    *held = (revision, seq.unwrap_or(0));
+                }
             }
             return None;
         };

@@ -111,6 +111,8 @@ struct Inner {
     /// The session and stream sequence of the last [`HEARD`] messages the node's consumer
     /// brought, loaded here or not (see `load`).
     heard: Mutex<VecDeque<(SessionId, u64)>>,
+    /// Sessions loaded here whose projections the last sweep found behind their log.
+    behind: Mutex<std::collections::HashSet<SessionId>>,
 }
 
 /// A session this node has loaded.
@@ -326,11 +328,25 @@ impl Log for JetStreamLog {
     }
 
     fn sweep(&self) {
-        // Projections this node could not put after an append (the bucket out of reach): put
-        // now, not only before the session's next append.
-        let unprojected: Vec<Arc<Session>> =
-            self.inner.sessions.iter().filter(|s| s.state.lock().unprojected).map(|s| s.clone()).collect();
-        for session in unprojected {
+        // Projections this node could not put after an append (the bucket out of reach), and
+        // those of sessions loaded here whose watermark has stayed behind their log since
+        // the last sweep (the node that appended died before its puts): put now, not only
+        // before the session's next append.
+        let mut behind = self.inner.behind.lock();
+        let mut late = Vec::new();
+        let mut still = std::collections::HashSet::new();
+        for session in self.inner.sessions.iter() {
+            let writing_here = session.channel.tail.lock().is_some();
+            let lags = !writing_here && session.channel.durable().seq > self.inner.mirror.watermark(session.id);
+            if session.state.lock().unprojected || (lags && behind.contains(&session.id)) {
+                late.push(session.clone());
+            } else if lags {
+                still.insert(session.id);
+            }
+        }
+        *behind = still;
+        drop(behind);
+        for session in late {
             let log = self.clone();
             tokio::spawn(async move {
                 match log.repair(&session).await {

@@ -167,6 +167,7 @@ impl JetStreamLog {
             publishing: watch::channel(0).0,
             seen_open: Mutex::default(),
             heard: Mutex::new(VecDeque::with_capacity(HEARD)),
+            behind: Mutex::default(),
         });
         let log = JetStreamLog { inner };
         log.rebuild_if_needed().await?;
