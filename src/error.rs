@@ -126,7 +126,8 @@ impl SessionError {
             AppendError::Storage(message) => SessionError::Storage(StoreError::new(message)),
             AppendError::Unavailable(message) => SessionError::Unavailable(message),
             AppendError::FateUnknown(message) => SessionError::FateUnknown(message),
-            AppendError::Raced(message) => SessionError::Conflict(format!("{message}; send it again")),
+            // Between nodes, not the client's doing: not stored, and safe to send again (503).
+            AppendError::Raced(message) => SessionError::Unavailable(format!("{message}; send it again")),
         }
     }
 }

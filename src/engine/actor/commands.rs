@@ -171,7 +171,7 @@ impl Actor {
                 Ok(()) => return,
                 // Another writer's events came (a stopped node's last append, landing late):
                 // read them and decide again.
-                Err(SessionError::Conflict(_)) => {
+                Err(SessionError::Conflict(_) | SessionError::Unavailable(_)) => {
                     if let Err(error) = self.catch_up().await {
                         tracing::warn!(%error, session_id = %self.session, "could not read the log again to resume");
                         return;

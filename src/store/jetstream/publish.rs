@@ -188,6 +188,12 @@ impl JetStreamLog {
             match patiently(self.inner.config.failover_wait, "an append", send, answered).await {
                 Ok(ack) => break ack.sequence,
                 Err(error) if error.kind() == Kind::WrongLastSequence => {
+                    // This very batch may be what moved the subject on: stored by a copy whose
+                    // answer was lost as the leader died, and refused when sent again to the
+                    // next leader (which checks the sequence before the message id).
+                    if let Fate::Stored(at) = self.fate(session, expect, &payload).await {
+                        break at;
+                    }
                     passes += 1;
                     match self.past_void(session, events[0].0.seq).await {
                         Some(last) if passes <= VOID_PASSES && last > expect => expect = last,
