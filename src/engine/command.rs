@@ -149,4 +149,7 @@ pub enum WhenBusy {
 pub struct Submitted {
     pub events: Vec<RawEvent>,
     pub turn: Option<TurnId>,
+    /// Stored by an earlier copy of this keyed submission (and read back), not by this one:
+    /// a view that follows the session from its end must follow from these events instead.
+    pub recalled: bool,
 }

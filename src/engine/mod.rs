@@ -161,7 +161,7 @@ impl Engine {
         }
         let events = self.env.log.events_from(session, recall.first, recall.events as usize).await?;
         let turn = events.iter().find(|event| event.kind() == "turn.started").and_then(|event| event.turn());
-        Ok(Submitted { events, turn: turn.map(|(turn, _)| turn) })
+        Ok(Submitted { events, turn: turn.map(|(turn, _)| turn), recalled: true })
     }
 
     /// Cancels whatever runs in the session, records its end, then deletes or archives it.

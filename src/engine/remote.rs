@@ -53,7 +53,12 @@ impl WireDraft {
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) enum Answer {
     Done,
-    Submitted { events: Vec<(EventId, String)>, turn: Option<TurnId> },
+    Submitted {
+        events: Vec<(EventId, String)>,
+        turn: Option<TurnId>,
+        #[serde(default)]
+        recalled: bool,
+    },
     Failed(WireError),
 }
 
@@ -64,14 +69,14 @@ impl Answer {
             .iter()
             .map(|event| (event.id, String::from_utf8_lossy(&event.json).into_owned()))
             .collect();
-        Answer::Submitted { events, turn: submitted.turn }
+        Answer::Submitted { events, turn: submitted.turn, recalled: submitted.recalled }
     }
 
     pub fn into_submitted(self) -> Result<Submitted, SessionError> {
         match self {
-            Answer::Submitted { events, turn } => {
+            Answer::Submitted { events, turn, recalled } => {
                 let events = events.into_iter().map(|(id, json)| RawEvent::stored(id, Bytes::from(json))).collect();
-                Ok(Submitted { events, turn })
+                Ok(Submitted { events, turn, recalled })
             }
             Answer::Failed(error) => Err(error.into_error()),
             Answer::Done => Err(SessionError::Storage(StoreError::new("a forwarded submission was answered as done"))),

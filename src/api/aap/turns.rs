@@ -41,13 +41,20 @@ pub async fn post(
     let mut request = body.0;
     let update = request.update();
     let inputs = inputs(request.messages)?;
+    // Follow from the current end before submitting, so every event of the turn is seen.
+    let live = state.sessions.follow_live(&summary).await?;
     let submission = Submission { update, inputs, all_at_once: true, request: key, ..Submission::default() };
     let submitted = state.sessions.submit(&summary, submission).await?;
     let turn = submitted.turn.ok_or_else(|| ApiError::internal("a turn request started no turn"))?;
-    // From the request's first event, so every event of the turn is seen (a request sent
-    // again with its key is answered with the turn its first copy started, however far on).
-    let before = submitted.events.first().map_or(0, |event| event.seq - 1);
-    let follower = state.sessions.follow(&summary, Some(Cursor::Sequence(before))).await?;
+    // A request sent again with its key is answered with the turn its first copy started,
+    // however far on: from that copy's first event.
+    let follower = match submitted.recalled {
+        false => live,
+        true => {
+            let before = submitted.events.first().map_or(0, |event| event.seq - 1);
+            state.sessions.follow(&summary, Some(Cursor::Sequence(before))).await?
+        }
+    };
     tracing::debug!(session_id = %summary.id, turn_id = %turn, "turn started");
     match request.stream {
         StreamMode::None => answer(follower, turn).await,

@@ -38,9 +38,13 @@ pub async fn create(
     let CreateTurn { input, previous_turn_id, stream } = body.0;
     let inputs = wire::inputs(input)?;
     let follows = wire::follows(previous_turn_id.as_deref())?;
-    // Counted before the turn starts, so that a refused stream starts nothing.
-    let guard = match stream {
-        true => Some(state.streams.open(&caller.subject, state.settings.streams.max_streams_per_subject)?),
+    // Counted and following from the current end before the turn starts, so that every
+    // event of the turn is seen and a refused stream starts nothing.
+    let live = match stream {
+        true => {
+            let guard = state.streams.open(&caller.subject, state.settings.streams.max_streams_per_subject)?;
+            Some((guard, state.sessions.follow_live(&summary).await?))
+        }
         false => None,
     };
     let submission = Submission { inputs, all_at_once: true, follows, request, ..Submission::default() };
@@ -49,10 +53,11 @@ pub async fn create(
     tracing::debug!(session_id = %summary.id, turn_id = %turn, "turn started");
     let previous = previous(&state, &summary, turn).await?;
     let fold = fold_of(&state, &summary, turn, previous, &submitted.events).await?;
-    match guard {
-        // From the turn's start, as a subscription does: every event of the turn is seen,
-        // also by a request sent again with its key, whose turn may be far on.
-        Some(guard) => {
+    match live {
+        Some((guard, follower)) if !submitted.recalled => Ok(respond(&state, guard, follower, fold, 0)),
+        // A request sent again with its key: its turn may be far on, so from the turn's
+        // start, as a subscription does.
+        Some((guard, _)) => {
             let follower = state.sessions.follow(&summary, Some(Cursor::Turn { turn, sequence: 0 })).await?;
             Ok(respond(&state, guard, follower, fold, 0))
         }

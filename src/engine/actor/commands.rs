@@ -125,7 +125,7 @@ impl Actor {
                 running.cancel.cancel();
             }
         }
-        Ok((Submitted { events, turn: decision.start }, durable))
+        Ok((Submitted { events, turn: decision.start, recalled: false }, durable))
     }
 
     async fn copy(&mut self, drafts: Vec<Draft>, reply: Answer<Vec<RawEvent>>) {
