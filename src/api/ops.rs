@@ -24,7 +24,7 @@ pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
 async fn healthz(state: web::Data<super::state::AppState>) -> HttpResponse {
     match state.sessions.health() {
         None => HttpResponse::Ok().json(
-            serde_json::json!({"status": "ok", "store": "sled", "durability": crate::store::Durability::SyncedOnAck}),
+            serde_json::json!({"status": "ok", "store": "sled", "durability": crate::session::Durability::SyncedOnAck}),
         ),
         Some(health) => {
             let status = if health.connected { "ok" } else { "unavailable" };

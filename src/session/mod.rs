@@ -20,6 +20,7 @@ pub use crate::engine::{AgentChanges, Follows, Input, SessionUpdate, Submission,
 pub use crate::error::SessionError;
 pub use crate::projection::{Page, TimeBounds};
 pub use crate::store::follow::{FollowError, Follower};
+pub use crate::store::{Durability, Health};
 
 pub(crate) use log::SessionLog;
 
