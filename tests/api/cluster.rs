@@ -265,7 +265,12 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
     assert!(leases >= 2.0, "the two sessions' leases were taken ({leases})");
 
     let health: Value = b.get("/healthz").send().await.unwrap().json().await.unwrap();
-    assert_eq!(health, json!({"status": "ok", "store": "jetstream", "connected": true}));
+    let version = health["version"].as_str().unwrap_or_default().to_string();
+    assert!(version.starts_with("2."), "the nats-server's version: {health}");
+    let durability = if version.starts_with("2.9.") { "synced_on_timer" } else { "engine_configured" };
+    let expected =
+        json!({"status": "ok", "store": "jetstream", "connected": true, "version": version, "durability": durability});
+    assert_eq!(health, expected);
 }
 
 /// A session made through A, appended to through B and deleted through C (the delete

@@ -7,6 +7,7 @@ async fn health_and_metrics_are_served() {
     let app = spawn_app().await;
     let health: Value = app.get("/healthz").send().await.unwrap().json().await.unwrap();
     assert_eq!(health["status"], "ok");
+    assert_eq!(health["durability"], "synced_on_ack", "sled syncs its write-ahead log before each answer: {health}");
     let session = app.create_session().await;
     app.post_outcomes(&session, &texts("m", 3)).await;
     let text = app.get("/metrics").send().await.unwrap().text().await.unwrap();

@@ -79,22 +79,28 @@ impl JetStreamLog {
         Ok(ids.into_iter().filter(|id| after.is_none_or(|after| *id > after)).take(limit).collect())
     }
 
+    /// The subject's last message (`None`: it has none), asked patiently of the stream's
+    /// leader.
+    pub(super) async fn last_message(
+        &self,
+        subject: &str,
+    ) -> Result<Option<async_nats::jetstream::message::StreamMessage>, stream::LastRawMessageError> {
+        let none = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
+        let stream = &self.inner.stream;
+        let wait = self.inner.config.failover_wait;
+        match patiently(wait, "last message", || stream.get_last_raw_message_by_subject(subject), none).await {
+            Ok(message) => Ok(Some(message)),
+            Err(error) if none(&error) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
     async fn load(&self, session: &Arc<Session>) -> Result<(), StoreError> {
         let subject = self.subject(session.id);
-        let no_message = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
-        let stream = &self.inner.stream;
-        let last = patiently(
-            self.inner.config.failover_wait,
-            "last message",
-            || stream.get_last_raw_message_by_subject(&subject),
-            no_message,
-        )
-        .await;
-        let last = match last {
-            Ok(message) => Some(message),
-            Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
-            Err(error) => return Err(store_error(&format!("could not read session {}", session.id), error)),
-        };
+        let last = self
+            .last_message(&subject)
+            .await
+            .map_err(|error| store_error(&format!("could not read session {}", session.id), error))?;
         // The leader answers what it has stored; this node's consumer may have brought a
         // later message of the session from a replica a moment earlier, before the session
         // was loading here (see `find`), and will not bring it again: read up to it too.
@@ -322,20 +328,11 @@ impl JetStreamLog {
     /// not have brought yet; false if it had already when it had taken the message `held`.
     async fn catch_up(&self, session: &Session, held: u64) -> Result<bool, StoreError> {
         let subject = self.subject(session.id);
-        let no_message = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
-        let stream = &self.inner.stream;
-        let last = patiently(
-            self.inner.config.failover_wait,
-            "last message",
-            || stream.get_last_raw_message_by_subject(&subject),
-            no_message,
-        )
-        .await;
-        let last = match last {
-            Ok(message) => message,
-            Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => return Ok(false),
-            Err(error) => return Err(store_error(&format!("could not read session {}", session.id), error)),
-        };
+        let last = self
+            .last_message(&subject)
+            .await
+            .map_err(|error| store_error(&format!("could not read session {}", session.id), error))?;
+        let Some(last) = last else { return Ok(false) };
         if last.sequence <= held {
             return Ok(false);
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_nats::jetstream::{consumer, kv, stream};
+use async_nats::jetstream::{consumer, kv};
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
@@ -58,15 +58,9 @@ impl JetStreamLog {
     /// for a session-wide value found nowhere, which would otherwise answer "no such session"
     /// on every node until someone appended to it.
     async fn repair_missing(&self, session: SessionId) -> Result<bool, StoreError> {
-        let (stream, subject) = (&self.inner.stream, self.subject(session));
-        let none = |e: &stream::LastRawMessageError| e.kind() == stream::LastRawMessageErrorKind::NoMessageFound;
-        let wait = self.inner.config.failover_wait;
-        match patiently(wait, "a session's last message", || stream.get_last_raw_message_by_subject(&subject), none)
-            .await
-        {
-            Ok(_) => {}
-            Err(error) if none(&error) => return Ok(false),
-            Err(error) => return Err(store_error("could not read a session's last message", error)),
+        let last = self.last_message(&self.subject(session)).await;
+        if last.map_err(|error| store_error("could not read a session's last message", error))?.is_none() {
+            return Ok(false);
         }
         let loaded = self.session(session).await?;
         self.repair(&loaded).await?;
