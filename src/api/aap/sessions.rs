@@ -13,6 +13,7 @@ use crate::session::{ListFilter, TimeBounds};
 #[utoipa::path(
     tag = "aap",
     operation_id = "sessions_create",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names this write: sent again with the same key and body, it is answered as the first time and stored once (docs/idempotency.md)", min_length = 1, max_length = 255, pattern = "^[ -~]+$")),
     request_body(content = CreateSession, example = json!({"agent": {"name": "default"}, "title": "a session"})),
     responses((status = 201, description = "The new session's id", body = Created)),
 )]

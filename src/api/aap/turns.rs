@@ -22,7 +22,7 @@ use crate::session::{Caller, Cursor, Follower, Input, Submission};
 #[utoipa::path(
     tag = "aap",
     operation_id = "sessions_turn",
-    params(("session_id" = String, Path, description = "The session's id")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names this write: sent again with the same key and body, it is answered as the first time and stored once (docs/idempotency.md)", min_length = 1, max_length = 255, pattern = "^[ -~]+$"), ("session_id" = String, Path, description = "The session's id")),
     request_body(content = TurnRequest, example = json!({"messages": [{"role": "user", "content": "hello"}]})),
     responses(
         (status = 200, description = "The turn", content(

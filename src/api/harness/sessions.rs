@@ -18,6 +18,7 @@ use crate::session::{Caller, Input, ListFilter, Submission, TimeBounds, TurnQuer
 #[utoipa::path(
     tag = "harness",
     operation_id = "harness_sessions_create",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names this write: sent again with the same key and body, it is answered as the first time and stored once (docs/idempotency.md)", min_length = 1, max_length = 255, pattern = "^[ -~]+$")),
     request_body(content = CreateSession, example = json!({"agent_name": "default"})),
     responses((status = 200, description = "The session", body = wire::Data<wire::Session>)),
 )]

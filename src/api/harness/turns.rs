@@ -24,7 +24,7 @@ use crate::session::{Cursor, EventQuery, Follower, SessionError, Submission, Tur
 #[utoipa::path(
     tag = "harness",
     operation_id = "harness_turns_create",
-    params(("session_id" = String, Path, description = "The session's id")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names this write: sent again with the same key and body, it is answered as the first time and stored once (docs/idempotency.md)", min_length = 1, max_length = 255, pattern = "^[ -~]+$"), ("session_id" = String, Path, description = "The session's id")),
     request_body(content = CreateTurn, example = json!({"input": [{"type": "user.message", "content": [{"type": "text", "text": "hello"}]}], "stream": false})),
     responses((status = 200, description = "The turn as SSE (`stream: true`; each frame's `data` a `HarnessTurnEvent`, its `id:` the sequence number), or the running turn", content((wire::Data<Turn> = "application/json"), (String = "text/event-stream")))),
 )]

@@ -205,6 +205,7 @@ fn model(model: Value) -> Result<String, ApiError> {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_agents_create",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names this write: sent again with the same key and body, it is answered as the first time and stored once (docs/idempotency.md)", min_length = 1, max_length = 255, pattern = "^[ -~]+$")),
     request_body(content = super::request::CreateAgent, description = "`{name, model, system?, tools?, mcp_servers?, metadata?}`", example = json!({"name": "helper", "model": "scripted"})),
     responses((status = 200, description = "The agent", body = wire::Agent)),
 )]
@@ -412,6 +413,7 @@ fn scope(scope: &Option<String>) -> Result<(), ApiError> {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_environments_create",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names this write: sent again with the same key and body, it is answered as the first time and stored once (docs/idempotency.md)", min_length = 1, max_length = 255, pattern = "^[ -~]+$")),
     request_body(content = super::request::CreateEnvironment, description = "`{name, config?}`", example = json!({"name": "env"})),
     responses((status = 200, description = "The environment", body = wire::Environment)),
 )]

@@ -31,7 +31,7 @@ pub struct SendEvents {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_events_send",
-    params(("session_id" = String, Path, description = "The session's id")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names this write: sent again with the same key and body, it is answered as the first time and stored once (docs/idempotency.md)", min_length = 1, max_length = 255, pattern = "^[ -~]+$"), ("session_id" = String, Path, description = "The session's id")),
     request_body(content = super::request::SendEvents, description = "`{events: [user events]}`", example = json!({"events": [{"type": "user.define_outcome", "description": "done", "rubric": {"type": "text", "content": "done"}}]})),
     responses((status = 200, description = "`{data: [events as sent]}`", body = event::Sent)),
 )]

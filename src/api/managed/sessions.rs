@@ -59,6 +59,7 @@ struct AgentRef {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_sessions_create",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names this write: sent again with the same key and body, it is answered as the first time and stored once (docs/idempotency.md)", min_length = 1, max_length = 255, pattern = "^[ -~]+$")),
     request_body(content = super::request::CreateSession, description = "`{agent, environment_id, title?, metadata?, initial_events?}`", example = json!({"agent": "AGENT_ID", "environment_id": "ENVIRONMENT_ID"})),
     responses((status = 200, description = "The session", body = wire::Session)),
 )]
@@ -239,7 +240,7 @@ struct AgentUpdate {
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_sessions_update",
-    params(("session_id" = String, Path, description = "The session's id")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names this write: sent again with the same key and body, it is answered as the first time and stored once (docs/idempotency.md)", min_length = 1, max_length = 255, pattern = "^[ -~]+$"), ("session_id" = String, Path, description = "The session's id")),
     request_body(content = super::request::UpdateSession, description = "`{title?, metadata?, agent?: {tools?, mcp_servers?}}`", example = json!({"title": "renamed"})),
     responses((status = 200, description = "The session", body = wire::Session)),
 )]

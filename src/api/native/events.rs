@@ -17,7 +17,7 @@ use crate::session::{Cursor, EventQuery, Input, Submission};
 #[utoipa::path(
     tag = "native",
     operation_id = "events_post",
-    params(("session_id" = String, Path, description = "The session's id")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names this write: sent again with the same key and body, it is answered as the first time and stored once (docs/idempotency.md)", min_length = 1, max_length = 255, pattern = "^[ -~]+$"), ("session_id" = String, Path, description = "The session's id")),
     request_body(content = PostEvents, example = json!({"events": [{"type": "user.define_outcome", "outcome": "done"}]})),
     responses((status = 200, description = "`{\"data\": [stored events]}`", body = Object)),
 )]
