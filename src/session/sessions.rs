@@ -74,6 +74,10 @@ impl Sessions {
             Some(key) => {
                 let id = self.engine.session_for(&caller.subject, key).await?;
                 if let Some(made) = self.log.summary(id).await? {
+                    // Made, and deleted since: gone, as everywhere else.
+                    if made.deleted {
+                        return Err(SessionError::NotFound(id.to_string()));
+                    }
                     return Ok(self.redacted(made));
                 }
                 id

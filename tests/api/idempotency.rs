@@ -75,6 +75,15 @@ async fn native_writes_sent_again_with_their_key_are_stored_once_across_a_sigkil
     let sessions = app.api().sessions(&Default::default()).await.unwrap().sessions;
     assert_eq!(sessions.len(), 1, "one session made, however often it was asked for");
 
+    // A session made with a key and deleted since is gone for the key too.
+    let (status, doomed) = keyed(&app, "/sessions", "make-2", &make).await;
+    assert_eq!(status, 201, "{doomed}");
+    let doomed = doomed["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(app.delete(&format!("/sessions/{doomed}")).send().await.unwrap().status().as_u16(), 204);
+    let (status, gone) = keyed(&app, "/sessions", "make-2", &make).await;
+    assert_eq!(status, 404, "{gone}");
+    assert!(gone.to_string().contains(&doomed), "{gone}");
+
     // Without a key, a write sent twice is two writes, as before.
     for _ in 0..2 {
         let response = app.post(&path).json(&outcome).send().await.unwrap();
