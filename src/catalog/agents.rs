@@ -8,7 +8,6 @@ use crate::agent::mcp::McpServerConfig;
 use crate::agent::{Agent, Agents};
 use crate::domain::catalog::AgentDefinition;
 use crate::domain::event::timestamp_now;
-use crate::domain::ids::prefixed;
 use crate::domain::{Caller, EventBody, RequestKey};
 use crate::error::SessionError;
 use crate::projection::catalog::{catalog_key, AgentVersions, CatalogAgents};
@@ -24,10 +23,7 @@ impl Catalog {
         new: NewAgent,
         request: Option<&RequestKey>,
     ) -> Result<AgentDefinition, SessionError> {
-        let id = match request {
-            Some(key) => self.engine.claim(&caller.subject, key, prefixed("agent_")).await?,
-            None => prefixed("agent_"),
-        };
+        let id = self.new_id(caller, "agent_", request).await?;
         if let (Some(_), Ok(made)) = (request, self.stored_agent(caller, &id).await) {
             return Ok(made);
         }

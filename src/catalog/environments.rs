@@ -4,7 +4,6 @@
 use super::{not_found, Catalog, CatalogFilter, EnvironmentChange, NewEnvironment};
 use crate::domain::catalog::Environment;
 use crate::domain::event::timestamp_now;
-use crate::domain::ids::prefixed;
 use crate::domain::{Caller, EventBody, RequestKey};
 use crate::error::SessionError;
 use crate::projection::catalog::{catalog_key, CatalogEnvironments};
@@ -19,10 +18,7 @@ impl Catalog {
         new: NewEnvironment,
         request: Option<&RequestKey>,
     ) -> Result<Environment, SessionError> {
-        let id = match request {
-            Some(key) => self.engine.claim(&caller.subject, key, prefixed("env_")).await?,
-            None => prefixed("env_"),
-        };
+        let id = self.new_id(caller, "env_", request).await?;
         if let (Some(_), Ok(made)) = (request, self.environment(caller, &id).await) {
             return Ok(made);
         }

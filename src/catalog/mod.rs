@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use crate::agent::Agents;
 use crate::domain::catalog::{McpServerDecl, McpToolset, CATALOG};
 use crate::domain::event::ClientTool;
-use crate::domain::{Draft, Event, EventBody};
+use crate::domain::{Caller, Draft, Event, EventBody, RequestKey};
 use crate::engine::Engine;
 use crate::error::SessionError;
 use crate::projection::catalog::{catalog_key, AgentVersions, CatalogAgents};
@@ -130,6 +130,21 @@ impl Catalog {
 
     /// Makes one change under the lock: `change` reads the stored state and says what to
     /// append; if another node appended first, it is asked again.
+    /// A new entry's id: fresh, or for a keyed request the one its first copy claimed
+    /// (see [`Engine::claim`]), which that copy may have made already.
+    async fn new_id(
+        &self,
+        caller: &Caller,
+        prefix: &str,
+        request: Option<&RequestKey>,
+    ) -> Result<String, SessionError> {
+        let fresh = crate::domain::ids::prefixed(prefix);
+        match request {
+            Some(key) => self.engine.claim(&caller.subject, key, fresh).await,
+            None => Ok(fresh),
+        }
+    }
+
     async fn change<T, F, Fut>(&self, change: F) -> Result<T, SessionError>
     where
         F: Fn() -> Fut,
