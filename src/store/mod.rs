@@ -26,6 +26,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast;
 use ulid::Ulid;
 
+use crate::domain::ids::now_ms;
 use crate::domain::{Draft, Event, EventId, RawEvent, SessionId};
 pub use hub::{Batch, Channel, Live, Position};
 
@@ -442,10 +443,6 @@ fn live_claim(record: &[u8]) -> Option<&[u8]> {
     let (expires, value) = record.split_at_checked(8)?;
     let expires = u64::from_be_bytes(expires.try_into().ok()?);
     (expires > now_ms()).then_some(value)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// One log store seen through each of its traits, as the service hands it out: the log to

@@ -3,6 +3,7 @@
 //! appends the decision, deciding again when another writer got there first.
 
 use super::Actor;
+use crate::domain::ids::now_ms;
 use crate::domain::{RawEvent, SessionId};
 use crate::engine::decide::Decision;
 use crate::engine::writer::Durable;
@@ -77,10 +78,6 @@ impl Requests {
     pub fn recall(&self, key: &str, retention_ms: u64) -> Option<&Recalled> {
         self.0.get(key).filter(|recalled| now_ms().saturating_sub(recalled.at_ms) <= retention_ms)
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Folded {
