@@ -64,16 +64,21 @@ pub(super) async fn request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<
 }
 
 /// Reads the stream to its end, sending what is said as deltas at most every
-/// `delta_coalesce`; a cancel ends it at once.
+/// `delta_coalesce`: a piece that comes after a quiet spell goes out at once (the first
+/// token pays no wait), the pieces that follow it within the window go out together at its
+/// end. A cancel ends it at once.
 async fn collect(ctx: &TurnContext, mut stream: ModelStream, ids: &MessageIds) -> Result<Streamed, Failure> {
+    use tokio::time::Instant;
     let mut streamed = Streamed::default();
-    let mut flush_at: Option<tokio::time::Instant> = None;
+    let mut flush_at: Option<Instant> = None;
+    let mut flushed: Option<Instant> = None;
     streamed.failure = loop {
         let next = tokio::select! {
             biased;
             _ = ctx.cancel.cancelled() => break Some(Failure::Cancelled),
             _ = sleep_until(flush_at), if flush_at.is_some() => {
                 flush_at = None;
+                flushed = Some(Instant::now());
                 append(ctx, streamed.said.deltas(ids))?;
                 continue;
             }
@@ -97,7 +102,14 @@ async fn collect(ctx: &TurnContext, mut stream: ModelStream, ids: &MessageIds) -
             }
         }
         if flush_at.is_none() && streamed.said.unsent() {
-            flush_at = Some(tokio::time::Instant::now() + ctx.delta_coalesce);
+            let now = Instant::now();
+            match flushed.map(|at| at + ctx.delta_coalesce).filter(|due| *due > now) {
+                Some(due) => flush_at = Some(due),
+                None => {
+                    flushed = Some(now);
+                    append(ctx, streamed.said.deltas(ids))?;
+                }
+            }
         }
     };
     Ok(streamed)
