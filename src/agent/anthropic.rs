@@ -32,7 +32,7 @@ use serde_json::{json, Map, Value};
 use super::http::{self, Decoder, Failure, Http, Secret, Step};
 use super::model::{Model, ModelEvent, ModelRequest, ModelStop, ModelStream, ToolDef};
 use super::openai::decimal;
-use super::ModelConfig;
+use super::{ModelConfig, ToolChoice};
 use crate::domain::event::File;
 use crate::domain::{Block, Message, Part, Usage};
 
@@ -45,8 +45,10 @@ const DEFAULT_MAX_TOKENS: u32 = 4096;
 pub struct AnthropicModel {
     name: String,
     url: String,
-    key_env: String,
+    /// `None`: a server of the user's own (llama.cpp's `/v1/messages`) that needs no key.
+    key_env: Option<String>,
     params: Map<String, Value>,
+    tool_choice: ToolChoice,
     http: Http,
 }
 
@@ -58,6 +60,11 @@ impl AnthropicModel {
         let base = config.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL);
         // Accept a base URL given with or without the `/v1` the path starts with.
         let base = base.trim_end_matches('/').trim_end_matches("/v1");
+        let key_env = match &config.api_key_env {
+            Some(env) => Some(env.clone()),
+            None if base.starts_with(DEFAULT_BASE_URL) => Some(DEFAULT_KEY_ENV.to_string()),
+            None => None,
+        };
         let mut params = Map::new();
         let max_tokens = config.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
         params.insert("max_tokens".into(), json!(max_tokens));
@@ -70,8 +77,9 @@ impl AnthropicModel {
         Ok(AnthropicModel {
             name: config.name.clone(),
             url: format!("{base}/v1/messages"),
-            key_env: config.api_key_env.clone().unwrap_or_else(|| DEFAULT_KEY_ENV.into()),
+            key_env,
             params,
+            tool_choice: config.tool_choice,
             http: Http::new("anthropic", config)?,
         })
     }
@@ -84,6 +92,11 @@ impl AnthropicModel {
         }
         if !request.tools.is_empty() {
             body["tools"] = request.tools.iter().map(tool).collect();
+            match self.tool_choice {
+                ToolChoice::Auto => {}
+                ToolChoice::Required => body["tool_choice"] = json!({"type": "any"}),
+                ToolChoice::None => body["tool_choice"] = json!({"type": "none"}),
+            }
         }
         let fields = body.as_object_mut().expect("an object");
         fields.extend(self.params.clone());
@@ -209,14 +222,15 @@ impl Model for AnthropicModel {
     }
 
     fn stream(&self, request: ModelRequest) -> ModelStream {
-        let key = match http::read_key("anthropic", &self.key_env) {
-            Ok(key) => key,
-            Err(error) => return Box::pin(futures_util::stream::once(async { Err(error) })),
+        let key = match self.key_env.as_deref().map(|env| http::read_key("anthropic", env)) {
+            Some(Err(error)) => return Box::pin(futures_util::stream::once(async { Err(error) })),
+            Some(Ok(key)) => Some(key),
+            None => None,
         };
         let body = self.body(&request);
         let client = self.http.client().clone();
         let url = self.url.clone();
-        let header = key_header(&key);
+        let header = key.as_ref().and_then(key_header);
         let build = move || {
             let mut request = client
                 .post(&url)
@@ -228,7 +242,7 @@ impl Model for AnthropicModel {
             }
             request
         };
-        self.http.stream(build, StreamDecoder::default, Some(key), request.cancel)
+        self.http.stream(build, StreamDecoder::default, key, request.cancel)
     }
 }
 

@@ -329,12 +329,27 @@ pub fn status_failure(provider: &str, status: StatusCode, body: &str, wait: Opti
     let with_said = if said.is_empty() { what.clone() } else { format!("{what}: {said}") };
     let (code, retryable, message) = match status.as_u16() {
         401 | 403 => ("model_auth_error", false, format!("{what}: the API key was refused")),
+        400 | 413 if context_exceeded(body) => ("model_context_exceeded_error", false, with_said),
         429 => ("model_rate_limited_error", true, with_said),
         408 => ("model_timeout_error", true, with_said),
         409 | 500..=599 => ("model_overloaded_error", true, with_said),
         _ => ("model_request_error", false, with_said),
     };
     Failure { error: ModelError::new(code, message), retryable, wait }
+}
+
+/// Whether an error body says the request is longer than the model's context window, in
+/// the words of llama.cpp (`exceed_context_size_error`), OpenAI (`context_length_exceeded`),
+/// vLLM ("maximum context length") or Anthropic ("prompt is too long").
+fn context_exceeded(body: &str) -> bool {
+    let value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let error = &value["error"];
+    let named = |name: &str| error["type"] == name || error["code"] == name;
+    let message = error_message(body).to_ascii_lowercase();
+    named("exceed_context_size_error")
+        || named("context_length_exceeded")
+        || message.contains("maximum context length")
+        || message.contains("prompt is too long")
 }
 
 /// The message in an error body: `{"error":{"message"}}` (OpenAI, Anthropic),
@@ -459,6 +474,31 @@ mod tests {
         let (c, retry, message) = code(400, r#"{"error":{"message":"messages: bad"}}"#);
         assert_eq!((c.as_str(), retry), ("model_request_error", false));
         assert!(message.ends_with("messages: bad"), "{message}");
+    }
+
+    #[test]
+    fn a_request_past_the_context_window_has_its_own_code_in_every_servers_words() {
+        let code = |body: &str| status_failure("p", StatusCode::BAD_REQUEST, body, None);
+        // llama.cpp's llama-server 0.3.36, as it answered a prompt of 5,031 tokens.
+        let llama = r#"{"error":{"code":400,"message":"request (5031 tokens) exceeds the available context size (2048 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5031,"n_ctx":2048}}"#;
+        let openai = r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+        let vllm = r#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.","type":"BadRequestError","code":400}"#;
+        let anthropic = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#;
+        for body in [llama, openai, vllm, anthropic] {
+            let failure = code(body);
+            assert_eq!(
+                (failure.error.code.as_str(), failure.retryable),
+                ("model_context_exceeded_error", false),
+                "{body}"
+            );
+        }
+        let failure = code(llama);
+        assert!(
+            failure.error.message.contains("exceeds the available context size (2048 tokens)"),
+            "{}",
+            failure.error.message
+        );
+        assert_eq!(code(r#"{"error":{"message":"messages: bad"}}"#).error.code, "model_request_error");
     }
 
     #[test]

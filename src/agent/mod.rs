@@ -89,6 +89,21 @@ pub struct ModelConfig {
     pub top_p: Option<f32>,
     #[serde(default = "default_retries")]
     pub max_retries: u32,
+    /// Whether each response must call one of the tools offered (sent only when tools are).
+    #[serde(default)]
+    pub tool_choice: ToolChoice,
+}
+
+/// `auto`: the model decides (nothing is sent, the APIs' default); `required`: every
+/// response calls a tool (OpenAI's `required`, Anthropic's `any`), so a turn ends only when a
+/// call waits for the client or at `max_turn_requests`; `none`: no response calls one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    #[default]
+    Auto,
+    Required,
+    None,
 }
 
 impl ModelConfig {
@@ -105,6 +120,7 @@ impl ModelConfig {
             temperature: None,
             top_p: None,
             max_retries: default_retries(),
+            tool_choice: ToolChoice::Auto,
         }
     }
 }

@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 
 use super::http::{self, Decoder, Failure, Http, Secret, Step};
 use super::model::{Model, ModelEvent, ModelRequest, ModelStop, ModelStream, ToolDef};
-use super::ModelConfig;
+use super::{ModelConfig, ToolChoice};
 use crate::domain::{Block, Message, Part, Usage};
 
 const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -36,6 +36,7 @@ pub struct OpenAiModel {
     /// know `max_completion_tokens`. So: the new name for OpenAI itself, the old elsewhere.
     max_tokens_field: &'static str,
     params: Map<String, Value>,
+    tool_choice: ToolChoice,
     http: Http,
 }
 
@@ -59,6 +60,7 @@ impl OpenAiModel {
             key_env,
             max_tokens_field,
             params: Map::new(),
+            tool_choice: config.tool_choice,
             http: Http::new("openai", config)?,
         };
         model.params = model.sampling(config);
@@ -88,6 +90,11 @@ impl OpenAiModel {
         });
         if !request.tools.is_empty() {
             body["tools"] = request.tools.iter().map(tool).collect();
+            match self.tool_choice {
+                ToolChoice::Auto => {}
+                ToolChoice::Required => body["tool_choice"] = json!("required"),
+                ToolChoice::None => body["tool_choice"] = json!("none"),
+            }
         }
         let fields = body.as_object_mut().expect("an object");
         fields.extend(self.params.clone());

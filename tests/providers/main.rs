@@ -1,5 +1,6 @@
 mod anthropic;
 mod fake;
+mod llama_cpp;
 mod openai;
 mod support;
 mod turns;
