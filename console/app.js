@@ -175,6 +175,7 @@ const list = {
 function enterList() {
   showOnly('list-view');
   document.title = 'Sessions · turnlog';
+  loadAgents();
   list.stream = new Stream({
     url: () => '/console/api/sessions/stream',
     types: ['session', 'removed', 'resync'],
@@ -189,6 +190,34 @@ function enterList() {
     list.pending = null;
   };
 }
+
+/** Fills the new session form's agents from `GET /meta` (once). */
+async function loadAgents() {
+  const select = $('new-agent');
+  if (select.options.length) return;
+  try {
+    const { agents } = await api('GET', '/meta');
+    for (const agent of agents) select.add(new Option(agent.title ? `${agent.title} (${agent.name})` : agent.name, agent.name));
+    $('new-error').textContent = '';
+  } catch (error) {
+    $('new-error').textContent = `cannot list the agents: ${error.message}`;
+  }
+}
+
+/** Makes a session of the chosen agent (the turn API's `POST /sessions`) and opens it. */
+$('new-session').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  $('new-error').textContent = '';
+  $('new-submit').disabled = true;
+  try {
+    const { sessionId } = await api('POST', '/sessions', { agent: { name: $('new-agent').value } });
+    location.hash = `#/sessions/${encodeURIComponent(sessionId)}`;
+  } catch (error) {
+    $('new-error').textContent = error.message;
+  } finally {
+    $('new-submit').disabled = false;
+  }
+});
 
 function listFilters() {
   return { agent: $('filter-agent').value.trim(), created_by: $('filter-creator').value.trim(), status: $('filter-status').value };

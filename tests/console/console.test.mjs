@@ -143,6 +143,27 @@ test("live: a session view streams a turn as it happens, the page sends a messag
   await waitFor(page, rowSelector(a), "the first session's row", { state: "visible" });
   assert.deepEqual((await sessionRows(page)).map((r) => r.id), [a], "the deleted session is not listed");
 
+  // A session made from the list: the form lists the agents (`GET /meta`), makes a session
+  // of the one chosen and opens it, and the page talks to it.
+  await waitFor(page, '#new-agent option[value="default"]', "the default agent in the new session form");
+  await page.selectOption("#new-agent", "default");
+  await page.click("#new-submit");
+  let made = "";
+  await until(
+    async () => {
+      made = /^#\/sessions\/(sess_\w+)$/.exec(await page.evaluate(() => location.hash))?.[1] ?? "";
+      return made;
+    },
+    { what: "the new session's view to open" },
+  );
+  await waitFor(page, "#conn[data-state=live]", "the new session's stream to be live", { timeout: 15_000 });
+  await page.fill("#message", "hi");
+  await page.click("#send");
+  await waitForText(page, "#conversation .msg.agent", "echo: hi", "the reply in the new session", { timeout: 15_000 });
+  const madeLog = await api.waitForIdle(made, 1);
+  assert.equal(madeLog[0].agent?.name, "default", "the new session is of the agent chosen");
+  assert.equal(await page.$eval("#new-error", (el) => el.textContent.trim()), "", "#new-error after a session was made");
+
   // Nothing came from anywhere but the server.
   const foreign = view.requests.map((r) => r.url()).filter((u) => !u.startsWith(`${server.url}/`) && !/^(data|blob):/.test(u));
   assert.deepEqual(foreign, [], "requests to other origins");
