@@ -8,6 +8,7 @@ pub mod catchup;
 pub mod connections;
 pub mod fanout;
 pub mod live;
+pub mod model;
 pub mod reconnect;
 pub mod replay;
 pub mod turns;
@@ -57,6 +58,9 @@ pub enum Scenario {
     Connections(connections::Params),
     /// Subscribers that drop at random points and resume with Last-Event-ID.
     Reconnect(reconnect::Params),
+    /// What turnlog adds to a real model's stream (llama.cpp, from scripts/llama): to the
+    /// first token and to each delta, through AAP and the native stream. Not part of `all`.
+    Model(model::Params),
 }
 
 impl Scenario {
@@ -70,6 +74,7 @@ impl Scenario {
             Scenario::Replay(_) => "replay",
             Scenario::Connections(_) => "connections",
             Scenario::Reconnect(_) => "reconnect",
+            Scenario::Model(_) => "model",
         }
     }
 
@@ -133,6 +138,7 @@ pub async fn run_all(ctx: &Ctx, scenarios: Vec<Scenario>) -> Vec<Report> {
             Scenario::Replay(p) => replay::run(ctx, &p, raw.map(|r| r.scan_per_sec)).await,
             Scenario::Connections(p) => connections::run(ctx, &p).await,
             Scenario::Reconnect(p) => reconnect::run(ctx, &p).await,
+            Scenario::Model(p) => model::run(ctx, &p).await,
         };
         let mut report = result.unwrap_or_else(|error| Report::failed(name, &error));
         report.elapsed_secs = started.elapsed().as_secs_f64();
