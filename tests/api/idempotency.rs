@@ -128,7 +128,13 @@ async fn an_aap_turn_sent_again_with_its_key_answers_the_same_turn_once() {
     let frames = |text: &str| text.lines().filter(|l| l.starts_with("event:")).map(str::to_string).collect::<Vec<_>>();
     assert!(frames(&live).len() > 2, "{live}");
     assert_eq!(frames(&replayed), frames(&live), "the same frames, live and replayed");
-    assert!(replayed.contains("echo: stream it"), "{replayed}");
+    let said: String = replayed
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .filter_map(|frame| frame["delta"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(said, "echo: stream it", "{replayed}");
 
     app.kill().await;
     app.restart().await;
