@@ -110,6 +110,14 @@ class Llama:
         slots = httpx.get(f"{self.url}/slots", timeout=10).json()
         return [slot["id"] for slot in slots if slot.get("is_processing")]
 
+    def wait_logged(self, text: str, since: int = 0, timeout: float = 10):
+        """Waits until the log has `text` after offset `since` (it is written by a thread of
+        its own, a little after the fact)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log()[since:]:
+            assert time.monotonic() < deadline, f"llama-server did not log {text!r} within {timeout} s"
+            time.sleep(0.05)
+
     def wait_idle(self, timeout: float = 10) -> float:
         """Waits until no slot works on a request; answers how long that took."""
         started = time.monotonic()

@@ -124,7 +124,7 @@ def test_an_interrupt_mid_stream_cancels_the_request_on_the_server(provider, lla
     assert stop_of(frames) == "cancelled", frames
     # The server dropped the request (its slot is free at once) and said so in its log.
     assert llama.wait_idle(timeout=10) < 10
-    assert "cancel task" in llama.log()[log_from:]
+    llama.wait_logged("cancel task", since=log_from)
     turn = last_turn(events(turnlog, session))
     assert said(turn) == text_of(frames)
     assert one(turn, "session.status_idle")["stop_reason"]["type"] == "cancelled"

@@ -32,7 +32,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 
-use super::{Ctx, Deadline, Size};
+use super::{Ctx, Deadline};
 use crate::client::EventStream;
 use crate::report::Report;
 use crate::server::Launcher;
@@ -68,16 +68,6 @@ pub struct Params {
     /// Hard stop for the whole scenario, in seconds.
     #[arg(long, default_value_t = 600.0)]
     pub deadline: f64,
-}
-
-impl Params {
-    pub fn sized(size: Size) -> Params {
-        let mut p: Params = super::defaults();
-        if size != Size::Full {
-            p.turns = 6;
-        }
-        p
-    }
 }
 
 pub async fn run(ctx: &Ctx, p: &Params) -> anyhow::Result<Report> {
