@@ -14,6 +14,9 @@
 //! too. The window is a setting, measured at each value given (`--coalesce-ms`); at 0 both
 //! figures are turnlog's own.
 //!
+//! Each way starts with one turn that is not counted, which warms the model's slot and
+//! turnlog's first session and connection to the model.
+//!
 //! Correctness: every turn ends `end_turn` or `max_tokens`, and its deltas joined are
 //! exactly the text the model sent.
 
@@ -343,7 +346,11 @@ struct Direct {
 
 async fn direct(http: &reqwest::Client, llama: &Llama, p: &Params) -> anyhow::Result<Direct> {
     let mut measured = Direct { first: Latency::new(), gap: Latency::new() };
-    for i in 0..p.turns {
+    // One more request than measured: the first warms the server's slot and the connection.
+    for i in 0..=p.turns {
+        if i == 1 {
+            measured = Direct { first: Latency::new(), gap: Latency::new() };
+        }
         let body = json!({
             "model": "smol", "stream": true, "temperature": 0, "max_tokens": p.max_tokens,
             "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPTS[i % PROMPTS.len()]}],
@@ -383,7 +390,12 @@ struct Through {
 
 async fn through(http: &reqwest::Client, url: &str, proxy: &Proxy, way: Way, p: &Params) -> anyhow::Result<Through> {
     let mut measured = Through::default();
-    for i in 0..p.turns {
+    // One more turn than measured: the first warms the server (its first session, its first
+    // connection to the model) and is not counted.
+    for i in 0..=p.turns {
+        if i == 1 {
+            measured = Through { violations: std::mem::take(&mut measured.violations), ..Through::default() };
+        }
         let prompt = PROMPTS[i % PROMPTS.len()];
         let created = http.post(format!("{url}/sessions")).json(&json!({"agent": {"name": "real"}})).send().await?;
         let session = created.json::<Value>().await?["sessionId"].as_str().context("a sessionId")?.to_string();
