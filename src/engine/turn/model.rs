@@ -9,7 +9,7 @@ use std::time::Instant;
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use super::said::{MessageIds, Said};
+use super::said::{MessageIds, Pace, Said};
 use super::{append, tools, Failure, TurnContext};
 use crate::agent::{ModelError, ModelEvent, ModelRequest, ModelStop, ModelStream};
 use crate::domain::ids::prefixed;
@@ -63,22 +63,19 @@ pub(super) async fn request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<
     record(ctx, span, model.name(), streamed)
 }
 
-/// Reads the stream to its end, sending what is said as deltas at most every
-/// `delta_coalesce`: a piece that comes after a quiet spell goes out at once (the first
-/// token pays no wait), the pieces that follow it within the window go out together at its
-/// end. A cancel ends it at once.
+/// Reads the stream to its end, sending what is said as deltas at the [`Pace`] of
+/// `delta_coalesce`; a cancel ends it at once.
 async fn collect(ctx: &TurnContext, mut stream: ModelStream, ids: &MessageIds) -> Result<Streamed, Failure> {
-    use tokio::time::Instant;
     let mut streamed = Streamed::default();
-    let mut flush_at: Option<Instant> = None;
-    let mut flushed: Option<Instant> = None;
+    let mut pace = Pace::new(ctx.delta_coalesce);
+    let mut flush_at: Option<tokio::time::Instant> = None;
     streamed.failure = loop {
         let next = tokio::select! {
             biased;
             _ = ctx.cancel.cancelled() => break Some(Failure::Cancelled),
             _ = sleep_until(flush_at), if flush_at.is_some() => {
                 flush_at = None;
-                flushed = Some(Instant::now());
+                pace.sent(tokio::time::Instant::now());
                 append(ctx, streamed.said.deltas(ids))?;
                 continue;
             }
@@ -102,13 +99,9 @@ async fn collect(ctx: &TurnContext, mut stream: ModelStream, ids: &MessageIds) -
             }
         }
         if flush_at.is_none() && streamed.said.unsent() {
-            let now = Instant::now();
-            match flushed.map(|at| at + ctx.delta_coalesce).filter(|due| *due > now) {
-                Some(due) => flush_at = Some(due),
-                None => {
-                    flushed = Some(now);
-                    append(ctx, streamed.said.deltas(ids))?;
-                }
+            flush_at = pace.send_at(tokio::time::Instant::now());
+            if flush_at.is_none() {
+                append(ctx, streamed.said.deltas(ids))?;
             }
         }
     };

@@ -2,6 +2,10 @@
 //! held back and sent as one delta event per message at most every `delta_coalesce`, so
 //! the log stays small; once the response is whole, the final events carry all of it.
 
+use std::time::Duration;
+
+use tokio::time::Instant;
+
 use crate::domain::ids::prefixed;
 use crate::domain::{Block, EventBody, Part};
 
@@ -16,6 +20,35 @@ pub(super) struct MessageIds {
 impl MessageIds {
     pub fn new() -> MessageIds {
         MessageIds { thinking: prefixed("msg_"), text: prefixed("msg_") }
+    }
+}
+
+/// When what is said goes out: a piece that comes after a quiet spell at once (a reply's
+/// first token waits for nothing), the pieces that come within `window` of a delta going out
+/// together at the window's end; so at most one delta event per window.
+pub(super) struct Pace {
+    window: Duration,
+    sent: Option<Instant>,
+}
+
+impl Pace {
+    pub fn new(window: Duration) -> Pace {
+        Pace { window, sent: None }
+    }
+
+    /// A piece came at `now` with nothing waiting to go out: `None` if it goes out now
+    /// (which is noted), else when it goes out.
+    pub fn send_at(&mut self, now: Instant) -> Option<Instant> {
+        let due = self.sent.map(|at| at + self.window).filter(|due| *due > now);
+        if due.is_none() {
+            self.sent = Some(now);
+        }
+        due
+    }
+
+    /// What waited went out at `now`.
+    pub fn sent(&mut self, now: Instant) {
+        self.sent = Some(now);
     }
 }
 
@@ -73,5 +106,26 @@ impl Said {
             parts.push(Part::Text { text: self.text });
         }
         (bodies, parts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_piece_after_a_quiet_spell_goes_out_at_once_and_those_in_the_window_at_its_end() {
+        let ms = Duration::from_millis;
+        let start = Instant::now();
+        let mut pace = Pace::new(ms(25));
+        assert_eq!(pace.send_at(start), None, "a reply's first piece goes out at once");
+        assert_eq!(pace.send_at(start + ms(10)), Some(start + ms(25)), "within the window: at its end");
+        pace.sent(start + ms(25));
+        assert_eq!(pace.send_at(start + ms(30)), Some(start + ms(50)), "the window starts again where it went out");
+        pace.sent(start + ms(50));
+        assert_eq!(pace.send_at(start + ms(90)), None, "after a quiet spell: at once");
+        assert_eq!(pace.send_at(start + ms(115)), None, "a whole window later: at once");
+        let mut unpaced = Pace::new(Duration::ZERO);
+        assert_eq!((unpaced.send_at(start), unpaced.send_at(start)), (None, None), "no window: every piece at once");
     }
 }
