@@ -8,6 +8,7 @@ import pathlib
 import signal
 import subprocess
 import tempfile
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BINARY = os.environ.get("TURNLOG_BIN", str(ROOT / "target" / "debug" / "turnlog"))
@@ -73,3 +74,15 @@ def own_server(config: str):
         yield running
         if running.process.poll() is None:
             running.stop()
+
+
+def until(what: str, probe, deadline_s: float = 30, every_s: float = 0.02):
+    """`probe()` until it gives something true, which it answers, or fails after
+    `deadline_s` naming `what`."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        got = probe()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"not within {deadline_s} s: {what}"
+        time.sleep(every_s)

@@ -3,12 +3,12 @@ model, through the AAP turn API and the native log and stream. The model is smal
 assert the wire and the log (what was streamed, recorded, counted and cut), never what the
 model knows."""
 
+import concurrent.futures
 import pathlib
 import tempfile
 import threading
 import time
 
-import pytest
 from conftest import SYSTEM, agents
 from llama import Llama
 from turnlog_server import own_server
@@ -134,7 +134,6 @@ def test_an_interrupt_mid_stream_cancels_the_request_on_the_server(provider, lla
 def test_two_sessions_stream_at_once_from_one_server(provider, llama, turnlog):
     sessions = [create(turnlog, f"{provider}_long") for _ in range(2)]
     prompts = ["Count from 1 to 60, one number per line.", "List sixty colours, one per line."]
-    results: dict[int, list] = {}
     busy: list[int] = []
     done = threading.Event()
 
@@ -145,17 +144,17 @@ def test_two_sessions_stream_at_once_from_one_server(provider, llama, turnlog):
 
     def run(i):
         times = []
-        results[i] = (aap_turn(turnlog, sessions[i], prompts[i], on_frame=lambda f, at: times.append((f[0], at))), times)
+        return aap_turn(turnlog, sessions[i], prompts[i], on_frame=lambda f, at: times.append((f[0], at))), times
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    runners = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for runner in runners:
-        runner.start()
-    for runner in runners:
-        runner.join(timeout=180)
-    done.set()
-    watcher.join()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            # A turn that fails raises here, with its own error.
+            results = [future.result(timeout=180) for future in [pool.submit(run, i) for i in range(2)]]
+    finally:
+        done.set()
+        watcher.join()
 
     assert max(busy) == 2, f"the server never worked on both requests at once: {busy}"
     spans = []

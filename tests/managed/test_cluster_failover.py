@@ -18,6 +18,7 @@ import pytest
 
 from cluster import cluster
 from conftest import ALICE, CONFIG, WEATHER, message
+from turnlog_server import until
 
 SENDING_S = 25  # how long messages are sent for at least,
 SETTLED_S = 3  # and at least this long after the last send that took over a second,
@@ -27,16 +28,6 @@ KILL_AFTER_S = 2  # when the events stream's leader dies
 
 def text_of(event) -> str:
     return "".join(block.text for block in event.content)
-
-
-def until(what: str, probe, deadline_s: float):
-    deadline = time.monotonic() + deadline_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"not within {deadline_s} s: {what}"
-        time.sleep(0.2)
 
 
 @pytest.mark.timeout(120)
@@ -137,14 +128,14 @@ def test_user_messages_are_stored_at_most_once_through_a_leader_failover(tmp_pat
         def idle():
             return first.beta.sessions.retrieve(session.id).status == "idle"
 
-        until("the session goes idle", idle, 30)
+        until("the session goes idle", idle, 30, every_s=0.2)
 
         def user_messages(client):
             return [(e.id, text_of(e)) for e in client.beta.sessions.events.list(session.id, types=["user.message"])]
 
         log = user_messages(first)
         for n, client in enumerate(clients[1:], 1):
-            until(f"node {n} lists the log node 0 does", lambda: user_messages(client) == log, 15)
+            until(f"node {n} lists the log node 0 does", lambda: user_messages(client) == log, 15, every_s=0.2)
 
         # What the log holds.
         counts = collections.Counter(text for _, text in log)

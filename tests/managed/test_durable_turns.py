@@ -3,14 +3,13 @@ it streams a reply, the server starts again and the turn goes on from its log. T
 shows `session.status_rescheduled` (Anthropic's event for a session scheduled again), then
 the whole reply once, and the turn ends."""
 
-import time
 
 import httpx2
 import pytest
 from anthropic.types.beta.sessions import BetaManagedAgentsSessionStatusRescheduledEvent
 
 from conftest import ALICE, CONFIG, message, sdk
-from turnlog_server import own_server
+from turnlog_server import own_server, until
 
 WORDS = " ".join(f"w{i}" for i in range(1, 61))
 
@@ -21,16 +20,6 @@ def killable():
     with own_server(CONFIG) as running:
         yield running
 
-
-def until(what: str, probe, deadline_s: float = 30):
-    """`probe()` until it gives something true, or fails after `deadline_s`."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"not within {deadline_s} s: {what}"
-        time.sleep(0.02)
 
 
 def native_deltas(url: str, session_id: str) -> list:

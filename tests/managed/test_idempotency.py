@@ -4,14 +4,13 @@ with another body is refused (422, naming the key) and a bad key too (400); a se
 with a key is the same session every time, its initial events stored once; keys that make
 sessions are the caller's."""
 
-import time
 import uuid
 
 import anthropic
 import pytest
 
 from conftest import BOB, CONFIG, message, sdk
-from turnlog_server import own_server
+from turnlog_server import own_server, until
 
 
 @pytest.fixture
@@ -28,16 +27,6 @@ def keyed(key: str) -> dict:
 def fresh_key() -> str:
     return f"test-{uuid.uuid4()}"
 
-
-def until(what: str, probe, deadline_s: float = 30):
-    """`probe()` until it gives something true, or fails after `deadline_s`."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"not within {deadline_s} s: {what}"
-        time.sleep(0.02)
 
 
 def idle_log(client, session_id: str, turns: int = 1) -> list:
