@@ -376,10 +376,7 @@ async fn two_nodes_race_for_one_position_on_a_jetstream_log_with_three_replicas(
 async fn two_nodes_race_on_jetstream(nats: nats::Nats, replicas: usize) {
     let (a, b) = (nats::open_log_with(&nats, replicas).await, nats::open_log_with(&nats, replicas).await);
     let (a, b) = (Arc::new(a), Arc::new(b));
-    let session = SessionId::generate();
-    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
-    a.prepare(session).await.unwrap();
-    a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    let session = created_session(&a).await;
     let batch = |node: &str, round: usize| -> Vec<Draft> {
         let outcome =
             |k: usize| EventBody::UserDefineOutcome { outcome: serde_json::json!(format!("{node}-{round}-{k}")) };
@@ -965,6 +962,20 @@ async fn projections_bucket(nats: &nats::Nats) -> async_nats::jetstream::kv::Sto
     async_nats::jetstream::new(client).get_key_value("projections").await.unwrap()
 }
 
+/// A new session on `log`: its `session.created` appended.
+async fn created_session(log: &JetStreamLog) -> SessionId {
+    let session = SessionId::generate();
+    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
+    log.prepare(session).await.unwrap();
+    log.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    session
+}
+
+/// The bucket key of a session's summary.
+fn summary_key(session: SessionId) -> String {
+    format!("{}.{}", SessionIndex::NAME, session.ulid())
+}
+
 /// A node that stopped between storing a session's first events and putting their
 /// projections leaves a session that no summary lists: the next read of it, on any node,
 /// finds its log in the stream and puts what is missing, rather than answer "no such
@@ -973,10 +984,7 @@ async fn projections_bucket(nats: &nats::Nats) -> async_nats::jetstream::kv::Sto
 async fn a_session_whose_projections_were_never_put_is_repaired_on_its_first_read() {
     let nats = nats::Nats::single().await;
     let a = nats::open_log(&nats).await;
-    let session = SessionId::generate();
-    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
-    a.prepare(session).await.unwrap();
-    a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
+    let session = created_session(&a).await;
     a.close().await.unwrap();
     // As if node a had died before its puts: none of the session's values is in the bucket.
     let bucket = projections_bucket(&nats).await;
@@ -1005,11 +1013,8 @@ async fn a_projection_put_from_a_stale_copy_keeps_the_value_folded_further() {
     let nats = nats::Nats::single().await;
     let a = nats::open_log(&nats).await;
     let bucket = projections_bucket(&nats).await;
-    let session = SessionId::generate();
-    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
-    a.prepare(session).await.unwrap();
-    a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
-    let key = format!("{}.{}", SessionIndex::NAME, session.ulid());
+    let session = created_session(&a).await;
+    let key = summary_key(session);
     for round in 0..5u64 {
         // Another node's value, folded as far as event 100 + round: put under node a's copy.
         let stored = bucket.get(&key).await.unwrap().expect("the summary");
@@ -1043,11 +1048,8 @@ async fn projections_left_behind_their_log_are_repaired_by_a_sweep_on_another_no
     let nats = nats::Nats::single().await;
     let a = nats::open_log(&nats).await;
     let bucket = projections_bucket(&nats).await;
-    let session = SessionId::generate();
-    let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
-    a.prepare(session).await.unwrap();
-    a.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();
-    let key = format!("{}.{}", SessionIndex::NAME, session.ulid());
+    let session = created_session(&a).await;
+    let key = summary_key(session);
     let watermark = format!("_projected.{}", session.ulid());
     let before = bucket.get(&key).await.unwrap().expect("the summary");
     let titled = EventBody::SessionUpdated { agent: None, tools: None, title: Some("renamed".into()), metadata: None };
