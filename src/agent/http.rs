@@ -65,6 +65,17 @@ pub fn read_key(provider: &str, env: &str) -> Result<Secret, ModelError> {
     }
 }
 
+/// The key in the variable `env` names, if the model names one (`None`: a server of the
+/// user's own that takes no key).
+pub fn optional_key(provider: &str, env: Option<&str>) -> Result<Option<Secret>, ModelError> {
+    env.map(|env| read_key(provider, env)).transpose()
+}
+
+/// A model stream that is only `error`: a request that fails before it is sent.
+pub fn failed(error: ModelError) -> ModelStream {
+    Box::pin(futures_util::stream::once(async { Err(error) }))
+}
+
 /// Why one attempt failed, and whether another attempt may succeed.
 #[derive(Debug)]
 pub struct Failure {

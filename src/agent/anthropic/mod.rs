@@ -221,10 +221,9 @@ impl Model for AnthropicModel {
     }
 
     fn stream(&self, request: ModelRequest) -> ModelStream {
-        let key = match self.key_env.as_deref().map(|env| http::read_key("anthropic", env)) {
-            Some(Err(error)) => return Box::pin(futures_util::stream::once(async { Err(error) })),
-            Some(Ok(key)) => Some(key),
-            None => None,
+        let key = match http::optional_key("anthropic", self.key_env.as_deref()) {
+            Ok(key) => key,
+            Err(error) => return http::failed(error),
         };
         let body = self.body(&request);
         let client = self.http.client().clone();
