@@ -67,8 +67,9 @@ function appendText(node, text) {
 }
 
 const STOP_LABELS = {
-  end_turn: 'Turn ended', requires_action: 'Waiting for action', cancelled: 'Cancelled',
+  end_turn: 'Turn ended', requires_action: 'Waiting for action', cancelled: 'Cancelled', cancel: 'Cancelled',
   max_tokens: 'Stopped: output token limit', max_turn_requests: 'Stopped: too many model requests',
+  max_turns: 'Stopped: too many model requests',
   refusal: 'The model refused', error: 'Stopped by an error',
 };
 
@@ -369,7 +370,9 @@ export class SessionRenderer {
 
   turnEnd(e) {
     this.finishStreaming();
-    const stop = e.stop_reason?.type ?? 'unknown';
+    // The native stream names the seed's reason in `type`, and turnlog's own in `detail`
+    // where the two differ (a cut-short reply is the seed's `end_turn`).
+    const stop = e.stop_reason?.detail ?? e.stop_reason?.type ?? 'unknown';
     const end = h('div', { class: 'turn-end' },
       h('span', { class: 'stop', 'data-stop': stop, title: stop }, STOP_LABELS[stop] ?? stop));
     if (e.usage) end.append(h('span', { class: 'usage' }, usageText(e.usage)));

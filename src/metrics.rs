@@ -177,6 +177,18 @@ pub static MODEL_TOKENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
             .expect("valid metric"),
     )
 });
+pub static COMPACTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "turnlog_compactions_total",
+                "History compactions, by strategy (summary, tool_outputs) or failed.",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static TOOL_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     register(
         HistogramVec::new(
@@ -210,6 +222,7 @@ pub fn init() {
     LazyLock::force(&TURNS_RESUMED);
     LazyLock::force(&MODEL_SECONDS);
     LazyLock::force(&MODEL_TOKENS);
+    LazyLock::force(&COMPACTIONS);
     LazyLock::force(&TOOL_SECONDS);
 }
 

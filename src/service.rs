@@ -105,6 +105,10 @@ impl Service {
         let audit = Audit::new(sessions.clone(), store.clone(), engine.clone());
         let log = store.log;
         let mut background = vec![tokio::spawn(sweep(log.clone()))];
+        if engine.expires_sessions() {
+            let expirer = engine.clone();
+            background.push(tokio::spawn(async move { expirer.expire_idle().await }));
+        }
         if cluster.is_some() {
             let serving = engine.serve_forwarded().await.map_err(|error| StartError::Refused(error.to_string()))?;
             let reaper = engine.clone();

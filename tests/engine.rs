@@ -1047,7 +1047,7 @@ async fn a_message_sent_while_a_turn_runs_waits_for_the_next_turn(log: Backend) 
         Some(events.iter().find(|e| e.turn_id == turn).unwrap().created_at.clone()),
         "reads as processed when the turn took it"
     );
-    let history = g.sessions.history(&g.session).await.unwrap();
+    let history = g.sessions.history(&g.session, true).await.unwrap();
     let roles: Vec<String> =
         history.iter().map(|m| serde_json::to_value(m).unwrap()["role"].as_str().unwrap().to_string()).collect();
     assert_eq!(
@@ -1245,6 +1245,41 @@ async fn a_turn_follows_the_turn_the_client_names(log: Backend) {
     assert_eq!(turns.items.iter().map(|t| t.id).collect::<Vec<_>>(), [second.turn.unwrap(), first]);
 }
 
+async fn a_turn_that_names_an_earlier_turn_branches_from_its_end(log: Backend) {
+    let g = given(log, &[]).await;
+    let follows = |inputs, follows| Submission { inputs, follows, ..Submission::default() };
+    let mut turns = Vec::new();
+    for (i, said) in ["one", "two", "three"].into_iter().enumerate() {
+        let submitted = g.sessions.submit(&g.session, follows(vec![text(said)], Follows::Latest)).await.unwrap();
+        turns.push(submitted.turn.unwrap());
+        g.idle_times(i + 1).await;
+    }
+    // Branch from the first: the conversation goes on from its end.
+    let branch = g.sessions.submit(&g.session, follows(vec![text("again")], Follows::Turn(turns[0]))).await.unwrap();
+    let branch = branch.turn.unwrap();
+    let log = g.idle_times(4).await;
+    let started: Vec<&Event> = log.iter().filter(|e| e.turn_id == Some(branch)).take(2).collect();
+    assert!(matches!(started[1].body, EventBody::TurnBranched { from } if from == turns[0]), "{:?}", started[1].body);
+    let history = g.sessions.history(&g.session, true).await.unwrap();
+    let said: Vec<String> = history.iter().map(|m| m.text()).collect();
+    assert_eq!(said, ["one", "echo: one", "again", "echo: again"]);
+    // The turns after the branch point stay in the log and the index; the next turn follows the branch.
+    let next = g.sessions.submit(&g.session, follows(vec![text("on")], Follows::Turn(branch))).await.unwrap();
+    assert!(next.turn.is_some());
+    g.idle_times(5).await;
+    let said: Vec<String> = g.sessions.history(&g.session, true).await.unwrap().iter().map(|m| m.text()).collect();
+    assert_eq!(said, ["one", "echo: one", "again", "echo: again", "on", "echo: on"]);
+    let index = g.sessions.turns(&g.session, TurnQuery { before: None, limit: 10 }).await.unwrap();
+    assert_eq!(index.items.len(), 5);
+    assert_eq!(index.items[1].branched_from, Some(turns[0]));
+    // A turn the session never had is neither followed nor branched from.
+    let refused = g
+        .sessions
+        .submit(&g.session, follows(vec![text("x")], Follows::Turn(turnlog::domain::TurnId::generate())))
+        .await;
+    assert!(matches!(refused, Err(SessionError::PreviousTurn(_))), "{refused:?}");
+}
+
 /// Each test above, once on each log.
 macro_rules! on_every_log {
     ($($name:ident),* $(,)?) => {
@@ -1299,4 +1334,5 @@ on_every_log!(
     resolutions_name_the_models_call_too,
     a_cancel_stops_a_running_turn_and_nothing_else,
     a_turn_follows_the_turn_the_client_names,
+    a_turn_that_names_an_earlier_turn_branches_from_its_end,
 );

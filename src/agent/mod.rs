@@ -46,6 +46,91 @@ pub struct AgentConfig {
     /// MCP servers whose tools the agent has, by server name.
     #[serde(default)]
     pub mcp_servers: BTreeMap<String, mcp::McpServerConfig>,
+    /// Keeping long sessions inside the model's context window (docs/compaction.md).
+    #[serde(default)]
+    pub context: ContextConfig,
+    /// Its sessions end after this long with no event and no turn running (0: never);
+    /// unset, `[engine] session_idle_timeout_secs` holds.
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
+}
+
+/// When and how a session's history is compacted. With no `window` (and no known window
+/// for the model's name), never.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextConfig {
+    /// The model's context window, in tokens.
+    #[serde(default)]
+    pub window: Option<u64>,
+    /// A request estimated past this share of the window is compacted first.
+    #[serde(default = "default_compact_at")]
+    pub compact_at: f64,
+    /// What a compaction aims for: the kept history and the summary within this share.
+    #[serde(default = "default_keep")]
+    pub keep: f64,
+    /// The most a summary may take, in tokens (default: an eighth of the window).
+    #[serde(default)]
+    pub summary_tokens: Option<u64>,
+    /// Cut old tool outputs before summarising anything.
+    #[serde(default)]
+    pub drop_tool_outputs: bool,
+}
+
+impl Default for ContextConfig {
+    fn default() -> ContextConfig {
+        ContextConfig {
+            window: None,
+            compact_at: default_compact_at(),
+            keep: default_keep(),
+            summary_tokens: None,
+            drop_tool_outputs: false,
+        }
+    }
+}
+
+fn default_compact_at() -> f64 {
+    0.8
+}
+
+fn default_keep() -> f64 {
+    0.5
+}
+
+impl ContextConfig {
+    /// Checks the shares and sizes, naming the field at `at`.
+    fn check(&self, at: &str) -> Result<(), String> {
+        if !(self.keep > 0.0 && self.keep < self.compact_at && self.compact_at <= 1.0) {
+            return Err(format!(
+                "{at}: keep ({}) and compact_at ({}) must hold 0 < keep < compact_at <= 1",
+                self.keep, self.compact_at
+            ));
+        }
+        if self.window.is_some_and(|w| w < 256) {
+            return Err(format!("{at}.window: at least 256 tokens"));
+        }
+        Ok(())
+    }
+}
+
+/// An agent's context budget, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextBudget {
+    /// A request estimated past this is compacted first.
+    pub compact_above: u64,
+    /// What a compaction aims for: the kept history and the summary within this.
+    pub keep: u64,
+    /// The most a summary may take.
+    pub summary: u64,
+    /// Whether old tool outputs are cut before anything is summarised.
+    pub drop_tool_outputs: bool,
+}
+
+/// The context windows of models known by name, for agents whose config gives none.
+fn known_window(model: &str) -> Option<u64> {
+    let windows: [(&str, u64); 4] =
+        [("claude-", 200_000), ("gpt-4.1", 1_047_576), ("gpt-4o", 128_000), ("gpt-4-turbo", 128_000)];
+    windows.iter().find(|(prefix, _)| model.starts_with(prefix)).map(|(_, window)| *window)
 }
 
 fn default_version() -> String {
@@ -92,6 +177,14 @@ pub struct ModelConfig {
     /// Whether each response must call one of the tools offered (sent only when tools are).
     #[serde(default)]
     pub tool_choice: ToolChoice,
+    /// Whether the model takes images. A message with one, to a model that does not, is
+    /// refused at the request (400), never dropped on the way.
+    #[serde(default = "yes")]
+    pub images: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// `auto`: the model decides (nothing is sent, the APIs' default); `required`: every
@@ -121,6 +214,7 @@ impl ModelConfig {
             top_p: None,
             max_retries: default_retries(),
             tool_choice: ToolChoice::Auto,
+            images: true,
         }
     }
 }
@@ -199,6 +293,20 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// The agent's context budget: from its `context` config, with the window it names or
+    /// the one its model is known to have; `None` if neither.
+    pub fn context_budget(&self) -> Option<ContextBudget> {
+        let context = &self.config.context;
+        let window = context.window.or_else(|| known_window(&self.config.model.name))?;
+        let share = |share: f64| (window as f64 * share) as u64;
+        Some(ContextBudget {
+            compact_above: share(context.compact_at),
+            keep: share(context.keep),
+            summary: context.summary_tokens.unwrap_or(window / 8).min(share(context.keep) / 2),
+            drop_tool_outputs: context.drop_tool_outputs,
+        })
+    }
+
     /// The server tools a client may see and enable: the agent's, less those it denies and
     /// those configured `exposed = false` (which run, unlisted, whenever the agent has them).
     pub fn exposed_tools<'a>(&'a self, tools: &'a Tools) -> impl Iterator<Item = &'a str> + 'a {
@@ -242,6 +350,7 @@ impl Agents {
             for (server, mcp) in &config.mcp_servers {
                 mcp.check(&format!("agents.{name}.mcp_servers.{server}"), server)?;
             }
+            config.context.check(&format!("agents.{name}.context"))?;
             let model = build_model(&config.model).map_err(|e| format!("agents.{name}.model: {e}"))?;
             let mcp = Arc::new(mcp::McpServers::new(&config.mcp_servers));
             let agent = Agent { name: name.clone(), config: config.clone(), model, definition: None, mcp };
@@ -277,6 +386,11 @@ impl Agents {
             Some(version) => versions.get(&version).cloned(),
             None => versions.values().next_back().cloned(),
         }
+    }
+
+    /// Whether any configured agent sets its own idle timeout.
+    pub fn any_idle_timeout(&self) -> bool {
+        self.configured.values().any(|agent| agent.config.idle_timeout_secs.is_some_and(|secs| secs > 0))
     }
 
     /// Every agent, configured first, then the catalog's latest versions (archived ones left out).
@@ -354,6 +468,8 @@ impl Agents {
             options: Vec::new(),
             client_tools: definition.tools.clone(),
             mcp_servers: mcp_configs(definition),
+            context: ContextConfig::default(),
+            idle_timeout_secs: None,
         };
         let model = build_model(&config.model)?;
         // A version with the servers of the one before shares them: its sessions and

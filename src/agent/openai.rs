@@ -155,20 +155,14 @@ fn user_part(block: &Block) -> Option<Value> {
             _ => json!({"type": "text", "text": file.unsupported("images and PDFs")}),
         });
     }
+    if let Some(url) = block.image_url() {
+        return Some(json!({"type": "image_url", "image_url": {"url": url}}));
+    }
     if let Some(context) = block.context() {
         return Some(json!({"type": "text", "text": context}));
     }
     match block.kind.as_str() {
         "text" => Some(json!({"type": "text", "text": block.text.clone().unwrap_or_default()})),
-        "image" => {
-            let source = block.rest.get("source")?;
-            let url = match source["type"].as_str()? {
-                "url" => source["url"].as_str()?.to_string(),
-                "base64" => format!("data:{};base64,{}", source["media_type"].as_str()?, source["data"].as_str()?),
-                _ => return None,
-            };
-            Some(json!({"type": "image_url", "image_url": {"url": url}}))
-        }
         // Other blocks (documents, ...) have no chat-completions form.
         _ => None,
     }

@@ -32,6 +32,8 @@ struct Script {
     refuse: bool,
     max_tokens: bool,
     crash: bool,
+    /// `/say <text>`: the reply is exactly this.
+    say: Option<String>,
 }
 
 /// The environment variable that lets `/crash` abort the process (for crash tests only).
@@ -77,6 +79,7 @@ fn parse(text: &str) -> Result<Script, ModelError> {
                 ));
             }
             "loop" => script.looping = true,
+            "say" => script.say = Some(rest.to_string()),
             "error" => script.error = Some(if rest.is_empty() { "model_error".into() } else { rest.to_string() }),
             "refuse" => script.refuse = true,
             "max_tokens" => script.max_tokens = true,
@@ -134,7 +137,9 @@ fn reply<M: AsRef<Message>>(messages: &[M]) -> Result<Reply, ModelError> {
         });
     }
     let said = script.text.join("\n");
-    let (text, calls, stop) = if script.refuse {
+    let (text, calls, stop) = if let Some(text) = script.say {
+        (text, vec![], ModelStop::EndTurn)
+    } else if script.refuse {
         ("I can't help with that.".to_string(), vec![], ModelStop::Refusal)
     } else if !script.calls.is_empty() {
         (said, script.calls, ModelStop::ToolUse)
@@ -280,6 +285,7 @@ mod tests {
         assert_eq!(r.stop, ModelStop::ToolUse);
         assert_eq!(reply(&[user("/words 3")]).unwrap().text, "w1 w2 w3");
         assert_eq!(reply(&[user("/refuse")]).unwrap().stop, ModelStop::Refusal);
+        assert_eq!(reply(&[user("/say SATISFIED: done\nignored")]).unwrap().text, "SATISFIED: done");
         assert_eq!(reply(&[user("/max_tokens")]).unwrap().stop, ModelStop::MaxTokens);
         assert_eq!(reply(&[user("/error model_overloaded_error")]).unwrap_err().code, "model_overloaded_error");
         assert_eq!(reply(&[user("/tool x notjson")]).unwrap_err().code, "invalid_directive");

@@ -137,7 +137,8 @@ fn summary(kind: &str, event: &Value) -> String {
         "user.tool_confirmation" => format!("{} {}", event["result"].as_str().unwrap_or("?"), event["tool_use_id"]),
         "session.status_idle" => format!(
             "{} (in {} · out {})",
-            event["stop_reason"]["type"].as_str().unwrap_or("?"),
+            // The log's own reason where the native view names the seed's beside it.
+            event["stop_reason"]["detail"].as_str().or(event["stop_reason"]["type"].as_str()).unwrap_or("?"),
             event["usage"]["input_tokens"],
             event["usage"]["output_tokens"]
         ),

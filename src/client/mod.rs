@@ -201,9 +201,10 @@ impl Client {
     }
 
     /// Opens the session's native stream (`GET /sessions/{id}/events/stream`); the answer
-    /// unread.
+    /// unread. Every event as the log has it: no delta is merged into the next.
     pub async fn stream_raw(&self, session: &str, from: &StreamFrom) -> Result<Response, ClientError> {
-        let request = self.request(Method::GET, &format!("/sessions/{session}/events/stream"));
+        let path = format!("/sessions/{session}/events/stream?delta_flush_interval_ms=0");
+        let request = self.request(Method::GET, &path);
         let request = match from {
             StreamFrom::Start => request,
             StreamFrom::AfterId(id) => request.query(&[("after_id", id)]),

@@ -42,6 +42,14 @@ impl AsRef<Message> for Message {
 }
 
 impl Message {
+    /// The blocks of a user or tool message.
+    pub fn content(&self) -> Option<&[Block]> {
+        match self {
+            Message::User { content } | Message::Tool { content, .. } => Some(content),
+            _ => None,
+        }
+    }
+
     /// How long [`Message::text`] is, in bytes, measured without making it.
     pub fn text_len(&self) -> usize {
         match self {

@@ -18,6 +18,10 @@ pub struct EngineSettings {
     /// How long a write's idempotency key is honoured: sent again within this, it is
     /// answered with what was stored the first time.
     pub idempotency_hours: u64,
+    /// A session with no event for this long, and no turn running, ends (`terminated`);
+    /// 0: never. An agent's `idle_timeout_secs` overrides it for its sessions.
+    #[serde(default)]
+    pub session_idle_timeout_secs: u64,
     /// What becomes of turns a stopped process left (`[turns]`, set beside this section).
     #[serde(skip)]
     pub turns: TurnSettings,
@@ -75,12 +79,27 @@ pub enum Input {
     Outcome(Value),
 }
 
+impl Input {
+    /// The content it carries: a message's, or a tool result's.
+    pub fn content(&self) -> Option<&[Block]> {
+        match self {
+            Input::Message(content) | Input::Result { content, .. } => Some(content),
+            _ => None,
+        }
+    }
+}
+
 /// How a session ends: deleted (its log ends with `terminated`, and every view answers 404
 /// for it), or archived (kept and readable, but it takes no more input).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Closing {
     Delete,
     Archive,
+    /// Ends the session if nothing happened in it for `idle_ms` and no turn runs: calls
+    /// that wait for the client are cancelled, and the log ends with `terminated`.
+    Expire {
+        idle_ms: u64,
+    },
 }
 
 /// Changes a submission makes to the session before its input: `tools` and the agent's
@@ -132,6 +151,9 @@ pub enum Follows {
     /// No turn: the new turn must be the session's first.
     Nothing,
     Turn(TurnId),
+    /// An earlier turn than the last, that the new turn branches from: what a `Turn` the
+    /// actor found among the turns a session may branch from becomes.
+    Branch(TurnId),
 }
 
 /// What a user message does while a turn runs: refused (AAP, native), or stored and

@@ -158,6 +158,12 @@ impl EngineLog {
         }
     }
 
+    /// A page of sessions as the index has them, after `after`.
+    pub async fn sessions(&self, after: Option<Key>, limit: usize) -> Result<Vec<(Key, SessionSummary)>, SessionError> {
+        let scan = Scan { session: None, after, newest_first: false, limit };
+        Ok(read::scan::<SessionSummary>(self.projections.as_ref(), SessionIndex::NAME, scan).await?)
+    }
+
     /// Sessions a shared log has seen end with a turn open (see [`SharedLog::turns_seen_open`]).
     pub fn turns_seen_open(&self) -> Vec<SessionId> {
         self.shared.as_ref().map(|shared| shared.turns_seen_open()).unwrap_or_default()

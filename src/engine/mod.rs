@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod command;
 pub mod decide;
 mod env;
+mod expire;
 mod forward;
 mod log;
 mod mailbox;

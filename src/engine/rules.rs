@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use super::command::SessionUpdate;
 use crate::agent::{Agent, OptionKind, Tools};
 use crate::domain::event::{ClientTool, SessionSpec, ToolTrust};
-use crate::domain::EventBody;
+use crate::domain::{Block, EventBody};
 use crate::error::SessionError;
 
 fn invalid(message: String) -> SessionError {
@@ -30,6 +30,24 @@ pub fn check_new(agent: &Agent, tools: &Tools, spec: &mut SessionSpec) -> Result
         return Err(invalid(format!(
             "invalid field `messages[{last}].content`: tool call {i} repeats the id {id:?} of an earlier call"
         )));
+    }
+    Ok(())
+}
+
+/// Content for the agent's model: an image to a model that takes none is refused, naming
+/// where it is, rather than dropped on the way to the model.
+pub fn check_content<'a>(agent: &Agent, content: impl IntoIterator<Item = &'a [Block]>) -> Result<(), SessionError> {
+    if agent.config.model.images {
+        return Ok(());
+    }
+    for (i, blocks) in content.into_iter().enumerate() {
+        if let Some(at) = blocks.iter().position(Block::is_image) {
+            return Err(invalid(format!(
+                "agent {:?} has a model that takes no images (`images = false` in its config), and message {i} \
+                 holds one (block {at})",
+                agent.name
+            )));
+        }
     }
     Ok(())
 }

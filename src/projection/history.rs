@@ -3,11 +3,19 @@
 //! Permission decisions and deltas never appear; a denial appears as the tool result the
 //! engine wrote for it. Tool calls that a seed history ends with are in it once: the events
 //! that make them wait for the client do not repeat them.
+//!
+//! A turn may branch from an earlier one (`turn.branched`): the history then goes on from
+//! the messages as they stood at that turn's end, kept for the last [`BRANCH_DEPTH`] turns.
+//!
+//! Two folds: the full history (every message, [`History::default`]) and the compacted one
+//! the model reads ([`History::compacted`]), where each `history.compacted` replaces the
+//! messages it names by its summary, or cuts their tool outputs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use crate::domain::{Block, Event, EventBody};
+use crate::domain::event::Compaction;
+use crate::domain::{Block, Event, EventBody, TurnId};
 pub use crate::domain::{Message, Part};
 
 #[derive(Debug, Clone, Default)]
@@ -23,11 +31,78 @@ pub struct History {
     /// User messages stored while a turn ran: they join the conversation when a turn
     /// takes them (`turn.input`), after what that turn answered.
     queued: Vec<(crate::domain::EventId, Vec<Block>)>,
+    /// Whether compactions apply.
+    compacted: bool,
+    /// The turn the last events belong to, and the messages at the end of each of the
+    /// [`BRANCH_DEPTH`] turns before it, oldest first: what a branch goes on from.
+    turn: Option<TurnId>,
+    ends: VecDeque<(TurnId, Vec<Arc<Message>>)>,
 }
 
+/// How many of a session's last turns a new turn may branch from.
+pub const BRANCH_DEPTH: usize = 32;
+
+/// What a tool output cut by a compaction reads as.
+pub const CUT_TOOL_OUTPUT: &str = "[tool output removed to fit the context window]";
+
 impl History {
+    /// The history as the model reads it: compactions applied.
+    pub fn compacted() -> History {
+        History { compacted: true, ..History::default() }
+    }
+
+    /// The message a summary of earlier messages stands as.
+    pub fn summary_message(summary: &str) -> Message {
+        let text = format!("Summary of the conversation before this point (the earlier messages were compacted to fit the context window):\n\n{summary}");
+        Message::User { content: vec![Block::text(text)] }
+    }
+
+    /// Replaces the first `n` messages by a summary of them.
+    pub fn summarise(messages: &mut Vec<Arc<Message>>, n: usize, summary: &str) {
+        let n = n.min(messages.len());
+        messages.splice(..n, [Arc::new(History::summary_message(summary))]);
+    }
+
+    /// Cuts the tool outputs of the first `n` messages.
+    pub fn cut_tool_outputs(messages: &mut [Arc<Message>], n: usize) {
+        let n = n.min(messages.len());
+        for message in &mut messages[..n] {
+            if let Message::Tool { tool_call_id, is_error, .. } = &**message {
+                let content = vec![Block::text(CUT_TOOL_OUTPUT)];
+                *message = Arc::new(Message::Tool { tool_call_id: tool_call_id.clone(), content, is_error: *is_error });
+            }
+        }
+    }
+
+    /// Whether a turn may branch from `turn`: one of the last turns before the current one.
+    pub fn can_branch_from(&self, turn: TurnId) -> bool {
+        self.ends.iter().any(|(ended, _)| *ended == turn)
+    }
+
     pub fn apply(&mut self, event: &Event) {
         match &event.body {
+            EventBody::TurnStarted {} => {
+                if let Some(ended) = self.turn.filter(|turn| Some(*turn) != event.turn_id) {
+                    if self.ends.len() == BRANCH_DEPTH {
+                        self.ends.pop_front();
+                    }
+                    self.ends.push_back((ended, self.messages.clone()));
+                }
+                self.turn = event.turn_id;
+            }
+            EventBody::TurnBranched { from } => {
+                if let Some((_, messages)) = self.ends.iter().find(|(ended, _)| ended == from) {
+                    self.messages = messages.clone();
+                    self.assistant_open = false;
+                }
+            }
+            EventBody::HistoryCompacted { strategy, messages, summary, .. } if self.compacted => {
+                self.assistant_open = false;
+                match strategy {
+                    Compaction::Summary => History::summarise(&mut self.messages, *messages as usize, summary),
+                    Compaction::ToolOutputs => History::cut_tool_outputs(&mut self.messages, *messages as usize),
+                }
+            }
             EventBody::SessionCreated { spec, .. } => {
                 self.messages.extend(spec.messages.iter().cloned().map(Arc::new));
                 self.seeded = crate::domain::message::waiting_calls(&spec.messages).map(|(id, _, _)| id).collect();

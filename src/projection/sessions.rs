@@ -18,6 +18,16 @@ pub struct SessionSummary {
     /// When it was archived: it keeps its log and takes no more input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archived_at: Option<String>,
+    /// When it ended on its own (its idle timeout) and why: its log ends with `terminated`;
+    /// it is kept and readable, takes no more input, and may still be deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<Ended>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ended {
+    pub at: String,
+    pub reason: String,
 }
 
 impl SessionSummary {
@@ -32,6 +42,7 @@ impl SessionSummary {
                 updated_at: event.created_at.clone(),
                 deleted: false,
                 archived_at: None,
+                ended: None,
             }),
             (EventBody::SessionUpdated { agent, tools, title, metadata }, Some(mut summary)) => {
                 if let Some(agent) = agent {
@@ -54,8 +65,16 @@ impl SessionSummary {
                 summary.updated_at = event.created_at.clone();
                 Some(summary)
             }
-            (EventBody::SessionDeleted {} | EventBody::Terminated { .. }, Some(mut summary)) => {
+            (EventBody::SessionDeleted {}, Some(mut summary)) => {
                 summary.deleted = true;
+                summary.updated_at = event.created_at.clone();
+                Some(summary)
+            }
+            // A delete's `terminated` follows its `session.deleted`; any other ends a session
+            // that stays.
+            (EventBody::Terminated { .. }, Some(summary)) if summary.deleted => Some(summary),
+            (EventBody::Terminated { reason }, Some(mut summary)) => {
+                summary.ended = Some(Ended { at: event.created_at.clone(), reason: reason.clone() });
                 summary.updated_at = event.created_at.clone();
                 Some(summary)
             }

@@ -145,6 +145,25 @@ pub struct OpenTurn {
     /// User messages stored while a turn ran that no turn has taken yet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub queued: Vec<EventId>,
+    /// The latest evaluation of each outcome evaluated, oldest first (the last
+    /// [`OUTCOMES_KEPT`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outcomes: Vec<Evaluated>,
+}
+
+/// Outcomes whose evaluations a session's summary keeps.
+pub const OUTCOMES_KEPT: usize = 20;
+
+/// An outcome's latest evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evaluated {
+    pub outcome_id: String,
+    pub description: String,
+    /// Evaluations so far, less one (the SDK's 0-indexed `iteration`).
+    pub iteration: u32,
+    pub result: String,
+    pub explanation: String,
+    pub at: String,
 }
 
 impl OpenTurns {
@@ -156,13 +175,16 @@ impl Projection for OpenTurns {
         Self::NAME
     }
 
-    /// 2: usage added; 3: queued messages.
+    /// 2: usage added; 3: queued messages; 4: outcome evaluations.
     fn version(&self) -> u32 {
-        3
+        4
     }
 
     fn wants(&self, kind: &str) -> bool {
-        matches!(kind, "turn.started" | "session.status_idle" | "user.message" | "turn.input")
+        matches!(
+            kind,
+            "turn.started" | "session.status_idle" | "user.message" | "turn.input" | "span.outcome_evaluation_end"
+        )
     }
 
     fn keys(&self, event: &Event) -> Vec<Key> {
@@ -183,6 +205,19 @@ impl Projection for OpenTurns {
             }
             EventBody::UserMessage { .. } if event.processed_at.is_none() => open.queued.push(event.id),
             EventBody::TurnInput { event_ids } => open.queued.retain(|id| !event_ids.contains(id)),
+            EventBody::OutcomeEvaluationEnd { outcome_id, iteration, description, result, explanation, .. } => {
+                open.outcomes.retain(|o| &o.outcome_id != outcome_id);
+                open.outcomes.push(Evaluated {
+                    outcome_id: outcome_id.clone(),
+                    iteration: *iteration,
+                    description: description.clone(),
+                    result: result.clone(),
+                    explanation: explanation.clone(),
+                    at: event.created_at.clone(),
+                });
+                let over = open.outcomes.len().saturating_sub(OUTCOMES_KEPT);
+                open.outcomes.drain(..over);
+            }
             _ => return None,
         }
         Some(serde_json::to_vec(&open).expect("serialises"))
@@ -210,6 +245,9 @@ pub struct TurnSummary {
     pub usage: Usage,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<String>,
+    /// The earlier turn this one goes on from, when it is not the one before it (a branch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branched_from: Option<TurnId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -234,7 +272,12 @@ impl TurnSummary {
                 error: None,
                 usage: Usage::default(),
                 ended_at: None,
+                branched_from: None,
             }),
+            (EventBody::TurnBranched { from }, Some(mut summary)) => {
+                summary.branched_from = Some(*from);
+                Some(summary)
+            }
             (EventBody::UserMessage { content }, Some(mut summary)) => {
                 summary.input = content.clone();
                 Some(summary)
@@ -269,7 +312,7 @@ impl Projection for TurnIndex {
     }
 
     fn wants(&self, kind: &str) -> bool {
-        matches!(kind, "turn.started" | "user.message" | "session.error" | "session.status_idle")
+        matches!(kind, "turn.started" | "turn.branched" | "user.message" | "session.error" | "session.status_idle")
     }
 
     fn keys(&self, event: &Event) -> Vec<Key> {

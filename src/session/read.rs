@@ -31,12 +31,14 @@ pub struct EventPage {
 }
 
 /// What a session is doing, from the log.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Activity {
     /// A turn runs (started, not yet stopped).
     pub running: bool,
     /// The usage of all its turns.
     pub usage: Usage,
+    /// The latest evaluation of each outcome evaluated.
+    pub outcomes: Vec<crate::projection::turns::Evaluated>,
 }
 
 /// A page of a session's turns, newest first, strictly before `before`.
@@ -47,9 +49,10 @@ pub struct TurnQuery {
 }
 
 impl Sessions {
-    /// The session's history, folded from its whole log.
-    pub async fn history(&self, session: &SessionSummary) -> Result<Vec<Message>, SessionError> {
-        let mut history = History::default();
+    /// The session's history, folded from its whole log: every message (`full`), or as the
+    /// model reads it, compactions applied.
+    pub async fn history(&self, session: &SessionSummary, full: bool) -> Result<Vec<Message>, SessionError> {
+        let mut history = if full { History::default() } else { History::compacted() };
         self.log
             .fold(session.id, Position::default(), |raw| {
                 if let Ok(event) = raw.decode() {
@@ -117,7 +120,7 @@ impl Sessions {
     pub async fn activity(&self, session: &SessionSummary) -> Result<Activity, SessionError> {
         let open: Option<OpenTurn> = self.log.projected(OpenTurns::NAME, Key::session(session.id)).await?;
         let open = open.unwrap_or_default();
-        Ok(Activity { running: open.turn.is_some(), usage: open.usage })
+        Ok(Activity { running: open.turn.is_some(), usage: open.usage, outcomes: open.outcomes })
     }
 
     /// A follower of the session's log after `after` (from the start when `None`).

@@ -1,5 +1,6 @@
 //! The numbering rules, in one place for every log implementation: where an append may go
-//! (at the expected position, never after `terminated`, within the session's limit, a
+//! (at the expected position, never after `terminated` but for the `session.deleted` of a
+//! session that ended on its own, within the session's limit, a
 //! turn's events after its `turn.started` and before the next turn's), and what it gets
 //! (ids strictly increasing per session whatever the clock does, sequence numbers 1, 2, 3,
 //! ... with no gap, turn sequence numbers from 1 at each `turn.started`).
@@ -17,8 +18,17 @@ pub struct Tail {
     pub position: Position,
     /// The last turn that has events, and its last turn sequence number.
     pub turn: Option<(TurnId, u32)>,
-    /// The log ends with `terminated`.
+    /// The log takes nothing more: it ends with `terminated`, or with the `session.deleted`
+    /// of a session that had ended.
     pub closed: bool,
+    /// The log ends with a `terminated` that no delete wrote (a session that timed out): it
+    /// takes one more append, that session's `session.deleted` alone, and is closed after it.
+    pub deletable: bool,
+}
+
+/// Whether an event closes the log as the last one of an append.
+fn closes(kind: &str) -> bool {
+    matches!(kind, "terminated" | "session.deleted")
 }
 
 /// One instant, read once per group commit: every event of a commit has the same time.
@@ -66,7 +76,8 @@ impl Tail {
             let event = event?;
             if i == 0 {
                 tail.position = Position { last: Some(event.id), seq: event.seq };
-                tail.closed = event.kind() == "terminated";
+                tail.closed = closes(event.kind());
+                tail.deletable = event.kind() == "terminated" && !Tail::deleted_before(&event);
             }
             if let Some(turn) = event.turn() {
                 tail.turn = Some(turn);
@@ -95,6 +106,13 @@ impl Tail {
         }
     }
 
+    /// Whether a `terminated` was written by a delete: a delete's comes right after its
+    /// `session.deleted`, in one append, and says so (`session deleted`).
+    fn deleted_before(terminated: &RawEvent) -> bool {
+        let needle: &[u8] = b"\"reason\":\"session deleted\"";
+        terminated.json.windows(needle.len()).any(|w| w == needle)
+    }
+
     /// The last turn sequence number of `turn`, from a session's events, newest first.
     pub fn last_in_turn<E>(
         newest_first: impl IntoIterator<Item = Result<RawEvent, E>>,
@@ -118,9 +136,11 @@ impl Tail {
         clock: &Clock,
         limit: u64,
     ) -> Result<Appended, AppendError> {
-        // Nothing follows `terminated`: check the whole append before numbering any of it.
+        // Nothing follows `terminated` (but the one delete of a session that ended on its own):
+        // check the whole append before numbering any of it.
         let terminated_early = drafts.iter().rev().skip(1).any(|d| d.kind() == "terminated");
-        if self.closed || terminated_early {
+        let deleting_ended = self.deletable && drafts.len() == 1 && drafts[0].kind() == "session.deleted";
+        if (self.closed && !deleting_ended) || terminated_early {
             return Err(AppendError::Closed);
         }
         if expected != self.position.seq {
@@ -143,7 +163,8 @@ impl Tail {
             let json = Envelope { id, session, turn, seq, now: &clock.now }.write(draft);
             tail.position = Position { last: Some(id), seq };
             tail.turn = turn.or(tail.turn);
-            tail.closed = draft.kind() == "terminated";
+            tail.closed = draft.kind() == "terminated" || deleting_ended;
+            tail.deletable = draft.kind() == "terminated" && !drafts.iter().any(|d| d.kind() == "session.deleted");
             events.push(RawEvent { id, seq, json });
         }
         *self = tail;
@@ -197,6 +218,38 @@ mod tests {
         assert_eq!(tail.stage(session, 6, &[end.clone(), outcome(None)], &clock, 100), Err(AppendError::Closed));
         tail.stage(session, 6, &[end], &clock, 100).unwrap().unwrap();
         assert_eq!(tail.stage(session, 7, &[outcome(None)], &clock, 100), Err(AppendError::Closed));
+        // A session that ended on its own may still be deleted, once, and then takes nothing.
+        let deleted = Draft::new(None, &EventBody::SessionDeleted {});
+        assert_eq!(tail.stage(session, 7, &[deleted.clone(), outcome(None)], &clock, 100), Err(AppendError::Closed));
+        let recovered = Tail::recover(events.iter().rev().cloned().map(Ok::<_, ()>)).unwrap();
+        assert!(!recovered.closed, "before the end");
+        tail.stage(session, 7, std::slice::from_ref(&deleted), &clock, 100).unwrap().unwrap();
+        assert_eq!(tail.stage(session, 8, &[deleted], &clock, 100), Err(AppendError::Closed));
+        assert_eq!(tail.stage(session, 8, &[outcome(None)], &clock, 100), Err(AppendError::Closed));
+    }
+
+    #[test]
+    fn a_deleted_session_s_end_takes_nothing_even_after_a_restart() {
+        let session = SessionId::generate();
+        let mut tail = Tail::default();
+        let clock = Clock::now();
+        let deleted = Draft::new(None, &EventBody::SessionDeleted {});
+        let end = Draft::new(None, &EventBody::Terminated { reason: "session deleted".into() });
+        let events = tail.stage(session, 0, &[outcome(None), deleted.clone(), end], &clock, 100).unwrap().unwrap();
+        assert_eq!(tail.stage(session, 3, std::slice::from_ref(&deleted), &clock, 100), Err(AppendError::Closed));
+        let mut recovered = Tail::recover(events.iter().rev().cloned().map(Ok::<_, ()>)).unwrap();
+        assert!(recovered.closed && !recovered.deletable);
+        assert_eq!(recovered.stage(session, 3, &[deleted], &clock, 100), Err(AppendError::Closed));
+        // A timed-out session's end, read back after a restart, still takes its delete.
+        let timed_out = SessionId::generate();
+        let mut tail = Tail::default();
+        let end = Draft::new(None, &EventBody::Terminated { reason: "idle timeout".into() });
+        let events = tail.stage(timed_out, 0, &[outcome(None), end], &clock, 100).unwrap().unwrap();
+        let mut recovered = Tail::recover(events.iter().rev().cloned().map(Ok::<_, ()>)).unwrap();
+        assert!(recovered.closed && recovered.deletable);
+        let deleted = Draft::new(None, &EventBody::SessionDeleted {});
+        recovered.stage(timed_out, 2, &[deleted], &clock, 100).unwrap().unwrap();
+        assert!(recovered.closed && !recovered.deletable);
     }
 
     #[test]

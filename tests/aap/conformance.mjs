@@ -416,3 +416,42 @@ test("j. errors: 404s, a user message while a call is pending, delete", STEP, as
     assert.equal(await client.getSession(sid), undefined, `GET /sessions/${sid} after DELETE`);
   }
 });
+
+test("k. stop reasons: only AAP's five, whatever ended the turn", STEP, async () => {
+  const FIVE = ["end_turn", "tool_use", "max_tokens", "refusal", "error"];
+  const { sessionId: id } = await client.postSessions({
+    agent: { name: "default", tools: [{ name: "calculator", trust: true }] },
+  });
+  const stops = {};
+  for (const [name, content] of [["max_tokens", "/max_tokens"], ["refusal", "/refuse"], ["loop", "/loop"], ["error", "/error model_overloaded_error"]]) {
+    const res = await client.postSessionTurn(id, { messages: [{ role: "user", content }] });
+    stops[name] = res.stopReason;
+  }
+  // An interrupt (through the native event API) while a delta stream runs.
+  const stream = await client.postSessionTurn(id, {
+    stream: "delta",
+    messages: [{ role: "user", content: "/delay 50\n/words 100" }],
+  });
+  const events = [];
+  for await (const e of stream) {
+    events.push(e);
+    if (e.event === "text_delta" && events.filter((x) => x.event === "text_delta").length === 2) {
+      const res = await fetch(client.url(`/sessions/${id}/events`), {
+        method: "POST",
+        headers: client.headers,
+        body: JSON.stringify({ events: [{ type: "user.interrupt" }] }),
+      });
+      assert.equal(res.status, 200, await res.text());
+    }
+  }
+  stops.interrupted = checkFrame(events, "end_turn") && events.at(-1).stopReason;
+  assert.deepEqual(stops, {
+    max_tokens: "max_tokens",
+    refusal: "refusal",
+    loop: "max_tokens", // the agent's limit of model requests: cut short
+    error: "error",
+    interrupted: "end_turn", // the client's interrupt: the turn ended, the session goes on
+  });
+  assert.ok(Object.values(stops).every((s) => FIVE.includes(s)), JSON.stringify(stops));
+  assert.equal(await client.deleteSession(id), undefined);
+});

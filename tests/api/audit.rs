@@ -720,7 +720,7 @@ async fn a_replay_session_re_emits_the_source_at_its_pace_for_any_client() {
     let out = run(&["replay", &source, "--server", &app.url, "--into-session", "--speed", "10"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let copy = text(&out.stdout).trim().to_string();
-    let stream = app.get(&format!("/sessions/{copy}/events/stream")).send().await.unwrap();
+    let stream = app.get(&format!("/sessions/{copy}/events/stream?delta_flush_interval_ms=0")).send().await.unwrap();
     let mut frames = crate::helpers::sse(stream);
     let replayed: Vec<Value> =
         crate::helpers::take(&mut frames, original.len(), 30).await.into_iter().map(|f| f.data).collect();
@@ -789,7 +789,7 @@ async fn a_replay_session_re_emits_the_source_at_its_pace_for_any_client() {
     // history before it (none) as its seed.
     let first_turn = original.iter().position(|e| e["type"] == "turn.started").unwrap();
     assert!(first_turn < 5 && original[5]["turn_id"] == original[first_turn]["turn_id"]);
-    let stream = app.get(&format!("/sessions/{partial}/events/stream")).send().await.unwrap();
+    let stream = app.get(&format!("/sessions/{partial}/events/stream?delta_flush_interval_ms=0")).send().await.unwrap();
     let mut frames = crate::helpers::sse(stream);
     let copied = crate::helpers::take(&mut frames, 1 + original.len() - first_turn, 30).await;
     let kinds = |events: &[Value]| events.iter().map(|e| e["type"].as_str().unwrap().to_string()).collect::<Vec<_>>();
@@ -815,7 +815,7 @@ async fn a_replay_of_a_turn_still_running_closes_the_copy_of_it_and_takes_input_
     let copy = started.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string();
     // The replay ends with the log as it was: the copied turn is closed, and the copy takes
     // input from then on.
-    let stream = app.get(&format!("/sessions/{copy}/events/stream")).send().await.unwrap();
+    let stream = app.get(&format!("/sessions/{copy}/events/stream?delta_flush_interval_ms=0")).send().await.unwrap();
     let mut frames = crate::helpers::sse(stream);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

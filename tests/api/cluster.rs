@@ -216,7 +216,11 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
     let interrupted = c.post_event(&session, json!({"type": "user.interrupt"})).await;
     assert_eq!(interrupted.status(), 200, "{}", interrupted.text().await.unwrap());
     let ended = until(&mut on_b, "session.status_idle", 10).await;
-    assert_eq!(ended.last().unwrap().data["stop_reason"]["type"], "cancelled", "the turn on A stopped");
+    assert_eq!(
+        ended.last().unwrap().data["stop_reason"],
+        json!({"type": "cancel", "detail": "cancelled"}),
+        "the turn on A stopped"
+    );
     let answer = tokio::time::timeout(Duration::from_secs(10), running).await.unwrap().unwrap().unwrap();
     assert!(answer.contains("turn_stop"), "A's client saw its turn end: {answer}");
 

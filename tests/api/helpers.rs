@@ -243,16 +243,17 @@ impl TestApp {
         listed.unwrap_or_else(|e| panic!("the events of {session} through {}: {e}", self.url))
     }
 
-    /// Opens the native stream after `after_id` (query) or `last_event_id` (header).
+    /// Opens the native stream after `after_id` (query) or `last_event_id` (header), every
+    /// event as logged (`delta_flush_interval_ms=0`: the stream merges deltas by default).
     pub async fn stream(
         &self,
         session: &str,
         after_id: Option<&str>,
         last_event_id: Option<&str>,
     ) -> reqwest::Response {
-        let mut path = format!("/sessions/{session}/events/stream");
+        let mut path = format!("/sessions/{session}/events/stream?delta_flush_interval_ms=0");
         if let Some(after) = after_id {
-            path.push_str(&format!("?after_id={after}"));
+            path.push_str(&format!("&after_id={after}"));
         }
         let mut request = self.get(&path);
         if let Some(id) = last_event_id {

@@ -1,14 +1,17 @@
 mod audit;
 mod auth;
 mod cluster;
+mod compaction;
 mod console;
 mod crash;
+mod dialects;
 mod disk;
 mod events;
 mod harness;
 mod helpers;
 mod hostile;
 mod idempotency;
+mod idle;
 mod managed;
 #[path = "../common/nats.rs"]
 mod nats;

@@ -487,7 +487,9 @@ impl Subscriber {
     }
 
     async fn open(&self, client: &reqwest::Client, url: &str) -> reqwest::Result<reqwest::Response> {
-        let mut request = client.get(format!("{url}/sessions/{}/events/stream", self.session));
+        // Every event as logged: the stream's default merges deltas.
+        let mut request =
+            client.get(format!("{url}/sessions/{}/events/stream?delta_flush_interval_ms=0", self.session));
         if let Some(cursor) = self.cursor() {
             request = request.header("Last-Event-ID", cursor);
         }

@@ -128,7 +128,7 @@ async fn read_with_reconnects(
     let mut cursor = start.clone();
     let mut reconnects = 0;
     loop {
-        let mut request = client.get(format!("{url}/sessions/{session}/events/stream"));
+        let mut request = client.get(format!("{url}/sessions/{session}/events/stream?delta_flush_interval_ms=0"));
         if let Some(cursor) = &cursor {
             request = request.header("Last-Event-ID", cursor.as_str());
         }

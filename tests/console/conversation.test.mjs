@@ -407,7 +407,7 @@ test("interrupt: the Interrupt button cancels a running turn; the page and the l
   const [turn] = turns(log);
   const interrupt = only(turn, "user.interrupt")[0];
   const idle = only(turn, "session.status_idle")[0];
-  assert.equal(idle.stop_reason.type, "cancelled", `the turn's stop reason in the log: ${show(idle)}`);
+  assert.deepEqual(idle.stop_reason, { type: "cancel", detail: "cancelled" }, `the turn's stop reason in the log: ${show(idle)}`);
   assert.ok(interrupt.sequence_number < idle.sequence_number, "the interrupt comes before the turn's end");
   const said = eventText(only(turn, "agent.message")[0]);
   assert.match(said, /^w1( w\d+)*$/, "the reply cut short is a run of words");

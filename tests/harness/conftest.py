@@ -13,11 +13,16 @@ import pytest
 from truefoundry_gateway_sdk.agents import AgentSessionClient, merge_event_delta
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from turnlog_server import Server, keys  # noqa: E402
+from turnlog_server import Server, keys, sha256  # noqa: E402
 
-ALICE, BOB = "alice-key", "bob-key"
+ALICE, BOB, OPS = "alice-key", "bob-key", "ops-key"
 
-CONFIG = keys(alice=ALICE, bob=BOB) + """
+CONFIG = keys(alice=ALICE, bob=BOB) + f"""
+[[auth.keys]]
+subject = "ops"
+sha256 = "{sha256(OPS)}"
+admin = true
+""" + """
 [agents.helper]
 description = "Scripted, with a calculator that asks, a clock that does not, and the client's weather"
 model = { provider = "scripted", name = "scripted" }

@@ -12,9 +12,11 @@ from conftest import ALICE, merged, message, run
 
 
 def observe(server: str, session_id: str, events: "queue.Queue"):
-    """Reads the session's native SSE stream into `events` (each frame's JSON data)."""
+    """Reads the session's native SSE stream into `events` (each frame's JSON data), every
+    delta as the log has it (not merged)."""
     headers = {"Authorization": f"Bearer {ALICE}"}
-    with httpx.stream("GET", f"{server}/sessions/{session_id}/events/stream", headers=headers, timeout=30) as r:
+    url = f"{server}/sessions/{session_id}/events/stream?delta_flush_interval_ms=0"
+    with httpx.stream("GET", url, headers=headers, timeout=30) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: "):

@@ -35,6 +35,36 @@ def test_sessions_list_newest_first_in_pages_of_the_asked_size(client):
     assert [s.id for s in window] == [made[3].id, made[2].id, made[1].id]
 
 
+def test_an_admin_lists_one_creators_sessions_by_slug_in_pages_of_100_unless_asked(server, client, other):
+    from conftest import OPS, sdk
+
+    ops = sdk(server, OPS)
+    mine = [client.create_session(agent_name="helper") for _ in range(2)]
+    theirs = other.create_session(agent_name="helper")
+    since = mine[0].created_at
+
+    def listed(slug=None):
+        extra = {"additional_query_parameters": {"created_by_subject_slug": slug}} if slug else None
+        found = ops.list_sessions(agent_name="helper", start_timestamp=since, request_options=extra)
+        return [s.id for s in found]
+
+    assert listed("alice") == [s.id for s in reversed(mine)]
+    assert listed("bob") == [theirs.id]
+    assert listed("nobody") == []
+    assert set(listed()) == {s.id for s in mine} | {theirs.id}, "no filter: everyone's, to an admin"
+    assert [s.created_by_subject.subject_slug for s in ops.list_sessions(agent_name="helper", start_timestamp=since,
+            request_options={"additional_query_parameters": {"created_by_subject_slug": "bob"}})] == ["bob"]
+    # A subject that is not an admin sees only its own, whatever it filters by.
+    assert [s.id for s in other.list_sessions(agent_name="helper", start_timestamp=since,
+            request_options={"additional_query_parameters": {"created_by_subject_slug": "alice"}})] == []
+    # The seed's default page size, when a client sends none.
+    import httpx
+
+    page = httpx.get(f"{server}/v1/agents/sessions", params={"agent_name": "helper"},
+                     headers={"Authorization": f"Bearer {OPS}"}).json()
+    assert page["pagination"]["limit"] == 100
+
+
 def test_an_unknown_agent_is_not_found(client):
     with pytest.raises(NotFoundError) as error:
         client.create_session(agent_name="nobody")

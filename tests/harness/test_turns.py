@@ -2,6 +2,8 @@
 answered at once and polled to its end, turns listed and read back, a finished turn's
 events in both orders and in pages, and a session's events across its turns."""
 
+import time
+
 import pytest
 from truefoundry_gateway_sdk.errors import PreconditionFailedError
 
@@ -48,15 +50,39 @@ def test_a_turn_not_streamed_is_answered_running_and_polled_to_its_end(session):
     assert session.get_turn(turn.id).state.status == "done"
 
 
-def test_a_turn_names_the_turn_it_follows(session):
+def test_a_turn_names_the_turn_it_follows_or_branches_from_an_earlier_one(server, session):
+    import httpx
+    from truefoundry_gateway_sdk.errors import NotFoundError
+
+    from conftest import ALICE
+
+    def conversation():
+        history = httpx.get(f"{server}/sessions/{session.id}/history?type=full",
+                            headers={"Authorization": f"Bearer {ALICE}"}).json()["history"]["full"]
+        return [m["content"] for m in history]
+
     first, _ = run(session, message("one"))
     second, frames = run(session, message("two"), previous_turn_id=first.id)
     assert frames[0][1].previous_turn_id == first.id
-    for stale in (first.id, "none"):
-        with pytest.raises(PreconditionFailedError) as refused:
-            run(session, message("three"), previous_turn_id=stale)
-        assert second.id in refused.value.body.error.message
+    with pytest.raises(PreconditionFailedError) as refused:
+        run(session, message("three"), previous_turn_id="none")
+    assert second.id in refused.value.body.error.message
+    with pytest.raises(NotFoundError):
+        run(session, message("three"), previous_turn_id="turn_01J00000000000000000000000")
     assert [t.id for t in session.list_turns()] == [second.id, first.id], "nothing was started"
+
+    # An earlier turn: the new turn goes on from the conversation as that turn left it.
+    branch, frames = run(session, message("again"), previous_turn_id=first.id)
+    assert frames[0][1].previous_turn_id == first.id
+    assert session.get_turn(branch.id).previous_turn_id == first.id
+    assert conversation() == ["one", "echo: one", "again", "echo: again"]
+    assert [t.id for t in session.list_turns()] == [branch.id, second.id, first.id], "the other branch is kept"
+    # `auto` follows the branch.
+    after, frames = run(session, message("on"))
+    assert frames[0][1].previous_turn_id == branch.id
+    assert conversation() == ["one", "echo: one", "again", "echo: again", "on", "echo: on"]
+    # The session's events follow the conversation back through the branch point.
+    assert [i.turn_id for i in session.list_events() if i.event.type == "turn.created"] == [after.id, branch.id, first.id]
 
 
 def test_a_finished_turns_events_list_whole_in_either_order_and_in_pages(session):
@@ -108,3 +134,44 @@ def test_a_sessions_events_list_newest_first_across_its_turns(session):
     running.cancel()
     assert [i.event.type for i in stream][-1] == "turn.done"
     assert [i.turn_id for i in session.list_events(limit=3)][:3] == [running.id] * 3
+
+
+
+def post_turn(server, session, content) -> "httpx.Response":
+    """A turn posted as the seed's documents show it (the SDK's own types have no
+    `file_upload`: it refuses the part before sending it)."""
+    import httpx
+
+    from conftest import ALICE
+
+    body = {"input": [{"type": "user.message", "content": content}], "stream": False}
+    return httpx.post(f"{server}/v1/agents/sessions/{session.id}/turns", json=body,
+                      headers={"Authorization": f"Bearer {ALICE}"}, timeout=30)
+
+
+def test_the_seeds_file_upload_part_is_taken_and_read_back_as_the_sdks_file_part(server, session):
+    png = "data:image/png;base64,iVBORw0KGgo="
+    upload = {"type": "file_upload", "file": {"filename": "shot.png", "file_data": png}}
+    posted = post_turn(server, session, [{"type": "text", "text": "see"}, upload])
+    assert posted.status_code == 200, posted.text
+    turn_id = posted.json()["data"]["id"]
+    done = session.get_turn(turn_id)
+    deadline = time.monotonic() + 10
+    while done.state.status == "running" and time.monotonic() < deadline:
+        time.sleep(0.02)
+        done = session.get_turn(turn_id)
+    assert done.state.status == "done" and done.state.output.content == "echo: see"
+    [item] = done.input
+    text, file = item.content
+    assert (text.type, text.text) == ("text", "see")
+    assert (file.type, file.name, file.data) == ("file", "shot.png", png), "as the SDK's file part"
+
+
+def test_a_file_upload_part_that_is_not_the_seeds_shape_is_refused_naming_it(server, session):
+    for upload in ({"type": "file_upload", "file": {"filename": "a.png"}},
+                   {"type": "file_upload", "file": {"filename": "a.png", "file_data": "not a data uri"}},
+                   {"type": "file_upload", "filename": "a.png", "file_data": "data:image/png;base64,AAAA"}):
+        refused = post_turn(server, session, [upload])
+        assert refused.status_code == 400, refused.text
+        assert "input[0].content[0]" in refused.json()["error"]["message"], refused.text
+    assert list(session.list_turns()) == []

@@ -91,7 +91,7 @@ def test_a_tiny_max_tokens_ends_the_turn_as_max_tokens(provider, turnlog):
     end = one(turn, "span.model_request_end")
     assert end["stop_reason"] == "max_tokens"
     assert end["usage"]["output_tokens"] == 3
-    assert one(turn, "session.status_idle")["stop_reason"]["type"] == "max_tokens"
+    assert one(turn, "session.status_idle")["stop_reason"] == {"type": "end_turn", "detail": "max_tokens"}
 
 
 def test_a_history_longer_than_the_context_ends_with_a_clear_error(provider, llama, turnlog):
@@ -121,13 +121,13 @@ def test_an_interrupt_mid_stream_cancels_the_request_on_the_server(provider, lla
     seen = []
     frames = aap_turn(turnlog, session, COUNTING, on_frame=lambda f, at: (seen.append(f), on_frame(f, at)))
     assert interrupted, "the reply ended before it could be interrupted"
-    assert stop_of(frames) == "cancelled", frames
+    assert stop_of(frames) == "end_turn", frames  # AAP's name for an interrupted turn
     # The server dropped the request (its slot is free at once) and said so in its log.
     assert llama.wait_idle(timeout=10) < 10
     llama.wait_logged("cancel task", since=log_from)
     turn = last_turn(events(turnlog, session))
     assert said(turn) == text_of(frames)
-    assert one(turn, "session.status_idle")["stop_reason"]["type"] == "cancelled"
+    assert one(turn, "session.status_idle")["stop_reason"] == {"type": "cancel", "detail": "cancelled"}
     assert one(turn, "span.model_request_end")["is_error"]
 
 

@@ -91,7 +91,8 @@ class NativeStream:
         self.events: list[tuple[dict, float]] = []
         self.opened = threading.Event()
         self.done = threading.Event()
-        params = {"after_id": after_id} if after_id else {}
+        # Every delta as the log has it, not merged by the stream's 50 ms default.
+        params = {"delta_flush_interval_ms": 0} | ({"after_id": after_id} if after_id else {})
         self.thread = threading.Thread(target=self._read, args=(url, session, params), daemon=True)
         self.thread.start()
         assert self.opened.wait(30), "the native stream did not open"

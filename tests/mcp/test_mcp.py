@@ -78,7 +78,7 @@ def test_a_slow_call_is_cancelled_at_once(client):
     client.post(session, {"type": "user.interrupt"})
     events = client.wait_for(session, idle_after(1), seconds=10, what="the cancelled turn's end")
     assert time.monotonic() - started < 5, "a cancel reaches a running MCP call at once"
-    assert of_type(events, "session.status_idle")[-1]["stop_reason"]["type"] == "cancelled"
+    assert of_type(events, "session.status_idle")[-1]["stop_reason"] == {"type": "cancel", "detail": "cancelled"}
     [result] = of_type(events, "agent.tool_result")
     assert result["is_error"] and result["content"][0]["text"] == "Tool call cancelled", result
     # The server goes on serving the next call.
@@ -178,5 +178,5 @@ def test_a_cancel_reaches_the_server_as_notifications_cancelled(client, cancelle
     mark_is("started")  # the call is in the server's handler
     client.post(session, {"type": "user.interrupt"})
     events = client.wait_for(session, idle_after(1), seconds=10, what="the cancelled turn's end")
-    assert of_type(events, "session.status_idle")[-1]["stop_reason"]["type"] == "cancelled"
+    assert of_type(events, "session.status_idle")[-1]["stop_reason"] == {"type": "cancel", "detail": "cancelled"}
     mark_is("cancelled")

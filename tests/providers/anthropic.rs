@@ -407,3 +407,26 @@ async fn max_tokens_from_config_and_a_base_url_with_v1_are_used() {
     assert_eq!(sent.path, "/v1/messages");
     assert_eq!(sent.body["max_tokens"], 99);
 }
+
+#[tokio::test]
+async fn images_of_every_view_reach_the_model_as_image_blocks() {
+    let server = FakeServer::start(vec![Reply::sse(thinking_then_text())]).await;
+    events(run(&model_at(&server), request(vec![images()])).await);
+    let sent = &server.received()[0];
+    let url = |url: &str| json!({"type": "image", "source": {"type": "url", "url": url}});
+    let data = |mime: &str, data: &str| json!({"type": "image", "source": {"type": "base64", "media_type": mime, "data": data}});
+    assert_eq!(
+        sent.body["messages"],
+        json!([{"role": "user", "content": [
+            {"type": "text", "text": "what are these?"},
+            url("https://example.com/cat.png"),
+            data("image/png", "iVBORw0KGgo="),
+            url("https://example.com/dog.jpg"),
+            data("image/jpeg", "/9j/4AAQ"),
+            data("image/gif", "R0lGODlh"),
+            data("image/webp", "UklGRg=="),
+        ]}]),
+        "{}",
+        sent.body
+    );
+}

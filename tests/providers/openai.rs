@@ -421,3 +421,25 @@ fn a_model_without_a_name_does_not_build() {
     let config: turnlog::agent::ModelConfig = serde_json::from_value(json!({"provider": "openai"})).unwrap();
     assert!(turnlog::agent::build_model(&config).is_err());
 }
+
+#[tokio::test]
+async fn images_of_every_view_reach_the_model_as_image_url_parts() {
+    let server = FakeServer::start(vec![Reply::sse(hello_stream())]).await;
+    events(run(&model_at(&server), request(vec![images()])).await);
+    let sent = &server.received()[0];
+    let url = |url: &str| json!({"type": "image_url", "image_url": {"url": url}});
+    assert_eq!(
+        sent.body["messages"][1],
+        json!({"role": "user", "content": [
+            {"type": "text", "text": "what are these?"},
+            url("https://example.com/cat.png"),
+            url("data:image/png;base64,iVBORw0KGgo="),
+            url("https://example.com/dog.jpg"),
+            url("data:image/jpeg;base64,/9j/4AAQ"),
+            url("data:image/gif;base64,R0lGODlh"),
+            url("data:image/webp;base64,UklGRg=="),
+        ]}),
+        "{}",
+        sent.body
+    );
+}

@@ -168,3 +168,20 @@ pub fn resplit(pieces: &[String], size: usize) -> Vec<String> {
 pub fn clock() -> Instant {
     Instant::now()
 }
+
+/// A user message with an image in every shape a view stores one: AAP's (`url`, an
+/// address or a `data:` URI), Anthropic's (`source` of type `url` or `base64`), ACP's
+/// (`data` and `mimeType`) and the agent harness's (`file`, a `data:` URI).
+pub fn images() -> Message {
+    let content = serde_json::from_value(json!([
+        {"type": "text", "text": "what are these?"},
+        {"type": "image", "url": "https://example.com/cat.png"},
+        {"type": "image", "url": "data:image/png;base64,iVBORw0KGgo="},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/dog.jpg"}},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "/9j/4AAQ"}},
+        {"type": "image", "data": "R0lGODlh", "mimeType": "image/gif"},
+        {"type": "file", "name": "shot.webp", "data": "data:image/webp;base64,UklGRg=="},
+    ]))
+    .expect("blocks");
+    Message::User { content }
+}

@@ -465,7 +465,8 @@ async fn aap_turn(http: &reqwest::Client, url: &str, session: &str, prompt: &str
 }
 
 async fn native_turn(http: &reqwest::Client, url: &str, session: &str, prompt: &str) -> anyhow::Result<Turn> {
-    let response = http.get(format!("{url}/sessions/{session}/events/stream")).send().await?;
+    // Every delta as it is logged: the stream's own 50 ms merge would hide what turnlog adds.
+    let response = http.get(format!("{url}/sessions/{session}/events/stream?delta_flush_interval_ms=0")).send().await?;
     let mut stream = EventStream::new(response).await?;
     let message = json!({"events": [{"type": "user.message", "content": prompt}]});
     let sent = Instant::now();

@@ -152,6 +152,9 @@ fn blocks(content: &[Block]) -> Vec<Value> {
         .filter(|b| b.kind != "text" || b.text.as_deref().is_some_and(|t| !t.is_empty()))
         .filter_map(|b| match (b.file(), b.context()) {
             (Some(file), _) => Some(file_block(&file)),
+            (None, _) if b.image_url().is_some() => {
+                Some(json!({"type": "image", "source": {"type": "url", "url": b.image_url()}}))
+            }
             (None, Some(context)) => Some(json!({"type": "text", "text": context})),
             (None, None) if matches!(b.kind.as_str(), "file" | "resource" | "resource_link" | "audio") => None,
             // The text and the API's own fields: clients add fields of their own (ACP's

@@ -1,6 +1,7 @@
-//! `GET /sessions/{id}/history?type=compacted|full`. This server does not compact, so
-//! both are the full history, exactly: tool permissions never appear, and it may end with
-//! tool calls that still wait for the client.
+//! `GET /sessions/{id}/history?type=compacted|full`: `full` is every message, exactly;
+//! `compacted` is what the agent's model reads, where a compaction's summary stands for the
+//! messages it replaced (docs/compaction.md). Tool permissions never appear, and either may
+//! end with tool calls that still wait for the client.
 
 use actix_web::{get, HttpResponse};
 use serde_json::json;
@@ -11,8 +12,7 @@ use crate::api::caller::CallerSession;
 use crate::api::{Error, State};
 use crate::error::{ApiError, Code};
 
-/// The session's history as AAP messages (`compacted` and `full` are the same: nothing is
-/// compacted).
+/// The session's history as AAP messages: compacted (the default) or full.
 #[utoipa::path(
     tag = "aap",
     operation_id = "sessions_history",
@@ -33,7 +33,7 @@ pub async fn history(
             return Err(ApiError::new(Code::NotFound, message).into());
         }
     };
-    let messages = state.sessions.history(&summary).await?;
+    let messages = state.sessions.history(&summary, kind == "full").await?;
     let out: Vec<MessageOut> = messages.iter().map(MessageOut::from).collect();
     Ok(HttpResponse::Ok().json(json!({"history": {kind: out}})))
 }

@@ -44,9 +44,12 @@ fn describe(agent: &Agent, tools: &crate::agent::Tools) -> Value {
             "history": {"compacted": {}, "full": {}},
             "stream": {"delta": {}, "message": {}, "none": {}},
             "application": {"tools": {}},
-            "image": {"http": {}, "data": {}},
         },
     });
+    // Images by address and inline, to a model that takes them; none advertised otherwise.
+    if agent.config.model.images {
+        out["capabilities"]["image"] = json!({"http": {}, "data": {}});
+    }
     if let Some(title) = &agent.config.title {
         out["title"] = json!(title);
     }

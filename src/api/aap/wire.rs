@@ -405,16 +405,17 @@ pub struct HistoryQuery {
     pub kind: Option<String>,
 }
 
-/// AAP's stop reasons, plus ours where AAP has none (`cancelled`, `max_turn_requests`).
+/// AAP's five stop reasons, from the log's. AAP has no name for two: a turn the client
+/// interrupted ended as asked and the session takes the next message (`end_turn`); a turn
+/// cut at the agent's limit of model requests stopped at a budget before the agent was done,
+/// as `max_tokens` says of a reply (so a client shows it as cut short, not as finished).
 pub fn stop_reason(reason: crate::domain::StopReason) -> &'static str {
     use crate::domain::StopReason::*;
     match reason {
-        EndTurn => "end_turn",
+        EndTurn | Cancelled => "end_turn",
         RequiresAction => "tool_use",
-        MaxTokens => "max_tokens",
-        MaxTurnRequests => "max_turn_requests",
+        MaxTokens | MaxTurnRequests => "max_tokens",
         Refusal => "refusal",
-        Cancelled => "cancelled",
         Error => "error",
     }
 }

@@ -64,7 +64,7 @@ pub async fn list(
 ) -> Result<HttpResponse, Error> {
     let query = query.0;
     known_agent(&state, &caller, &query.agent_name)?;
-    let limit = limit(query.limit, 10, 100)?;
+    let limit = limit(query.limit, 100, 100)?;
     let after = match &query.page_token {
         Some(token) => Some(token.parse::<SessionId>().map_err(|_| bad_token(token))?),
         None => None,
@@ -72,6 +72,7 @@ pub async fn list(
     let time = |name, value: &Option<String>| value.as_deref().map(|t| utc_time(name, t)).transpose();
     let filter = ListFilter {
         agent: Some(query.agent_name.clone()),
+        created_by: query.created_by_subject_slug.filter(|slug| !slug.is_empty()),
         created: TimeBounds {
             gte: time("start_timestamp", &query.start_timestamp)?,
             lte: time("end_timestamp", &query.end_timestamp)?,
@@ -98,9 +99,11 @@ pub async fn get(CallerSession { summary, .. }: CallerSession<Harness>) -> Resul
     Ok(data(wire::session(&summary)))
 }
 
-/// Cancels the running turn, answering once its end is recorded, so that a new turn may
-/// start at once. Idempotent: with nothing running (or a turn that waits for the client,
-/// which the harness sees as ended) it does nothing.
+/// Cancels the session: the running turn ends (answered once its end is recorded) and the
+/// session takes no new turn (`create_turn()` then raises: 422, naming the cancel), as the
+/// harness says of `Session.cancel()`. The SDK's `Turn.cancel()` calls the same route, so it
+/// closes the session too. Idempotent. The session is kept, listed and readable; in the
+/// other views it is archived, which is the same state.
 #[utoipa::path(
     tag = "harness",
     operation_id = "harness_sessions_cancel",
@@ -112,10 +115,12 @@ pub async fn cancel(
     state: State,
     CallerSession { summary, .. }: CallerSession<Harness>,
 ) -> Result<HttpResponse, Error> {
-    let submission = Submission { inputs: vec![Input::Cancel], ..Submission::default() };
-    let cancelled = state.sessions.submit(&summary, submission).await?;
-    if !cancelled.events.is_empty() {
-        tracing::info!(session_id = %summary.id, "turn cancelled");
+    if summary.archived_at.is_none() {
+        // The running turn first, as the client's cancel (`client-cancelled`), then the session.
+        let cancel = Submission { inputs: vec![Input::Cancel], ..Submission::default() };
+        state.sessions.submit(&summary, cancel).await?;
+        state.sessions.archive(&summary).await?;
+        tracing::info!(session_id = %summary.id, "session cancelled");
     }
     Ok(HttpResponse::Ok().json(wire::Cancelled {}))
 }

@@ -16,7 +16,7 @@ use crate::api::State;
 use crate::domain::{EventBody, EventId, RawEvent, TurnId};
 use crate::error::{ApiError, Code};
 use crate::projection::{SessionSummary, TurnSummary};
-use crate::session::{Cursor, EventQuery, Follower, SessionError, Submission, TurnQuery};
+use crate::session::{Cursor, EventQuery, Follower, Follows, SessionError, Submission, TurnQuery};
 
 /// `POST /turns`: the turn starts from its input and streams (SSE) unless `stream` is
 /// false, when the answer is the running turn. The turn is the session's: a client that
@@ -36,8 +36,17 @@ pub async fn create(
 ) -> Result<HttpResponse, Error> {
     let request = body.request_key();
     let CreateTurn { input, previous_turn_id, stream } = body.0;
+    if summary.archived_at.is_some() {
+        // The engine refuses it too; this says it in the harness's words.
+        let why = format!("session {} was cancelled: it takes no new turns", summary.id);
+        return Err(ApiError::new(Code::Conflict, why).into());
+    }
     let inputs = wire::inputs(input)?;
     let follows = wire::follows(previous_turn_id.as_deref())?;
+    if let Follows::Turn(named) = follows {
+        // A turn of this session, or 404 naming it (an earlier one is branched from).
+        state.sessions.turn(&summary, &named.to_string()).await?;
+    }
     // Counted and following from the current end before the turn starts, so that every
     // event of the turn is seen and a refused stream starts nothing.
     let live = match stream {
@@ -232,12 +241,15 @@ pub async fn events(
     Ok(page(listed.into_iter().map(|i| i.event).collect::<Vec<_>>(), limit, next))
 }
 
-/// The turn before `turn`: the one it follows.
+/// The turn `turn` follows: the one it branched from, or else the one before it.
 pub(super) async fn previous(
     state: &State,
     summary: &SessionSummary,
     turn: TurnId,
 ) -> Result<Option<TurnId>, SessionError> {
+    if let Some(from) = state.sessions.turn(summary, &turn.to_string()).await?.branched_from {
+        return Ok(Some(from));
+    }
     let before = state.sessions.turns(summary, TurnQuery { before: Some(turn), limit: 1 }).await?;
     Ok(before.items.first().map(|t| t.id))
 }

@@ -27,6 +27,9 @@ pub struct CreateSession {
 #[into_params(parameter_in = Query)]
 pub struct ListSessions {
     pub agent_name: String,
+    /// Only sessions this subject created (the `subject_slug` of `created_by_subject`).
+    pub created_by_subject_slug: Option<String>,
+    /// Sessions per page: 1 to 100, 100 when absent.
     pub limit: Option<usize>,
     pub order: Option<String>,
     pub page_token: Option<String>,
@@ -70,6 +73,13 @@ fn input_schema() -> utoipa::openapi::schema::Schema {
             "name": string,
             "data": {"type": "string", "pattern": format!("^data:[^,]*/[^,]*;base64,{base64}$")},
         })),
+        item("file_upload", &["file"], json!({"file": {
+            "type": "object", "required": ["filename", "file_data"], "additionalProperties": false,
+            "properties": {
+                "filename": string,
+                "file_data": {"type": "string", "pattern": format!("^data:[^,]*/[^,]*;base64,{base64}$")},
+            },
+        }})),
     ]}});
     let thread = json!({"type": "string", "enum": [THREAD]});
     let message = item("user.message", &["content"], json!({"content": {"anyOf": [string, parts]}}));
@@ -292,7 +302,9 @@ fn input(i: usize, item: Value) -> Result<Input, ApiError> {
 }
 
 /// A message's content: a string, or `text` and `file` parts (a file's `data` a base64
-/// data URI), stored as given.
+/// data URI), stored as given, or the seed's `file_upload` parts
+/// (`{"type":"file_upload","file":{"filename","file_data"}}`), stored as the `file` part the
+/// SDK reads back (`name` and `data`).
 fn message_content(i: usize, content: Value) -> Result<Vec<Block>, ApiError> {
     let bad = |at: String, why: &str| ApiError::invalid(format!("invalid field `input[{i}].content{at}`: {why}"));
     let parts = match content {
@@ -306,6 +318,7 @@ fn message_content(i: usize, content: Value) -> Result<Vec<Block>, ApiError> {
         .enumerate()
         .map(|(n, part)| {
             let at = format!("[{n}]");
+            let part = upload_as_file(part).map_err(|why| bad(at.clone(), why))?;
             let block: Block = serde_json::from_value(part).map_err(|e| bad(at.clone(), &e.to_string()))?;
             let string = |field: &str| block.rest.get(field).and_then(Value::as_str);
             let fields: Vec<&str> = block.rest.keys().map(String::as_str).collect();
@@ -318,10 +331,32 @@ fn message_content(i: usize, content: Value) -> Result<Vec<Block>, ApiError> {
                     None => Err(bad(format!("{at}.data"), "a string is required")),
                 },
                 "file" => Err(bad(at, "a file part is {\"type\":\"file\",\"name\":string,\"data\":string}")),
-                other => Err(bad(format!("{at}.type"), &format!("{other:?} is not \"text\" or \"file\""))),
+                other => {
+                    Err(bad(format!("{at}.type"), &format!("{other:?} is not \"text\", \"file\" or \"file_upload\"")))
+                }
             }
         })
         .collect()
+}
+
+/// A `file_upload` part as the `file` part it is stored as; any other part as it came.
+fn upload_as_file(part: Value) -> Result<Value, &'static str> {
+    const SHAPE: &str =
+        "a file_upload part is {\"type\":\"file_upload\",\"file\":{\"filename\":string,\"file_data\":string}}";
+    if part.get("type").and_then(Value::as_str) != Some("file_upload") {
+        return Ok(part);
+    }
+    let Value::Object(mut fields) = part else { return Err(SHAPE) };
+    let Some(Value::Object(mut file)) = fields.remove("file") else { return Err(SHAPE) };
+    fields.remove("type");
+    let (Some(Value::String(name)), Some(Value::String(data))) = (file.remove("filename"), file.remove("file_data"))
+    else {
+        return Err(SHAPE);
+    };
+    if !fields.is_empty() || !file.is_empty() {
+        return Err(SHAPE);
+    }
+    Ok(json!({"type": "file", "name": name, "data": data}))
 }
 
 /// Checks `data:<mime>;base64,<payload>`.

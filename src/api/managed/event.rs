@@ -35,6 +35,8 @@ pub const TYPES: &[&str] = &[
     "session.deleted",
     "span.model_request_start",
     "span.model_request_end",
+    "span.outcome_evaluation_start",
+    "span.outcome_evaluation_end",
 ];
 
 /// The log's type for an SDK type (they differ for the end of a session's log, and for
@@ -175,6 +177,20 @@ pub enum Event {
         #[schema(value_type = Option<HashMap<String, String>>)]
         metadata: Option<Metadata>,
     },
+    #[serde(rename = "span.outcome_evaluation_start")]
+    OutcomeEvaluationStart { id: String, processed_at: Option<String>, outcome_id: String, iteration: u32 },
+    #[serde(rename = "span.outcome_evaluation_end")]
+    OutcomeEvaluationEnd {
+        id: String,
+        processed_at: Option<String>,
+        outcome_id: String,
+        iteration: u32,
+        result: String,
+        explanation: String,
+        outcome_evaluation_start_id: String,
+        #[schema(inline)]
+        usage: ModelUsage,
+    },
     #[serde(rename = "session.deleted")]
     SessionDeleted { id: String, processed_at: Option<String> },
     #[serde(rename = "session.status_terminated")]
@@ -204,6 +220,8 @@ impl Event {
             Event::ModelRequestStart { .. } => "span.model_request_start",
             Event::ModelRequestEnd { .. } => "span.model_request_end",
             Event::SessionUpdated { .. } => "session.updated",
+            Event::OutcomeEvaluationStart { .. } => "span.outcome_evaluation_start",
+            Event::OutcomeEvaluationEnd { .. } => "span.outcome_evaluation_end",
             Event::SessionDeleted { .. } => "session.deleted",
             Event::Terminated { .. } => "session.status_terminated",
         }
@@ -413,6 +431,32 @@ fn session(e: &crate::domain::Event) -> Option<Event> {
             processed_at,
             title: title.clone(),
             metadata: metadata.as_ref().map(string_map),
+        },
+        EventBody::OutcomeEvaluationStart { outcome_id, iteration } => {
+            Event::OutcomeEvaluationStart { id, processed_at, outcome_id: outcome_id.clone(), iteration: *iteration }
+        }
+        EventBody::OutcomeEvaluationEnd {
+            outcome_id,
+            iteration,
+            result,
+            explanation,
+            usage,
+            outcome_evaluation_start_id,
+            ..
+        } => Event::OutcomeEvaluationEnd {
+            id: id.clone(),
+            processed_at,
+            outcome_id: outcome_id.clone(),
+            iteration: *iteration,
+            result: result.clone(),
+            explanation: explanation.clone(),
+            outcome_evaluation_start_id: outcome_evaluation_start_id.map_or(id, |start| start.to_string()),
+            usage: ModelUsage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                cache_creation_input_tokens: 0,
+                cache_read_input_tokens: 0,
+            },
         },
         EventBody::SessionDeleted {} => Event::SessionDeleted { id, processed_at },
         EventBody::Terminated { .. } => Event::Terminated { id, processed_at },

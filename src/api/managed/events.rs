@@ -251,12 +251,16 @@ pub struct StreamQuery {
     #[serde(default, deserialize_with = "crate::api::body::query_list")]
     event_deltas: Vec<String>,
     after_id: Option<String>,
+    /// Only events of these types (as this view names them), as the list route takes them;
+    /// previews asked for with `event_deltas` come whatever this says.
+    #[serde(default, deserialize_with = "crate::api::body::query_list")]
+    types: Vec<String>,
 }
 
 #[utoipa::path(
     tag = "managed",
     operation_id = "managed_events_stream",
-    params(("session_id" = String, Path, description = "The session's id"), ("event_deltas[]" = Option<Vec<String>>, Query), ("after_id" = Option<String>, Query), ("Last-Event-ID" = Option<String>, Header)),
+    params(("session_id" = String, Path, description = "The session's id"), ("event_deltas[]" = Option<Vec<String>>, Query), ("types[]" = Option<Vec<String>>, Query, description = "Only events of these types"), ("after_id" = Option<String>, Query), ("Last-Event-ID" = Option<String>, Header)),
     responses((status = 200, description = "Events as SSE, each frame's `data` a `ManagedFrame`", body = String, content_type = "text/event-stream")),
 )]
 #[get("/sessions/{session_id}/events/stream")]
@@ -280,7 +284,7 @@ pub async fn stream(
     };
     let settings = &state.settings.streams;
     let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;
-    let mut previews = Previews::new(&query.event_deltas);
+    let mut previews = Previews::new(&query.event_deltas, query.types);
     let body = sse::follow(
         Follow {
             preamble: Some(bytes::Bytes::from_static(b": connected\n\n")),
@@ -302,12 +306,14 @@ struct Previews {
     thinking: bool,
     /// Messages announced with `event_start` on this stream.
     started: HashSet<String>,
+    /// The event types asked for (all, when empty).
+    types: Vec<String>,
 }
 
 impl Previews {
-    fn new(asked: &[String]) -> Previews {
+    fn new(asked: &[String], types: Vec<String>) -> Previews {
         let asks = |kind: &str| asked.iter().any(|a| a == kind);
-        Previews { text: asks("agent.message"), thinking: asks("agent.thinking"), started: HashSet::new() }
+        Previews { text: asks("agent.message"), thinking: asks("agent.thinking"), started: HashSet::new(), types }
     }
 
     fn frame(&mut self, out: &mut BytesMut, raw: &RawEvent) -> Flow {
@@ -334,7 +340,9 @@ impl Previews {
                 }
             }
             _ => {
-                if let Some(event) = event::event(&event) {
+                let asked =
+                    |event: &event::Event| self.types.is_empty() || self.types.iter().any(|t| t == event.kind());
+                if let Some(event) = event::event(&event).filter(asked) {
                     write(Frame::Event(event));
                 }
             }

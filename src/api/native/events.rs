@@ -4,7 +4,7 @@
 use actix_web::{get, post, HttpResponse};
 use bytes::{BufMut, BytesMut};
 
-use super::wire::{user_event, ListQuery, PostEvents};
+use super::wire::{user_event, wire_json, ListQuery, PostEvents};
 use crate::api::body::{newest_first, JsonBody, Query};
 use crate::api::caller::CallerSession;
 use crate::api::{Error, State};
@@ -58,7 +58,7 @@ fn input(body: EventBody) -> Input {
     }
 }
 
-/// A page of the session's log, exactly as stored.
+/// A page of the session's log, as stored (turns' ends name the seed's stop reasons).
 #[utoipa::path(
     tag = "native",
     operation_id = "events_list",
@@ -101,7 +101,7 @@ pub async fn list(
 }
 
 /// `{"data":[...]}` (and the page fields when `has_more` is given), writing the stored
-/// JSON as it is.
+/// JSON as it is (but for the stop reasons of turns' ends, [`wire_json`]).
 fn json_events(events: &[RawEvent], has_more: Option<bool>) -> HttpResponse {
     let size: usize = events.iter().map(|e| e.json.len() + 1).sum();
     let mut out = BytesMut::with_capacity(size + 128);
@@ -110,7 +110,7 @@ fn json_events(events: &[RawEvent], has_more: Option<bool>) -> HttpResponse {
         if i > 0 {
             out.put_u8(b',');
         }
-        out.put_slice(&event.json);
+        out.put_slice(&wire_json(event));
     }
     out.put_u8(b']');
     if let Some(has_more) = has_more {

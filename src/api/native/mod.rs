@@ -1,5 +1,5 @@
 //! The native session event log (the Qoder flavour of seed 002): list, send and stream a
-//! session's events, exactly as they are stored.
+//! session's events as they are stored (but for the stop reasons, which are the seed's: `wire.rs`).
 
 mod events;
 mod stream;

@@ -1,14 +1,15 @@
 //! `GET /sessions/{id}/events/stream`: replay after `after_id` (or `Last-Event-ID`, or from
-//! the start), then live events, each as `id:`, `event:` and `data:`.
+//! the start), then live events, each as `id:`, `event:` and `data:`; only the `types[]`
+//! asked for, when any are.
 
 use std::time::Duration;
 
 use actix_web::{get, HttpRequest, HttpResponse};
 
-use super::wire::StreamQuery;
+use super::wire::{wire_json, StreamQuery, DEFAULT_DELTA_FLUSH_MS};
 use crate::api::body::Query;
 use crate::api::caller::CallerSession;
-use crate::api::sse::{self, Follow};
+use crate::api::sse::{self, Flow, Follow};
 use crate::api::{Error, State};
 use crate::session::Cursor;
 
@@ -36,16 +37,23 @@ pub async fn stream(
     let settings = &state.settings.streams;
     let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;
     tracing::debug!(session_id = %summary.id, cursor = cursor.unwrap_or("start"), "stream opened");
+    let flush = query.0.delta_flush_interval_ms.unwrap_or(DEFAULT_DELTA_FLUSH_MS);
+    let types = query.0.types;
     let body = sse::follow(
         Follow {
             preamble: None,
             follower,
             heartbeat: Duration::from_millis(settings.heartbeat_ms),
-            merge_window: query.0.delta_flush_interval_ms.map(Duration::from_millis),
+            merge_window: (flush > 0).then(|| Duration::from_millis(flush)),
             shutdown: state.shutdown.clone(),
             guard,
         },
-        sse::native_frame,
+        move |out, event| {
+            if types.is_empty() || types.iter().any(|kind| kind == event.kind()) {
+                sse::frame(out, Some(event.id.text().as_str()), event.kind(), &wire_json(event));
+            }
+            Flow::Continue
+        },
     );
     Ok(sse::response().streaming(body))
 }

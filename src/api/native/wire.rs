@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::api::content::blocks;
-use crate::domain::event::Confirmation;
-use crate::domain::{Block, EventBody};
+use crate::domain::event::{Confirmation, StopReason};
+use crate::domain::{Block, EventBody, RawEvent};
 use crate::error::ApiError;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -192,7 +192,59 @@ pub struct ListQuery {
 #[into_params(parameter_in = Query)]
 pub struct StreamQuery {
     pub after_id: Option<String>,
+    /// Text and thinking deltas of one message are merged into one event per this many
+    /// milliseconds (default 50, as the event-stream seed says); `0` sends every delta.
     pub delta_flush_interval_ms: Option<u64>,
+    /// Only events of these types are sent (`types[]=a&types[]=b`); cursors
+    /// stay ids of the whole log, so a filtered stream resumes exactly.
+    #[serde(default, deserialize_with = "crate::api::body::query_list")]
+    pub types: Vec<String>,
+}
+
+/// The merge window of a stream when the client names none.
+pub const DEFAULT_DELTA_FLUSH_MS: u64 = 50;
+
+/// The event-stream seed's stop reasons (`end_turn`, `cancel`, `max_turns`, `error`,
+/// `requires_action`), from the log's. The seed has no name for a reply cut at the model's
+/// output limit or refused by the model: the turn ended, and the client may go on, so they
+/// are `end_turn` (the model's own reason is in the span's `span.model_request_end`).
+pub fn stop_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::EndTurn | StopReason::MaxTokens | StopReason::Refusal => "end_turn",
+        StopReason::RequiresAction => "requires_action",
+        StopReason::MaxTurnRequests => "max_turns",
+        StopReason::Cancelled => "cancel",
+        StopReason::Error => "error",
+    }
+}
+
+/// An event as the native view sends it: as stored, but for a turn's end, whose
+/// `stop_reason.type` is the seed's, with the log's own beside it as `detail` where the two
+/// differ (so that nothing is lost to a client that knows turnlog's names).
+pub fn wire_json(event: &RawEvent) -> Cow<'_, [u8]> {
+    if event.kind() != "session.status_idle" {
+        return Cow::Borrowed(&event.json);
+    }
+    let Ok(body) = serde_json::from_slice::<IdleStop>(&event.json) else { return Cow::Borrowed(&event.json) };
+    let (ours, theirs) = (body.stop_reason.kind.as_str(), stop_reason(body.stop_reason.kind));
+    if ours == theirs {
+        return Cow::Borrowed(&event.json);
+    }
+    let stored = format!(r#""stop_reason":{{"type":"{ours}""#);
+    let sent = format!(r#""stop_reason":{{"type":"{theirs}","detail":"{ours}""#);
+    let Some(at) = event.json.windows(stored.len()).position(|w| w == stored.as_bytes()) else {
+        return Cow::Borrowed(&event.json);
+    };
+    let mut out = Vec::with_capacity(event.json.len() + sent.len());
+    out.extend_from_slice(&event.json[..at]);
+    out.extend_from_slice(sent.as_bytes());
+    out.extend_from_slice(&event.json[at + stored.len()..]);
+    Cow::Owned(out)
+}
+
+#[derive(Deserialize)]
+struct IdleStop {
+    stop_reason: crate::domain::event::StopInfo,
 }
 
 #[cfg(test)]
@@ -203,6 +255,38 @@ mod tests {
     fn parse(body: &str) -> Result<Vec<EventBody>, ApiError> {
         let request: PostEvents = parse_json(body.as_bytes())?;
         request.events.iter().enumerate().map(|(i, e)| user_event(i, e)).collect()
+    }
+
+    #[test]
+    fn a_turn_s_end_names_the_seed_s_stop_reason_and_keeps_the_log_s_as_detail() {
+        use crate::domain::event::{Envelope, StopInfo, Usage};
+        use crate::domain::{Draft, EventId, SessionId, StopReason::*};
+        let sent = |kind| {
+            let stop = StopInfo { kind, event_ids: vec![] };
+            let body = EventBody::StatusIdle { status: "idle".into(), stop_reason: stop, usage: Usage::default() };
+            let id = EventId(ulid::Ulid::new());
+            let envelope = Envelope { id, session: SessionId(ulid::Ulid::new()), turn: None, seq: 4, now: "t" };
+            let raw = RawEvent::stored(id, envelope.write(&Draft::new(None, &body)));
+            let wire: Value = serde_json::from_slice(&wire_json(&raw)).unwrap();
+            let read: crate::domain::Event = serde_json::from_value(wire.clone()).unwrap();
+            assert_eq!(read.body, body, "the log's reason is read back from what was sent");
+            assert_eq!(wire["sequence_number"], 4);
+            wire["stop_reason"].clone()
+        };
+        let seed = ["end_turn", "cancel", "max_turns", "error", "requires_action"];
+        for (ours, theirs) in [
+            (EndTurn, json!({"type": "end_turn"})),
+            (RequiresAction, json!({"type": "requires_action"})),
+            (Error, json!({"type": "error"})),
+            (Cancelled, json!({"type": "cancel", "detail": "cancelled"})),
+            (MaxTurnRequests, json!({"type": "max_turns", "detail": "max_turn_requests"})),
+            (MaxTokens, json!({"type": "end_turn", "detail": "max_tokens"})),
+            (Refusal, json!({"type": "end_turn", "detail": "refusal"})),
+        ] {
+            let wire = sent(ours);
+            assert_eq!(wire, theirs, "{ours:?}");
+            assert!(seed.contains(&wire["type"].as_str().unwrap()));
+        }
     }
 
     #[test]

@@ -28,16 +28,27 @@ impl Block {
 
     /// Binary content a model provider may take, from the shapes clients send it in: a
     /// `file` block (the agent harness: `name`, and `data` as `data:<mime>;base64,<payload>`),
-    /// an ACP `image` (`data` in base64, `mimeType`) or an ACP `resource` holding a `blob`.
+    /// an image as AAP sends it (`url` a `data:` URI), as Anthropic's API does (`source` of
+    /// type `base64`, with `media_type` and `data`) or as ACP does (`data` in base64,
+    /// `mimeType`), or an ACP `resource` holding a `blob`.
     pub fn file(&self) -> Option<File<'_>> {
-        fn text<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
-            map.get(key).and_then(Value::as_str)
-        }
         match self.kind.as_str() {
             "file" => {
                 let name = text(&self.rest, "name")?;
-                let (mime, base64) = text(&self.rest, "data")?.strip_prefix("data:")?.split_once(";base64,")?;
-                Some(File { name, mime: bare_mime(mime), base64 })
+                let (mime, base64) = data_uri(text(&self.rest, "data")?)?;
+                Some(File { name, mime, base64 })
+            }
+            "image" if self.rest.contains_key("url") => {
+                let (mime, base64) = data_uri(text(&self.rest, "url")?)?;
+                Some(File { name: "image", mime, base64 })
+            }
+            "image" if self.rest.contains_key("source") => {
+                let source = self.rest.get("source")?.as_object()?;
+                if text(source, "type")? != "base64" {
+                    return None;
+                }
+                let mime = bare_mime(text(source, "media_type")?);
+                Some(File { name: "image", mime, base64: text(source, "data")? })
             }
             "image" => {
                 let base64 = text(&self.rest, "data")?;
@@ -52,6 +63,25 @@ impl Block {
             }
             _ => None,
         }
+    }
+
+    /// An image given by its address, as AAP sends one (`url`, not a `data:` URI) or as
+    /// Anthropic's API does (`source` of type `url`): the provider fetches it.
+    pub fn image_url(&self) -> Option<&str> {
+        if self.kind != "image" {
+            return None;
+        }
+        let url = match self.rest.get("source").and_then(Value::as_object) {
+            Some(source) if text(source, "type") == Some("url") => text(source, "url")?,
+            Some(_) => return None,
+            None => text(&self.rest, "url")?,
+        };
+        (!url.starts_with("data:")).then_some(url)
+    }
+
+    /// Whether the block is an image, in any shape a view stores one.
+    pub fn is_image(&self) -> bool {
+        self.image_url().is_some() || self.file().is_some_and(|f| f.mime.to_ascii_lowercase().starts_with("image/"))
     }
 
     /// Context a client attached as text (ACP's embedded text `resource` and its
@@ -72,6 +102,16 @@ impl Block {
             _ => None,
         }
     }
+}
+
+fn text<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+    map.get(key).and_then(Value::as_str)
+}
+
+/// `data:<mime>;base64,<payload>` as its MIME type (bare) and payload.
+fn data_uri(uri: &str) -> Option<(&str, &str)> {
+    let (mime, base64) = uri.strip_prefix("data:")?.split_once(";base64,")?;
+    Some((bare_mime(mime), base64))
 }
 
 /// `image/png`, without parameters such as `;charset=utf-8`.

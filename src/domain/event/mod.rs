@@ -44,15 +44,18 @@ impl std::ops::AddAssign for Usage {
     }
 }
 
-/// Why a turn stopped (`session.status_idle.stop_reason.type`).
+/// Why a turn stopped (`session.status_idle.stop_reason.type`). Read also under the
+/// native view's names (`cancel`, `max_turns`), for the clients of that view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
     EndTurn,
     RequiresAction,
     MaxTokens,
+    #[serde(alias = "max_turns")]
     MaxTurnRequests,
     Refusal,
+    #[serde(alias = "cancel")]
     Cancelled,
     Error,
 }
@@ -83,11 +86,30 @@ pub enum ModelStop {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "StopRead")]
 pub struct StopInfo {
     #[serde(rename = "type")]
     pub kind: StopReason,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub event_ids: Vec<EventId>,
+}
+
+/// A stop as read: the native view names its protocol's reason in `type` and the log's
+/// own in `detail` where they differ; the log's is the one kept.
+#[derive(Deserialize)]
+struct StopRead {
+    #[serde(rename = "type")]
+    kind: StopReason,
+    #[serde(default)]
+    detail: Option<StopReason>,
+    #[serde(default)]
+    event_ids: Vec<EventId>,
+}
+
+impl From<StopRead> for StopInfo {
+    fn from(read: StopRead) -> StopInfo {
+        StopInfo { kind: read.detail.unwrap_or(read.kind), event_ids: read.event_ids }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,8 +297,58 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         interrupted: Vec<EventId>,
     },
+    /// The model's history made smaller to fit its context window: the first `messages`
+    /// messages of the history (as folded up to here) are replaced by `summary` (`summary`),
+    /// or keep their place with their tool outputs cut (`tool_outputs`). Only what the model
+    /// reads changes: the log and the full history keep everything.
+    #[serde(rename = "history.compacted")]
+    HistoryCompacted {
+        strategy: Compaction,
+        messages: u32,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        summary: String,
+        /// The history's size for the model before and after, in tokens as estimated.
+        tokens_before: u64,
+        tokens_after: u64,
+        /// What writing the summary cost.
+        #[serde(default)]
+        usage: Usage,
+    },
+    /// The turn (right after its `turn.started`) goes on from the conversation as it stood
+    /// at the end of an earlier turn, `from`, rather than the last one: a branch. The turns
+    /// after `from` stay in the log; the conversation from here on is `from`'s, then this.
+    #[serde(rename = "turn.branched")]
+    TurnBranched { from: TurnId },
+    /// A grader model starts to evaluate the session's outcome (`user.define_outcome`)
+    /// after a turn.
+    #[serde(rename = "span.outcome_evaluation_start")]
+    OutcomeEvaluationStart { outcome_id: String, iteration: u32 },
+    /// Its verdict: `satisfied`, `needs_revision` (evaluated again after the next turn),
+    /// `max_iterations_reached`, `failed` or `interrupted`; with what it cost.
+    #[serde(rename = "span.outcome_evaluation_end")]
+    OutcomeEvaluationEnd {
+        outcome_id: String,
+        iteration: u32,
+        /// The outcome's description, so that the verdict reads alone.
+        description: String,
+        result: String,
+        explanation: String,
+        usage: Usage,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        outcome_evaluation_start_id: Option<EventId>,
+    },
     #[serde(rename = "terminated")]
     Terminated { reason: String },
+}
+
+/// How a compaction made the history smaller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compaction {
+    /// The model summarised the oldest messages.
+    Summary,
+    /// Tool outputs of the oldest messages were cut.
+    ToolOutputs,
 }
 
 impl EventBody {
@@ -310,6 +382,10 @@ impl EventBody {
         "session.status_idle",
         "session.error",
         "turn.resumed",
+        "history.compacted",
+        "turn.branched",
+        "span.outcome_evaluation_start",
+        "span.outcome_evaluation_end",
         "terminated",
     ];
 

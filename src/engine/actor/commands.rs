@@ -10,7 +10,7 @@ use super::{exists, Actor, AfterTurn, Running};
 use crate::agent::Agent;
 use crate::domain::event::StopReason;
 use crate::domain::{Draft, RawEvent, TurnId};
-use crate::engine::command::{Closing, Input, Submission, Submitted};
+use crate::engine::command::{Closing, Follows, Input, Submission, Submitted};
 use crate::engine::decide::{self, Decision, Outcome, Resume, ResumePoint};
 use crate::engine::mailbox::{Answer, Command, Pending, Recall, Reply};
 use crate::engine::plan::ToolPlan;
@@ -104,10 +104,19 @@ impl Actor {
         let mut agent = None;
         let (decision, events, durable) = self
             .apply(|folded| {
-                decide::admit(session, &folded.summary, &submission, replaying)?;
+                let branched;
+                let submission = match branch_of(folded, submission.follows) {
+                    Some(from) => {
+                        branched = Submission { follows: Follows::Branch(from), ..submission.clone() };
+                        &branched
+                    }
+                    None => &submission,
+                };
+                decide::admit(session, &folded.summary, submission, replaying)?;
                 let of_session = agent.insert(session_agent(&env.agents, &folded.summary)?);
+                rules::check_content(of_session, submission.inputs.iter().filter_map(Input::content))?;
                 let update = rules::update(of_session, &env.agents.tools, &folded.summary.spec, &submission.update)?;
-                let mut decision = decide::decide(&folded.state, &submission, update, TurnId::generate(), env.limits)?;
+                let mut decision = decide::decide(&folded.state, submission, update, TurnId::generate(), env.limits)?;
                 // A keyed write says so on its first event, in the same append.
                 let count = decision.drafts.len();
                 if let (Some(key), Some(first)) = (&submission.request, decision.drafts.first_mut()) {
@@ -145,7 +154,11 @@ impl Actor {
         // A replay into the session stops; a turn it copied and left open ends first.
         self.env.replays.cancel(self.session);
         let (session, running_here) = (self.session, self.running.is_some());
-        let closed = self.apply(|folded| decide::close(session, &folded.summary, &folded.state, closing, running_here));
+        let closed = self.apply(|folded| {
+            let last = folded.seen.last.map_or(0, |id| id.ulid().timestamp_ms());
+            let idle_for_ms = crate::domain::ids::now_ms().saturating_sub(last);
+            decide::close(session, &folded.summary, &folded.state, closing, running_here, idle_for_ms)
+        });
         match closed.await {
             // The actor stops after a delete, and stopping gives up what it prepared to
             // append (on JetStream, the position its appends are published at): not before
@@ -257,6 +270,7 @@ impl Actor {
             resume,
             cancel: cancel.clone(),
             delta_coalesce: env.delta_coalesce(),
+            outcome: folded.outcomes.pending(),
         };
         let span = tracing::info_span!("turn", session_id = %self.session, turn_id = %turn);
         let task = tokio::spawn(tracing::Instrument::instrument(
@@ -339,4 +353,15 @@ fn answer_when(durable: Durable, reply: Answer<()>) {
     tokio::spawn(async move {
         let _ = reply.send(durable.wait().await);
     });
+}
+
+/// The earlier turn a submission that names one branches from: one the history keeps the
+/// end of, and not the last turn (which a new turn simply follows).
+fn branch_of(folded: &super::folded::Folded, follows: Follows) -> Option<TurnId> {
+    match follows {
+        Follows::Turn(turn) if Some(turn) != folded.state.last_turn && folded.history.can_branch_from(turn) => {
+            Some(turn)
+        }
+        _ => None,
+    }
 }

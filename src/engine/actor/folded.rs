@@ -6,6 +6,7 @@ use super::Actor;
 use crate::domain::ids::now_ms;
 use crate::domain::{RawEvent, SessionId};
 use crate::engine::decide::Decision;
+use crate::engine::turn::outcome::Outcomes;
 use crate::engine::writer::Durable;
 use crate::error::SessionError;
 use crate::projection::history::History;
@@ -39,6 +40,8 @@ pub(super) struct Folded {
     pub seen: Position,
     /// The keyed writes stored in the session, by key.
     pub requests: Requests,
+    /// The session's outcome and its evaluations.
+    pub outcomes: Outcomes,
 }
 
 /// A keyed write the log holds: its fingerprint, its events (by sequence number) and when
@@ -84,10 +87,11 @@ impl Folded {
     pub fn new(summary: SessionSummary) -> Folded {
         Folded {
             summary,
-            history: History::default(),
+            history: History::compacted(),
             state: TurnState::default(),
             seen: Position::default(),
             requests: Requests::default(),
+            outcomes: Outcomes::default(),
         }
     }
 
@@ -112,6 +116,9 @@ impl Folded {
     fn fold(&mut self, raw: &RawEvent, retention_ms: u64) {
         self.seen = Position { last: Some(raw.id), seq: raw.seq };
         self.requests.note(raw, retention_ms);
+        if raw.kind() == "user.define_outcome" {
+            self.outcomes.define(raw);
+        }
         if UNFOLDED.contains(&raw.kind()) {
             return;
         }
@@ -119,6 +126,7 @@ impl Folded {
             Ok(event) => {
                 self.history.apply(&event);
                 self.state.apply(&event);
+                self.outcomes.apply(&event);
                 if SessionIndex.wants(raw.kind()) {
                     if let Some(next) = SessionSummary::apply(Some(self.summary.clone()), &event) {
                         self.summary = next;

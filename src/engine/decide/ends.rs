@@ -93,21 +93,45 @@ pub fn admit(
     if summary.archived_at.is_some() && !only_cancels {
         return Err(SessionError::Conflict(format!("session {session} is archived: it takes no input")));
     }
-    Ok(())
+    match &summary.ended {
+        Some(ended) if !only_cancels => {
+            let why = format!("session {session} has ended ({}, at {}): it takes no input", ended.reason, ended.at);
+            Err(SessionError::Conflict(why))
+        }
+        _ => Ok(()),
+    }
 }
+
+/// Why a session that times out ends, in its `terminated`.
+pub const IDLE_TIMEOUT: &str = "idle timeout";
 
 /// Closing a session: a turn its log shows running that nothing here runs is ended first;
 /// then a delete appends `session.deleted` and `terminated` (after which every stream
-/// ends), an archive `session.archived` (once: archiving twice is archiving once).
+/// ends), an archive `session.archived` (once: archiving twice is archiving once). An
+/// expiry ends a session idle for its timeout (`idle_for_ms` since its last event) with
+/// `terminated`, once its waiting calls are cancelled; a session that ended so is kept, and
+/// a delete then appends `session.deleted` alone.
 pub fn close(
     session: SessionId,
     summary: &SessionSummary,
     state: &TurnState,
     closing: Closing,
     running_here: bool,
+    idle_for_ms: u64,
 ) -> Result<Decision, SessionError> {
     if summary.deleted {
         return Err(SessionError::NotFound(session.to_string()));
+    }
+    if summary.ended.is_some() {
+        let drafts = match closing {
+            Closing::Delete => vec![Draft::new(None, &EventBody::SessionDeleted {})],
+            Closing::Archive | Closing::Expire { .. } => Vec::new(),
+        };
+        return Ok(Decision { drafts, ..Decision::default() });
+    }
+    if let Closing::Expire { idle_ms } = closing {
+        let idle = idle_for_ms >= idle_ms && summary.archived_at.is_none() && !running_here;
+        return Ok(Decision { drafts: if idle { expire(state) } else { Vec::new() }, ..Decision::default() });
     }
     let mut drafts = match state.phase {
         Phase::Running(turn) if !running_here => abandoned(turn, "the session was closed before this turn ended"),
@@ -120,8 +144,21 @@ pub fn close(
         ],
         Closing::Archive if summary.archived_at.is_some() => Vec::new(),
         Closing::Archive => vec![Draft::new(None, &EventBody::SessionArchived {})],
+        Closing::Expire { .. } => Vec::new(),
     });
     Ok(Decision { drafts, ..Decision::default() })
+}
+
+/// The end of an idle session: its waiting calls cancelled, then `terminated`. A turn that
+/// runs (here, or on the node that holds the session) is not idle: nothing.
+fn expire(state: &TurnState) -> Vec<Draft> {
+    let mut drafts = match state.phase {
+        Phase::Running(_) => return Vec::new(),
+        Phase::Waiting(turn) => super::submit::close_waiting(state, turn),
+        Phase::Idle => Vec::new(),
+    };
+    drafts.push(Draft::new(None, &EventBody::Terminated { reason: IDLE_TIMEOUT.into() }));
+    drafts
 }
 
 /// Events of another session's log, re-emitted by a replay as they are, unless the

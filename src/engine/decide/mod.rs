@@ -14,7 +14,7 @@ mod resume;
 mod submit;
 
 pub use calls::{denials, plan_calls, seed_settled, seed_waiting, Call};
-pub use ends::{abandoned, admit, after_response, answer_queued, close, copy, end_turn, Outcome};
+pub use ends::{abandoned, admit, after_response, answer_queued, close, copy, end_turn, Outcome, IDLE_TIMEOUT};
 pub use resume::{resume, Next, Resume, ResumePoint, INTERRUPTED, RETRIES_EXHAUSTED};
 pub use submit::decide;
 

@@ -56,6 +56,10 @@ pub fn decide(
         },
         current: current_turn(state),
         resolutions_written: resolved.is_empty(),
+        branch: match submission.follows {
+            Follows::Branch(from) => Some(from),
+            _ => None,
+        },
     };
     for (k, input) in inputs.iter().enumerate() {
         record.input(place(k), input)?;
@@ -80,8 +84,16 @@ fn check_together(state: &TurnState, submission: &Submission, inputs: &[Input]) 
         )));
     }
     check_follows(state, submission.follows)?;
+    let branching = matches!(submission.follows, Follows::Branch(_));
+    if branching && (resolving || messages == 0) {
+        return Err(SessionError::Invalid(
+            "a turn that branches from an earlier turn starts with a user message; answers go to the last turn".into(),
+        ));
+    }
     match state.phase {
         Phase::Running(_) if queue => {}
+        // A branch leaves the calls the last turn waits for: they are cancelled.
+        Phase::Waiting(_) if branching => {}
         _ if messages > 0 => check_idle(state)?,
         _ => {}
     }
@@ -100,6 +112,8 @@ struct Record<'a> {
     decision: Decision,
     current: Option<TurnId>,
     resolutions_written: bool,
+    /// The earlier turn the new turn branches from, if it does.
+    branch: Option<TurnId>,
 }
 
 impl Record<'_> {
@@ -153,7 +167,13 @@ impl Record<'_> {
         let message =
             fits(i, Draft::new(Some(turn), &EventBody::UserMessage { content: content.to_vec() }), self.limit)?;
         let drafts = &mut self.decision.drafts;
+        if let (Some(_), Phase::Waiting(waiting)) = (self.branch, &self.state.phase) {
+            drafts.extend(close_waiting(self.state, *waiting));
+        }
         drafts.push(Draft::new(Some(turn), &EventBody::TurnStarted {}));
+        if let Some(from) = self.branch {
+            drafts.push(Draft::new(Some(turn), &EventBody::TurnBranched { from }));
+        }
         if !self.state.queued.is_empty() {
             drafts.push(Draft::new(Some(turn), &turn_input(self.state)));
         }
@@ -225,7 +245,7 @@ fn current_turn(state: &TurnState) -> Option<TurnId> {
 fn check_follows(state: &TurnState, follows: Follows) -> Result<(), SessionError> {
     let last = state.last_turn;
     let wanted = match follows {
-        Follows::Latest => return Ok(()),
+        Follows::Latest | Follows::Branch(_) => return Ok(()),
         Follows::Nothing => None,
         Follows::Turn(turn) => Some(turn),
     };
@@ -234,8 +254,10 @@ fn check_follows(state: &TurnState, follows: Follows) -> Result<(), SessionError
     }
     let named = wanted.map_or_else(|| "no turn".to_string(), |t| format!("turn {t}"));
     let last = last.map_or_else(|| "it has none".to_string(), |t| format!("it is {t}"));
+    let depth = crate::projection::history::BRANCH_DEPTH;
     Err(SessionError::PreviousTurn(format!(
-        "a new turn here follows the session's last turn, and {named} is not it ({last})"
+        "a new turn follows the session's last turn ({last}) or branches from one of the {depth} turns before it, \
+         and {named} is neither"
     )))
 }
 
@@ -361,7 +383,7 @@ fn match_resolutions<'a>(
 }
 
 /// An interrupt while calls wait for the client: close them and end the turn.
-fn close_waiting(state: &TurnState, turn: TurnId) -> Vec<Draft> {
+pub(super) fn close_waiting(state: &TurnState, turn: TurnId) -> Vec<Draft> {
     let mut drafts: Vec<Draft> = state
         .pending
         .values()

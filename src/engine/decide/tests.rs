@@ -206,6 +206,7 @@ fn summary(archived: bool, deleted: bool) -> SessionSummary {
         updated_at: at.clone(),
         deleted,
         archived_at: archived.then_some(at),
+        ended: None,
     }
 }
 
@@ -254,11 +255,11 @@ fn a_turn_nothing_runs_is_abandoned_with_the_reason() {
 fn closing_ends_a_turn_nothing_here_runs_then_deletes_or_archives_once() {
     let session = SessionId::generate();
     let (live, idle) = (summary(false, false), TurnState::default());
-    let delete = close(session, &live, &idle, Closing::Delete, false).unwrap();
+    let delete = close(session, &live, &idle, Closing::Delete, false, 0).unwrap();
     assert_eq!(kinds(&delete), ["session.deleted", "terminated"]);
-    assert_eq!(kinds(&close(session, &live, &idle, Closing::Archive, false).unwrap()), ["session.archived"]);
-    assert!(kinds(&close(session, &summary(true, false), &idle, Closing::Archive, false).unwrap()).is_empty());
-    let gone = close(session, &summary(false, true), &idle, Closing::Delete, false).unwrap_err();
+    assert_eq!(kinds(&close(session, &live, &idle, Closing::Archive, false, 0).unwrap()), ["session.archived"]);
+    assert!(kinds(&close(session, &summary(true, false), &idle, Closing::Archive, false, 0).unwrap()).is_empty());
+    let gone = close(session, &summary(false, true), &idle, Closing::Delete, false, 0).unwrap_err();
     assert!(matches!(gone, SessionError::NotFound(_)));
     // A turn the log shows running: ended first when nothing here runs it (a replay's, or
     // one another actor left), left to end itself when this actor's turn is it.
@@ -267,10 +268,33 @@ fn closing_ends_a_turn_nothing_here_runs_then_deletes_or_archives_once() {
             .unwrap()
             .drafts,
     );
-    let orphan = close(session, &live, &running, Closing::Delete, false).unwrap();
+    let orphan = close(session, &live, &running, Closing::Delete, false, 0).unwrap();
     assert_eq!(kinds(&orphan), ["session.error", "session.status_idle", "session.deleted", "terminated"]);
-    let ours = close(session, &live, &running, Closing::Delete, true).unwrap();
+    let ours = close(session, &live, &running, Closing::Delete, true, 0).unwrap();
     assert_eq!(kinds(&ours), ["session.deleted", "terminated"]);
+}
+
+#[test]
+fn an_idle_session_expires_once_its_timeout_has_passed_and_is_kept_for_a_delete() {
+    let session = SessionId::generate();
+    let (live, idle) = (summary(false, false), TurnState::default());
+    let expire = Closing::Expire { idle_ms: 1_000 };
+    assert!(kinds(&close(session, &live, &idle, expire, false, 999).unwrap()).is_empty(), "not yet");
+    assert_eq!(kinds(&close(session, &live, &idle, expire, false, 1_000).unwrap()), ["terminated"]);
+    assert!(kinds(&close(session, &live, &idle, expire, true, 5_000).unwrap()).is_empty(), "a turn runs here");
+    assert!(kinds(&close(session, &summary(true, false), &idle, expire, false, 5_000).unwrap()).is_empty());
+    // Calls that wait for the client are cancelled, and their turn ended, first.
+    let waiting = waiting_for(&["a", "b"]);
+    let ended = close(session, &live, &waiting, expire, false, 5_000).unwrap();
+    assert_eq!(kinds(&ended), ["agent.tool_result", "agent.tool_result", "session.status_idle", "terminated"]);
+    // Once ended: no input, nothing more to close, and a delete is the delete alone.
+    let mut gone = live.clone();
+    gone.ended = Some(crate::projection::sessions::Ended { at: "t".into(), reason: IDLE_TIMEOUT.into() });
+    let refused = admit(session, &gone, &submission(vec![Input::Message(vec![Block::text("hi")])]), false);
+    assert!(matches!(refused, Err(SessionError::Conflict(why)) if why.contains("has ended (idle timeout")));
+    assert!(kinds(&close(session, &gone, &idle, expire, false, 5_000).unwrap()).is_empty());
+    assert!(kinds(&close(session, &gone, &idle, Closing::Archive, false, 0).unwrap()).is_empty());
+    assert_eq!(kinds(&close(session, &gone, &idle, Closing::Delete, false, 0).unwrap()), ["session.deleted"]);
 }
 
 #[test]

@@ -4,7 +4,9 @@
 //! the client, or hits a limit). What each response and call becomes is decided in
 //! [`super::decide`]; the actor records how the turn ended.
 
+mod compact;
 mod model;
+pub mod outcome;
 mod said;
 mod tools;
 
@@ -41,11 +43,19 @@ pub struct TurnContext {
     pub resume: Option<ResumePoint>,
     pub cancel: CancellationToken,
     pub delta_coalesce: Duration,
+    /// The session's outcome, graded once the turn ends its turn.
+    pub outcome: Option<outcome::PendingOutcome>,
 }
 
 pub async fn run(mut ctx: TurnContext) -> Outcome {
     let mut usage = Usage::default();
-    let stop = match drive(&mut ctx, &mut usage).await {
+    let mut driven = drive(&mut ctx, &mut usage).await;
+    if matches!(driven, Ok((StopReason::EndTurn, _))) {
+        if let Err(failure) = outcome::grade(&mut ctx, &mut usage).await {
+            driven = Err(failure);
+        }
+    }
+    let stop = match driven {
         Err(Failure::Model(error)) => Err(error),
         Err(Failure::Cancelled) => Ok((StopReason::Cancelled, vec![])),
         Err(Failure::Log(error)) => Err(ModelError::new("log_error", error)),
@@ -86,6 +96,7 @@ async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, 
         if ctx.cancel.is_cancelled() {
             return Err(Failure::Cancelled);
         }
+        compact::fit(ctx, usage).await?;
         let response = model::request(ctx, usage).await?;
         let (mut inline, mut waiting) = (Vec::new(), Vec::new());
         for (event_id, call) in response.calls {
