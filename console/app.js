@@ -345,7 +345,9 @@ function followLive() {
   setConn('connecting');
   view.stream = new Stream({
     // A reopened stream resumes after the last event drawn (not the last one received).
-    url: () => `/sessions/${encodeURIComponent(id)}/events/stream${renderer.lastId ? `?after_id=${encodeURIComponent(renderer.lastId)}` : ''}`,
+    // Every event as logged (the stream merges deltas unless told not to): the raw table
+    // shows the log exactly, and the gap check below counts on it.
+    url: () => `/sessions/${encodeURIComponent(id)}/events/stream?delta_flush_interval_ms=0${renderer.lastId ? `&after_id=${encodeURIComponent(renderer.lastId)}` : ''}`,
     types: me.event_types ?? [],
     onEvent: (_type, event) => {
       // A gap means a frame was missed (of a type this page has no listener for?): reopen

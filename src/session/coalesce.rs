@@ -1,7 +1,9 @@
-//! Merging consecutive delta events of one message (`delta_flush_interval_ms`): a stream
-//! holds a run of deltas for at most the window, then sends one event whose text is the
-//! run's text and whose id is the id of the last delta it covers, so resuming after it is
-//! exact. Deltas are merged, never dropped.
+//! Merging consecutive delta events of one message (`delta_flush_interval_ms`): a delta
+//! that comes after a quiet spell goes out at once (a reply's first words wait for nothing);
+//! those that come within the window after a delta went out are held, and go out at the
+//! window's end as one event whose text is theirs and whose id is the id of the last delta
+//! it covers, so resuming after it is exact. So a stream sends at most one delta event per
+//! window. Deltas are merged, never dropped.
 
 use std::time::Duration;
 
@@ -13,6 +15,8 @@ use crate::domain::RawEvent;
 pub struct Coalescer {
     window: Option<Duration>,
     pending: Option<Pending>,
+    /// When a delta last went out.
+    sent: Option<Instant>,
 }
 
 struct Pending {
@@ -33,7 +37,7 @@ struct DeltaFields {
 impl Coalescer {
     /// `None` or zero: every event passes through as it is.
     pub fn new(window: Option<Duration>) -> Coalescer {
-        Coalescer { window: window.filter(|w| !w.is_zero()), pending: None }
+        Coalescer { window: window.filter(|w| !w.is_zero()), pending: None, sent: None }
     }
 
     /// Takes events in log order; returns those ready to send now.
@@ -45,7 +49,7 @@ impl Coalescer {
         for event in events {
             let fields = if event.is_delta() { serde_json::from_slice::<DeltaFields>(&event.json).ok() } else { None };
             let Some(fields) = fields else {
-                ready.extend(self.flush());
+                ready.extend(self.flush_at(now));
                 ready.push(event);
                 continue;
             };
@@ -56,9 +60,16 @@ impl Coalescer {
                     p.merged += 1;
                 }
                 _ => {
-                    ready.extend(self.flush());
+                    ready.extend(self.flush_at(now));
+                    let due = self.sent.map(|at| at + window).filter(|due| *due > now);
+                    let Some(due) = due else {
+                        // After a quiet spell: at once.
+                        self.sent = Some(now);
+                        ready.push(event);
+                        continue;
+                    };
                     self.pending = Some(Pending {
-                        due: now + window,
+                        due,
                         kind: event.kind().to_string(),
                         last: event,
                         message_id: fields.message_id,
@@ -69,7 +80,7 @@ impl Coalescer {
             }
         }
         if self.deadline().is_some_and(|due| due <= now) {
-            ready.extend(self.flush());
+            ready.extend(self.flush_at(now));
         }
         ready
     }
@@ -79,9 +90,14 @@ impl Coalescer {
         self.pending.as_ref().map(|p| p.due)
     }
 
-    /// The held deltas as one event.
+    /// The held deltas as one event, going out now.
     pub fn flush(&mut self) -> Option<RawEvent> {
+        self.flush_at(Instant::now())
+    }
+
+    fn flush_at(&mut self, now: Instant) -> Option<RawEvent> {
         let pending = self.pending.take()?;
+        self.sent = Some(now);
         if pending.merged == 1 {
             return Some(pending.last);
         }
@@ -129,16 +145,22 @@ mod tests {
     }
 
     #[test]
-    fn a_run_of_deltas_becomes_one_event_with_the_last_id() {
+    fn the_first_delta_goes_at_once_and_the_run_after_it_becomes_one_event_with_the_last_id() {
         let mut c = Coalescer::new(Some(Duration::from_millis(50)));
         let now = Instant::now();
-        assert!(c.push(vec![delta(1, "m", "he"), delta(2, "m", "l\"lo")], now).is_empty());
+        let first = c.push(vec![delta(1, "m", "he"), delta(2, "m", "l\"lo")], now);
+        assert_eq!(first.iter().map(|e| e.seq).collect::<Vec<_>>(), [1], "after a quiet spell, at once");
         assert!(c.push(vec![delta(3, "m", " ,\"delta\": x")], now).is_empty());
+        assert_eq!(c.deadline(), Some(now + Duration::from_millis(50)));
         let merged = c.push(vec![], now + Duration::from_millis(50));
         assert_eq!(merged.len(), 1);
         assert_eq!(merged[0].seq, 3);
-        assert_eq!(text_of(&merged[0]), "hel\"lo ,\"delta\": x");
+        assert_eq!(text_of(&merged[0]), "l\"lo ,\"delta\": x");
         assert_eq!(merged[0].kind(), "agent.message.delta");
+        // Within the window after that: held again; after a quiet window: at once.
+        assert!(c.push(vec![delta(4, "m", "a")], now + Duration::from_millis(60)).is_empty());
+        assert_eq!(c.push(vec![], now + Duration::from_millis(100)).len(), 1);
+        assert_eq!(c.push(vec![delta(5, "m", "b")], now + Duration::from_millis(200)).len(), 1);
     }
 
     #[test]

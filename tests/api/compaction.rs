@@ -122,3 +122,46 @@ async fn three_hundred_turns_stay_inside_a_small_context_window_and_lose_nothing
     let verify = tokio::time::timeout(Duration::from_secs(60), verify).await.unwrap().unwrap();
     assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stderr));
 }
+
+const TOOLS_CONFIG: &str = r#"
+[agents.tools]
+model = { provider = "scripted" }
+client_tools = [{ name = "lookup", description = "Look something up", input_schema = { type = "object" } }]
+[agents.tools.context]
+window = 1024
+drop_tool_outputs = true
+"#;
+
+#[tokio::test]
+async fn old_tool_outputs_are_cut_before_anything_is_summarised() {
+    let app = spawn_with(TOOLS_CONFIG).await;
+    let (status, created) = post_json(&app, "/sessions", json!({"agent": {"name": "tools"}})).await;
+    assert_eq!(status, 201, "{created}");
+    let session = created["sessionId"].as_str().unwrap().to_string();
+    let output = "x".repeat(600);
+    for i in 0..6 {
+        let asked = turn(&app, &session, &format!("/tool lookup {{\"n\": {i}}}")).await;
+        assert_eq!(asked["stopReason"], "tool_use", "{asked}");
+        let blocks = asked["messages"][0]["content"].as_array().unwrap();
+        let call = blocks.iter().find(|b| b["type"] == "tool_use").unwrap()["toolCallId"].as_str().unwrap().to_string();
+        let body = json!({"stream": "none", "messages": [{"role": "tool", "toolCallId": call, "content": output}]});
+        let (status, answer) = post_json(&app, &format!("/sessions/{session}/turns"), body).await;
+        assert_eq!((status, answer["stopReason"].as_str()), (200, Some("end_turn")), "{answer}");
+    }
+    let log = app.all_events(&session).await;
+    let compactions: Vec<&Value> = log.iter().filter(|e| e["type"] == "history.compacted").collect();
+    let first = compactions.first().expect("the history was compacted");
+    assert_eq!(first["strategy"], "tool_outputs", "tool outputs go first: {first}");
+    assert!(first["tokens_after"].as_u64() < first["tokens_before"].as_u64(), "{first}");
+    assert!(first["summary"].is_null(), "{first}");
+    // The model read the outputs cut; the full history keeps them.
+    let requests: Vec<u64> = log
+        .iter()
+        .filter(|e| e["type"] == "span.model_request_end")
+        .map(|e| e["usage"]["input_tokens"].as_u64().unwrap())
+        .collect();
+    assert!(requests.iter().all(|&tokens| tokens <= WINDOW * 8 / 10), "{requests:?}");
+    let full = history(&app, &session, "full").await;
+    let outputs = full.iter().filter(|m| m["role"] == "tool" && text_of(m) == output).count();
+    assert_eq!(outputs, 6, "every output, whole, in the full history");
+}

@@ -115,7 +115,8 @@ async function assertNothingClipped(page, what) {
   assert.deepEqual(clipped, [], `${what}: items of #conversation cut off`);
 }
 
-// What a reader sees as a turn's end: the stop reason's label (by stop_reason.type).
+// What a reader sees as a turn's end: the stop reason's label, by turnlog's own name for it
+// (the native stream's `stop_reason.detail` where it differs from the seed's `type`).
 const STOP_LABELS = {
   end_turn: "Turn ended",
   requires_action: "Waiting for action",
@@ -135,7 +136,7 @@ function endLine(turn) {
   assert.ok(Number.isInteger(input) && Number.isInteger(output), `the turn's usage in the log: ${show(idle)}`);
   const parts = [`${number.format(input)} in`, `${number.format(output)} out`];
   for (const [name, value] of Object.entries(others)) if (typeof value === "number") parts.push(`${number.format(value)} ${name.replaceAll("_", " ")}`);
-  const stop = idle.stop_reason.type;
+  const stop = idle.stop_reason.detail ?? idle.stop_reason.type;
   return `end ${stop}: ${STOP_LABELS[stop]} | tokens: ${parts.join(" · ")}`;
 }
 
@@ -275,7 +276,8 @@ test("conversation: thinking folded, parallel tool calls with their inputs and r
     await api.postMessage(id, ask);
     log = await api.waitForIdle(id, n);
     turn = turns(log)[n - 1];
-    assert.equal(only(turn, "session.status_idle")[0].stop_reason.type, stop, `${ask}'s stop reason in the log`);
+    const { type, detail } = only(turn, "session.status_idle")[0].stop_reason;
+    assert.deepEqual({ type, detail }, { type: "end_turn", detail: stop }, `${ask}'s stop reason on the native view`);
     expected.push(`user: ${JSON.stringify(ask)}`, replyLine(turn), endLine(turn));
     await waitForOutline(page, expected, `the ${ask} turn`);
   }
