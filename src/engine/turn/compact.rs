@@ -7,10 +7,8 @@
 
 use std::sync::Arc;
 
-use futures_util::StreamExt;
-
 use super::{append, Failure, TurnContext};
-use crate::agent::{ContextBudget as Budget, ModelEvent, ModelRequest};
+use crate::agent::{ContextBudget as Budget, ModelRequest};
 use crate::domain::event::Compaction;
 use crate::domain::{Block, EventBody, Message, Part, Usage};
 use crate::metrics;
@@ -167,22 +165,7 @@ async fn ask(
         tools: Vec::new(),
         cancel: ctx.cancel.clone(),
     };
-    let mut stream = ctx.agent.model.stream(request);
-    let (mut said, mut used) = (String::new(), Usage::default());
-    loop {
-        let next = tokio::select! {
-            biased;
-            _ = ctx.cancel.cancelled() => return Err(Failure::Cancelled),
-            next = stream.next() => next,
-        };
-        match next {
-            Some(Ok(ModelEvent::TextDelta(text))) => said.push_str(&text),
-            Some(Ok(ModelEvent::Usage(now))) => used = now,
-            Some(Ok(ModelEvent::Stop(_))) | None => break,
-            Some(Ok(_)) => {}
-            Some(Err(error)) => return Err(Failure::Model(error)),
-        }
-    }
+    let (said, used) = super::model::text(ctx, request).await.map_err(|(failure, _)| failure)?;
     *usage += used;
     let said = said.trim();
     if said.is_empty() {

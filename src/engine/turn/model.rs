@@ -151,6 +151,28 @@ fn record(ctx: &mut TurnContext, span: Span, model: &str, streamed: Streamed) ->
     Ok(Response { stop: stop.unwrap_or(ModelStop::EndTurn), calls, called })
 }
 
+/// The text of a request made for the turn's own use (a summary, a grade), not part of the
+/// conversation: nothing of it goes to the log. A cancel ends it at once. What it cost
+/// comes back either way.
+pub(super) async fn text(ctx: &TurnContext, request: ModelRequest) -> Result<(String, Usage), (Failure, Usage)> {
+    let mut stream = ctx.agent.model.stream(request);
+    let (mut said, mut cost) = (String::new(), Usage::default());
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = ctx.cancel.cancelled() => return Err((Failure::Cancelled, cost)),
+            next = stream.next() => next,
+        };
+        match next {
+            Some(Ok(ModelEvent::TextDelta(text))) => said.push_str(&text),
+            Some(Ok(ModelEvent::Usage(now))) => cost = now,
+            Some(Ok(ModelEvent::Stop(_))) | None => return Ok((said, cost)),
+            Some(Ok(_)) => {}
+            Some(Err(error)) => return Err((Failure::Model(error), cost)),
+        }
+    }
+}
+
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     if let Some(deadline) = deadline {
         tokio::time::sleep_until(deadline).await;

@@ -6,12 +6,11 @@
 
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::compact::transcript;
 use super::{append, Failure, TurnContext};
-use crate::agent::{ModelEvent, ModelRequest};
+use crate::agent::ModelRequest;
 use crate::domain::{Block, Event, EventBody, EventId, Message, RawEvent, Usage};
 
 /// What the grader is told.
@@ -175,22 +174,7 @@ async fn ask(ctx: &TurnContext, outcome: &PendingOutcome) -> Result<(String, Str
         tools: Vec::new(),
         cancel: ctx.cancel.clone(),
     };
-    let mut stream = ctx.agent.model.stream(request);
-    let (mut said, mut cost) = (String::new(), Usage::default());
-    loop {
-        let next = tokio::select! {
-            biased;
-            _ = ctx.cancel.cancelled() => return Err((Failure::Cancelled, cost)),
-            next = stream.next() => next,
-        };
-        match next {
-            Some(Ok(ModelEvent::TextDelta(text))) => said.push_str(&text),
-            Some(Ok(ModelEvent::Usage(now))) => cost = now,
-            Some(Ok(ModelEvent::Stop(_))) | None => break,
-            Some(Ok(_)) => {}
-            Some(Err(error)) => return Err((Failure::Model(error), cost)),
-        }
-    }
+    let (said, cost) = super::model::text(ctx, request).await?;
     let (verdict, explanation) = verdict(&said);
     Ok((verdict.to_string(), explanation, cost))
 }
