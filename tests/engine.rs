@@ -1272,6 +1272,21 @@ async fn a_turn_that_names_an_earlier_turn_branches_from_its_end(log: Backend) {
     let index = g.sessions.turns(&g.session, TurnQuery { before: None, limit: 10 }).await.unwrap();
     assert_eq!(index.items.len(), 5);
     assert_eq!(index.items[1].branched_from, Some(turns[0]));
+    // A turn that ended waiting for the client is not branched from (its answers went on
+    // in the next turn); nor is a turn the session never had.
+    let waiting = g
+        .sessions
+        .submit(&g.session, follows(vec![text("/tool get_weather {\"city\": \"Oslo\"}")], Follows::Latest))
+        .await;
+    let waiting = waiting.unwrap().turn.unwrap();
+    g.idle_times(6).await;
+    let call = g.log().await.iter().rev().find(|e| matches!(e.body, EventBody::AgentCustomToolUse { .. })).unwrap().id;
+    let answer = Input::Result { call: call.to_string(), content: vec![Block::text("mild")], is_error: false };
+    let answered = g.sessions.submit(&g.session, follows(vec![answer], Follows::Latest)).await;
+    assert!(answered.unwrap().turn.is_some(), "the answer goes on in a turn of its own");
+    g.idle_times(7).await;
+    let refused = g.sessions.submit(&g.session, follows(vec![text("x")], Follows::Turn(waiting))).await;
+    assert!(matches!(refused, Err(SessionError::PreviousTurn(_))), "{refused:?}");
     // A turn the session never had is neither followed nor branched from.
     let refused = g
         .sessions

@@ -74,9 +74,16 @@ impl History {
         }
     }
 
-    /// Whether a turn may branch from `turn`: one of the last turns before the current one.
+    /// Whether a turn may branch from `turn`: one of the last turns before the current one,
+    /// that did not end waiting for the client (its calls' answers went on in the next turn,
+    /// and a conversation that ends with calls unanswered is not one a model takes).
     pub fn can_branch_from(&self, turn: TurnId) -> bool {
-        self.ends.iter().any(|(ended, _)| *ended == turn)
+        let Some((_, messages)) = self.ends.iter().find(|(ended, _)| *ended == turn) else { return false };
+        let calls = |message: &Arc<Message>| match &**message {
+            Message::Assistant { content } => content.iter().any(|part| matches!(part, Part::ToolUse { .. })),
+            _ => false,
+        };
+        !messages.last().is_some_and(calls)
     }
 
     pub fn apply(&mut self, event: &Event) {

@@ -256,8 +256,8 @@ fn check_follows(state: &TurnState, follows: Follows) -> Result<(), SessionError
     let last = last.map_or_else(|| "it has none".to_string(), |t| format!("it is {t}"));
     let depth = crate::projection::history::BRANCH_DEPTH;
     Err(SessionError::PreviousTurn(format!(
-        "a new turn follows the session's last turn ({last}) or branches from one of the {depth} turns before it, \
-         and {named} is neither"
+        "a new turn follows the session's last turn ({last}) or branches from one of the {depth} turns before it \
+         that did not end waiting for the client, and {named} is neither"
     )))
 }
 
