@@ -30,17 +30,12 @@ impl Engine {
         }
         let period =
             Duration::from_millis(shortest * 1000 / 4).clamp(Duration::from_millis(250), Duration::from_secs(30));
-        let mut every = tokio::time::interval(period);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            every.tick().await;
-            if self.env.stopping() {
-                return;
-            }
+        self.every(period, || async {
             if let Err(error) = self.sweep_idle().await {
                 tracing::warn!(%error, "could not look for idle sessions");
             }
-        }
+        })
+        .await;
     }
 
     fn shortest_timeout(&self) -> u64 {

@@ -78,6 +78,24 @@ impl Engine {
         Engine { env: Arc::new(env), registry: Arc::default(), cluster }
     }
 
+    /// Runs `round` every `period` (the first at once) until the engine stops: the engine's
+    /// background sweeps.
+    async fn every<F, R>(&self, period: Duration, mut round: F)
+    where
+        F: FnMut() -> R,
+        R: std::future::Future<Output = ()>,
+    {
+        let mut ticks = tokio::time::interval(period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            if self.env.stopping() {
+                return;
+            }
+            round().await;
+        }
+    }
+
     /// The limits every submission is held to.
     pub fn limits(&self) -> InputLimits {
         self.env.limits
