@@ -1,8 +1,9 @@
 """What turnlog's two model providers send when a user message carries images, checked against
 the official SDKs' own request types (`openai`'s `CompletionCreateParamsStreaming`,
 `anthropic`'s `MessageCreateParamsStreaming`), strictly (`sdk_types.problems`): images in every
-view's shape (AAP's `url`, Anthropic's `source` through the native API, the agent harness's
-`file_upload`) reach each provider in the provider's own shape. The providers talk to a small
+view's shape (AAP's `url`, Anthropic's `source` through the native API and through the
+official `anthropic` SDK's managed-agents calls, the agent harness's `file_upload`) reach each
+provider in the provider's own shape. The providers talk to a small
 fake of each API here that records what it is sent and answers a minimal stream."""
 
 import http.server
@@ -19,6 +20,7 @@ import pytest
 from anthropic.types.message_create_params import MessageCreateParamsStreaming
 from openai.types.chat.completion_create_params import CompletionCreateParamsStreaming
 
+from conftest import sdk, turn
 from sdk_types import problems
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -139,6 +141,16 @@ def native_turn(server, agent, content):
                 return
 
 
+def managed_turn(server, agent, content):
+    """Through the official `anthropic` SDK, strict: a session of the configured agent, the
+    message sent while its stream is open, read until the session goes idle."""
+    client = sdk(server)
+    environment = client.beta.environments.create(name="shapes")
+    session = client.beta.sessions.create(agent=agent, environment_id=environment.id)
+    events = turn(client, session.id, [{"type": "user.message", "content": content}])
+    assert events[-1].stop_reason.type == "end_turn", events[-1]
+
+
 def harness_turn(server, agent, content):
     _, created = call("POST", f"{server}/v1/agents/sessions", {"agent_name": agent})
     session = created["data"]["id"]
@@ -165,6 +177,11 @@ CASES = {
         {"type": "image", "source": {"type": "url", "url": "https://example.com/dog.jpg"}},
         {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "/9j/4AAQ"}},
     ], ["https://example.com/dog.jpg", ("image/jpeg", "/9j/4AAQ")]),
+    "managed agents SDK blocks": (managed_turn, [
+        {"type": "text", "text": "what are these?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/webp", "data": "UklGRg=="}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/fox.png"}},
+    ], [("image/webp", "UklGRg=="), "https://example.com/fox.png"]),
     "harness file_upload": (harness_turn, [
         {"type": "text", "text": "what are these?"},
         {"type": "file_upload", "file": {"filename": "a.gif", "file_data": "data:image/gif;base64,R0lGODlh"}},
