@@ -47,7 +47,7 @@ def test_a_sessions_cancel_is_idempotent_and_no_turn_follows_it(client, session)
         with pytest.raises(ApiError) as refused:
             session.prepare_turn(input=attempt).execute(stream=False)
         assert refused.value.status_code == 422, refused.value.body
-        assert f"session {session.id} was cancelled" in refused.value.body["error"]["message"]
+        assert f"session {session.id} is closed (archived, or cancelled" in refused.value.body["error"]["message"]
     # Still there, as it was: listed, readable, its turns and events kept.
     assert client.get_session(session.id).id == session.id
     assert session.id in [s.id for s in client.list_sessions(agent_name="helper", start_timestamp=session.created_at)]

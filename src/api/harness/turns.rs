@@ -36,11 +36,6 @@ pub async fn create(
 ) -> Result<HttpResponse, Error> {
     let request = body.request_key();
     let CreateTurn { input, previous_turn_id, stream } = body.0;
-    if summary.archived_at.is_some() {
-        // The engine refuses it too; this says it in the harness's words.
-        let why = format!("session {} was cancelled: it takes no new turns", summary.id);
-        return Err(ApiError::new(Code::Conflict, why).into());
-    }
     let inputs = wire::inputs(input)?;
     let follows = wire::follows(previous_turn_id.as_deref())?;
     if let Follows::Turn(named) = follows {

@@ -7,6 +7,7 @@
 mod catalog;
 pub mod event;
 mod events;
+mod outcomes;
 mod request;
 mod sessions;
 pub mod wire;

@@ -96,7 +96,7 @@ pub struct Session {
     /// Always empty: this server takes no vaults.
     #[schema(max_items = 0)]
     pub vault_ids: Vec<String>,
-    pub outcome_evaluations: Vec<OutcomeEvaluation>,
+    pub outcome_evaluations: Vec<super::outcomes::OutcomeEvaluation>,
     #[schema(value_type = Object)]
     pub stats: Map<String, Value>,
     #[schema(inline)]
@@ -357,46 +357,12 @@ pub fn session(summary: &SessionSummary, agent: Option<&AgentDefinition>, activi
         metadata: string_map(&spec.metadata),
         resources: Vec::new(),
         vault_ids: Vec::new(),
-        outcome_evaluations: activity.outcomes.iter().map(OutcomeEvaluation::from).collect(),
+        outcome_evaluations: activity.outcomes.iter().map(super::outcomes::OutcomeEvaluation::from).collect(),
         stats: Map::new(),
         usage: SessionUsage { input_tokens: activity.usage.input_tokens, output_tokens: activity.usage.output_tokens },
         created_at: summary.created_at.clone(),
         updated_at: summary.updated_at.clone(),
         archived_at: summary.archived_at.clone(),
-    }
-}
-
-/// An outcome's evaluation state, as the SDK's `BetaManagedAgentsOutcomeEvaluationResource`
-/// has it: an outcome that needs revision is `running` again (the agent works on), with no
-/// `completed_at`.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct OutcomeEvaluation {
-    #[serde(rename = "type")]
-    #[schema(value_type = String)]
-    kind: &'static str,
-    outcome_id: String,
-    description: String,
-    iteration: u32,
-    result: String,
-    explanation: Option<String>,
-    completed_at: Option<String>,
-}
-
-impl From<&crate::projection::turns::Evaluated> for OutcomeEvaluation {
-    fn from(evaluated: &crate::projection::turns::Evaluated) -> OutcomeEvaluation {
-        let (result, completed_at) = match evaluated.result.as_str() {
-            "needs_revision" => ("running".to_string(), None),
-            terminal => (terminal.to_string(), Some(evaluated.at.clone())),
-        };
-        OutcomeEvaluation {
-            kind: "outcome_evaluation",
-            outcome_id: evaluated.outcome_id.clone(),
-            description: evaluated.description.clone(),
-            iteration: evaluated.iteration,
-            result,
-            explanation: Some(evaluated.explanation.clone()),
-            completed_at,
-        }
     }
 }
 

@@ -91,7 +91,10 @@ pub fn admit(
         && !submission.inputs.is_empty()
         && submission.inputs.iter().all(|input| matches!(input, Input::Cancel));
     if summary.archived_at.is_some() && !only_cancels {
-        return Err(SessionError::Conflict(format!("session {session} is archived: it takes no input")));
+        let why = format!(
+            "session {session} is closed (archived, or cancelled through the agent harness): it takes no input"
+        );
+        return Err(SessionError::Conflict(why));
     }
     match &summary.ended {
         Some(ended) if !only_cancels => {

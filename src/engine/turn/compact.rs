@@ -46,20 +46,25 @@ fn message_bytes(message: &Message) -> usize {
     message.text_len() + calls + FRAMING
 }
 
-/// The estimated size of the turn's next request with `messages` as its history: the
-/// system prompt, the tools offered, and the messages.
-fn request_tokens(ctx: &TurnContext, messages: &[Arc<Message>]) -> u64 {
+/// What every request of the turn carries beside its history: the system prompt and the
+/// tools offered, in bytes.
+fn fixed_bytes(ctx: &TurnContext) -> usize {
     let tools: usize =
         ctx.plan.defs.iter().map(|d| d.name.len() + d.description.len() + d.parameters.to_string().len()).sum();
-    let history: usize = messages.iter().map(|m| message_bytes(m)).sum();
-    tokens(ctx.agent.config.system.len() + tools + history)
+    ctx.agent.config.system.len() + tools
+}
+
+/// The estimated size of a request with `messages` as its history, beside `fixed` bytes.
+fn request_tokens(fixed: usize, messages: &[Arc<Message>]) -> u64 {
+    tokens(fixed + messages.iter().map(|m| message_bytes(m)).sum::<usize>())
 }
 
 /// Makes the history fit the agent's context budget before a model request, if it has one
 /// and the request would pass it.
 pub(super) async fn fit(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(), Failure> {
     let Some(budget) = ctx.agent.context_budget() else { return Ok(()) };
-    let before = request_tokens(ctx, &ctx.history);
+    let fixed = fixed_bytes(ctx);
+    let before = request_tokens(fixed, &ctx.history);
     if before <= budget.compact_above {
         return Ok(());
     }
@@ -71,7 +76,7 @@ pub(super) async fn fit(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(), 
     if budget.drop_tool_outputs {
         let mut cut = ctx.history.clone();
         History::cut_tool_outputs(&mut cut, current);
-        let after = request_tokens(ctx, &cut);
+        let after = request_tokens(fixed, &cut);
         if after < now {
             record(ctx, Compaction::ToolOutputs, current, String::new(), (now, after), Usage::default())?;
             ctx.history = cut;
@@ -86,7 +91,12 @@ pub(super) async fn fit(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(), 
     // does, all but the current turn's.
     let cuts: Vec<usize> = (1..=current).filter(|&i| matches!(*ctx.history[i], Message::User { .. })).collect();
     let summary = budget.summary + tokens(message_bytes(&History::summary_message("")));
-    let fits = |&&i: &&usize| request_tokens(ctx, &ctx.history[i..]) + summary <= budget.keep;
+    // What is kept from each place on, in bytes, summed once from the end.
+    let mut kept = vec![0; ctx.history.len() + 1];
+    for (i, message) in ctx.history.iter().enumerate().rev() {
+        kept[i] = kept[i + 1] + message_bytes(message);
+    }
+    let fits = |&&i: &&usize| tokens(fixed + kept[i]) + summary <= budget.keep;
     let Some(&n) = cuts.iter().find(fits).or(cuts.last()) else { return Ok(()) };
     let (summary, cost) = match summarise(ctx, n, &budget).await {
         Ok(done) => done,
@@ -100,7 +110,7 @@ pub(super) async fn fit(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(), 
     *usage += cost;
     let mut compacted = ctx.history.clone();
     History::summarise(&mut compacted, n, &summary);
-    let after = request_tokens(ctx, &compacted);
+    let after = request_tokens(fixed, &compacted);
     record(ctx, Compaction::Summary, n, summary, (now, after), cost)?;
     ctx.history = compacted;
     Ok(())
