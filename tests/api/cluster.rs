@@ -691,6 +691,48 @@ async fn a_node_refuses_a_stream_made_for_something_else() {
     assert_eq!(stream.state.messages, 0, "nothing was written to it");
 }
 
+/// The buckets a node decides by (leases, claims, projections) answer reads from their
+/// leader only: a direct get may be answered by a replica still catching up after a restart,
+/// and a revision-checked write made from what it read fails on every try. Buckets made
+/// with direct gets (by an earlier turnlog, or by the client's `create_key_value`) are
+/// changed when a node opens them, their entries kept.
+#[tokio::test]
+async fn the_buckets_a_node_decides_by_are_read_from_their_leader() {
+    let nats = Nats::single().await;
+    let client = async_nats::connect(nats.urls()[0].as_str()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    // As turnlog made it before, and as the client's `create_key_value` does (which cannot
+    // talk to nats-server 2.9 itself).
+    let old = async_nats::jetstream::stream::Config {
+        name: "KV_turnlog_leases".into(),
+        subjects: vec!["$KV.turnlog_leases.>".into()],
+        max_messages_per_subject: 1,
+        max_age: Duration::from_secs(10), // the default `lease_ttl_secs`
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: async_nats::jetstream::stream::DiscardPolicy::New,
+        ..Default::default()
+    };
+    js.create_stream(old).await.unwrap();
+    let leases = js.get_key_value("turnlog_leases").await.unwrap();
+    leases.put("kept", "a value".into()).await.unwrap();
+    let direct = |name: &'static str| {
+        let js = js.clone();
+        async move { js.get_stream(name).await.unwrap().info().await.unwrap().config.allow_direct }
+    };
+    assert!(direct("KV_turnlog_leases").await, "the client makes buckets with direct gets");
+    let config = format!("[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {}\n", nats.toml_servers());
+    let node = spawn_with(&config).await;
+    for stream in ["KV_turnlog_leases", "KV_turnlog_claims", "KV_turnlog_projections"] {
+        assert!(!direct(stream).await, "{stream} still answers direct gets");
+    }
+    let leases = js.get_key_value("turnlog_leases").await.unwrap();
+    assert_eq!(leases.get("kept").await.unwrap().as_deref(), Some(&b"a value"[..]), "the bucket kept its entries");
+    let session = node.create_session().await;
+    assert_eq!(node.all_events(&session).await.len(), 1, "the node works on the changed buckets");
+}
+
 #[tokio::test]
 async fn a_node_says_when_the_engine_is_out_of_reach() {
     // At start: a clear refusal naming the servers, never a fallback to sled.

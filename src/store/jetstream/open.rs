@@ -228,7 +228,12 @@ impl JetStreamLog {
 /// Opens (or makes) a key-value bucket keeping one value per key, expiring values after
 /// `max_age` (zero: never). The bucket's stream is made as the client's `create_key_value`
 /// makes it, without the account query that nats-server 2.9 answers in a form this client
-/// does not read.
+/// does not read, and with one difference: no direct gets. Every bucket here is read to
+/// decide a revision-checked write (a lease, a claim, a projection), and a direct get is
+/// answered by any replica, a stale one included: one catching up after a restart answers
+/// with what it has, and since NATS prefers a responder on the asker's own server, a node
+/// whose server is that replica read the same old revision on every try (its claims failed
+/// with "keeps changing hands" until the replica caught up). Reads go to the leader.
 pub async fn open_bucket(
     js: &jetstream::Context,
     bucket: &str,
@@ -244,7 +249,7 @@ pub async fn open_bucket(
         num_replicas: replicas,
         allow_rollup: true,
         deny_delete: true,
-        allow_direct: true,
+        allow_direct: false,
         discard: stream::DiscardPolicy::New,
         duplicate_window: if max_age.is_zero() {
             Duration::from_secs(120)
@@ -253,9 +258,18 @@ pub async fn open_bucket(
         },
         ..Default::default()
     };
-    js.get_or_create_stream(config)
+    let stream = js
+        .get_or_create_stream(config)
         .await
         .map_err(|e| store_error(&format!("could not open the bucket {bucket}"), e))?;
+    let made = &stream.cached_info().config;
+    if made.allow_direct {
+        // Made by an earlier turnlog (or by `create_key_value`).
+        let config = stream::Config { allow_direct: false, ..made.clone() };
+        js.update_stream(config)
+            .await
+            .map_err(|e| store_error(&format!("could not turn off direct gets on the bucket {bucket}"), e))?;
+    }
     js.get_key_value(bucket).await.map_err(|e| store_error(&format!("could not open the bucket {bucket}"), e))
 }
 
