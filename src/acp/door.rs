@@ -106,6 +106,9 @@ pub trait Door: Send + Sync + 'static {
     /// A page of the sessions of `agent`, newest first, after the session `after`; and the
     /// cursor of the next page, if there is one.
     async fn list(&self, agent: &str, after: Option<&str>) -> Result<(Vec<Listed>, Option<String>), DoorError>;
+    /// A new session whose conversation is `session`'s up to its event `at` (turnlog's
+    /// fork), with `metadata` set over the source's; its id.
+    async fn fork(&self, session: &str, at: EventId, metadata: Map<String, Value>) -> Result<String, DoorError>;
 }
 
 /// The idempotency key of a write the ACP view makes: the connection's and the JSON-RPC
@@ -227,6 +230,12 @@ impl Door for Embedded {
         let request = Some(RequestKey::derived(key.to_string(), &[session.as_bytes(), &asked]));
         let submitted = sessions.submit(&summary, Submission { inputs, request, ..Submission::default() }).await?;
         submitted.events.iter().map(decoded).collect()
+    }
+
+    async fn fork(&self, session: &str, at: EventId, metadata: Map<String, Value>) -> Result<String, DoorError> {
+        let source = self.service.sessions().get(&self.caller, session).await?;
+        let forked = self.service.audit().fork(&self.caller, &source, &at.to_string(), None, metadata).await?;
+        Ok(forked.id.to_string())
     }
 
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {
@@ -429,6 +438,10 @@ impl Door for Bridge {
     async fn submit(&self, session: &str, inputs: Vec<Input>, key: &str) -> Result<Vec<Event>, DoorError> {
         let events: Vec<Value> = inputs.into_iter().map(native).collect();
         Ok(self.client.post_events_keyed(&session_id(session)?, &events, key).await?)
+    }
+
+    async fn fork(&self, session: &str, at: EventId, metadata: Map<String, Value>) -> Result<String, DoorError> {
+        Ok(self.client.fork(&session_id(session)?, &at.to_string(), &metadata).await?)
     }
 
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {

@@ -11,17 +11,19 @@ pub mod door;
 mod prompt;
 pub mod render;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    self as acp, AgentCapabilities, CancelNotification, ContentBlock, Implementation, InitializeRequest,
-    InitializeResponse, ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse,
-    McpCapabilities, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
-    SessionCapabilities, SessionInfo, SessionListCapabilities, SessionNotification,
+    self as acp, AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse, ContentBlock,
+    ForkSessionRequest, ForkSessionResponse, Implementation, InitializeRequest, InitializeResponse,
+    ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities,
+    NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest,
+    ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities, SessionForkCapabilities, SessionInfo,
+    SessionListCapabilities, SessionNotification, SessionResumeCapabilities,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, Stdio};
@@ -31,7 +33,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::mcp::McpServerConfig;
-use crate::domain::{Block, EventBody, EventId};
+use crate::domain::{Block, Event, EventBody, EventId};
 use crate::projection::turns::{Phase, TurnState};
 use door::{Door, DoorError};
 use prompt::{Ended, Prompt};
@@ -40,12 +42,16 @@ use prompt::{Ended, Prompt};
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// The ACP view on one connection: the door to the session layer, the agent new sessions
-/// run, and the prompts in flight (to cancel them).
+/// run, the prompts in flight (to cancel them), the turns it follows for a client that
+/// loaded or resumed a session mid-turn, and the sessions the client closed.
 #[derive(Clone)]
 pub struct Acp {
     door: Arc<dyn Door>,
     agent: String,
     prompts: Arc<Mutex<HashMap<String, Running>>>,
+    following: Arc<Mutex<HashMap<String, JoinHandle<()>>>>,
+    /// Closed by `session/close`: no prompt until a `session/load` or `session/resume`.
+    closed: Arc<Mutex<HashSet<String>>>,
     /// This connection's id, in the keys of the writes it makes (see [`door::write_key`]).
     connection: ulid::Ulid,
 }
@@ -59,7 +65,14 @@ struct Running {
 
 impl Acp {
     pub fn new(door: Arc<dyn Door>, agent: String) -> Acp {
-        Acp { door, agent, prompts: Default::default(), connection: ulid::Ulid::new() }
+        Acp {
+            door,
+            agent,
+            prompts: Default::default(),
+            following: Default::default(),
+            closed: Default::default(),
+            connection: ulid::Ulid::new(),
+        }
     }
 
     /// Serves stdin/stdout until stdin closes (or a signal comes), then cancels the prompts
@@ -141,6 +154,51 @@ impl Acp {
                 },
                 agent_client_protocol::on_receive_request!(),
             )
+            .on_receive_request(
+                {
+                    let acp = self.clone();
+                    async move |request: ResumeSessionRequest,
+                                responder: Responder<ResumeSessionResponse>,
+                                cx: ConnectionTo<Client>| {
+                        match acp.resume_session(&request, &cx).await {
+                            Ok(()) => responder.respond(ResumeSessionResponse::new()),
+                            Err(error) => responder.respond_with_error(error),
+                        }
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                {
+                    let acp = self.clone();
+                    async move |request: CloseSessionRequest, responder: Responder<CloseSessionResponse>, _cx| {
+                        // In a task of its own, as a prompt is: the prompt it cancels may
+                        // still talk to the client before it ends.
+                        let acp = acp.clone();
+                        tokio::spawn(async move {
+                            acp.close_session(&request.session_id.0).await;
+                            if let Err(error) = responder.respond(CloseSessionResponse::new()) {
+                                tracing::debug!(%error, "session/close was not answered (the client has gone)");
+                            }
+                        });
+                        Ok(())
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                {
+                    let acp = self.clone();
+                    async move |request: ForkSessionRequest, responder: Responder<ForkSessionResponse>, _cx| match acp
+                        .fork_session(&request)
+                        .await
+                    {
+                        Ok(id) => responder.respond(ForkSessionResponse::new(id)),
+                        Err(error) => responder.respond_with_error(error),
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
             .on_receive_notification(
                 {
                     let acp = self.clone();
@@ -180,25 +238,96 @@ impl Acp {
         Ok(ListSessionsResponse::new(sessions).next_cursor(next))
     }
 
-    /// Replays the whole conversation, then answers (the client reads the updates first).
-    /// A turn still running (one this agent resumed after its process stopped) goes on
-    /// streaming to the client until it ends.
+    /// Replays the whole conversation and what the session list shows of it (its title,
+    /// when it last changed), then answers (the client reads the updates first). A turn
+    /// still running (one this agent resumed after its process stopped) goes on streaming
+    /// to the client until it ends.
     async fn load_session(&self, request: &LoadSessionRequest, cx: &ConnectionTo<Client>) -> Result<(), Error> {
-        absolute(&request.cwd)?;
         let session = request.session_id.0.to_string();
-        let mcp = mcp_servers(&request.mcp_servers)?;
-        let events = self.door.events(&session).await.map_err(|e| error(e, Some(&session)))?;
-        self.door.attach_mcp(&session, mcp).await.map_err(|e| error(e, Some(&session)))?;
-        for update in render::replay(&events) {
+        let events = self.attach(&session, &request.cwd, &request.mcp_servers).await?;
+        for update in render::replay(&events).into_iter().chain(render::info(&events)) {
             cx.send_notification(SessionNotification::new(session.clone(), update))?;
         }
-        // Whether a turn runs, as the engine's own fold of the log says.
+        self.follow_if_running(&session, &events, cx);
+        Ok(())
+    }
+
+    /// As [`Acp::load_session`], without the replay: the client has the conversation (it is
+    /// reattaching after a reconnect, or a restart of this process). It gets what the
+    /// session list shows of it, and the rest of a turn still running.
+    async fn resume_session(&self, request: &ResumeSessionRequest, cx: &ConnectionTo<Client>) -> Result<(), Error> {
+        let session = request.session_id.0.to_string();
+        let events = self.attach(&session, &request.cwd, &request.mcp_servers).await?;
+        if let Some(info) = render::info(&events) {
+            cx.send_notification(SessionNotification::new(session.clone(), info))?;
+        }
+        self.follow_if_running(&session, &events, cx);
+        Ok(())
+    }
+
+    /// Opens `session` on this connection for a load or a resume: its events (not its
+    /// deltas), with the client's MCP servers given to it.
+    async fn attach(&self, session: &str, cwd: &Path, mcp: &[acp::McpServer]) -> Result<Vec<Event>, Error> {
+        absolute(cwd)?;
+        let mcp = mcp_servers(mcp)?;
+        let events = self.door.events(session).await.map_err(|e| error(e, Some(session)))?;
+        self.door.attach_mcp(session, mcp).await.map_err(|e| error(e, Some(session)))?;
+        self.closed.lock().remove(session);
+        Ok(events)
+    }
+
+    /// Streams the rest of the session's turn to the client, if one runs (as the engine's
+    /// own fold of the log says), until it ends or the client closes the session.
+    fn follow_if_running(&self, session: &str, events: &[Event], cx: &ConnectionTo<Client>) {
         let mut state = TurnState::default();
         events.iter().for_each(|event| state.apply(event));
-        if let Some(last) = events.last().filter(|_| matches!(state.phase, Phase::Running(_))) {
-            tokio::spawn(follow_running(self.door.clone(), cx.clone(), session, last.id));
+        let Some(last) = events.last().filter(|_| matches!(state.phase, Phase::Running(_))) else { return };
+        let task = tokio::spawn(follow_running(self.door.clone(), cx.clone(), session.to_string(), last.id));
+        if let Some(earlier) = self.following.lock().insert(session.to_string(), task) {
+            earlier.abort();
         }
-        Ok(())
+    }
+
+    /// Closes the session on this connection: its prompt is cancelled (and answered
+    /// `cancelled` first), the turn followed for it is no longer streamed, and the editor's
+    /// MCP servers are taken off it. The session itself stays, in the log, for a later
+    /// `session/load` or `session/resume` (by this client or any other).
+    async fn close_session(&self, session: &str) {
+        self.closed.lock().insert(session.to_string());
+        if let Some(following) = self.following.lock().remove(session) {
+            following.abort();
+        }
+        let running = self.prompts.lock().remove(session);
+        if let Some(running) = running {
+            running.cancel.cancel();
+            if tokio::time::timeout(CLOSE_WAIT, running.task).await.is_err() {
+                tracing::warn!(
+                    session_id = session,
+                    "a prompt still running {} s after its session closed",
+                    CLOSE_WAIT.as_secs()
+                );
+            }
+        }
+        if let Err(error) = self.door.attach_mcp(session, door::McpDeclared::new()).await {
+            tracing::debug!(%error, session_id = session, "the editor's MCP servers were not taken off a closed session");
+        }
+    }
+
+    /// turnlog's fork of the session at its last event, in the client's `cwd`: a new
+    /// session with the whole conversation so far, which goes on apart from the source.
+    async fn fork_session(&self, request: &ForkSessionRequest) -> Result<String, Error> {
+        let cwd = absolute(&request.cwd)?;
+        let mcp = mcp_servers(&request.mcp_servers)?;
+        let session = request.session_id.0.to_string();
+        let events = self.door.events(&session).await.map_err(|e| error(e, Some(&session)))?;
+        let Some(last) = events.last() else {
+            return Err(acp::Error::session_not_found(session).into());
+        };
+        let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
+        let forked = self.door.fork(&session, last.id, metadata).await.map_err(|e| error(e, Some(&session)))?;
+        self.door.attach_mcp(&forked, mcp).await.map_err(|e| error(e, Some(&forked)))?;
+        tracing::info!(session_id = %forked, source = %session, "session forked");
+        Ok(forked)
     }
 
     /// Starts the prompt's task (the dispatch loop must go on: the task asks the client for
@@ -210,6 +339,10 @@ impl Acp {
         cx: ConnectionTo<Client>,
     ) -> Result<(), Error> {
         let session = request.session_id.0.to_string();
+        if self.closed.lock().contains(&session) {
+            let message = format!("session {session} was closed (session/close): load or resume it to prompt it again");
+            return responder.respond_with_error(Error::invalid_request().data(json!(message)));
+        }
         let content = match prompt_content(&request.prompt) {
             Ok(content) => content,
             Err(error) => return responder.respond_with_error(error),
@@ -257,6 +390,7 @@ impl Acp {
     /// The client has gone: no one can answer a permission or read a reply, so the prompts
     /// still running are cancelled, and their end recorded before the log closes.
     async fn close(&self) {
+        self.following.lock().drain().for_each(|(_, following)| following.abort());
         let running: Vec<Running> = self.prompts.lock().drain().map(|(_, running)| running).collect();
         for prompt in &running {
             prompt.cancel.cancel();
@@ -300,7 +434,13 @@ fn initialize(request: &InitializeRequest) -> InitializeResponse {
     }
     let capabilities = AgentCapabilities::new()
         .load_session(true)
-        .session_capabilities(SessionCapabilities::new().list(SessionListCapabilities::new()))
+        .session_capabilities(
+            SessionCapabilities::new()
+                .list(SessionListCapabilities::new())
+                .resume(SessionResumeCapabilities::new())
+                .close(SessionCloseCapabilities::new())
+                .fork(SessionForkCapabilities::new()),
+        )
         .prompt_capabilities(PromptCapabilities::new().image(true).embedded_context(true))
         .mcp_capabilities(McpCapabilities::new().http(true));
     InitializeResponse::new(ProtocolVersion::V1)

@@ -4,13 +4,14 @@
 use std::collections::HashMap;
 
 use agent_client_protocol::v1::schema::{
-    Content, ContentBlock, ContentChunk, ImageContent, MessageId, SessionUpdate, TextContent, ToolCall,
-    ToolCallContent, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    Content, ContentBlock, ContentChunk, ImageContent, MessageId, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus,
+    SessionInfoUpdate, SessionUpdate, TextContent, ToolCall, ToolCallContent, ToolCallStatus, ToolCallUpdate,
+    ToolCallUpdateFields, ToolKind,
 };
 use serde_json::Value;
 
 use crate::domain::event::Permission;
-use crate::domain::{Block, Event, EventBody, EventId};
+use crate::domain::{Block, Event, EventBody, EventId, Message, Part};
 
 /// A tool call as a prompt knows it: what to ask the client about, and who runs it.
 #[derive(Debug, Clone)]
@@ -68,10 +69,16 @@ impl Live {
                 tool_use_id, result: crate::domain::event::Confirmation::Allow, ..
             } => tool_use_id.parse().map(|id| vec![status(id, ToolCallStatus::InProgress)]).unwrap_or_default(),
             EventBody::AgentToolResult { tool_use_id, content, is_error, .. } => {
-                vec![finished(*tool_use_id, content, *is_error)]
+                let planned = self.calls.get(tool_use_id).and_then(|call| planned(&call.name, &call.input, *is_error));
+                std::iter::once(finished(*tool_use_id, content, *is_error)).chain(planned).collect()
             }
             EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => {
                 custom_tool_use_id.parse().map(|id| vec![finished(id, content, *is_error)]).unwrap_or_default()
+            }
+            // Retitled (through another view: ACP has no way to): the editor's list shows it.
+            EventBody::SessionUpdated { title: Some(title), .. } => {
+                let info = SessionInfoUpdate::new().title(title.clone()).updated_at(event.created_at.clone());
+                vec![SessionUpdate::SessionInfoUpdate(info)]
             }
             _ => Vec::new(),
         }
@@ -128,6 +135,8 @@ pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {
     let mut out = Vec::new();
     for event in events {
         match &event.body {
+            // A session that starts from a conversation (a fork, a seeded session): it first.
+            EventBody::SessionCreated { spec, .. } => out.extend(seeded(event.id, &spec.messages)),
             EventBody::UserMessage { content } => out.extend(content.iter().map(|block| {
                 SessionUpdate::UserMessageChunk(
                     ContentChunk::new(content_block(block)).message_id(MessageId::new(event.id.to_string())),
@@ -140,7 +149,10 @@ pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {
             EventBody::AgentToolUse { name, input, .. } | EventBody::AgentCustomToolUse { name, input, .. } => {
                 let call = match results.get(&event.id) {
                     Some((content, is_error)) => {
-                        tool_call(event.id, name, input, done(*is_error)).content(tool_content(content))
+                        let call = tool_call(event.id, name, input, done(*is_error)).content(tool_content(content));
+                        out.push(SessionUpdate::ToolCall(call));
+                        out.extend(planned(name, input, *is_error));
+                        continue;
                     }
                     // Left waiting (by a turn that was stopped before it was answered).
                     None => tool_call(event.id, name, input, ToolCallStatus::Pending),
@@ -151,6 +163,97 @@ pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {
         }
     }
     out
+}
+
+/// The conversation a session was made with, as a replay shows its own: the messages of
+/// the `session.created` event `created`, numbered after it (`evt_…-0`, `evt_…-1`, ...),
+/// each tool call once with its result.
+fn seeded(created: EventId, messages: &[Message]) -> Vec<SessionUpdate> {
+    let results: HashMap<&str, (&[Block], bool)> = messages
+        .iter()
+        .filter_map(|message| match message {
+            Message::Tool { tool_call_id, content, is_error } => {
+                Some((tool_call_id.as_str(), (&content[..], *is_error)))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (i, message) in messages.iter().enumerate() {
+        let id = format!("{created}-{i}");
+        match message {
+            Message::User { content } => out.extend(content.iter().map(|block| {
+                SessionUpdate::UserMessageChunk(
+                    ContentChunk::new(content_block(block)).message_id(MessageId::new(&*id)),
+                )
+            })),
+            Message::Assistant { content } => {
+                for part in content {
+                    match part {
+                        Part::Text { text } => out.extend(Chunk::Message.of(&id, text)),
+                        Part::Thinking { thinking } => out.extend(Chunk::Thought.of(&id, thinking)),
+                        Part::ToolUse { tool_call_id, name, input } => {
+                            let call = ToolCall::new(tool_call_id.clone(), title(name, input))
+                                .kind(kind(name))
+                                .raw_input(input.clone());
+                            out.push(SessionUpdate::ToolCall(match results.get(tool_call_id.as_str()) {
+                                Some((content, is_error)) => {
+                                    call.status(done(*is_error)).content(tool_content(content))
+                                }
+                                None => call.status(ToolCallStatus::Pending),
+                            }));
+                        }
+                    }
+                }
+            }
+            Message::System { .. } | Message::Tool { .. } => {}
+        }
+    }
+    out
+}
+
+/// The plan a call of the built-in `update_plan` wrote, once it ran: the editor's plan
+/// panel shows it (the call itself shows as a tool call too, of kind `think`).
+fn planned(name: &str, input: &Value, is_error: bool) -> Option<SessionUpdate> {
+    use crate::domain::plan::{self, Priority, StepStatus};
+    if name != PLAN_TOOL || is_error {
+        return None;
+    }
+    let entries = plan::Plan::read(input)
+        .ok()?
+        .entries
+        .into_iter()
+        .map(|step| {
+            let priority = match step.priority {
+                Priority::High => PlanEntryPriority::High,
+                Priority::Medium => PlanEntryPriority::Medium,
+                Priority::Low => PlanEntryPriority::Low,
+            };
+            let status = match step.status {
+                StepStatus::Pending => PlanEntryStatus::Pending,
+                StepStatus::InProgress => PlanEntryStatus::InProgress,
+                StepStatus::Completed => PlanEntryStatus::Completed,
+            };
+            PlanEntry::new(step.content, priority, status)
+        })
+        .collect();
+    Some(SessionUpdate::Plan(Plan::new(entries)))
+}
+
+/// The built-in planning tool's name.
+const PLAN_TOOL: &str = "update_plan";
+
+/// What an editor's session list shows of the session, as the log says it now: its title
+/// (the last one it was given, if any) and when it last changed (its last event).
+pub fn info(events: &[Event]) -> Option<SessionUpdate> {
+    let last = events.last()?;
+    let title = events.iter().rev().find_map(|event| match &event.body {
+        EventBody::SessionUpdated { title: Some(title), .. } => Some(title),
+        EventBody::SessionCreated { spec, .. } => spec.title.as_ref(),
+        _ => None,
+    });
+    let info = SessionInfoUpdate::new().title(title.cloned()).updated_at(last.created_at.clone());
+    Some(SessionUpdate::SessionInfoUpdate(info))
 }
 
 fn tool_call(id: EventId, name: &str, input: &Value, status: ToolCallStatus) -> ToolCall {
@@ -194,6 +297,9 @@ fn title(name: &str, input: &Value) -> String {
 
 /// What an editor shows for a tool, guessed from its name.
 fn kind(name: &str) -> ToolKind {
+    if name == PLAN_TOOL {
+        return ToolKind::Think;
+    }
     let name = name.to_ascii_lowercase();
     let has = |words: &[&str]| words.iter().any(|w| name.contains(w));
     if has(&["fetch", "http", "url"]) {

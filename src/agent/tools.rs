@@ -1,5 +1,6 @@
-//! Built-in server tools: `calculator`, `current_time` and `fetch_url` (allow-listed hosts
-//! only). A tool's answer is text; a failure is text too, marked as an error, so the
+//! Built-in server tools: `calculator`, `current_time`, `fetch_url` (allow-listed hosts
+//! only) and `update_plan` (the model's plan of the work, kept in the log: see
+//! [`crate::domain::plan`]). A tool's answer is text; a failure is text too, marked as an error, so the
 //! model can read what went wrong.
 
 use std::time::Duration;
@@ -9,6 +10,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::model::ToolDef;
+use crate::domain::plan::Plan;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -16,6 +18,7 @@ pub struct ToolSettings {
     pub calculator: BasicTool,
     pub current_time: BasicTool,
     pub fetch_url: FetchSettings,
+    pub update_plan: BasicTool,
     #[serde(default)]
     pub mcp: McpSettings,
 }
@@ -54,7 +57,7 @@ fn yes() -> bool {
     true
 }
 
-pub const NAMES: &[&str] = &["calculator", "current_time", "fetch_url"];
+pub const NAMES: &[&str] = &["calculator", "current_time", "fetch_url", "update_plan"];
 
 pub struct Tools {
     settings: ToolSettings,
@@ -84,6 +87,7 @@ impl Tools {
             "calculator" => self.settings.calculator.exposed,
             "current_time" => self.settings.current_time.exposed,
             "fetch_url" => self.settings.fetch_url.exposed,
+            "update_plan" => self.settings.update_plan.exposed,
             _ => false,
         }
     }
@@ -100,6 +104,11 @@ impl Tools {
             "fetch_url" => (
                 "Fetches a web page over HTTP(S) from an allowed host and returns its text.",
                 json!({"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}),
+            ),
+            "update_plan" => (
+                "Writes your plan of the work, for the user to follow: the whole list of steps, each with its \
+                 status and priority. Call it again with the whole list whenever a step starts or ends.",
+                plan_schema(),
             ),
             _ => return None,
         };
@@ -125,6 +134,7 @@ impl Tools {
             }
             "current_time" => Ok(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
             "fetch_url" => self.fetch(input["url"].as_str().ok_or("fetch_url needs a string `url`")?).await,
+            "update_plan" => Plan::read(input).map(|plan| plan.summary()),
             other => Err(format!("there is no server tool named {other:?}")),
         }
     }
@@ -151,6 +161,26 @@ impl Tools {
         }
         Ok(format!("HTTP {}\n\n{}", status.as_u16(), String::from_utf8_lossy(&body)))
     }
+}
+
+/// The input of `update_plan`: a [`Plan`].
+fn plan_schema() -> Value {
+    let step = json!({
+        "type": "object",
+        "properties": {
+            "content": {"type": "string", "description": "What the step does, in a line."},
+            "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]},
+            "priority": {"type": "string", "enum": ["high", "medium", "low"]},
+        },
+        "required": ["content", "status"],
+        "additionalProperties": false,
+    });
+    json!({
+        "type": "object",
+        "properties": {"entries": {"type": "array", "items": step, "maxItems": crate::domain::plan::MAX_STEPS}},
+        "required": ["entries"],
+        "additionalProperties": false,
+    })
 }
 
 pub(crate) fn host_allowed(allowed: &[String], host: &str) -> bool {

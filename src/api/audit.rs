@@ -230,6 +230,9 @@ pub struct Fork {
     /// The agent the fork goes on with (by default the source's, with its settings).
     #[serde(default, deserialize_with = "crate::api::body::objects")]
     agent: Option<ForkAgent>,
+    /// Metadata of the fork's own, set over the source's (key by key).
+    #[serde(default)]
+    metadata: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Another agent for a fork: its name, and the server tools enabled with their trust.
@@ -266,14 +269,14 @@ async fn fork(
     CallerSession { caller, summary: source, .. }: CallerSession,
     body: JsonBody<Fork>,
 ) -> Result<HttpResponse, Error> {
-    let Fork { at, agent } = body.0;
+    let Fork { at, agent, metadata } = body.0;
     let agent = agent.map(|a| AgentSpec {
         name: a.name,
         version: None,
         tools: a.tools.map(|tools| tools.into_iter().map(|t| ToolTrust { name: t.name, trust: t.trust }).collect()),
         options: a.options,
     });
-    let forked = state.audit.fork(&caller, &source, &at, agent).await?;
+    let forked = state.audit.fork(&caller, &source, &at, agent, metadata).await?;
     tracing::info!(session_id = %forked.id, source = %source.id, "session forked");
     let answer = json!({"sessionId": forked.id.to_string(), "forked_from": forked.spec.forked_from});
     Ok(HttpResponse::Created().json(answer))

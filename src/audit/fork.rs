@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use serde_json::{Map, Value};
+
 use super::Audit;
 use crate::domain::event::{AgentSpec, ForkPoint};
 use crate::domain::{Caller, EventId};
@@ -14,13 +16,15 @@ use crate::store::{self, Key, Position, ReadRange};
 
 impl Audit {
     /// A new session whose history is `source`'s up to the event `at` (recorded as its seed,
-    /// with where it was forked from): the next turn goes on from there, with any agent.
+    /// with where it was forked from): the next turn goes on from there, with any agent, and
+    /// with `metadata` set over the source's.
     pub async fn fork(
         &self,
         caller: &Caller,
         source: &SessionSummary,
         at: &str,
         agent: Option<AgentSpec>,
+        metadata: Map<String, Value>,
     ) -> Result<SessionSummary, SessionError> {
         let at: EventId =
             at.parse().map_err(|_| SessionError::Invalid(format!("invalid `at`: {at:?} is not an event id")))?;
@@ -47,6 +51,7 @@ impl Audit {
         if let Some(agent) = agent {
             spec.agent = agent;
         }
+        spec.metadata.extend(metadata);
         spec.messages = history.messages.into_iter().map(Arc::unwrap_or_clone).collect();
         spec.forked_from = Some(ForkPoint {
             session_id: source.id,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use reqwest::{Method, RequestBuilder, Response};
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 pub use error::{ClientError, Refusal};
 pub use follow::{Follow, Followed, Frame, Frames, Reconnect};
@@ -142,6 +142,15 @@ impl Client {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(2));
         }
+    }
+
+    /// Forks `session` at its event `at` (`POST /sessions/{id}/fork`), the fork's own
+    /// `metadata` set over the source's; the fork's id. Not sent again: a fork has no key.
+    pub async fn fork(&self, session: &str, at: &str, metadata: &Map<String, Value>) -> Result<String, ClientError> {
+        let body = serde_json::json!({ "at": at, "metadata": metadata });
+        let path = format!("/sessions/{session}/fork");
+        let created: wire::Created = self.json(self.call(Method::POST, &path).json(&body)).await?;
+        Ok(created.session_id)
     }
 
     pub async fn session(&self, session: &str) -> Result<Session, ClientError> {

@@ -6,6 +6,7 @@ pub mod event;
 pub mod ids;
 pub mod message;
 pub mod metadata;
+pub mod plan;
 pub mod request;
 
 pub use caller::Caller;

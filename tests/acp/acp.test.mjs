@@ -65,6 +65,15 @@ function onlyToolCall(turn) {
   return turn.toolCalls[0];
 }
 
+/** Starts a slow reply (5 s if left alone) and waits for its first chunk; `{slow}`: the prompt's promise (wrapped, so that awaiting this does not await it). */
+async function slowReply(c, sessionId) {
+  const from = c.transcript.length;
+  const slow = c.prompt(sessionId, "/words 50\n/delay 100");
+  slow.catch(() => {}); // awaited by the caller
+  await c.waitForUpdate(sessionId, (u) => u.sessionUpdate === "agent_message_chunk", { from, what: "the slow reply's first chunk" });
+  return { slow };
+}
+
 /** `actual` cut down to the keys of `shape` (recursively), to compare with deepEqual. */
 function project(actual, shape) {
   if (!shape || typeof shape !== "object" || !actual || typeof actual !== "object") return actual;
@@ -250,10 +259,7 @@ for (const mode of ["embedded", "bridge"]) {
     test("session/cancel during a slow reply: the prompt answers `cancelled` within 5 s; the session takes a new prompt", TEST, async (t) => {
       await run(t, async (c) => {
         const sessionId = await c.openSession();
-        const from = c.transcript.length;
-        const slow = c.prompt(sessionId, "/words 50\n/delay 100"); // 5 s if left alone
-        slow.catch(() => {}); // awaited below
-        await c.waitForUpdate(sessionId, (u) => u.sessionUpdate === "agent_message_chunk", { from, what: "the slow reply's first chunk" });
+        const { slow } = await slowReply(c, sessionId);
         const cancelledAt = performance.now();
         await c.cancel(sessionId);
         const turn = await slow; // an error answer fails inside prompt()
@@ -412,8 +418,10 @@ for (const mode of ["embedded", "bridge"]) {
         assert.ok(loaded.wire === null || (typeof loaded.wire === "object" && Object.keys(loaded.wire).length === 0), `session/load answers {} or null: ${show(loaded.wire)}`);
         const replay = loaded.updates;
         const allowed = ["user_message_chunk", "agent_message_chunk", "agent_thought_chunk", "tool_call"];
+        const info = replay.pop();
+        assert.equal(info?.sessionUpdate, "session_info_update", `a replay ends with the session's info: ${show(info)}`);
         const strays = replay.filter((u) => !allowed.includes(u.sessionUpdate));
-        assert.deepEqual(strays, [], "a replay is made of message chunks and tool_calls");
+        assert.deepEqual(strays, [], "a replay is made of message chunks and tool_calls, then the session's info");
         for (const u of replay.filter((x) => x.sessionUpdate === "tool_call")) {
           assert.ok(["completed", "failed"].includes(u.status), `a replayed tool_call carries its final status: ${show(u)}`);
         }
@@ -482,6 +490,125 @@ for (const mode of ["embedded", "bridge"]) {
         assert.deepEqual(inHere.sessions.map((s) => s.sessionId), [first], `only the session made in ${here}: ${show(inHere)}`);
         const bad = await c.fails(m.agent.session.list, { cursor: "not-a-cursor" });
         assert.equal(bad.code, -32602, showError(bad));
+      });
+    });
+
+    test("plans: each `update_plan` call that ran arrives as a `plan` update (after its tool call, kind think), in order; a new process's load replays them; the native event API has the calls", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      const plans = [
+        [{ content: "read the code", status: "in_progress", priority: "high" }, { content: "write the fix", status: "pending" }],
+        [{ content: "read the code", status: "completed", priority: "high" }, { content: "write the fix", status: "in_progress", priority: "low" }],
+      ];
+      // As ACP says them: the priority is always given (medium unless the model said).
+      const expected = plans.map((entries) => entries.map((e) => ({ content: e.content, priority: e.priority ?? "medium", status: e.status })));
+      const first = await withAgent(lab, target.args, async (c) => {
+        const sessionId = await c.openSession();
+        const said = [];
+        for (const entries of plans) {
+          const turn = await c.prompt(sessionId, `/tool update_plan ${JSON.stringify({ entries })}`);
+          const call = onlyToolCall(turn);
+          assert.equal(call.toolKind, "think", `the planning tool is of kind think: ${show(call)}`);
+          assert.equal(call.status, "completed", about("the plan tool ran", turn));
+          const at = (kind) => turn.updates.findIndex((u) => u.sessionUpdate === kind);
+          const planAt = at("plan");
+          assert.ok(planAt > turn.updates.findIndex((u) => u.sessionUpdate === "tool_call_update" && u.status === "completed"), about("the plan comes once its call ran", turn));
+          said.push(...turn.updates.filter((u) => u.sessionUpdate === "plan").map((u) => u.entries));
+          assert.match(turn.text, /^tool results: update_plan=Plan updated, 2 steps: /, about("the model reads where the plan stands", turn));
+        }
+        assert.deepEqual(said, expected, "one plan update per call, in order");
+        const wrong = await c.prompt(sessionId, '/tool update_plan {"entries":[{"content":"x","status":"done"}]}');
+        assert.equal(onlyToolCall(wrong).status, "failed", about("a wrong plan fails its call", wrong));
+        assert.deepEqual(wrong.updates.filter((u) => u.sessionUpdate === "plan"), [], about("and is not shown as the plan", wrong));
+        return sessionId;
+      });
+      const sessionId = first.result;
+      await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const { updates } = await c.load(sessionId);
+        assert.deepEqual(updates.filter((u) => u.sessionUpdate === "plan").map((u) => u.entries), expected, `the load replays the plans in order: ${show(updates)}`);
+      });
+      if (mode === "bridge") {
+        const page = await getJson(`${target.server.url}/sessions/${sessionId}/events?limit=500`);
+        const calls = page.data.filter((e) => e.type === "agent.tool_use" && e.name === "update_plan").map((e) => e.input.entries);
+        assert.deepEqual(calls.slice(0, 2), plans, "the native event API has each plan as its call's input");
+      }
+    });
+
+    test("session/resume: a new process reattaches without a replay (only the session's info: no title, its last change), and the next prompt goes on", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      const first = await withAgent(lab, target.args, async (c) => {
+        const sessionId = await c.openSession();
+        assert.equal((await c.prompt(sessionId, "hi")).text, "echo: hi");
+        return sessionId;
+      });
+      const sessionId = first.result;
+      await withAgent(lab, target.args, async (c) => {
+        const init = await c.initialize();
+        const offered = init.agentCapabilities?.sessionCapabilities ?? {};
+        for (const name of ["resume", "close", "fork"]) assert.deepEqual(offered[name], {}, `${name} is offered: ${show(init)}`);
+        const params = { sessionId, cwd: c.child.cwd, mcpServers: [] };
+        const reply = await c.call(m.agent.session.resume, params);
+        assert.equal(reply.error, undefined, `session/resume: ${reply.error && showError(reply.error)}`);
+        const updates = updatesIn(reply.window, sessionId);
+        assert.deepEqual(updates.map((u) => u.sessionUpdate), ["session_info_update"], `no replay, only the session's info: ${show(updates)}`);
+        assert.equal(updates[0].title, null, `an ACP session has no title until one is given: ${show(updates[0])}`);
+        assert.ok(!Number.isNaN(Date.parse(updates[0].updatedAt)), `updatedAt is a time: ${show(updates[0])}`);
+        const next = await c.prompt(sessionId, "after resume");
+        assert.equal(next.text, "echo: after resume", about("the resumed session goes on", next));
+
+        const unknown = await c.fails(m.agent.session.resume, { ...params, sessionId: "sess_01JD0000000000000000000000" });
+        assert.equal(unknown.code, -32002, showError(unknown));
+        const relative = await c.fails(m.agent.session.resume, { ...params, cwd: "relative/dir" });
+        assert.equal(relative.code, -32602, showError(relative));
+      });
+    });
+
+    test("session/close cancels the session's prompt (answered `cancelled` before the close); a prompt is then refused until the session is resumed", TEST, async (t) => {
+      await run(t, async (c) => {
+        const sessionId = await c.openSession();
+        const { slow } = await slowReply(c, sessionId);
+        const closed = await c.call(m.agent.session.close, { sessionId });
+        assert.equal(closed.error, undefined, `session/close: ${closed.error && showError(closed.error)}`);
+        const turn = await slow;
+        assert.equal(turn.stopReason, "cancelled", about("the closed session's prompt", turn));
+        assert.ok(turn.answerIndex < closed.answerIndex, "the prompt is answered before the close");
+
+        const refused = await c.fails(m.agent.session.prompt, { sessionId, prompt: [{ type: "text", text: "closed?" }] });
+        assert.equal(refused.code, -32600, showError(refused));
+        assert.match(String(refused.data), /closed/, showError(refused));
+
+        await c.ok(m.agent.session.resume, { sessionId, cwd: c.child.cwd, mcpServers: [] });
+        const next = await c.prompt(sessionId, "after close");
+        assert.equal(next.text, "echo: after close", about("a resumed session takes prompts again", next));
+      });
+    });
+
+    test("session/fork: a new session in the fork's cwd with the conversation so far (its load replays it); the two go on apart", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      await withAgent(lab, target.args, async (c) => {
+        const sessionId = await c.openSession();
+        const before = [await c.prompt(sessionId, "hi"), await c.prompt(sessionId, CALC)];
+        const elsewhere = lab.tempDir("turnlog-cwd-fork-");
+        const forked = await c.ok("session/fork", { sessionId, cwd: elsewhere, mcpServers: [] });
+        assert.match(forked.sessionId, SESSION_ID, `session/fork: ${show(forked)}`);
+        assert.notEqual(forked.sessionId, sessionId);
+
+        const source = await c.load(sessionId);
+        const fork = await c.load(forked.sessionId);
+        const said = (updates) => comparable(outline(updates)).map(({ toolCallId, ...rest }) => rest);
+        assert.deepEqual(said(fork.updates), said(source.updates), `the fork replays the source's conversation: ${show(fork.updates)}`);
+        assert.ok(said(fork.updates).some((i) => i.kind === "tool" && i.text === "14"), `with its tool call: ${show(fork.updates)}`);
+        assert.equal(before[1].text, "tool results: calculator=14");
+
+        const onFork = await c.prompt(forked.sessionId, "on the fork");
+        assert.equal(onFork.text, "echo: on the fork");
+        const listed = await c.ok(m.agent.session.list, { cwd: elsewhere });
+        assert.deepEqual(listed.sessions.map((s) => s.sessionId), [forked.sessionId], `the fork is listed in its cwd: ${show(listed)}`);
+        const again = await c.load(sessionId);
+        assert.deepEqual(said(again.updates), said(source.updates), "the source did not change");
       });
     });
 
@@ -585,7 +712,8 @@ describe("turnlog acp --data-dir: a turn outlives its process", () => {
           `the resumed turn was ${replayed.some(isChunk) ? "finished" : "still running"} when it was loaded`,
       );
 
-      const kinds = [...new Set(loadUpdates.map((u) => u.sessionUpdate))].sort();
+      assert.equal(replayed.at(-1)?.sessionUpdate, "session_info_update", `the replay ends with the session's info: ${show(replayed)}`);
+      const kinds = [...new Set(loadUpdates.filter((u) => u !== replayed.at(-1)).map((u) => u.sessionUpdate))].sort();
       assert.deepEqual(kinds, ["agent_message_chunk", "user_message_chunk"], `the load says the prompt and the reply: ${show(loadUpdates)}`);
       const cutAgain = updatesIn(c.transcript, sessionId).filter((u) => isChunk(u) && u.messageId === cutId);
       assert.deepEqual(cutAgain, [], `no chunk of the cut message (${cutId}) from the new process`);

@@ -289,7 +289,7 @@ async fn an_unexposed_tool_is_not_listed_but_runs_and_streams() {
     let meta: Value = app.get("/meta").send().await.unwrap().json().await.unwrap();
     let tools: Vec<&str> =
         meta["agents"][0]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(tools, vec!["calculator", "fetch_url"]);
+    assert_eq!(tools, vec!["calculator", "fetch_url", "update_plan"]);
     // Enabled without being asked for, since no client can name it.
     let session = app.post("/sessions").json(&json!({"agent": {"name": "default"}})).send().await.unwrap();
     let session = session.json::<Value>().await.unwrap()["sessionId"].as_str().unwrap().to_string();
