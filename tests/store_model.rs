@@ -1032,6 +1032,7 @@ async fn a_projection_put_from_a_stale_copy_keeps_the_value_folded_further() {
             tools: None,
             title: Some(format!("stale {round}")),
             metadata: None,
+            mode: None,
         };
         a.append(session, 1 + round, vec![Draft::new(None, &title)]).await.unwrap().unwrap();
         let kept = bucket.get(&key).await.unwrap().expect("the summary");
@@ -1055,7 +1056,13 @@ async fn projections_left_behind_their_log_are_repaired_by_a_sweep_on_another_no
     let key = summary_key(session);
     let watermark = format!("_projected.{}", session.ulid());
     let before = bucket.get(&key).await.unwrap().expect("the summary");
-    let titled = EventBody::SessionUpdated { agent: None, tools: None, title: Some("renamed".into()), metadata: None };
+    let titled = EventBody::SessionUpdated {
+        agent: None,
+        tools: None,
+        title: Some("renamed".into()),
+        metadata: None,
+        mode: None,
+    };
     a.append(session, 1, vec![Draft::new(None, &titled)]).await.unwrap().unwrap();
     a.close().await.unwrap();
     // As if node a had died before it put the second append's projections.

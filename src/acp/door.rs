@@ -18,7 +18,7 @@ use crate::client::{
 use crate::domain::event::{AgentSpec, SessionSpec};
 use crate::domain::{Event, EventId, RequestKey};
 use crate::service::Service;
-use crate::session::{rules, Caller, Cursor, EventQuery, Input, ListFilter, SessionError, Submission};
+use crate::session::{rules, Caller, Cursor, EventQuery, Input, ListFilter, ModeInfo, Modes, SessionError, Submission};
 
 /// The metadata key of the working directory an ACP client gave `session/new`.
 pub const CWD: &str = "acp_cwd";
@@ -109,6 +109,11 @@ pub trait Door: Send + Sync + 'static {
     /// A new session whose conversation is `session`'s up to its event `at` (turnlog's
     /// fork), with `metadata` set over the source's; its id.
     async fn fork(&self, session: &str, at: EventId, metadata: Map<String, Value>) -> Result<String, DoorError>;
+    /// The session's mode and the modes it may change to (`None`: its agent has none).
+    async fn modes(&self, session: &str) -> Result<Option<Modes>, DoorError>;
+    /// Changes the session's mode (from its next turn on); its modes then. `key` names the
+    /// write (see [`write_key`]).
+    async fn set_mode(&self, session: &str, mode: &str, key: &str) -> Result<Modes, DoorError>;
 }
 
 /// The idempotency key of a write the ACP view makes: the connection's and the JSON-RPC
@@ -230,6 +235,18 @@ impl Door for Embedded {
         let request = Some(RequestKey::derived(key.to_string(), &[session.as_bytes(), &asked]));
         let submitted = sessions.submit(&summary, Submission { inputs, request, ..Submission::default() }).await?;
         submitted.events.iter().map(decoded).collect()
+    }
+
+    async fn modes(&self, session: &str) -> Result<Option<Modes>, DoorError> {
+        let sessions = self.service.sessions();
+        Ok(sessions.modes(&sessions.get(&self.caller, session).await?)?)
+    }
+
+    async fn set_mode(&self, session: &str, mode: &str, key: &str) -> Result<Modes, DoorError> {
+        let sessions = self.service.sessions();
+        let summary = sessions.get(&self.caller, session).await?;
+        let request = RequestKey::derived(key.to_string(), &[session.as_bytes(), mode.as_bytes()]);
+        Ok(sessions.set_mode(&summary, mode, Some(request)).await?)
     }
 
     async fn fork(&self, session: &str, at: EventId, metadata: Map<String, Value>) -> Result<String, DoorError> {
@@ -358,6 +375,16 @@ fn native(input: Input) -> Value {
     }
 }
 
+/// A session's modes as the server's mode route gives them.
+fn modes(answer: crate::client::SessionModes) -> Option<Modes> {
+    let available = answer
+        .modes
+        .into_iter()
+        .map(|mode| ModeInfo { id: mode.id, name: mode.name, description: mode.description })
+        .collect();
+    Some(Modes { current: answer.mode?, available })
+}
+
 const BRIDGE_MCP: &str = "MCP servers from the editor run only when `turnlog acp` runs the engine itself \
 (without --server): a turnlog server does not start its clients' commands or reach their URLs. Declare them on \
 the agent in the server's config ([agents.NAME.mcp_servers.SERVER]) instead.";
@@ -442,6 +469,15 @@ impl Door for Bridge {
 
     async fn fork(&self, session: &str, at: EventId, metadata: Map<String, Value>) -> Result<String, DoorError> {
         Ok(self.client.fork(&session_id(session)?, &at.to_string(), &metadata).await?)
+    }
+
+    async fn modes(&self, session: &str) -> Result<Option<Modes>, DoorError> {
+        Ok(modes(self.client.modes(&session_id(session)?).await?))
+    }
+
+    async fn set_mode(&self, session: &str, mode: &str, key: &str) -> Result<Modes, DoorError> {
+        let answered = self.client.set_mode(&session_id(session)?, mode, key).await?;
+        modes(answered).ok_or_else(|| DoorError::Unavailable("the server answered a mode change with no mode".into()))
     }
 
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {

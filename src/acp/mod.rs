@@ -23,7 +23,8 @@ use agent_client_protocol::v1::schema::{
     ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities,
     NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest,
     ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities, SessionForkCapabilities, SessionInfo,
-    SessionListCapabilities, SessionNotification, SessionResumeCapabilities,
+    SessionListCapabilities, SessionMode, SessionModeState, SessionNotification, SessionResumeCapabilities,
+    SetSessionModeRequest, SetSessionModeResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, Stdio};
@@ -112,7 +113,7 @@ impl Acp {
                         .new_session(request, &door::write_key(&acp.connection, Some(responder.raw_id())))
                         .await
                     {
-                        Ok(id) => responder.respond(NewSessionResponse::new(id)),
+                        Ok((id, modes)) => responder.respond(NewSessionResponse::new(id).modes(modes)),
                         Err(error) => responder.respond_with_error(error),
                     }
                 },
@@ -125,7 +126,7 @@ impl Acp {
                                 responder: Responder<LoadSessionResponse>,
                                 cx: ConnectionTo<Client>| {
                         match acp.load_session(&request, &cx).await {
-                            Ok(()) => responder.respond(LoadSessionResponse::new()),
+                            Ok(modes) => responder.respond(LoadSessionResponse::new().modes(modes)),
                             Err(error) => responder.respond_with_error(error),
                         }
                     }
@@ -161,7 +162,7 @@ impl Acp {
                                 responder: Responder<ResumeSessionResponse>,
                                 cx: ConnectionTo<Client>| {
                         match acp.resume_session(&request, &cx).await {
-                            Ok(()) => responder.respond(ResumeSessionResponse::new()),
+                            Ok(modes) => responder.respond(ResumeSessionResponse::new().modes(modes)),
                             Err(error) => responder.respond_with_error(error),
                         }
                     }
@@ -193,8 +194,22 @@ impl Acp {
                         .fork_session(&request)
                         .await
                     {
-                        Ok(id) => responder.respond(ForkSessionResponse::new(id)),
+                        Ok((id, modes)) => responder.respond(ForkSessionResponse::new(id).modes(modes)),
                         Err(error) => responder.respond_with_error(error),
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                {
+                    let acp = self.clone();
+                    async move |request: SetSessionModeRequest, responder: Responder<SetSessionModeResponse>, _cx| {
+                        let session = request.session_id.0.to_string();
+                        let key = door::write_key(&acp.connection, Some(responder.raw_id()));
+                        match acp.door.set_mode(&session, &request.mode_id.0, &key).await {
+                            Ok(_) => responder.respond(SetSessionModeResponse::new()),
+                            Err(refused) => responder.respond_with_error(error(refused, Some(&session))),
+                        }
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -213,13 +228,33 @@ impl Acp {
             .await
     }
 
-    async fn new_session(&self, request: NewSessionRequest, key: &str) -> Result<String, Error> {
+    async fn new_session(
+        &self,
+        request: NewSessionRequest,
+        key: &str,
+    ) -> Result<(String, Option<SessionModeState>), Error> {
         let cwd = absolute(&request.cwd)?;
         let mcp = mcp_servers(&request.mcp_servers)?;
         let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
         let id = self.door.create(&self.agent, metadata, mcp, key).await.map_err(|e| error(e, None))?;
         tracing::info!(session_id = %id, agent = %self.agent, "session created");
-        Ok(id)
+        let modes = self.modes(&id).await?;
+        Ok((id, modes))
+    }
+
+    /// The session's modes as ACP offers them (none for an agent without modes).
+    async fn modes(&self, session: &str) -> Result<Option<SessionModeState>, Error> {
+        let modes = self.door.modes(session).await.map_err(|e| error(e, Some(session)))?;
+        Ok(modes.map(|modes| {
+            let available = modes
+                .available
+                .into_iter()
+                .map(|mode| {
+                    SessionMode::new(mode.id, mode.name).description(Some(mode.description).filter(|d| !d.is_empty()))
+                })
+                .collect();
+            SessionModeState::new(modes.current, available)
+        }))
     }
 
     /// A page of this agent's sessions made through ACP, newest first (those of other views
@@ -242,27 +277,37 @@ impl Acp {
     /// when it last changed), then answers (the client reads the updates first). A turn
     /// still running (one this agent resumed after its process stopped) goes on streaming
     /// to the client until it ends.
-    async fn load_session(&self, request: &LoadSessionRequest, cx: &ConnectionTo<Client>) -> Result<(), Error> {
+    async fn load_session(
+        &self,
+        request: &LoadSessionRequest,
+        cx: &ConnectionTo<Client>,
+    ) -> Result<Option<SessionModeState>, Error> {
         let session = request.session_id.0.to_string();
         let events = self.attach(&session, &request.cwd, &request.mcp_servers).await?;
+        let modes = self.modes(&session).await?;
         for update in render::replay(&events).into_iter().chain(render::info(&events)) {
             cx.send_notification(SessionNotification::new(session.clone(), update))?;
         }
         self.follow_if_running(&session, &events, cx);
-        Ok(())
+        Ok(modes)
     }
 
     /// As [`Acp::load_session`], without the replay: the client has the conversation (it is
     /// reattaching after a reconnect, or a restart of this process). It gets what the
     /// session list shows of it, and the rest of a turn still running.
-    async fn resume_session(&self, request: &ResumeSessionRequest, cx: &ConnectionTo<Client>) -> Result<(), Error> {
+    async fn resume_session(
+        &self,
+        request: &ResumeSessionRequest,
+        cx: &ConnectionTo<Client>,
+    ) -> Result<Option<SessionModeState>, Error> {
         let session = request.session_id.0.to_string();
         let events = self.attach(&session, &request.cwd, &request.mcp_servers).await?;
+        let modes = self.modes(&session).await?;
         if let Some(info) = render::info(&events) {
             cx.send_notification(SessionNotification::new(session.clone(), info))?;
         }
         self.follow_if_running(&session, &events, cx);
-        Ok(())
+        Ok(modes)
     }
 
     /// Opens `session` on this connection for a load or a resume: its events (not its
@@ -315,7 +360,7 @@ impl Acp {
 
     /// turnlog's fork of the session at its last event, in the client's `cwd`: a new
     /// session with the whole conversation so far, which goes on apart from the source.
-    async fn fork_session(&self, request: &ForkSessionRequest) -> Result<String, Error> {
+    async fn fork_session(&self, request: &ForkSessionRequest) -> Result<(String, Option<SessionModeState>), Error> {
         let cwd = absolute(&request.cwd)?;
         let mcp = mcp_servers(&request.mcp_servers)?;
         let session = request.session_id.0.to_string();
@@ -327,7 +372,8 @@ impl Acp {
         let forked = self.door.fork(&session, last.id, metadata).await.map_err(|e| error(e, Some(&session)))?;
         self.door.attach_mcp(&forked, mcp).await.map_err(|e| error(e, Some(&forked)))?;
         tracing::info!(session_id = %forked, source = %session, "session forked");
-        Ok(forked)
+        let modes = self.modes(&forked).await?;
+        Ok((forked, modes))
     }
 
     /// Starts the prompt's task (the dispatch loop must go on: the task asks the client for

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 
 use agent_client_protocol::v1::schema::{
-    Content, ContentBlock, ContentChunk, ImageContent, MessageId, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus,
-    SessionInfoUpdate, SessionUpdate, TextContent, ToolCall, ToolCallContent, ToolCallStatus, ToolCallUpdate,
-    ToolCallUpdateFields, ToolKind,
+    Content, ContentBlock, ContentChunk, CurrentModeUpdate, ImageContent, MessageId, Plan, PlanEntry,
+    PlanEntryPriority, PlanEntryStatus, SessionInfoUpdate, SessionUpdate, TextContent, ToolCall, ToolCallContent,
+    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
 };
 use serde_json::Value;
 
@@ -76,9 +76,15 @@ impl Live {
                 custom_tool_use_id.parse().map(|id| vec![finished(id, content, *is_error)]).unwrap_or_default()
             }
             // Retitled (through another view: ACP has no way to): the editor's list shows it.
-            EventBody::SessionUpdated { title: Some(title), .. } => {
-                let info = SessionInfoUpdate::new().title(title.clone()).updated_at(event.created_at.clone());
-                vec![SessionUpdate::SessionInfoUpdate(info)]
+            // A mode changed (by this client or another): the editor's picker shows it.
+            EventBody::SessionUpdated { title, mode, .. } => {
+                let retitled = title.as_ref().map(|title| {
+                    let info = SessionInfoUpdate::new().title(title.clone()).updated_at(event.created_at.clone());
+                    SessionUpdate::SessionInfoUpdate(info)
+                });
+                let moded =
+                    mode.as_ref().map(|mode| SessionUpdate::CurrentModeUpdate(CurrentModeUpdate::new(mode.clone())));
+                retitled.into_iter().chain(moded).collect()
             }
             _ => Vec::new(),
         }

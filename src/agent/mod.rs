@@ -53,6 +53,36 @@ pub struct AgentConfig {
     /// unset, `[engine] session_idle_timeout_secs` holds.
     #[serde(default)]
     pub idle_timeout_secs: Option<u64>,
+    /// Modes a session of this agent can run in, by id (an editor's mode picker): each
+    /// changes what its tools may do. None: the tools run as `tools` says.
+    #[serde(default)]
+    pub modes: BTreeMap<String, ModeConfig>,
+    /// The mode a session starts in; needed when there are modes.
+    #[serde(default)]
+    pub default_mode: Option<String>,
+}
+
+/// A mode of an agent's sessions: its name and description for a picker, and what the
+/// tools may do in it, by tool name, `"*"` for every tool not named. `deny` keeps the tool
+/// offered and refuses each call, saying that the mode does not allow it; `ask` asks
+/// before each call (unless the user chose to always allow the tool); `allow` runs it.
+/// A tool the mode does not name (and no `"*"`) runs as the agent's `tools` say.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeConfig {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub tools: BTreeMap<String, Permission>,
+}
+
+impl ModeConfig {
+    /// What the mode says of `tool`, if anything.
+    pub fn permission(&self, tool: &str) -> Option<Permission> {
+        self.tools.get(tool).or_else(|| self.tools.get("*")).copied()
+    }
 }
 
 /// When and how a session's history is compacted. With no `window` (and no known window
@@ -295,6 +325,13 @@ pub struct Agent {
 impl Agent {
     /// The agent's context budget: from its `context` config, with the window it names or
     /// the one its model is known to have; `None` if neither.
+    /// The mode a session of this agent runs in (its `spec.mode`, else the default), with
+    /// its id; `None` for an agent without modes.
+    pub fn mode(&self, chosen: Option<&str>) -> Option<(&str, &ModeConfig)> {
+        let id = chosen.or(self.config.default_mode.as_deref())?;
+        self.config.modes.get_key_value(id).map(|(id, mode)| (id.as_str(), mode))
+    }
+
     pub fn context_budget(&self) -> Option<ContextBudget> {
         let context = &self.config.context;
         let window = context.window.or_else(|| known_window(&self.config.model.name))?;
@@ -331,6 +368,20 @@ pub struct Agents {
     attached: parking_lot::Mutex<HashMap<SessionId, Arc<mcp::McpServers>>>,
 }
 
+/// An agent with modes names its default one, among them.
+fn check_modes(name: &str, config: &AgentConfig) -> Result<(), String> {
+    let modes: Vec<&str> = config.modes.keys().map(String::as_str).collect();
+    match (&config.default_mode, modes.is_empty()) {
+        (None, true) => Ok(()),
+        (Some(default), true) => Err(format!("agents.{name}.default_mode: {default:?}, but the agent has no modes")),
+        (None, false) => Err(format!("agents.{name}.default_mode: needed with modes (one of {})", modes.join(", "))),
+        (Some(default), false) if !modes.contains(&default.as_str()) => {
+            Err(format!("agents.{name}.default_mode: {default:?} is not one of its modes ({})", modes.join(", ")))
+        }
+        (Some(_), false) => Ok(()),
+    }
+}
+
 /// The model id that always exists: the embedded scripted model.
 pub const SCRIPTED: &str = "scripted";
 
@@ -351,6 +402,7 @@ impl Agents {
                 mcp.check(&format!("agents.{name}.mcp_servers.{server}"), server)?;
             }
             config.context.check(&format!("agents.{name}.context"))?;
+            check_modes(name, config)?;
             let model = build_model(&config.model).map_err(|e| format!("agents.{name}.model: {e}"))?;
             let mcp = Arc::new(mcp::McpServers::new(&config.mcp_servers));
             let agent = Agent { name: name.clone(), config: config.clone(), model, definition: None, mcp };
@@ -470,6 +522,8 @@ impl Agents {
             mcp_servers: mcp_configs(definition),
             context: ContextConfig::default(),
             idle_timeout_secs: None,
+            modes: BTreeMap::new(),
+            default_mode: None,
         };
         let model = build_model(&config.model)?;
         // A version with the servers of the one before shares them: its sessions and

@@ -49,6 +49,8 @@ impl Audit {
         let stored = stored.ok_or_else(|| SessionError::NotFound(source.id.to_string()))?;
         let mut spec = stored.spec;
         if let Some(agent) = agent {
+            // Another agent's modes are its own: the fork starts in its default.
+            spec.mode = None;
             spec.agent = agent;
         }
         spec.metadata.extend(metadata);

@@ -21,8 +21,8 @@ use serde_json::{Map, Value};
 pub use error::{ClientError, Refusal};
 pub use follow::{Follow, Followed, Frame, Frames, Reconnect};
 pub use wire::{
-    AgentChoice, AgentMeta, AgentName, ImportStatus, ImportedSession, NewSession, Page, PageQuery, Session,
-    SessionPage, SessionQuery, StreamFrom, ToolMeta, ToolTrust,
+    AgentChoice, AgentMeta, AgentName, ImportStatus, ImportedSession, ModeMeta, NewSession, Page, PageQuery, Session,
+    SessionModes, SessionPage, SessionQuery, StreamFrom, ToolMeta, ToolTrust,
 };
 
 /// How long a keyed write is sent again while the server cannot store it (a restart, a
@@ -151,6 +151,20 @@ impl Client {
         let path = format!("/sessions/{session}/fork");
         let created: wire::Created = self.json(self.call(Method::POST, &path).json(&body)).await?;
         Ok(created.session_id)
+    }
+
+    /// The session's mode and its agent's modes (`GET /sessions/{id}/mode`).
+    pub async fn modes(&self, session: &str) -> Result<SessionModes, ClientError> {
+        self.json(self.call(Method::GET, &format!("/sessions/{session}/mode"))).await
+    }
+
+    /// Changes the session's mode (`POST /sessions/{id}/mode`), sent again with its key as
+    /// [`Client::create_session_keyed`] is; its modes then.
+    pub async fn set_mode(&self, session: &str, mode: &str, key: &str) -> Result<SessionModes, ClientError> {
+        let body = serde_json::json!({ "mode": mode });
+        let path = format!("/sessions/{session}/mode");
+        let send = || self.call(Method::POST, &path).json(&body);
+        self.keyed(send, key).await?.json().await.map_err(ClientError::Body)
     }
 
     pub async fn session(&self, session: &str) -> Result<Session, ClientError> {

@@ -94,6 +94,21 @@ pub struct SessionPage {
     pub next: Option<String>,
 }
 
+/// A session's mode and its agent's modes (`mode` is `None` for an agent without modes).
+#[derive(Debug, Clone, Deserialize)]
+pub struct SessionModes {
+    pub mode: Option<String>,
+    pub modes: Vec<ModeMeta>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ModeMeta {
+    pub id: String,
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+}
+
 #[derive(Deserialize)]
 pub(super) struct Created {
     #[serde(rename = "sessionId")]

@@ -103,14 +103,16 @@ pub enum Closing {
 }
 
 /// Changes a submission makes to the session before its input: `tools` and the agent's
-/// `tools` replace, its `options` merge by key, `title` replaces, and `metadata` is a
-/// patch (a `null` value deletes its key).
+/// `tools` replace, its `options` merge by key, `title` and `mode` replace, and `metadata`
+/// is a patch (a `null` value deletes its key).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SessionUpdate {
     pub agent: Option<AgentChanges>,
     pub tools: Option<Vec<ClientTool>>,
     pub title: Option<String>,
     pub metadata: Option<Map<String, Value>>,
+    /// One of the agent's `modes`, from the session's next turn on.
+    pub mode: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -121,7 +123,11 @@ pub struct AgentChanges {
 
 impl SessionUpdate {
     pub fn is_empty(&self) -> bool {
-        self.agent.is_none() && self.tools.is_none() && self.title.is_none() && self.metadata.is_none()
+        self.agent.is_none()
+            && self.tools.is_none()
+            && self.title.is_none()
+            && self.metadata.is_none()
+            && self.mode.is_none()
     }
 }
 

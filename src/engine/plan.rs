@@ -1,12 +1,12 @@
 //! How each tool is handled in a session: which tools the model is offered, and whether a
 //! call of each runs inline, waits for a permission, waits for the client's result, or is
-//! denied at once. Built from the agent's config, the session's choices and the decisions
-//! the client chose to remember.
+//! denied at once. Built from the agent's config, the session's mode and choices, and the
+//! decisions the client chose to remember.
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::agent::mcp::McpTool;
-use crate::agent::{Agent, ToolDef, Tools};
+use crate::agent::{Agent, ModeConfig, ToolDef, Tools};
 use crate::domain::event::{Confirmation, McpRef, Permission, SessionSpec};
 
 /// How a call of each tool is handled in this session.
@@ -17,6 +17,8 @@ pub enum Mode {
     Client,
     /// The client chose to always reject it in this session: each call is denied at once.
     Rejected,
+    /// The session's mode does not allow it: each call is denied at once, saying so.
+    OutOfMode,
 }
 
 /// The tools offered to the model, and how each is handled.
@@ -29,6 +31,8 @@ pub struct ToolPlan {
     /// The permission decisions the client chose to keep, by tool (MCP tools join the plan
     /// as the turn starts, and take them then).
     pub remembered: BTreeMap<String, Confirmation>,
+    /// The session's mode (its id and config), if the agent has modes.
+    pub mode: Option<(String, ModeConfig)>,
 }
 
 impl ToolPlan {
@@ -37,14 +41,16 @@ impl ToolPlan {
     /// A tool runs inline only if the config allows it and the client trusts it, or if the
     /// client chose to always allow it (`remembered`); one it chose to always reject stays
     /// offered (the history may hold its calls) and each call of it is denied. Then the
-    /// client tools: the agent's own, and the session's.
+    /// client tools: the agent's own, and the session's. The session's mode has the last
+    /// word (see [`ToolPlan::in_mode`]).
     pub fn new(
         agent: &Agent,
         tools: &Tools,
         spec: &SessionSpec,
         remembered: &BTreeMap<String, Confirmation>,
     ) -> ToolPlan {
-        let mut plan = ToolPlan { remembered: remembered.clone(), ..ToolPlan::default() };
+        let mode = agent.mode(spec.mode.as_deref()).map(|(id, mode)| (id.to_string(), mode.clone()));
+        let mut plan = ToolPlan { remembered: remembered.clone(), mode, ..ToolPlan::default() };
         for (name, permission) in &agent.config.tools {
             let always = remembered.get(name);
             if *permission == Permission::Deny {
@@ -66,6 +72,7 @@ impl ToolPlan {
                     None => Mode::Ask,
                 };
                 plan.defs.push(def);
+                let mode = plan.in_mode(name, mode);
                 plan.modes.insert(name.clone(), mode);
             }
         }
@@ -75,9 +82,32 @@ impl ToolPlan {
                 description: tool.description.clone(),
                 parameters: tool.input_schema.clone(),
             });
-            plan.modes.insert(tool.name.clone(), Mode::Client);
+            let mode = plan.in_mode(&tool.name, Mode::Client);
+            plan.modes.insert(tool.name.clone(), mode);
         }
         plan
+    }
+
+    /// How the session's mode handles a tool the rest of the plan handles as `otherwise`:
+    /// a tool it denies is refused; one it asks for asks, unless it runs on the client or
+    /// the user chose to always allow or reject it; one it allows runs inline, unless the
+    /// user chose to always reject it or it runs on the client. A tool the mode does not
+    /// name is as `otherwise`.
+    fn in_mode(&self, name: &str, otherwise: Mode) -> Mode {
+        let Some((_, mode)) = &self.mode else { return otherwise };
+        match (mode.permission(name), otherwise) {
+            (Some(Permission::Deny), _) => Mode::OutOfMode,
+            (_, Mode::Client | Mode::Rejected) | (None, _) => otherwise,
+            (Some(Permission::Ask), _) if self.remembered.get(name) == Some(&Confirmation::Allow) => otherwise,
+            (Some(Permission::Ask), _) => Mode::Ask,
+            (Some(Permission::Allow), _) => Mode::Inline,
+        }
+    }
+
+    /// Why a call of a tool the session's mode does not allow is refused.
+    pub fn out_of_mode(&self, name: &str) -> String {
+        let mode = self.mode.as_ref().map_or("", |(id, _)| id.as_str());
+        format!("the session's mode ({mode}) does not allow {name:?}: the user may change the mode")
     }
 
     /// Adds MCP tools (their declaration's permission, or what the client chose to
@@ -94,6 +124,7 @@ impl ToolPlan {
                 (Some(Confirmation::Allow), _) | (None, Permission::Allow) => Mode::Inline,
                 (None, _) => Mode::Ask,
             };
+            let mode = self.in_mode(&name, mode);
             self.modes.insert(name.clone(), mode);
             self.defs.push(tool.def.clone());
             self.mcp.insert(name, tool);

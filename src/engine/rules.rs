@@ -21,6 +21,9 @@ pub fn check_new(agent: &Agent, tools: &Tools, spec: &mut SessionSpec) -> Result
         check_agent_tools(agent, tools, trust)?;
     }
     check_client_tools(agent, &spec.tools)?;
+    if let Some(mode) = &spec.mode {
+        check_mode(agent, mode, "mode")?;
+    }
     spec.agent.options = merge_options(agent, &Map::new(), &spec.agent.options)?;
     // The calls a seed history ends with wait for answers by id: two with one id could
     // never both be answered.
@@ -86,11 +89,31 @@ pub fn update(
         crate::domain::metadata::apply_patch(&mut metadata, patch.clone());
         metadata
     });
+    if let Some(mode) = &update.mode {
+        check_mode(agent, mode, "mode")?;
+    }
     Ok(Some(EventBody::SessionUpdated {
         agent: agent_spec,
         tools: update.tools.clone(),
         title: update.title.clone(),
         metadata,
+        mode: update.mode.clone(),
+    }))
+}
+
+/// A mode must be one of the agent's.
+fn check_mode(agent: &Agent, mode: &str, field: &str) -> Result<(), SessionError> {
+    if agent.config.modes.contains_key(mode) {
+        return Ok(());
+    }
+    let modes: Vec<&str> = agent.config.modes.keys().map(String::as_str).collect();
+    Err(invalid(match modes.is_empty() {
+        true => format!("invalid field `{field}`: agent {:?} has no modes", agent.name),
+        false => format!(
+            "invalid field `{field}`: agent {:?} has no mode {mode:?}; it has: {}",
+            agent.name,
+            modes.join(", ")
+        ),
     }))
 }
 

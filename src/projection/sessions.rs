@@ -44,7 +44,10 @@ impl SessionSummary {
                 archived_at: None,
                 ended: None,
             }),
-            (EventBody::SessionUpdated { agent, tools, title, metadata }, Some(mut summary)) => {
+            (EventBody::SessionUpdated { agent, tools, title, metadata, mode }, Some(mut summary)) => {
+                if let Some(mode) = mode {
+                    summary.spec.mode = Some(mode.clone());
+                }
                 if let Some(agent) = agent {
                     summary.spec.agent = agent.clone();
                 }

@@ -6,11 +6,13 @@
 mod coalesce;
 mod list;
 mod log;
+mod modes;
 mod read;
 mod sessions;
 
 pub use coalesce::Coalescer;
 pub use list::{Changed, ListFilter, Status};
+pub use modes::{ModeInfo, Modes};
 pub use read::{Activity, EventPage, EventQuery, TurnQuery};
 pub use sessions::Sessions;
 

@@ -535,6 +535,58 @@ for (const mode of ["embedded", "bridge"]) {
       }
     });
 
+    test("modes: ask, code and plan from the agent's config (code at first); in `ask` the trusted calculator asks; in `plan` a tool the mode does not allow is refused, unasked, saying why; a change during a prompt arrives as current_mode_update; the mode is in the log", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      const first = await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const created = await c.ok(m.agent.session.new, c.newSessionParams());
+        const { sessionId, modes } = created;
+        assert.equal(modes?.currentModeId, "code", `session/new answers the modes: ${show(created)}`);
+        assert.deepEqual(modes.availableModes.map((x) => [x.id, x.name]), [["ask", "Ask"], ["code", "Code"], ["plan", "Plan"]]);
+        assert.ok(modes.availableModes.every((x) => x.description), `each mode says what it does: ${show(modes)}`);
+
+        await c.ok(m.agent.session.setMode, { sessionId, modeId: "ask" });
+        c.permissionPolicy = "allow_once";
+        const asked = await c.prompt(sessionId, CALC);
+        assert.equal(asked.permissions.length, 1, about("in ask mode the trusted calculator asks", asked));
+        assert.equal(asked.text, "tool results: calculator=14");
+
+        await c.ok(m.agent.session.setMode, { sessionId, modeId: "plan" });
+        const refused = await c.prompt(sessionId, FETCH);
+        assert.equal(refused.permissions.length, 0, about("in plan mode fetch_url is not asked about", refused));
+        assert.equal(onlyToolCall(refused).status, "failed", about("it is refused", refused));
+        assert.match(refused.text, /fetch_url=Tool call denied: the session's mode \(plan\) does not allow "fetch_url"/, about("saying why", refused));
+        const allowed = await c.prompt(sessionId, CALC);
+        assert.equal(allowed.permissions.length, 0, about("plan mode allows the calculator, unasked", allowed));
+        assert.equal(allowed.text, "tool results: calculator=14");
+
+        const { slow } = await slowReply(c, sessionId);
+        await c.ok(m.agent.session.setMode, { sessionId, modeId: "code" });
+        const during = await slow;
+        const changes = during.updates.filter((u) => u.sessionUpdate === "current_mode_update");
+        assert.deepEqual(changes.map((u) => u.currentModeId), ["code"], about("the change arrives with the prompt running", during));
+
+        const bad = await c.fails(m.agent.session.setMode, { sessionId, modeId: "yolo" });
+        assert.equal(bad.code, -32602, showError(bad));
+        assert.match(String(bad.data), /no mode "yolo"; it has: ask, code, plan/, showError(bad));
+        return sessionId;
+      });
+      const sessionId = first.result;
+      await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const loaded = await c.load(sessionId);
+        assert.equal(loaded.result.modes?.currentModeId, "code", `a new process loads the mode from the log: ${show(loaded.wire)}`);
+      });
+      if (mode === "bridge") {
+        const page = await getJson(`${target.server.url}/sessions/${sessionId}/events?limit=500`);
+        const changes = page.data.filter((e) => e.type === "session.updated").map((e) => e.mode);
+        assert.deepEqual(changes, ["ask", "plan", "code"], "each change is in the log");
+        const now = await getJson(`${target.server.url}/sessions/${sessionId}/mode`);
+        assert.equal(now.mode, "code", show(now));
+      }
+    });
+
     test("session/resume: a new process reattaches without a replay (only the session's info: no title, its last change), and the next prompt goes on", TEST, async (t) => {
       const lab = new Lab(t);
       const target = await lab.target(mode);

@@ -206,3 +206,45 @@ async fn a_native_outcome_is_graded_after_the_turn_and_named_by_its_event() {
         "grading counts"
     );
 }
+
+/// A session's mode through the native route: the agent's modes (the default config's
+/// `ask`, `code` and `plan`), a change recorded in the log and holding from the next turn,
+/// a mode the agent does not have or an agent without modes refused with 400, naming why.
+#[tokio::test]
+async fn a_sessions_mode_changes_what_its_tools_may_do_from_its_next_turn() {
+    let app = spawn_with(CONFIG).await;
+    let session = session(&app).await;
+    let (status, modes) = get_json(&app, &format!("/sessions/{session}/mode")).await;
+    assert_eq!((status, &modes["mode"]), (200, &json!("code")), "{modes}");
+    let ids: Vec<&str> = modes["modes"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["ask", "code", "plan"]);
+
+    let (status, changed) = post_json(&app, &format!("/sessions/{session}/mode"), json!({"mode": "plan"})).await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["mode"], "plan");
+    let answer = turn(&app, &session, "/tool current_time {}\n/tool calculator {\"expression\": \"6*7\"}").await;
+    let said = answer["messages"].as_array().unwrap().last().unwrap()["content"].to_string();
+    assert!(said.contains("calculator=42"), "plan mode allows the calculator: {said}");
+    // current_time was not enabled for this session: no tool of that name, mode or not.
+    assert!(said.contains("no tool named \\\"current_time\\\""), "{said}");
+
+    let (status, refused) = post_json(&app, &format!("/sessions/{session}/mode"), json!({"mode": "yolo"})).await;
+    assert_eq!(status, 400, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert_eq!(message, "invalid field `mode`: agent \"default\" has no mode \"yolo\"; it has: ask, code, plan");
+    let updates: Vec<Value> =
+        app.all_events(&session).await.into_iter().filter(|e| e["type"] == "session.updated").collect();
+    assert_eq!(updates.len(), 1, "a refused change stores nothing: {updates:?}");
+    assert_eq!(updates[0]["mode"], "plan");
+
+    let (status, created) = post_json(&app, "/sessions", json!({"agent": {"name": "blind"}})).await;
+    assert_eq!(status, 201, "{created}");
+    let other = created["sessionId"].as_str().unwrap();
+    let none = get_json(&app, &format!("/sessions/{other}/mode")).await;
+    assert_eq!(none, (200, json!({"mode": null, "modes": []})));
+    let (status, refused) = post_json(&app, &format!("/sessions/{other}/mode"), json!({"mode": "plan"})).await;
+    assert_eq!(
+        (status, refused["error"]["message"].as_str()),
+        (400, Some("invalid field `mode`: agent \"blind\" has no modes"))
+    );
+}

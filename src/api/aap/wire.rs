@@ -102,6 +102,7 @@ impl CreateSession {
             messages: self.messages.into_iter().filter_map(MessageIn::into_domain).collect(),
             title: self.title,
             metadata: self.metadata,
+            mode: None,
             environment_id: None,
             forked_from: None,
             replay_of: None,

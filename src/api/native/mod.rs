@@ -2,11 +2,12 @@
 //! session's events as they are stored (but for the stop reasons, which are the seed's: `wire.rs`).
 
 mod events;
+mod mode;
 mod stream;
 pub mod wire;
 
 use utoipa_actix_web::service_config::ServiceConfig;
 
 pub fn session_routes(cfg: &mut ServiceConfig) {
-    cfg.service(events::list).service(events::post).service(stream::stream);
+    cfg.service(events::list).service(events::post).service(stream::stream).service(mode::get).service(mode::set);
 }

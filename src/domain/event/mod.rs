@@ -164,6 +164,9 @@ pub enum EventBody {
         title: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         metadata: Option<Map<String, Value>>,
+        /// The agent's mode the session runs in from its next turn on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<String>,
     },
     #[serde(rename = "session.deleted")]
     SessionDeleted {},

@@ -21,6 +21,10 @@ pub struct SessionSpec {
     pub title: Option<String>,
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
+    /// The agent's mode the session runs in (one of its config's `modes`); `None`: the
+    /// agent's `default_mode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
     /// Where the agent runs (a catalog environment), when the client named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_id: Option<String>,

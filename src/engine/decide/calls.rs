@@ -38,7 +38,7 @@ pub fn plan_calls(plan: &ToolPlan, calls: Vec<(String, String, Value)>) -> (Vec<
                 }
                 Some(Mode::Ask) => Permission::Ask,
                 Some(Mode::Inline) => Permission::Allow,
-                Some(Mode::Rejected) | None => Permission::Deny,
+                Some(Mode::Rejected | Mode::OutOfMode) | None => Permission::Deny,
             };
             let body = tool_use(plan, &tool_call_id, &name, &input, permission);
             (body, Call { tool_call_id, name, input, mode })
@@ -47,14 +47,16 @@ pub fn plan_calls(plan: &ToolPlan, calls: Vec<(String, String, Value)>) -> (Vec<
 }
 
 /// The results that answer at once the calls the session denies (of a tool it does not
-/// have, or one the client chose to always reject), each call with its event's id.
-pub fn denials<'a>(calls: impl IntoIterator<Item = (EventId, &'a Call)>) -> Vec<EventBody> {
+/// have, one the client chose to always reject, or one the session's mode does not allow),
+/// each call with its event's id.
+pub fn denials<'a>(plan: &ToolPlan, calls: impl IntoIterator<Item = (EventId, &'a Call)>) -> Vec<EventBody> {
     calls
         .into_iter()
         .filter_map(|(event_id, call)| {
             let why = match call.mode {
                 None => format!("no tool named {:?} is available", call.name),
                 Some(Mode::Rejected) => "the user rejects this tool for this session".to_string(),
+                Some(Mode::OutOfMode) => plan.out_of_mode(&call.name),
                 Some(_) => return None,
             };
             Some(error_result(event_id, &call.tool_call_id, &format!("Tool call denied: {why}")))
@@ -97,7 +99,9 @@ pub fn seed_waiting(messages: &[Message], plan: &ToolPlan, turn: TurnId) -> Vec<
             let body = match plan.modes.get(&name) {
                 Some(Mode::Client) => EventBody::AgentCustomToolUse { tool_call_id, name, input },
                 Some(Mode::Inline | Mode::Ask) => tool_use(plan, &tool_call_id, &name, &input, Permission::Ask),
-                Some(Mode::Rejected) | None => tool_use(plan, &tool_call_id, &name, &input, Permission::Deny),
+                Some(Mode::Rejected | Mode::OutOfMode) | None => {
+                    tool_use(plan, &tool_call_id, &name, &input, Permission::Deny)
+                }
             };
             Draft::new(Some(turn), &body)
         })

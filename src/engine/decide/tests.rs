@@ -322,12 +322,14 @@ fn a_models_calls_are_recorded_as_the_plan_handles_each_tool_and_the_denied_answ
             ("fetch_url".to_string(), Mode::Ask),
             ("get_weather".to_string(), Mode::Client),
             ("rm".to_string(), Mode::Rejected),
+            ("write".to_string(), Mode::OutOfMode),
         ]
         .into(),
+        mode: Some(("plan".to_string(), crate::agent::ModeConfig::default())),
         ..ToolPlan::default()
     };
     let call = |id: &str, name: &str| (id.to_string(), name.to_string(), serde_json::json!({}));
-    let names = ["calculator", "fetch_url", "get_weather", "rm", "launch_rockets"];
+    let names = ["calculator", "fetch_url", "get_weather", "rm", "launch_rockets", "write"];
     let (bodies, calls) = plan_calls(&plan, names.iter().enumerate().map(|(i, n)| call(&format!("c{i}"), n)).collect());
     let permission = |body: &EventBody| match body {
         EventBody::AgentToolUse { evaluated_permission, .. } => Some(*evaluated_permission),
@@ -337,12 +339,22 @@ fn a_models_calls_are_recorded_as_the_plan_handles_each_tool_and_the_denied_answ
     use crate::domain::event::Permission;
     assert_eq!(
         bodies.iter().map(permission).collect::<Vec<_>>(),
-        [Some(Permission::Allow), Some(Permission::Ask), None, Some(Permission::Deny), Some(Permission::Deny)]
+        [
+            Some(Permission::Allow),
+            Some(Permission::Ask),
+            None,
+            Some(Permission::Deny),
+            Some(Permission::Deny),
+            Some(Permission::Deny)
+        ]
     );
     let modes: Vec<Option<Mode>> = calls.iter().map(|c| c.mode).collect();
-    assert_eq!(modes, [Some(Mode::Inline), Some(Mode::Ask), Some(Mode::Client), Some(Mode::Rejected), None]);
-    let ids: Vec<EventId> = (0..5).map(|i| EventId(ulid::Ulid::from_parts(2, i))).collect();
-    let denied = denials(ids.iter().copied().zip(&calls));
+    assert_eq!(
+        modes,
+        [Some(Mode::Inline), Some(Mode::Ask), Some(Mode::Client), Some(Mode::Rejected), None, Some(Mode::OutOfMode)]
+    );
+    let ids: Vec<EventId> = (0..6).map(|i| EventId(ulid::Ulid::from_parts(2, i))).collect();
+    let denied = denials(&plan, ids.iter().copied().zip(&calls));
     let texts: Vec<(EventId, String)> = denied
         .iter()
         .map(|body| match body {
@@ -357,6 +369,11 @@ fn a_models_calls_are_recorded_as_the_plan_handles_each_tool_and_the_denied_answ
         [
             (ids[3], "Tool call denied: the user rejects this tool for this session".to_string()),
             (ids[4], "Tool call denied: no tool named \"launch_rockets\" is available".to_string()),
+            (
+                ids[5],
+                "Tool call denied: the session's mode (plan) does not allow \"write\": the user may change the mode"
+                    .to_string()
+            ),
         ]
     );
 }

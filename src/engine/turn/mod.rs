@@ -103,7 +103,7 @@ async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, 
             match call.mode {
                 Some(Mode::Inline) => inline.push(ServerCall::of(&ctx.plan, event_id, call)),
                 Some(Mode::Ask | Mode::Client) => waiting.push(event_id),
-                Some(Mode::Rejected) | None => {}
+                Some(Mode::Rejected | Mode::OutOfMode) | None => {}
             }
         }
         tools::run(ctx, inline).await?;

@@ -144,9 +144,9 @@ fn record(ctx: &mut TurnContext, span: Span, model: &str, streamed: Streamed) ->
     }
     let call_events = events.iter().filter(|e| matches!(e.kind(), "agent.tool_use" | "agent.custom_tool_use"));
     let calls: Vec<(EventId, Call)> = call_events.map(|event| event.id).zip(calls).collect();
-    // A call of a tool this session does not have, or that the client always rejects,
-    // gets an error result at once.
-    tools::record_results(ctx, decide::denials(calls.iter().map(|(id, call)| (*id, call))))?;
+    // A call of a tool this session does not have, that the client always rejects, or that
+    // the session's mode does not allow, gets an error result at once.
+    tools::record_results(ctx, decide::denials(&ctx.plan, calls.iter().map(|(id, call)| (*id, call))))?;
     let called = !calls.is_empty();
     Ok(Response { stop: stop.unwrap_or(ModelStop::EndTurn), calls, called })
 }
