@@ -732,6 +732,7 @@ fn span_end(stop: ModelStop) -> EventBody {
         is_error: false,
         model_request_start_id: None,
         stop_reason: Some(stop),
+        context_window: None,
     }
 }
 

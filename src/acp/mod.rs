@@ -285,7 +285,8 @@ impl Acp {
         let session = request.session_id.0.to_string();
         let events = self.attach(&session, &request.cwd, &request.mcp_servers).await?;
         let modes = self.modes(&session).await?;
-        for update in render::replay(&events).into_iter().chain(render::info(&events)) {
+        let state = render::info(&events).into_iter().chain(render::context(&events));
+        for update in render::replay(&events).into_iter().chain(state) {
             cx.send_notification(SessionNotification::new(session.clone(), update))?;
         }
         self.follow_if_running(&session, &events, cx);
@@ -303,8 +304,8 @@ impl Acp {
         let session = request.session_id.0.to_string();
         let events = self.attach(&session, &request.cwd, &request.mcp_servers).await?;
         let modes = self.modes(&session).await?;
-        if let Some(info) = render::info(&events) {
-            cx.send_notification(SessionNotification::new(session.clone(), info))?;
+        for update in render::info(&events).into_iter().chain(render::context(&events)) {
+            cx.send_notification(SessionNotification::new(session.clone(), update))?;
         }
         self.follow_if_running(&session, &events, cx);
         Ok(modes)

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use agent_client_protocol::v1::schema::{
     Content, ContentBlock, ContentChunk, CurrentModeUpdate, ImageContent, MessageId, Plan, PlanEntry,
     PlanEntryPriority, PlanEntryStatus, SessionInfoUpdate, SessionUpdate, TextContent, ToolCall, ToolCallContent,
-    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, UsageUpdate,
 };
 use serde_json::Value;
 
@@ -75,6 +75,7 @@ impl Live {
             EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => {
                 custom_tool_use_id.parse().map(|id| vec![finished(id, content, *is_error)]).unwrap_or_default()
             }
+            EventBody::ModelRequestEnd { .. } => usage(event).into_iter().collect(),
             // Retitled (through another view: ACP has no way to): the editor's list shows it.
             // A mode changed (by this client or another): the editor's picker shows it.
             EventBody::SessionUpdated { title, mode, .. } => {
@@ -248,6 +249,23 @@ fn planned(name: &str, input: &Value, is_error: bool) -> Option<SessionUpdate> {
 
 /// The built-in planning tool's name.
 const PLAN_TOOL: &str = "update_plan";
+
+/// How full the model's context is after a model request that ended well, where its
+/// window is known: what it read and wrote, of its window.
+fn usage(event: &Event) -> Option<SessionUpdate> {
+    match &event.body {
+        EventBody::ModelRequestEnd { usage, is_error: false, context_window: Some(window), .. } => {
+            let used = usage.input_tokens + usage.output_tokens;
+            Some(SessionUpdate::UsageUpdate(UsageUpdate::new(used, *window)))
+        }
+        _ => None,
+    }
+}
+
+/// How full the model's context is now: [`usage`] of the session's last request that says.
+pub fn context(events: &[Event]) -> Option<SessionUpdate> {
+    events.iter().rev().find_map(usage)
+}
 
 /// What an editor's session list shows of the session, as the log says it now: its title
 /// (the last one it was given, if any) and when it last changed (its last event).

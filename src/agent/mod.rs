@@ -332,9 +332,15 @@ impl Agent {
         self.config.modes.get_key_value(id).map(|(id, mode)| (id.as_str(), mode))
     }
 
+    /// The model's context window in tokens: the agent's `context.window`, else the known
+    /// window of the model's name, if any.
+    pub fn context_window(&self) -> Option<u64> {
+        self.config.context.window.or_else(|| known_window(&self.config.model.name))
+    }
+
     pub fn context_budget(&self) -> Option<ContextBudget> {
         let context = &self.config.context;
-        let window = context.window.or_else(|| known_window(&self.config.model.name))?;
+        let window = self.context_window()?;
         let share = |share: f64| (window as f64 * share) as u64;
         Some(ContextBudget {
             compact_above: share(context.compact_at),

@@ -415,7 +415,8 @@ for (const mode of ["embedded", "bridge"]) {
         assert.ok(startedIn < 5_000, `the new agent took ${Math.round(startedIn)} ms to answer initialize (is the old lock released?)`);
 
         const loaded = await c.load(sessionId);
-        assert.ok(loaded.wire === null || (typeof loaded.wire === "object" && Object.keys(loaded.wire).length === 0), `session/load answers {} or null: ${show(loaded.wire)}`);
+        assert.deepEqual(Object.keys(loaded.wire ?? {}), ["modes"], `session/load answers the session's modes only: ${show(loaded.wire)}`);
+        assert.equal(loaded.wire.modes.currentModeId, "code", show(loaded.wire));
         const replay = loaded.updates;
         const allowed = ["user_message_chunk", "agent_message_chunk", "agent_thought_chunk", "tool_call"];
         const info = replay.pop();
@@ -585,6 +586,39 @@ for (const mode of ["embedded", "bridge"]) {
         const now = await getJson(`${target.server.url}/sessions/${sessionId}/mode`);
         assert.equal(now.mode, "code", show(now));
       }
+    });
+
+    test("usage: with a known context window, each model request that ended well arrives as usage_update (its tokens, of the window); the context grows turn by turn; a load or a resume ends with the last one", TEST, async (t) => {
+      const lab = new Lab(t);
+      const config = path.join(lab.tempDir("turnlog-config-"), "config.toml");
+      fs.writeFileSync(config, '[agents.windowed]\nmodel = { provider = "scripted", name = "scripted" }\ncontext = { window = 100000 }\n');
+      const agent = ["--agent", "windowed"];
+      const args =
+        mode === "embedded"
+          ? ["acp", "--data-dir", lab.tempDir("turnlog-data-"), "--config", config, ...agent]
+          : ["acp", "--server", (await lab.startServer({ config })).url, ...agent];
+      const first = await withAgent(lab, args, async (c) => {
+        const sessionId = await c.openSession();
+        const turns = [await c.prompt(sessionId, "hi"), await c.prompt(sessionId, "hello again, with a few more words")];
+        const usages = turns.map((turn) => turn.updates.filter((u) => u.sessionUpdate === "usage_update"));
+        for (const [i, u] of usages.entries()) {
+          assert.equal(u.length, 1, about(`one model request, one usage_update (turn ${i})`, turns[i]));
+          assert.equal(u[0].size, 100000, show(u[0]));
+          assert.ok(u[0].used > 0, show(u[0]));
+        }
+        assert.ok(usages[1][0].used > usages[0][0].used, `the context grows: ${show(usages)}`);
+        return { sessionId, last: usages[1][0] };
+      });
+      const { sessionId, last } = first.result;
+      await withAgent(lab, args, async (c) => {
+        await c.initialize();
+        const { updates } = await c.load(sessionId);
+        assert.deepEqual(updates.at(-1), last, `a load ends with the context's usage: ${show(updates.slice(-3))}`);
+        const resumed = await c.call(m.agent.session.resume, { sessionId, cwd: c.child.cwd, mcpServers: [] });
+        const kinds = updatesIn(resumed.window, sessionId);
+        assert.deepEqual(kinds.map((u) => u.sessionUpdate), ["session_info_update", "usage_update"], show(kinds));
+        assert.deepEqual(kinds[1], last);
+      });
     });
 
     test("session/resume: a new process reattaches without a replay (only the session's info: no title, its last change), and the next prompt goes on", TEST, async (t) => {

@@ -273,6 +273,10 @@ pub enum EventBody {
         /// How the model ended its response, when it did (not on a failed request).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stop_reason: Option<ModelStop>,
+        /// The model's context window in tokens, where the agent's config or the model's
+        /// name says it: with `usage`, how full the context is after this request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context_window: Option<u64>,
     },
     #[serde(rename = "session.status_idle")]
     StatusIdle { status: String, stop_reason: StopInfo, usage: Usage },

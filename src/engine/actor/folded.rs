@@ -225,6 +225,7 @@ mod tests {
                 is_error: false,
                 model_request_start_id: None,
                 stop_reason: None,
+                context_window: None,
             },
             EventBody::StatusRunning { status: "running".into() },
         ];

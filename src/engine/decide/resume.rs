@@ -60,6 +60,7 @@ pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resu
             is_error: true,
             model_request_start_id: Some(*start),
             stop_reason: None,
+            context_window: None,
         };
         Draft::new(Some(turn), &end)
     });

@@ -424,6 +424,7 @@ mod resuming {
             is_error: false,
             model_request_start_id: None,
             stop_reason: Some(stop),
+            context_window: None,
         }
     }
 
