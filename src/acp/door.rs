@@ -109,6 +109,9 @@ pub trait Door: Send + Sync + 'static {
     /// A new session whose conversation is `session`'s up to its event `at` (turnlog's
     /// fork), with `metadata` set over the source's; its id.
     async fn fork(&self, session: &str, at: EventId, metadata: Map<String, Value>) -> Result<String, DoorError>;
+    /// Deletes the session: what runs in it is cancelled, its log kept (for audit), and it
+    /// is gone from lists and reads.
+    async fn delete(&self, session: &str) -> Result<(), DoorError>;
     /// The session's mode and the modes it may change to (`None`: its agent has none).
     async fn modes(&self, session: &str) -> Result<Option<Modes>, DoorError>;
     /// Changes the session's mode (from its next turn on); its modes then. `key` names the
@@ -235,6 +238,10 @@ impl Door for Embedded {
         let request = Some(RequestKey::derived(key.to_string(), &[session.as_bytes(), &asked]));
         let submitted = sessions.submit(&summary, Submission { inputs, request, ..Submission::default() }).await?;
         submitted.events.iter().map(decoded).collect()
+    }
+
+    async fn delete(&self, session: &str) -> Result<(), DoorError> {
+        Ok(self.service.sessions().delete(&self.caller, session).await?)
     }
 
     async fn modes(&self, session: &str) -> Result<Option<Modes>, DoorError> {
@@ -469,6 +476,10 @@ impl Door for Bridge {
 
     async fn fork(&self, session: &str, at: EventId, metadata: Map<String, Value>) -> Result<String, DoorError> {
         Ok(self.client.fork(&session_id(session)?, &at.to_string(), &metadata).await?)
+    }
+
+    async fn delete(&self, session: &str) -> Result<(), DoorError> {
+        Ok(self.client.delete_session(&session_id(session)?).await?)
     }
 
     async fn modes(&self, session: &str) -> Result<Option<Modes>, DoorError> {

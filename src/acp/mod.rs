@@ -19,12 +19,12 @@ use std::time::Duration;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     self as acp, AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse, ContentBlock,
-    ForkSessionRequest, ForkSessionResponse, Implementation, InitializeRequest, InitializeResponse,
-    ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities,
-    NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest,
-    ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities, SessionForkCapabilities, SessionInfo,
-    SessionListCapabilities, SessionMode, SessionModeState, SessionNotification, SessionResumeCapabilities,
-    SetSessionModeRequest, SetSessionModeResponse,
+    DeleteSessionRequest, DeleteSessionResponse, ForkSessionRequest, ForkSessionResponse, Implementation,
+    InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse, LoadSessionRequest,
+    LoadSessionResponse, McpCapabilities, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest,
+    PromptResponse, ResumeSessionRequest, ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities,
+    SessionDeleteCapabilities, SessionForkCapabilities, SessionInfo, SessionListCapabilities, SessionMode,
+    SessionModeState, SessionNotification, SessionResumeCapabilities, SetSessionModeRequest, SetSessionModeResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, Stdio};
@@ -180,6 +180,27 @@ impl Acp {
                             acp.close_session(&request.session_id.0).await;
                             if let Err(error) = responder.respond(CloseSessionResponse::new()) {
                                 tracing::debug!(%error, "session/close was not answered (the client has gone)");
+                            }
+                        });
+                        Ok(())
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .on_receive_request(
+                {
+                    let acp = self.clone();
+                    async move |request: DeleteSessionRequest, responder: Responder<DeleteSessionResponse>, _cx| {
+                        // In a task of its own, as a close is (it closes the session first).
+                        let acp = acp.clone();
+                        tokio::spawn(async move {
+                            let session = request.session_id.0.to_string();
+                            let answer = match acp.delete_session(&session).await {
+                                Ok(()) => responder.respond(DeleteSessionResponse::new()),
+                                Err(error) => responder.respond_with_error(error),
+                            };
+                            if let Err(error) = answer {
+                                tracing::debug!(%error, "session/delete was not answered (the client has gone)");
                             }
                         });
                         Ok(())
@@ -359,6 +380,16 @@ impl Acp {
         }
     }
 
+    /// Deletes the session: closed on this connection first (its prompt cancelled and
+    /// answered), then deleted in the log (see [`Door::delete`]); a load of it is then
+    /// `-32002`, and the session list no longer shows it.
+    async fn delete_session(&self, session: &str) -> Result<(), Error> {
+        self.close_session(session).await;
+        self.door.delete(session).await.map_err(|e| error(e, Some(session)))?;
+        tracing::info!(session_id = session, "session deleted");
+        Ok(())
+    }
+
     /// turnlog's fork of the session at its last event, in the client's `cwd`: a new
     /// session with the whole conversation so far, which goes on apart from the source.
     async fn fork_session(&self, request: &ForkSessionRequest) -> Result<(String, Option<SessionModeState>), Error> {
@@ -486,6 +517,7 @@ fn initialize(request: &InitializeRequest) -> InitializeResponse {
                 .list(SessionListCapabilities::new())
                 .resume(SessionResumeCapabilities::new())
                 .close(SessionCloseCapabilities::new())
+                .delete(SessionDeleteCapabilities::new())
                 .fork(SessionForkCapabilities::new()),
         )
         .prompt_capabilities(PromptCapabilities::new().image(true).embedded_context(true))

@@ -153,6 +153,12 @@ impl Client {
         Ok(created.session_id)
     }
 
+    /// Deletes the session (`DELETE /sessions/{id}`): its log is kept, for audit, and it
+    /// is gone from every list and read.
+    pub async fn delete_session(&self, session: &str) -> Result<(), ClientError> {
+        self.send(self.call(Method::DELETE, &format!("/sessions/{session}"))).await.map(drop)
+    }
+
     /// The session's mode and its agent's modes (`GET /sessions/{id}/mode`).
     pub async fn modes(&self, session: &str) -> Result<SessionModes, ClientError> {
         self.json(self.call(Method::GET, &format!("/sessions/{session}/mode"))).await

@@ -621,6 +621,32 @@ for (const mode of ["embedded", "bridge"]) {
       });
     });
 
+    test("session/delete: the session leaves session/list and loads no more (-32002), its prompt cancelled first; the other goes on; an unknown session is -32002", TEST, async (t) => {
+      await run(t, async (c) => {
+        const init = await c.initialize();
+        assert.deepEqual(init.agentCapabilities?.sessionCapabilities?.delete, {}, `delete is offered: ${show(init)}`);
+        const { sessionId: kept } = await c.ok(m.agent.session.new, c.newSessionParams());
+        const { sessionId: gone } = await c.ok(m.agent.session.new, c.newSessionParams());
+        const { slow } = await slowReply(c, gone);
+        const deleted = await c.call(m.agent.session.delete, { sessionId: gone });
+        assert.equal(deleted.error, undefined, `session/delete: ${deleted.error && showError(deleted.error)}`);
+        const turn = await slow;
+        assert.equal(turn.stopReason, "cancelled", about("the deleted session's prompt", turn));
+        assert.ok(turn.answerIndex < deleted.answerIndex, "the prompt is answered before the delete");
+
+        const listed = await c.ok(m.agent.session.list, {});
+        assert.deepEqual(listed.sessions.map((s) => s.sessionId), [kept], `only the kept session is listed: ${show(listed)}`);
+        const load = await c.fails(m.agent.session.load, { sessionId: gone, cwd: c.child.cwd, mcpServers: [] });
+        assert.equal(load.code, -32002, showError(load));
+        // (The SDK hands its caller success for a `-32002` to a delete or a close, as ACP
+        // recommends: the end state is the same. The agent's own answer is read from the wire.)
+        const again = await c.call(m.agent.session.delete, { sessionId: gone });
+        const refused = c.transcript[again.answerIndex].msg;
+        assert.equal(refused.error?.code, -32002, `a second delete: ${show(refused)}`);
+        assert.equal((await c.prompt(kept, "still here")).text, "echo: still here");
+      });
+    });
+
     test("session/resume: a new process reattaches without a replay (only the session's info: no title, its last change), and the next prompt goes on", TEST, async (t) => {
       const lab = new Lab(t);
       const target = await lab.target(mode);
