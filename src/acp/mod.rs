@@ -60,6 +60,8 @@ pub struct Acp {
 /// A prompt in flight. No other prompt of its session starts until it has taken itself off
 /// (or its task has ended some other way).
 struct Running {
+    /// Which prompt this is: a task takes itself off only if it is still the one listed.
+    id: ulid::Ulid,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -173,11 +175,13 @@ impl Acp {
                 {
                     let acp = self.clone();
                     async move |request: CloseSessionRequest, responder: Responder<CloseSessionResponse>, _cx| {
-                        // In a task of its own, as a prompt is: the prompt it cancels may
-                        // still talk to the client before it ends.
+                        // Closed at once, for the requests after this one; the rest in a task
+                        // of its own, as a prompt is: the prompt it cancels may still talk to
+                        // the client before it ends.
+                        let running = acp.begin_close(&request.session_id.0);
                         let acp = acp.clone();
                         tokio::spawn(async move {
-                            acp.close_session(&request.session_id.0).await;
+                            acp.finish_close(&request.session_id.0, running).await;
                             if let Err(error) = responder.respond(CloseSessionResponse::new()) {
                                 tracing::debug!(%error, "session/close was not answered (the client has gone)");
                             }
@@ -191,11 +195,12 @@ impl Acp {
                 {
                     let acp = self.clone();
                     async move |request: DeleteSessionRequest, responder: Responder<DeleteSessionResponse>, _cx| {
-                        // In a task of its own, as a close is (it closes the session first).
+                        // Closed at once, then deleted in a task of its own, as a close is.
+                        let session = request.session_id.0.to_string();
+                        let running = acp.begin_close(&session);
                         let acp = acp.clone();
                         tokio::spawn(async move {
-                            let session = request.session_id.0.to_string();
-                            let answer = match acp.delete_session(&session).await {
+                            let answer = match acp.delete_session(&session, running).await {
                                 Ok(()) => responder.respond(DeleteSessionResponse::new()),
                                 Err(error) => responder.respond_with_error(error),
                             };
@@ -350,30 +355,38 @@ impl Acp {
         events.iter().for_each(|event| state.apply(event));
         let Some(last) = events.last().filter(|_| matches!(state.phase, Phase::Running(_))) else { return };
         let task = tokio::spawn(follow_running(self.door.clone(), cx.clone(), session.to_string(), last.id));
-        if let Some(earlier) = self.following.lock().insert(session.to_string(), task) {
+        let mut following = self.following.lock();
+        following.retain(|_, task| !task.is_finished());
+        if let Some(earlier) = following.insert(session.to_string(), task) {
             earlier.abort();
         }
     }
 
-    /// Closes the session on this connection: its prompt is cancelled (and answered
-    /// `cancelled` first), the turn followed for it is no longer streamed, and the editor's
-    /// MCP servers are taken off it. The session itself stays, in the log, for a later
-    /// `session/load` or `session/resume` (by this client or any other).
-    async fn close_session(&self, session: &str) {
+    /// Closes the session on this connection, at once: no prompt from now on (until a load
+    /// or a resume), and the turn followed for it is no longer streamed. Its prompt, if one
+    /// runs, is handed to [`Acp::finish_close`].
+    fn begin_close(&self, session: &str) -> Option<Running> {
         self.closed.lock().insert(session.to_string());
         if let Some(following) = self.following.lock().remove(session) {
             following.abort();
         }
-        let running = self.prompts.lock().remove(session);
+        self.prompts.lock().remove(session)
+    }
+
+    /// The rest of a close: the session's prompt is cancelled (and answered `cancelled`
+    /// first), and the editor's MCP servers are taken off it unless the client has opened
+    /// it again meanwhile. The session itself stays, in the log, for a later `session/load`
+    /// or `session/resume` (by this client or any other).
+    async fn finish_close(&self, session: &str, running: Option<Running>) {
         if let Some(running) = running {
             running.cancel.cancel();
             if tokio::time::timeout(CLOSE_WAIT, running.task).await.is_err() {
-                tracing::warn!(
-                    session_id = session,
-                    "a prompt still running {} s after its session closed",
-                    CLOSE_WAIT.as_secs()
-                );
+                let waited = CLOSE_WAIT.as_secs();
+                tracing::warn!(session_id = session, "a prompt still running {waited} s after its session closed");
             }
+        }
+        if !self.closed.lock().contains(session) {
+            return;
         }
         if let Err(error) = self.door.attach_mcp(session, door::McpDeclared::new()).await {
             tracing::debug!(%error, session_id = session, "the editor's MCP servers were not taken off a closed session");
@@ -383,8 +396,8 @@ impl Acp {
     /// Deletes the session: closed on this connection first (its prompt cancelled and
     /// answered), then deleted in the log (see [`Door::delete`]); a load of it is then
     /// `-32002`, and the session list no longer shows it.
-    async fn delete_session(&self, session: &str) -> Result<(), Error> {
-        self.close_session(session).await;
+    async fn delete_session(&self, session: &str, running: Option<Running>) -> Result<(), Error> {
+        self.finish_close(session, running).await;
         self.door.delete(session).await.map_err(|e| error(e, Some(session)))?;
         tracing::info!(session_id = session, "session deleted");
         Ok(())
@@ -435,17 +448,24 @@ impl Acp {
         let key = door::write_key(&self.connection, Some(responder.raw_id()));
         let (door, connection) = (self.door.clone(), self.connection);
         let prompt = Prompt { door, cx, session: session.clone(), cancel: cancel.clone(), key, connection };
-        let task = tokio::spawn(self.clone().answer(prompt, content, responder));
-        prompts.insert(session, Running { cancel, task });
+        let id = ulid::Ulid::new();
+        let task = tokio::spawn(self.clone().answer(id, prompt, content, responder));
+        prompts.insert(session, Running { id, cancel, task });
         Ok(())
     }
 
     /// Runs the prompt, takes it off the running ones, then answers: in that order, since
     /// the client may send the session's next prompt as soon as it reads the answer.
-    async fn answer(self, prompt: Prompt, content: Vec<Block>, responder: Responder<PromptResponse>) {
+    async fn answer(self, id: ulid::Ulid, prompt: Prompt, content: Vec<Block>, responder: Responder<PromptResponse>) {
         let session = prompt.session.clone();
         let ended = prompt.run(content).await;
-        self.prompts.lock().remove(&session);
+        {
+            // (A close took it off already, and a new prompt may be listed since.)
+            let mut prompts = self.prompts.lock();
+            if prompts.get(&session).is_some_and(|running| running.id == id) {
+                prompts.remove(&session);
+            }
+        }
         let answer = match ended {
             Ended::Stopped(reason) => responder.respond(PromptResponse::new(reason)),
             Ended::Failed { code, message } => responder.respond_with_error(

@@ -174,7 +174,8 @@ pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {
 
 /// The conversation a session was made with, as a replay shows its own: the messages of
 /// the `session.created` event `created`, numbered after it (`evt_…-0`, `evt_…-1`, ...),
-/// each tool call once with its result.
+/// each tool call once with its result. A call the seed leaves unanswered is not shown
+/// here: the session records it as a call of its own, which the replay shows after.
 fn seeded(created: EventId, messages: &[Message]) -> Vec<SessionUpdate> {
     let results: HashMap<&str, (&[Block], bool)> = messages
         .iter()
@@ -203,12 +204,10 @@ fn seeded(created: EventId, messages: &[Message]) -> Vec<SessionUpdate> {
                             let call = ToolCall::new(tool_call_id.clone(), title(name, input))
                                 .kind(kind(name))
                                 .raw_input(input.clone());
-                            out.push(SessionUpdate::ToolCall(match results.get(tool_call_id.as_str()) {
-                                Some((content, is_error)) => {
-                                    call.status(done(*is_error)).content(tool_content(content))
-                                }
-                                None => call.status(ToolCallStatus::Pending),
-                            }));
+                            // Unanswered: recorded again as the session's own waiting call.
+                            let Some((content, is_error)) = results.get(tool_call_id.as_str()) else { continue };
+                            let call = call.status(done(*is_error)).content(tool_content(content));
+                            out.push(SessionUpdate::ToolCall(call));
                         }
                     }
                 }
@@ -392,6 +391,32 @@ mod tests {
 
     fn texts(updates: &[SessionUpdate]) -> Vec<String> {
         wire(updates).iter().filter_map(|u| u["content"]["text"].as_str().map(String::from)).collect()
+    }
+
+    #[test]
+    fn a_seeded_conversation_replays_first_and_each_call_once() {
+        use crate::domain::event::SessionSpec;
+        let call = |id: &str| Part::ToolUse { tool_call_id: id.into(), name: "get_weather".into(), input: json!({}) };
+        let messages = vec![
+            Message::User { content: vec![Block::text("weather?")] },
+            Message::Assistant { content: vec![Part::Text { text: "looking".into() }, call("c1"), call("c2")] },
+            Message::Tool { tool_call_id: "c1".into(), content: vec![Block::text("cold")], is_error: false },
+        ];
+        let spec = SessionSpec { messages, ..SessionSpec::default() };
+        let created = event(EventBody::SessionCreated { spec, created_by: "local".into() });
+        // The seed leaves c2 unanswered: the session records it as its own waiting call.
+        let waiting = event(EventBody::AgentCustomToolUse {
+            tool_call_id: "c2".into(),
+            name: "get_weather".into(),
+            input: json!({}),
+        });
+        let updates = wire(&replay(&[created.clone(), waiting.clone()]));
+        let kinds: Vec<&str> = updates.iter().map(|u| u["sessionUpdate"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["user_message_chunk", "agent_message_chunk", "tool_call", "tool_call"]);
+        assert_eq!(updates[0]["messageId"], format!("{}-0", created.id));
+        assert_eq!((&updates[2]["toolCallId"], &updates[2]["status"]), (&json!("c1"), &json!("completed")));
+        assert_eq!(updates[2]["content"][0]["content"]["text"], "cold");
+        assert_eq!(updates[3]["toolCallId"], waiting.id.to_string(), "the waiting call once, as the session's own");
     }
 
     #[test]

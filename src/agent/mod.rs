@@ -323,13 +323,19 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// The agent's context budget: from its `context` config, with the window it names or
-    /// the one its model is known to have; `None` if neither.
     /// The mode a session of this agent runs in (its `spec.mode`, else the default), with
-    /// its id; `None` for an agent without modes.
+    /// its id; `None` for an agent without modes. A mode the config no longer has (renamed
+    /// or removed since the session chose it) is the default: never no mode at all.
     pub fn mode(&self, chosen: Option<&str>) -> Option<(&str, &ModeConfig)> {
-        let id = chosen.or(self.config.default_mode.as_deref())?;
-        self.config.modes.get_key_value(id).map(|(id, mode)| (id.as_str(), mode))
+        let modes = &self.config.modes;
+        if let Some((id, mode)) = chosen.and_then(|id| modes.get_key_value(id)) {
+            return Some((id.as_str(), mode));
+        }
+        if let Some(gone) = chosen {
+            tracing::warn!(agent = %self.name, mode = gone, "a session's mode is no longer configured; it runs in the default");
+        }
+        let id = self.config.default_mode.as_deref()?;
+        modes.get_key_value(id).map(|(id, mode)| (id.as_str(), mode))
     }
 
     /// The model's context window in tokens: the agent's `context.window`, else the known
@@ -338,6 +344,8 @@ impl Agent {
         self.config.context.window.or_else(|| known_window(&self.config.model.name))
     }
 
+    /// The agent's context budget: from its `context` config, with the window it names or
+    /// the one its model is known to have; `None` if neither.
     pub fn context_budget(&self) -> Option<ContextBudget> {
         let context = &self.config.context;
         let window = self.context_window()?;

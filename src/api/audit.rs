@@ -230,7 +230,7 @@ pub struct Fork {
     /// The agent the fork goes on with (by default the source's, with its settings).
     #[serde(default, deserialize_with = "crate::api::body::objects")]
     agent: Option<ForkAgent>,
-    /// Metadata of the fork's own, set over the source's (key by key).
+    /// Metadata of the fork's own, set over the source's key by key (`null` deletes a key).
     #[serde(default)]
     metadata: serde_json::Map<String, serde_json::Value>,
 }

@@ -49,11 +49,15 @@ impl Audit {
         let stored = stored.ok_or_else(|| SessionError::NotFound(source.id.to_string()))?;
         let mut spec = stored.spec;
         if let Some(agent) = agent {
-            // Another agent's modes are its own: the fork starts in its default.
-            spec.mode = None;
             spec.agent = agent;
         }
-        spec.metadata.extend(metadata);
+        // A mode the fork's agent does not have (another agent's, or one its config has
+        // dropped since): the fork starts in its agent's default.
+        let agent = self.sessions.agents().get_version(&spec.agent.name, spec.agent.version);
+        if spec.mode.as_ref().is_some_and(|mode| agent.is_none_or(|agent| !agent.config.modes.contains_key(mode))) {
+            spec.mode = None;
+        }
+        crate::domain::metadata::apply_patch(&mut spec.metadata, metadata);
         spec.messages = history.messages.into_iter().map(Arc::unwrap_or_clone).collect();
         spec.forked_from = Some(ForkPoint {
             session_id: source.id,

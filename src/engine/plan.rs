@@ -145,3 +145,56 @@ impl ToolPlan {
         self.mcp.get(name).map(|t| McpRef { server: t.server.clone(), tool: t.tool.clone() })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::event::Permission::{Allow, Ask, Deny};
+
+    /// A plan in a mode saying `tools`, with the user's remembered decisions.
+    fn in_mode(tools: &[(&str, Permission)], remembered: &[(&str, Confirmation)]) -> ToolPlan {
+        let tools = tools.iter().map(|(name, permission)| (name.to_string(), *permission)).collect();
+        let mode = ModeConfig { name: None, description: String::new(), tools };
+        ToolPlan {
+            mode: Some(("m".into(), mode)),
+            remembered: remembered.iter().map(|(name, c)| (name.to_string(), *c)).collect(),
+            ..ToolPlan::default()
+        }
+    }
+
+    #[test]
+    fn a_mode_has_the_last_word_but_for_what_the_user_chose_and_the_clients_own_tools() {
+        let plan = in_mode(
+            &[("*", Ask), ("calc", Allow), ("rm", Deny), ("weather", Deny)],
+            &[("fetch", Confirmation::Allow), ("calc", Confirmation::Deny)],
+        );
+        let cases = [
+            // `*` asks, even for a tool the config runs at once.
+            ("time", Mode::Inline, Mode::Ask),
+            // ... but not for one the user chose to always allow.
+            ("fetch", Mode::Inline, Mode::Inline),
+            // `allow` runs even one the config asks about, not one the user always rejects.
+            ("calc", Mode::Rejected, Mode::Rejected),
+            // `deny` refuses, whatever else says.
+            ("rm", Mode::Inline, Mode::OutOfMode),
+            ("weather", Mode::Client, Mode::OutOfMode),
+            // A client tool is the client's to ask about.
+            ("lookup", Mode::Client, Mode::Client),
+        ];
+        for (tool, otherwise, expected) in cases {
+            assert_eq!(plan.in_mode(tool, otherwise), expected, "{tool}");
+        }
+        assert_eq!(
+            in_mode(&[("calc", Allow)], &[]).in_mode("fetch", Mode::Ask),
+            Mode::Ask,
+            "unnamed, no `*`: as configured"
+        );
+        assert_eq!(in_mode(&[("calc", Allow)], &[]).in_mode("calc", Mode::Ask), Mode::Inline);
+        let none = ToolPlan::default();
+        assert_eq!(none.in_mode("calc", Mode::Ask), Mode::Ask, "no mode: as configured");
+        assert_eq!(
+            plan.out_of_mode("rm"),
+            "the session's mode (m) does not allow \"rm\": the user may change the mode"
+        );
+    }
+}

@@ -694,6 +694,13 @@ for (const mode of ["embedded", "bridge"]) {
         await c.ok(m.agent.session.resume, { sessionId, cwd: c.child.cwd, mcpServers: [] });
         const next = await c.prompt(sessionId, "after close");
         assert.equal(next.text, "echo: after close", about("a resumed session takes prompts again", next));
+
+        // A close and a resume sent together, the resume before the close is answered: the
+        // session ends open, as the later request says.
+        const params = { sessionId, cwd: c.child.cwd, mcpServers: [] };
+        await Promise.all([c.ok(m.agent.session.close, { sessionId }), c.ok(m.agent.session.resume, params)]);
+        const last = await c.prompt(sessionId, "after both");
+        assert.equal(last.text, "echo: after both", about("the resume, sent last, holds", last));
       });
     });
 

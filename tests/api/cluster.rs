@@ -707,7 +707,8 @@ async fn the_buckets_a_node_decides_by_are_read_from_their_leader() {
         name: "KV_turnlog_leases".into(),
         subjects: vec!["$KV.turnlog_leases.>".into()],
         max_messages_per_subject: 1,
-        max_age: Duration::from_secs(10), // the default `lease_ttl_secs`
+        // The lease time to live the node is given below: long enough for `kept` to stay.
+        max_age: Duration::from_secs(600),
         allow_rollup: true,
         deny_delete: true,
         allow_direct: true,
@@ -722,7 +723,10 @@ async fn the_buckets_a_node_decides_by_are_read_from_their_leader() {
         async move { js.get_stream(name).await.unwrap().info().await.unwrap().config.allow_direct }
     };
     assert!(direct("KV_turnlog_leases").await, "the client makes buckets with direct gets");
-    let config = format!("[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {}\n", nats.toml_servers());
+    let config = format!(
+        "[store]\nbackend = \"jetstream\"\n[store.jetstream]\nservers = {}\nlease_ttl_secs = 600\n",
+        nats.toml_servers()
+    );
     let node = spawn_with(&config).await;
     for stream in ["KV_turnlog_leases", "KV_turnlog_claims", "KV_turnlog_projections"] {
         assert!(!direct(stream).await, "{stream} still answers direct gets");

@@ -213,7 +213,10 @@ async fn a_native_outcome_is_graded_after_the_turn_and_named_by_its_event() {
 #[tokio::test]
 async fn a_sessions_mode_changes_what_its_tools_may_do_from_its_next_turn() {
     let app = spawn_with(CONFIG).await;
-    let session = session(&app).await;
+    let trusted = json!([{"name": "calculator", "trust": true}, {"name": "fetch_url", "trust": true}]);
+    let (status, created) = post_json(&app, "/sessions", json!({"agent": {"name": "default", "tools": trusted}})).await;
+    assert_eq!(status, 201, "{created}");
+    let session = created["sessionId"].as_str().unwrap().to_string();
     let (status, modes) = get_json(&app, &format!("/sessions/{session}/mode")).await;
     assert_eq!((status, &modes["mode"]), (200, &json!("code")), "{modes}");
     let ids: Vec<&str> = modes["modes"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
@@ -222,11 +225,12 @@ async fn a_sessions_mode_changes_what_its_tools_may_do_from_its_next_turn() {
     let (status, changed) = post_json(&app, &format!("/sessions/{session}/mode"), json!({"mode": "plan"})).await;
     assert_eq!(status, 200, "{changed}");
     assert_eq!(changed["mode"], "plan");
-    let answer = turn(&app, &session, "/tool current_time {}\n/tool calculator {\"expression\": \"6*7\"}").await;
+    let calls = "/tool fetch_url {\"url\": \"http://example.com/\"}\n/tool calculator {\"expression\": \"6*7\"}";
+    let answer = turn(&app, &session, calls).await;
     let said = answer["messages"].as_array().unwrap().last().unwrap()["content"].to_string();
     assert!(said.contains("calculator=42"), "plan mode allows the calculator: {said}");
-    // current_time was not enabled for this session: no tool of that name, mode or not.
-    assert!(said.contains("no tool named \\\"current_time\\\""), "{said}");
+    let refused = "fetch_url=Tool call denied: the session's mode (plan) does not allow \\\"fetch_url\\\"";
+    assert!(said.contains(refused), "plan mode refuses fetch_url, trusted as it is, unasked: {said}");
 
     let (status, refused) = post_json(&app, &format!("/sessions/{session}/mode"), json!({"mode": "yolo"})).await;
     assert_eq!(status, 400, "{refused}");

@@ -848,7 +848,10 @@ pub(super) async fn acp(
     let session = match state.session.clone() {
         Some(session) => {
             let loaded = call!("session/load", json!({"sessionId": session, "cwd": cwd, "mcpServers": []}));
-            assert_eq!(loaded, json!({}), "acp: session/load");
+            // The session's modes, and nothing else (the default agent has modes).
+            let keys: Vec<&String> = loaded.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+            assert_eq!(keys, ["modes"], "acp: session/load: {loaded}");
+            assert_eq!(loaded["modes"]["currentModeId"], "code", "acp: session/load: {loaded}");
             session
         }
         None => {
