@@ -5,9 +5,12 @@
 //!
 //! The official Rust SDK (`agent-client-protocol`) does the JSON-RPC: framing, ids,
 //! malformed lines (`-32700`), unknown methods and ill-typed params. This module maps
-//! requests to the session layer ([`door`]) and log events to updates ([`render`]).
+//! requests to the session layer ([`door`]) and log events to updates ([`render`]); a
+//! session's load, resume, close, delete, fork and mode are in [`lifecycle`], prompts in
+//! [`prompt`].
 
 pub mod door;
+mod lifecycle;
 mod prompt;
 pub mod render;
 
@@ -23,8 +26,8 @@ use agent_client_protocol::v1::schema::{
     InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse, LoadSessionRequest,
     LoadSessionResponse, McpCapabilities, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest,
     PromptResponse, ResumeSessionRequest, ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities,
-    SessionDeleteCapabilities, SessionForkCapabilities, SessionInfo, SessionListCapabilities, SessionMode,
-    SessionModeState, SessionNotification, SessionResumeCapabilities, SetSessionModeRequest, SetSessionModeResponse,
+    SessionDeleteCapabilities, SessionForkCapabilities, SessionInfo, SessionListCapabilities,
+    SessionResumeCapabilities, SetSessionModeRequest, SetSessionModeResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, Stdio};
@@ -34,8 +37,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::mcp::McpServerConfig;
-use crate::domain::{Block, Event, EventBody, EventId};
-use crate::projection::turns::{Phase, TurnState};
+use crate::domain::Block;
 use door::{Door, DoorError};
 use prompt::{Ended, Prompt};
 
@@ -111,12 +113,9 @@ impl Acp {
             .on_receive_request(
                 {
                     let acp = self.clone();
-                    async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, _cx| match acp
-                        .new_session(request, &door::write_key(&acp.connection, Some(responder.raw_id())))
-                        .await
-                    {
-                        Ok((id, modes)) => responder.respond(NewSessionResponse::new(id).modes(modes)),
-                        Err(error) => responder.respond_with_error(error),
+                    async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, _cx| {
+                        let key = door::write_key(&acp.connection, Some(responder.raw_id()));
+                        responder.respond_with_result(acp.new_session(request, &key).await)
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -124,13 +123,8 @@ impl Acp {
             .on_receive_request(
                 {
                     let acp = self.clone();
-                    async move |request: LoadSessionRequest,
-                                responder: Responder<LoadSessionResponse>,
-                                cx: ConnectionTo<Client>| {
-                        match acp.load_session(&request, &cx).await {
-                            Ok(modes) => responder.respond(LoadSessionResponse::new().modes(modes)),
-                            Err(error) => responder.respond_with_error(error),
-                        }
+                    async move |request: LoadSessionRequest, responder: Responder<LoadSessionResponse>, cx| {
+                        responder.respond_with_result(acp.load_session(&request, &cx).await)
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -147,12 +141,8 @@ impl Acp {
             .on_receive_request(
                 {
                     let acp = self.clone();
-                    async move |request: ListSessionsRequest, responder: Responder<ListSessionsResponse>, _cx| match acp
-                        .list_sessions(&request)
-                        .await
-                    {
-                        Ok(listed) => responder.respond(listed),
-                        Err(error) => responder.respond_with_error(error),
+                    async move |request: ListSessionsRequest, responder: Responder<ListSessionsResponse>, _cx| {
+                        responder.respond_with_result(acp.list_sessions(&request).await)
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -160,13 +150,8 @@ impl Acp {
             .on_receive_request(
                 {
                     let acp = self.clone();
-                    async move |request: ResumeSessionRequest,
-                                responder: Responder<ResumeSessionResponse>,
-                                cx: ConnectionTo<Client>| {
-                        match acp.resume_session(&request, &cx).await {
-                            Ok(modes) => responder.respond(ResumeSessionResponse::new().modes(modes)),
-                            Err(error) => responder.respond_with_error(error),
-                        }
+                    async move |request: ResumeSessionRequest, responder: Responder<ResumeSessionResponse>, cx| {
+                        responder.respond_with_result(acp.resume_session(&request, &cx).await)
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -178,13 +163,12 @@ impl Acp {
                         // Closed at once, for the requests after this one; the rest in a task
                         // of its own, as a prompt is: the prompt it cancels may still talk to
                         // the client before it ends.
-                        let running = acp.begin_close(&request.session_id.0);
+                        let session = request.session_id.0.to_string();
+                        let running = acp.begin_close(&session);
                         let acp = acp.clone();
-                        tokio::spawn(async move {
-                            acp.finish_close(&request.session_id.0, running).await;
-                            if let Err(error) = responder.respond(CloseSessionResponse::new()) {
-                                tracing::debug!(%error, "session/close was not answered (the client has gone)");
-                            }
+                        answer_later(responder, async move {
+                            acp.finish_close(&session, running).await;
+                            Ok(CloseSessionResponse::new())
                         });
                         Ok(())
                     }
@@ -199,15 +183,7 @@ impl Acp {
                         let session = request.session_id.0.to_string();
                         let running = acp.begin_close(&session);
                         let acp = acp.clone();
-                        tokio::spawn(async move {
-                            let answer = match acp.delete_session(&session, running).await {
-                                Ok(()) => responder.respond(DeleteSessionResponse::new()),
-                                Err(error) => responder.respond_with_error(error),
-                            };
-                            if let Err(error) = answer {
-                                tracing::debug!(%error, "session/delete was not answered (the client has gone)");
-                            }
-                        });
+                        answer_later(responder, async move { acp.delete_session(&session, running).await });
                         Ok(())
                     }
                 },
@@ -216,12 +192,8 @@ impl Acp {
             .on_receive_request(
                 {
                     let acp = self.clone();
-                    async move |request: ForkSessionRequest, responder: Responder<ForkSessionResponse>, _cx| match acp
-                        .fork_session(&request)
-                        .await
-                    {
-                        Ok((id, modes)) => responder.respond(ForkSessionResponse::new(id).modes(modes)),
-                        Err(error) => responder.respond_with_error(error),
+                    async move |request: ForkSessionRequest, responder: Responder<ForkSessionResponse>, _cx| {
+                        responder.respond_with_result(acp.fork_session(&request).await)
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -230,12 +202,8 @@ impl Acp {
                 {
                     let acp = self.clone();
                     async move |request: SetSessionModeRequest, responder: Responder<SetSessionModeResponse>, _cx| {
-                        let session = request.session_id.0.to_string();
                         let key = door::write_key(&acp.connection, Some(responder.raw_id()));
-                        match acp.door.set_mode(&session, &request.mode_id.0, &key).await {
-                            Ok(_) => responder.respond(SetSessionModeResponse::new()),
-                            Err(refused) => responder.respond_with_error(error(refused, Some(&session))),
-                        }
+                        responder.respond_with_result(acp.set_mode(&request, &key).await)
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -254,33 +222,14 @@ impl Acp {
             .await
     }
 
-    async fn new_session(
-        &self,
-        request: NewSessionRequest,
-        key: &str,
-    ) -> Result<(String, Option<SessionModeState>), Error> {
+    async fn new_session(&self, request: NewSessionRequest, key: &str) -> Result<NewSessionResponse, Error> {
         let cwd = absolute(&request.cwd)?;
         let mcp = mcp_servers(&request.mcp_servers)?;
         let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
         let id = self.door.create(&self.agent, metadata, mcp, key).await.map_err(|e| error(e, None))?;
         tracing::info!(session_id = %id, agent = %self.agent, "session created");
         let modes = self.modes(&id).await?;
-        Ok((id, modes))
-    }
-
-    /// The session's modes as ACP offers them (none for an agent without modes).
-    async fn modes(&self, session: &str) -> Result<Option<SessionModeState>, Error> {
-        let modes = self.door.modes(session).await.map_err(|e| error(e, Some(session)))?;
-        Ok(modes.map(|modes| {
-            let available = modes
-                .available
-                .into_iter()
-                .map(|mode| {
-                    SessionMode::new(mode.id, mode.name).description(Some(mode.description).filter(|d| !d.is_empty()))
-                })
-                .collect();
-            SessionModeState::new(modes.current, available)
-        }))
+        Ok(NewSessionResponse::new(id).modes(modes))
     }
 
     /// A page of this agent's sessions made through ACP, newest first (those of other views
@@ -297,128 +246,6 @@ impl Acp {
             })
             .collect();
         Ok(ListSessionsResponse::new(sessions).next_cursor(next))
-    }
-
-    /// Replays the whole conversation and what the session list shows of it (its title,
-    /// when it last changed), then answers (the client reads the updates first). A turn
-    /// still running (one this agent resumed after its process stopped) goes on streaming
-    /// to the client until it ends.
-    async fn load_session(
-        &self,
-        request: &LoadSessionRequest,
-        cx: &ConnectionTo<Client>,
-    ) -> Result<Option<SessionModeState>, Error> {
-        let session = request.session_id.0.to_string();
-        let events = self.attach(&session, &request.cwd, &request.mcp_servers).await?;
-        let modes = self.modes(&session).await?;
-        let state = render::info(&events).into_iter().chain(render::context(&events));
-        for update in render::replay(&events).into_iter().chain(state) {
-            cx.send_notification(SessionNotification::new(session.clone(), update))?;
-        }
-        self.follow_if_running(&session, &events, cx);
-        Ok(modes)
-    }
-
-    /// As [`Acp::load_session`], without the replay: the client has the conversation (it is
-    /// reattaching after a reconnect, or a restart of this process). It gets what the
-    /// session list shows of it, and the rest of a turn still running.
-    async fn resume_session(
-        &self,
-        request: &ResumeSessionRequest,
-        cx: &ConnectionTo<Client>,
-    ) -> Result<Option<SessionModeState>, Error> {
-        let session = request.session_id.0.to_string();
-        let events = self.attach(&session, &request.cwd, &request.mcp_servers).await?;
-        let modes = self.modes(&session).await?;
-        for update in render::info(&events).into_iter().chain(render::context(&events)) {
-            cx.send_notification(SessionNotification::new(session.clone(), update))?;
-        }
-        self.follow_if_running(&session, &events, cx);
-        Ok(modes)
-    }
-
-    /// Opens `session` on this connection for a load or a resume: its events (not its
-    /// deltas), with the client's MCP servers given to it.
-    async fn attach(&self, session: &str, cwd: &Path, mcp: &[acp::McpServer]) -> Result<Vec<Event>, Error> {
-        absolute(cwd)?;
-        let mcp = mcp_servers(mcp)?;
-        let events = self.door.events(session).await.map_err(|e| error(e, Some(session)))?;
-        self.door.attach_mcp(session, mcp).await.map_err(|e| error(e, Some(session)))?;
-        self.closed.lock().remove(session);
-        Ok(events)
-    }
-
-    /// Streams the rest of the session's turn to the client, if one runs (as the engine's
-    /// own fold of the log says), until it ends or the client closes the session.
-    fn follow_if_running(&self, session: &str, events: &[Event], cx: &ConnectionTo<Client>) {
-        let mut state = TurnState::default();
-        events.iter().for_each(|event| state.apply(event));
-        let Some(last) = events.last().filter(|_| matches!(state.phase, Phase::Running(_))) else { return };
-        let task = tokio::spawn(follow_running(self.door.clone(), cx.clone(), session.to_string(), last.id));
-        let mut following = self.following.lock();
-        following.retain(|_, task| !task.is_finished());
-        if let Some(earlier) = following.insert(session.to_string(), task) {
-            earlier.abort();
-        }
-    }
-
-    /// Closes the session on this connection, at once: no prompt from now on (until a load
-    /// or a resume), and the turn followed for it is no longer streamed. Its prompt, if one
-    /// runs, is handed to [`Acp::finish_close`].
-    fn begin_close(&self, session: &str) -> Option<Running> {
-        self.closed.lock().insert(session.to_string());
-        if let Some(following) = self.following.lock().remove(session) {
-            following.abort();
-        }
-        self.prompts.lock().remove(session)
-    }
-
-    /// The rest of a close: the session's prompt is cancelled (and answered `cancelled`
-    /// first), and the editor's MCP servers are taken off it unless the client has opened
-    /// it again meanwhile. The session itself stays, in the log, for a later `session/load`
-    /// or `session/resume` (by this client or any other).
-    async fn finish_close(&self, session: &str, running: Option<Running>) {
-        if let Some(running) = running {
-            running.cancel.cancel();
-            if tokio::time::timeout(CLOSE_WAIT, running.task).await.is_err() {
-                let waited = CLOSE_WAIT.as_secs();
-                tracing::warn!(session_id = session, "a prompt still running {waited} s after its session closed");
-            }
-        }
-        if !self.closed.lock().contains(session) {
-            return;
-        }
-        if let Err(error) = self.door.attach_mcp(session, door::McpDeclared::new()).await {
-            tracing::debug!(%error, session_id = session, "the editor's MCP servers were not taken off a closed session");
-        }
-    }
-
-    /// Deletes the session: closed on this connection first (its prompt cancelled and
-    /// answered), then deleted in the log (see [`Door::delete`]); a load of it is then
-    /// `-32002`, and the session list no longer shows it.
-    async fn delete_session(&self, session: &str, running: Option<Running>) -> Result<(), Error> {
-        self.finish_close(session, running).await;
-        self.door.delete(session).await.map_err(|e| error(e, Some(session)))?;
-        tracing::info!(session_id = session, "session deleted");
-        Ok(())
-    }
-
-    /// turnlog's fork of the session at its last event, in the client's `cwd`: a new
-    /// session with the whole conversation so far, which goes on apart from the source.
-    async fn fork_session(&self, request: &ForkSessionRequest) -> Result<(String, Option<SessionModeState>), Error> {
-        let cwd = absolute(&request.cwd)?;
-        let mcp = mcp_servers(&request.mcp_servers)?;
-        let session = request.session_id.0.to_string();
-        let events = self.door.events(&session).await.map_err(|e| error(e, Some(&session)))?;
-        let Some(last) = events.last() else {
-            return Err(acp::Error::session_not_found(session).into());
-        };
-        let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
-        let forked = self.door.fork(&session, last.id, metadata).await.map_err(|e| error(e, Some(&session)))?;
-        self.door.attach_mcp(&forked, mcp).await.map_err(|e| error(e, Some(&forked)))?;
-        tracing::info!(session_id = %forked, source = %session, "session forked");
-        let modes = self.modes(&forked).await?;
-        Ok((forked, modes))
     }
 
     /// Starts the prompt's task (the dispatch loop must go on: the task asks the client for
@@ -500,26 +327,17 @@ impl Acp {
     }
 }
 
-/// Streams the rest of a running turn after a load's replay (which ends at `after`, the
-/// last event other than a delta: the deltas after it are the turn's message in progress),
-/// until the turn stops or the client goes. On one node, a turn a stopped process left is
-/// resumed (its cut message retracted) before the start serves anyone, so these deltas are
-/// of a message being said; through a cluster node, a load that comes before another node
-/// has taken a dead node's turn over may stream the cut message's deltas too.
-async fn follow_running(door: Arc<dyn Door>, cx: ConnectionTo<Client>, session: String, after: EventId) {
-    use futures_util::StreamExt;
-    let Ok(mut events) = door.follow(&session, after).await else { return };
-    let mut live = render::Live::default();
-    while let Some(Ok(event)) = events.next().await {
-        for update in live.update(&event) {
-            if cx.send_notification(SessionNotification::new(session.clone(), update)).is_err() {
-                return;
-            }
+/// Answers `responder` from a task of its own, once `answer` is done (for a request that
+/// waits on what the dispatch loop must go on serving meanwhile).
+fn answer_later<T: agent_client_protocol::JsonRpcResponse>(
+    responder: Responder<T>,
+    answer: impl std::future::Future<Output = Result<T, Error>> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        if let Err(error) = responder.respond_with_result(answer.await) {
+            tracing::debug!(%error, "a request was not answered (the client has gone)");
         }
-        if matches!(event.body, EventBody::StatusIdle { .. } | EventBody::Terminated { .. }) {
-            return;
-        }
-    }
+    });
 }
 
 /// A prompt refused because one runs on the session: not one of JSON-RPC's or ACP's

@@ -222,7 +222,7 @@ fn seeded(created: EventId, messages: &[Message]) -> Vec<SessionUpdate> {
 /// panel shows it (the call itself shows as a tool call too, of kind `think`).
 fn planned(name: &str, input: &Value, is_error: bool) -> Option<SessionUpdate> {
     use crate::domain::plan::{self, Priority, StepStatus};
-    if name != PLAN_TOOL || is_error {
+    if name != plan::TOOL || is_error {
         return None;
     }
     let entries = plan::Plan::read(input)
@@ -245,9 +245,6 @@ fn planned(name: &str, input: &Value, is_error: bool) -> Option<SessionUpdate> {
         .collect();
     Some(SessionUpdate::Plan(Plan::new(entries)))
 }
-
-/// The built-in planning tool's name.
-const PLAN_TOOL: &str = "update_plan";
 
 /// How full the model's context is after a model request that ended well, where its
 /// window is known: what it read and wrote, of its window.
@@ -320,7 +317,7 @@ fn title(name: &str, input: &Value) -> String {
 
 /// What an editor shows for a tool, guessed from its name.
 fn kind(name: &str) -> ToolKind {
-    if name == PLAN_TOOL {
+    if name == crate::domain::plan::TOOL {
         return ToolKind::Think;
     }
     let name = name.to_ascii_lowercase();

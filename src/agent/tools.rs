@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::model::ToolDef;
-use crate::domain::plan::Plan;
+use crate::domain::plan::{self, Plan};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,7 +57,7 @@ fn yes() -> bool {
     true
 }
 
-pub const NAMES: &[&str] = &["calculator", "current_time", "fetch_url", "update_plan"];
+pub const NAMES: &[&str] = &["calculator", "current_time", "fetch_url", plan::TOOL];
 
 pub struct Tools {
     settings: ToolSettings,
@@ -87,7 +87,7 @@ impl Tools {
             "calculator" => self.settings.calculator.exposed,
             "current_time" => self.settings.current_time.exposed,
             "fetch_url" => self.settings.fetch_url.exposed,
-            "update_plan" => self.settings.update_plan.exposed,
+            plan::TOOL => self.settings.update_plan.exposed,
             _ => false,
         }
     }
@@ -105,7 +105,7 @@ impl Tools {
                 "Fetches a web page over HTTP(S) from an allowed host and returns its text.",
                 json!({"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}),
             ),
-            "update_plan" => (
+            plan::TOOL => (
                 "Writes your plan of the work, for the user to follow: the whole list of steps, each with its \
                  status and priority. Call it again with the whole list whenever a step starts or ends.",
                 plan_schema(),
@@ -134,7 +134,7 @@ impl Tools {
             }
             "current_time" => Ok(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
             "fetch_url" => self.fetch(input["url"].as_str().ok_or("fetch_url needs a string `url`")?).await,
-            "update_plan" => Plan::read(input).map(|plan| plan.summary()),
+            plan::TOOL => Plan::read(input).map(|plan| plan.summary()),
             other => Err(format!("there is no server tool named {other:?}")),
         }
     }

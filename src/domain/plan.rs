@@ -37,6 +37,9 @@ pub enum Priority {
     Low,
 }
 
+/// The built-in tool that writes a plan.
+pub const TOOL: &str = "update_plan";
+
 /// The most steps a plan may have.
 pub const MAX_STEPS: usize = 100;
 
