@@ -503,14 +503,15 @@ async fn client_tools_wait_for_results_and_parallel_calls_resolve_together(log: 
     let calls = call_ids(&events);
     let mark = g.log().await.len();
 
-    let only_one = vec![Input::Result { call: calls[0].clone(), content: vec![Block::text("3C")], is_error: false }];
+    let only_one =
+        vec![Input::Result { call: calls[0].clone(), content: vec![Block::text("3C")], is_error: false, ran: None }];
     let error = g.when(only_one.clone()).await.unwrap_err().to_string();
     assert!(error.contains("missing") && error.contains(&calls[1]), "{error}");
     assert_eq!(g.log().await.len(), mark, "a refused submission stores nothing");
 
     let both = vec![
-        Input::Result { call: calls[1].clone(), content: vec![Block::text("20C")], is_error: false },
-        Input::Result { call: calls[0].clone(), content: vec![Block::text("3C")], is_error: false },
+        Input::Result { call: calls[1].clone(), content: vec![Block::text("20C")], is_error: false, ran: None },
+        Input::Result { call: calls[0].clone(), content: vec![Block::text("3C")], is_error: false, ran: None },
     ];
     g.when(both).await.unwrap();
     let events = g.then_events(mark).await;
@@ -523,7 +524,8 @@ async fn results_may_come_one_at_a_time_through_the_event_api(log: Backend) {
     let events = g.then_events(1).await;
     let calls = call_ids(&events);
     let mark = g.log().await.len();
-    let first = vec![Input::Result { call: calls[0].clone(), content: vec![Block::text("sunny")], is_error: false }];
+    let first =
+        vec![Input::Result { call: calls[0].clone(), content: vec![Block::text("sunny")], is_error: false, ran: None }];
     g.when_with(first, false).await.unwrap();
     let events = g.then_events(mark).await;
     let (reason, waiting) = stop(&events);
@@ -602,7 +604,7 @@ async fn always_rejecting_a_tool_denies_its_calls_at_once(log: Backend) {
 
 async fn input_that_conflicts_with_the_state_is_refused_naming_the_calls(log: Backend) {
     let g = given(log, &[("calculator", false)]).await;
-    let stray = Input::Result { call: "call_x".into(), content: vec![], is_error: false };
+    let stray = Input::Result { call: "call_x".into(), content: vec![], is_error: false, ran: None };
     let error = g.when(vec![stray]).await.unwrap_err().to_string();
     assert!(error.contains("no tool calls are waiting"), "{error}");
 
@@ -613,24 +615,24 @@ async fn input_that_conflicts_with_the_state_is_refused_naming_the_calls(log: Ba
     let cases: Vec<(Vec<Input>, Vec<&str>)> = vec![
         (vec![text("again")], vec!["tool calls wait", &calls[0], &calls[1]]),
         (
-            vec![text("again"), Input::Result { call: calls[0].clone(), content: vec![], is_error: false }],
+            vec![text("again"), Input::Result { call: calls[0].clone(), content: vec![], is_error: false, ran: None }],
             vec!["cannot be mixed"],
         ),
         (
-            vec![Input::Result { call: "call_nope".into(), content: vec![], is_error: false }],
+            vec![Input::Result { call: "call_nope".into(), content: vec![], is_error: false, ran: None }],
             vec!["call_nope", "not a waiting"],
         ),
         (
             vec![
-                Input::Result { call: calls[0].clone(), content: vec![], is_error: false },
-                Input::Result { call: calls[0].clone(), content: vec![], is_error: false },
+                Input::Result { call: calls[0].clone(), content: vec![], is_error: false, ran: None },
+                Input::Result { call: calls[0].clone(), content: vec![], is_error: false, ran: None },
             ],
             vec!["twice"],
         ),
         (
             vec![
-                Input::Result { call: calls[0].clone(), content: vec![], is_error: false },
-                Input::Result { call: calls[1].clone(), content: vec![], is_error: false },
+                Input::Result { call: calls[0].clone(), content: vec![], is_error: false, ran: None },
+                Input::Result { call: calls[1].clone(), content: vec![], is_error: false, ran: None },
             ],
             vec!["needs a permission decision"],
         ),
@@ -812,7 +814,12 @@ async fn calls_left_waiting_for_the_client_keep_waiting_after_a_resume(log: Back
     let g = given(log, &[]).await;
     let response = vec![
         span_start(),
-        EventBody::AgentCustomToolUse { tool_call_id: "c1".into(), name: "get_weather".into(), input: json!({}) },
+        EventBody::AgentCustomToolUse {
+            tool_call_id: "c1".into(),
+            name: "get_weather".into(),
+            input: json!({}),
+            ask: false,
+        },
         span_end(ModelStop::ToolUse),
     ];
     let (turn, mark) = left_running(&g, "/tool get_weather {}", response).await;
@@ -823,7 +830,8 @@ async fn calls_left_waiting_for_the_client_keep_waiting_after_a_resume(log: Back
     assert_eq!(stop(&events), (StopReason::RequiresAction, vec![call.to_string()]), "the call still waits");
     let requests = events.iter().filter(|e| matches!(e.body, EventBody::ModelRequestStart { .. })).count();
     assert_eq!(requests, 1, "the model is not asked again while the client's result is missing");
-    let result = Input::Result { call: call.to_string(), content: vec![Block::text("sunny")], is_error: false };
+    let result =
+        Input::Result { call: call.to_string(), content: vec![Block::text("sunny")], is_error: false, ran: None };
     let mark = g.log().await.len();
     g.when(vec![result]).await.unwrap();
     let events = g.then_events(mark).await;
@@ -915,7 +923,7 @@ async fn turns_are_indexed_and_their_events_read_back_by_number(log: Backend) {
     let waiting = g.then_events(mark + 1).await;
     let call = call_ids(&waiting)[0].clone();
     let mark = g.log().await.len();
-    let result = Input::Result { call, content: vec![Block::text("sunny")], is_error: false };
+    let result = Input::Result { call, content: vec![Block::text("sunny")], is_error: false, ran: None };
     let third = g.when(vec![result]).await.unwrap().turn.unwrap();
     g.then_events(mark).await;
 
@@ -1177,7 +1185,7 @@ async fn resolutions_name_the_models_call_too(log: Backend) {
     let calls = call_ids(&events);
     let mark = g.log().await.len();
     let answers = vec![
-        Input::Result { call: calls[0].clone(), content: vec![Block::text("sunny")], is_error: false },
+        Input::Result { call: calls[0].clone(), content: vec![Block::text("sunny")], is_error: false, ran: None },
         Input::Permission { call: calls[1].clone(), granted: false, reason: Some("no".into()), remember: false },
     ];
     g.when(answers).await.unwrap();
@@ -1207,8 +1215,12 @@ async fn a_cancel_stops_a_running_turn_and_nothing_else(log: Backend) {
     let nothing = g.when(vec![Input::Cancel]).await.unwrap();
     assert!(nothing.events.is_empty(), "a turn that waits for the client is left waiting");
     assert_eq!(g.log().await.len(), mark);
-    let answer =
-        Input::Result { call: call_ids(&events)[0].clone(), content: vec![Block::text("rain")], is_error: false };
+    let answer = Input::Result {
+        call: call_ids(&events)[0].clone(),
+        content: vec![Block::text("rain")],
+        is_error: false,
+        ran: None,
+    };
     g.when(vec![answer]).await.unwrap();
     g.idle_times(2).await;
 
@@ -1282,7 +1294,8 @@ async fn a_turn_that_names_an_earlier_turn_branches_from_its_end(log: Backend) {
     let waiting = waiting.unwrap().turn.unwrap();
     g.idle_times(6).await;
     let call = g.log().await.iter().rev().find(|e| matches!(e.body, EventBody::AgentCustomToolUse { .. })).unwrap().id;
-    let answer = Input::Result { call: call.to_string(), content: vec![Block::text("mild")], is_error: false };
+    let answer =
+        Input::Result { call: call.to_string(), content: vec![Block::text("mild")], is_error: false, ran: None };
     let answered = g.sessions.submit(&g.session, follows(vec![answer], Follows::Latest)).await;
     assert!(answered.unwrap().turn.is_some(), "the answer goes on in a turn of its own");
     g.idle_times(7).await;

@@ -15,7 +15,7 @@ use crate::agent::mcp::McpServerConfig;
 use crate::client::{
     AgentChoice, Client, ClientError, Followed, NewSession, PageQuery, Reconnect, SessionQuery, ToolTrust,
 };
-use crate::domain::event::{AgentSpec, SessionSpec};
+use crate::domain::event::{AgentSpec, ClientTool, SessionSpec};
 use crate::domain::{Event, EventId, RequestKey};
 use crate::service::Service;
 use crate::session::{rules, Caller, Cursor, EventQuery, Input, ListFilter, ModeInfo, Modes, SessionError, Submission};
@@ -84,13 +84,14 @@ const LIST_PAGE: usize = 50;
 
 #[async_trait]
 pub trait Door: Send + Sync + 'static {
-    /// Starts a session of `agent`, with `metadata` and the MCP servers the client
-    /// declared for it; its id. `key` names the request (see [`write_key`]): asked again
+    /// Starts a session of `agent`, with `metadata`, the tools the client runs (the
+    /// editor's) and the MCP servers the client declared for it; its id. `key` names the request (see [`write_key`]): asked again
     /// with it, the session it made is answered.
     async fn create(
         &self,
         agent: &str,
         metadata: Map<String, Value>,
+        tools: Vec<ClientTool>,
         mcp: McpDeclared,
         key: &str,
     ) -> Result<String, DoorError>;
@@ -186,22 +187,25 @@ impl Door for Embedded {
         &self,
         agent: &str,
         metadata: Map<String, Value>,
+        tools: Vec<ClientTool>,
         mcp: McpDeclared,
         key: &str,
     ) -> Result<String, DoorError> {
         let sessions = self.service.sessions();
+        let declared = serde_json::to_string(&tools).map_err(|e| DoorError::Invalid(e.to_string()))?;
         let request = RequestKey::derived(
             key.to_string(),
-            &[agent.as_bytes(), Value::Object(metadata.clone()).to_string().as_bytes()],
+            &[agent.as_bytes(), Value::Object(metadata.clone()).to_string().as_bytes(), declared.as_bytes()],
         );
         let configured = sessions.agents().get(agent).ok_or_else(|| {
             let known: Vec<String> = sessions.agents().all().iter().map(|a| a.name.clone()).collect();
             DoorError::Unavailable(format!("no agent named {agent:?} (--agent); the config has: {}", known.join(", ")))
         })?;
         // An editor has no say in which server tools run: the agent runs as configured.
-        let tools = rules::configured_tools(&configured, &sessions.agents().tools);
+        let (client_tools, tools) = (tools, rules::configured_tools(&configured, &sessions.agents().tools));
         let spec = SessionSpec {
             agent: AgentSpec { name: agent.to_string(), tools, ..AgentSpec::default() },
+            tools: client_tools,
             metadata,
             ..SessionSpec::default()
         };
@@ -374,8 +378,13 @@ fn native(input: Input) -> Value {
             }
             event
         }
-        Input::Result { call, content, is_error } => {
-            json!({"type": "user.custom_tool_result", "custom_tool_use_id": call, "content": content, "is_error": is_error})
+        Input::Result { call, content, is_error, ran } => {
+            let mut event = json!({"type": "user.custom_tool_result", "custom_tool_use_id": call, "content": content, "is_error": is_error});
+            // Only when set: a server older than the field refuses it.
+            if let Some(ran) = ran {
+                event["ran"] = json!(ran);
+            }
+            event
         }
         Input::Outcome(outcome) => json!({"type": "user.define_outcome", "outcome": outcome}),
         Input::Interrupt | Input::Cancel => json!({"type": "user.interrupt"}),
@@ -432,6 +441,7 @@ impl Door for Bridge {
         &self,
         agent: &str,
         metadata: Map<String, Value>,
+        tools: Vec<ClientTool>,
         mcp: McpDeclared,
         key: &str,
     ) -> Result<String, DoorError> {
@@ -445,9 +455,10 @@ impl Door for Bridge {
             )));
         };
         // Every tool the agent offers, trusted as far as the server's config allows.
-        let tools = found.tools.iter().map(|tool| ToolTrust { name: tool.name.clone(), trust: true }).collect();
+        let trusted = found.tools.iter().map(|tool| ToolTrust { name: tool.name.clone(), trust: true }).collect();
         let new = NewSession {
-            agent: AgentChoice { name: agent.to_string(), tools: Some(tools) },
+            agent: AgentChoice { name: agent.to_string(), tools: Some(trusted) },
+            tools,
             metadata,
             ..NewSession::default()
         };

@@ -74,6 +74,7 @@ impl Acp {
         let events = self.door.events(session).await.map_err(|e| error(e, Some(session)))?;
         self.door.attach_mcp(session, mcp).await.map_err(|e| error(e, Some(session)))?;
         self.closed.lock().remove(session);
+        self.cwds.lock().insert(session.to_string(), cwd.to_path_buf());
         let modes = self.modes(session).await?;
         let replayed = if replay { render::replay(&events) } else { Vec::new() };
         for update in replayed.into_iter().chain(render::info(&events)).chain(render::context(&events)) {
@@ -155,6 +156,7 @@ impl Acp {
         let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
         let forked = self.door.fork(&session, last.id, metadata).await.map_err(|e| error(e, Some(&session)))?;
         self.door.attach_mcp(&forked, mcp).await.map_err(|e| error(e, Some(&forked)))?;
+        self.cwds.lock().insert(forked.clone(), request.cwd.clone());
         tracing::info!(session_id = %forked, source = %session, "session forked");
         let modes = self.modes(&forked).await?;
         Ok(ForkSessionResponse::new(forked).modes(modes))

@@ -7,15 +7,17 @@
 //! malformed lines (`-32700`), unknown methods and ill-typed params. This module maps
 //! requests to the session layer ([`door`]) and log events to updates ([`render`]); a
 //! session's load, resume, close, delete, fork and mode are in [`lifecycle`], prompts in
-//! [`prompt`].
+//! [`prompt`], and the editor's files and terminals as the model's tools in [`editor`].
 
 pub mod door;
+mod editor;
 mod lifecycle;
+mod line;
 mod prompt;
 pub mod render;
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +59,17 @@ pub struct Acp {
     closed: Arc<Mutex<HashSet<String>>>,
     /// This connection's id, in the keys of the writes it makes (see [`door::write_key`]).
     connection: ulid::Ulid,
+    /// What the client said of itself at `initialize`.
+    client: Arc<Mutex<ClientSide>>,
+    /// Each session's working directory, as the client last gave it (new, load, resume).
+    cwds: Arc<Mutex<HashMap<String, PathBuf>>>,
+}
+
+/// The client, as it introduced itself: the editor's tools it can run, and its name.
+#[derive(Debug, Clone, Default)]
+struct ClientSide {
+    offered: editor::Offered,
+    name: Option<String>,
 }
 
 /// A prompt in flight. No other prompt of its session starts until it has taken itself off
@@ -77,6 +90,8 @@ impl Acp {
             following: Default::default(),
             closed: Default::default(),
             connection: ulid::Ulid::new(),
+            client: Default::default(),
+            cwds: Default::default(),
         }
     }
 
@@ -105,8 +120,15 @@ impl Acp {
             .v1()
             .name("turnlog")
             .on_receive_request(
-                async |request: InitializeRequest, responder: Responder<InitializeResponse>, _cx| {
-                    responder.respond(initialize(&request))
+                {
+                    let acp = self.clone();
+                    async move |request: InitializeRequest, responder: Responder<InitializeResponse>, _cx| {
+                        *acp.client.lock() = ClientSide {
+                            offered: editor::Offered::of(&request.client_capabilities),
+                            name: request.client_info.as_ref().map(|info| info.name.clone()),
+                        };
+                        responder.respond(initialize(&request))
+                    }
                 },
                 agent_client_protocol::on_receive_request!(),
             )
@@ -226,8 +248,11 @@ impl Acp {
         let cwd = absolute(&request.cwd)?;
         let mcp = mcp_servers(&request.mcp_servers)?;
         let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
-        let id = self.door.create(&self.agent, metadata, mcp, key).await.map_err(|e| error(e, None))?;
+        // The editor's tools the client can run are the session's, for its whole life.
+        let tools = self.client.lock().offered.tools();
+        let id = self.door.create(&self.agent, metadata, tools, mcp, key).await.map_err(|e| error(e, None))?;
         tracing::info!(session_id = %id, agent = %self.agent, "session created");
+        self.cwds.lock().insert(id.clone(), request.cwd.clone());
         let modes = self.modes(&id).await?;
         Ok(NewSessionResponse::new(id).modes(modes))
     }
@@ -273,8 +298,17 @@ impl Acp {
         }
         let cancel = CancellationToken::new();
         let key = door::write_key(&self.connection, Some(responder.raw_id()));
-        let (door, connection) = (self.door.clone(), self.connection);
-        let prompt = Prompt { door, cx, session: session.clone(), cancel: cancel.clone(), key, connection };
+        let (door, connection, client) = (self.door.clone(), self.connection, self.client.lock().clone());
+        let cwd = self.cwds.lock().get(&session).cloned();
+        let prompt = Prompt {
+            door,
+            cx,
+            session: session.clone(),
+            cancel: cancel.clone(),
+            key,
+            connection,
+            editor: editor::Editor { offered: client.offered, client_name: client.name, cwd },
+        };
         let id = ulid::Ulid::new();
         let task = tokio::spawn(self.clone().answer(id, prompt, content, responder));
         prompts.insert(session, Running { id, cancel, task });

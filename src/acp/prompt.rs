@@ -9,16 +9,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_client_protocol::v1::schema::{
-    PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest,
-    SelectedPermissionOutcome, SessionNotification, StopReason as AcpStop,
-};
+use agent_client_protocol::v1::schema::{PermissionOption, PermissionOptionKind, StopReason as AcpStop};
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::Client;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::door::{Door, DoorError};
+use super::editor::{self, Ran};
+use super::line::{Line, REJECT_ONCE};
 use super::render::Live;
 use crate::domain::event::StopReason;
 use crate::domain::{Block, EventBody, EventId};
@@ -45,6 +44,8 @@ pub struct Prompt {
     /// it makes (see [`super::door::write_key`]).
     pub key: String,
     pub connection: ulid::Ulid,
+    /// The editor's files and terminals, as far as the client offers them.
+    pub editor: super::editor::Editor,
 }
 
 /// How long a cancelled prompt waits for the log to record the end of its turn before it
@@ -123,7 +124,7 @@ impl Prompt {
                 None => return Ended::Stopped(AcpStop::Cancelled),
             };
             for update in live.update(&event) {
-                self.notify(update);
+                self.line().notify(update);
             }
             match &event.body {
                 EventBody::SessionError { error, code, .. } => failure = Some((code.clone(), error.clone())),
@@ -157,9 +158,9 @@ impl Prompt {
         }
     }
 
-    fn notify(&self, update: agent_client_protocol::v1::schema::SessionUpdate) {
-        // Fails only once the client has gone; the log has it all.
-        let _ = self.cx.send_notification(SessionNotification::new(self.session.clone(), update));
+    /// This prompt's line to its client.
+    fn line(&self) -> Line<'_> {
+        Line { cx: &self.cx, session: &self.session, cancel: &self.cancel }
     }
 
     /// Stops the running turn, or closes the calls it left waiting.
@@ -171,8 +172,9 @@ impl Prompt {
         }
     }
 
-    /// Answers one waiting call: asks the client for a permission (a client tool, which ACP
-    /// cannot run, gets an error result).
+    /// Answers one waiting call: asks the client for a permission, or runs a call of one of
+    /// the editor's tools on it (another client tool, which ACP cannot run, gets an error
+    /// result).
     async fn answer(&self, live: &Live, call: EventId) -> Result<Answered, DoorError> {
         if self.cancel.is_cancelled() {
             self.interrupt().await;
@@ -184,40 +186,39 @@ impl Prompt {
             self.interrupt().await;
             return Ok(Answered::Cancelled);
         };
-        let input = if known.client {
-            Input::Result {
+        let input = match known.client {
+            true if editor::is_editor_tool(&known.name) => {
+                let shown = known.update(call);
+                let call = editor::Call { id: call, name: &known.name, input: &known.input, ask: known.ask, shown };
+                match self.editor.run(&self.line(), call).await {
+                    Ran::Stored(input) => input,
+                    Ran::Cancelled => {
+                        self.interrupt().await;
+                        return Ok(Answered::Cancelled);
+                    }
+                }
+            }
+            true => Input::Result {
                 call: call.to_string(),
                 content: vec![Block::text(format!("{} is a client tool, and an ACP client cannot run it", known.name))],
                 is_error: true,
+                ran: None,
+            },
+            false => {
+                let (granted, remember) =
+                    match self.line().ask(known.update(call), options(&known.name)).await.as_deref() {
+                        Some(ALLOW_ONCE) => (true, false),
+                        Some(ALLOW_ALWAYS) => (true, true),
+                        Some(REJECT_ALWAYS) => (false, true),
+                        Some(_) => (false, false),
+                        // Cancelled, by `session/cancel` or by the client itself.
+                        None => {
+                            self.interrupt().await;
+                            return Ok(Answered::Cancelled);
+                        }
+                    };
+                Input::Permission { call: call.to_string(), granted, reason: None, remember }
             }
-        } else {
-            let request = RequestPermissionRequest::new(self.session.clone(), known.update(call), options(&known.name));
-            let outcome = tokio::select! {
-                biased;
-                _ = self.cancel.cancelled() => None,
-                answer = self.cx.send_request(request).block_task() => Some(match answer {
-                    Ok(answer) => answer.outcome,
-                    Err(error) => {
-                        // Not the user's cancel: the client could not ask. Rejected, once.
-                        tracing::warn!(session_id = %self.session, %error, "the permission request failed; rejecting the call");
-                        RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(REJECT_ONCE))
-                    }
-                }),
-            };
-            let (granted, remember) = match outcome {
-                Some(RequestPermissionOutcome::Selected(selected)) => match &*selected.option_id.0 {
-                    ALLOW_ONCE => (true, false),
-                    ALLOW_ALWAYS => (true, true),
-                    REJECT_ALWAYS => (false, true),
-                    _ => (false, false),
-                },
-                // Cancelled, by `session/cancel` or by the client itself.
-                _ => {
-                    self.interrupt().await;
-                    return Ok(Answered::Cancelled);
-                }
-            };
-            Input::Permission { call: call.to_string(), granted, reason: None, remember }
         };
         let key = super::door::write_key(&self.connection, None);
         match self.door.submit(&self.session, vec![input], &key).await {
@@ -238,7 +239,6 @@ async fn timeout_if<T>(bounded: bool, next: impl std::future::Future<Output = T>
 
 const ALLOW_ONCE: &str = "allow-once";
 const ALLOW_ALWAYS: &str = "allow-always";
-const REJECT_ONCE: &str = "reject-once";
 const REJECT_ALWAYS: &str = "reject-always";
 
 fn options(tool: &str) -> Vec<PermissionOption> {

@@ -10,7 +10,7 @@ use agent_client_protocol::v1::schema::{
 };
 use serde_json::Value;
 
-use crate::domain::event::Permission;
+use crate::domain::event::{ClientRun, Permission};
 use crate::domain::{Block, Event, EventBody, EventId, Message, Part};
 
 /// A tool call as a prompt knows it: what to ask the client about, and who runs it.
@@ -18,8 +18,11 @@ use crate::domain::{Block, Event, EventBody, EventId, Message, Part};
 pub struct Call {
     pub name: String,
     pub input: Value,
-    /// Run by the client (a client tool of the agent's config), which ACP has no way to do.
+    /// Run by the client: one of the editor's tools, or another client tool (of the
+    /// agent's config), which ACP has no way to run.
     pub client: bool,
+    /// The client asks the user before it runs the call (the session's mode says to).
+    pub ask: bool,
 }
 
 impl Call {
@@ -53,7 +56,8 @@ impl Live {
                 self.rest(message_id, &Block::join_text(content), Chunk::Message)
             }
             EventBody::AgentToolUse { name, input, evaluated_permission, .. } => {
-                self.calls.insert(event.id, Call { name: name.clone(), input: input.clone(), client: false });
+                let call = Call { name: name.clone(), input: input.clone(), client: false, ask: false };
+                self.calls.insert(event.id, call);
                 let call = SessionUpdate::ToolCall(tool_call(event.id, name, input, ToolCallStatus::Pending));
                 match evaluated_permission {
                     // It runs at once.
@@ -61,8 +65,8 @@ impl Live {
                     _ => vec![call],
                 }
             }
-            EventBody::AgentCustomToolUse { name, input, .. } => {
-                self.calls.insert(event.id, Call { name: name.clone(), input: input.clone(), client: true });
+            EventBody::AgentCustomToolUse { name, input, ask, .. } => {
+                self.calls.insert(event.id, Call { name: name.clone(), input: input.clone(), client: true, ask: *ask });
                 vec![SessionUpdate::ToolCall(tool_call(event.id, name, input, ToolCallStatus::Pending))]
             }
             EventBody::UserToolConfirmation {
@@ -72,9 +76,10 @@ impl Live {
                 let planned = self.calls.get(tool_use_id).and_then(|call| planned(&call.name, &call.input, *is_error));
                 std::iter::once(finished(*tool_use_id, content, *is_error)).chain(planned).collect()
             }
-            EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => {
-                custom_tool_use_id.parse().map(|id| vec![finished(id, content, *is_error)]).unwrap_or_default()
-            }
+            EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, ran, .. } => custom_tool_use_id
+                .parse()
+                .map(|id| vec![ran_by_client(finished(id, content, *is_error), ran.as_ref())])
+                .unwrap_or_default(),
             EventBody::ModelRequestEnd { .. } => usage(event).into_iter().collect(),
             // Retitled (through another view: ACP has no way to): the editor's list shows it.
             // A mode changed (by this client or another): the editor's picker shows it.
@@ -125,15 +130,15 @@ impl Chunk {
 /// A whole conversation, in log order: user messages block by block, each agent message
 /// and thought whole, each tool call once, with its final status and content.
 pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {
-    let mut results: HashMap<EventId, (&[Block], bool)> = HashMap::new();
+    let mut results: HashMap<EventId, (&[Block], bool, Option<&ClientRun>)> = HashMap::new();
     for event in events {
         match &event.body {
             EventBody::AgentToolResult { tool_use_id, content, is_error, .. } => {
-                results.insert(*tool_use_id, (content, *is_error));
+                results.insert(*tool_use_id, (content, *is_error, None));
             }
-            EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => {
+            EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, ran, .. } => {
                 if let Ok(id) = custom_tool_use_id.parse() {
-                    results.insert(id, (content, *is_error));
+                    results.insert(id, (content, *is_error, ran.as_ref()));
                 }
             }
             _ => {}
@@ -155,8 +160,13 @@ pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {
             }
             EventBody::AgentToolUse { name, input, .. } | EventBody::AgentCustomToolUse { name, input, .. } => {
                 let call = match results.get(&event.id) {
-                    Some((content, is_error)) => {
-                        let call = tool_call(event.id, name, input, done(*is_error)).content(tool_content(content));
+                    Some((content, is_error, ran)) => {
+                        let mut call = tool_call(event.id, name, input, done(*is_error)).content(tool_content(content));
+                        if let Some(ran) = ran {
+                            let (shown, locations) = super::editor::shown(ran);
+                            call.content.splice(0..0, shown);
+                            call.locations = locations;
+                        }
                         out.push(SessionUpdate::ToolCall(call));
                         out.extend(planned(name, input, *is_error));
                         continue;
@@ -277,7 +287,28 @@ pub fn info(events: &[Event]) -> Option<SessionUpdate> {
 }
 
 fn tool_call(id: EventId, name: &str, input: &Value, status: ToolCallStatus) -> ToolCall {
-    ToolCall::new(id.to_string(), title(name, input)).kind(kind(name)).status(status).raw_input(input.clone())
+    ToolCall::new(id.to_string(), title(name, input))
+        .kind(kind(name))
+        .status(status)
+        .raw_input(input.clone())
+        .locations(super::editor::locations(name, input))
+}
+
+/// A client's result as the editor shows it, with what the client recorded of the run:
+/// the edit's diff before the result's text, and the files it touched.
+fn ran_by_client(update: SessionUpdate, ran: Option<&ClientRun>) -> SessionUpdate {
+    match (update, ran) {
+        (SessionUpdate::ToolCallUpdate(mut update), Some(ran)) => {
+            let (shown, locations) = super::editor::shown(ran);
+            let content = update.fields.content.get_or_insert_with(Vec::new);
+            content.splice(0..0, shown);
+            if !locations.is_empty() {
+                update.fields.locations = Some(locations);
+            }
+            SessionUpdate::ToolCallUpdate(update)
+        }
+        (update, _) => update,
+    }
 }
 
 fn status(id: EventId, status: ToolCallStatus) -> SessionUpdate {
@@ -301,8 +332,12 @@ fn tool_content(content: &[Block]) -> Vec<ToolCallContent> {
     content.iter().map(|block| ToolCallContent::Content(Content::new(content_block(block)))).collect()
 }
 
-/// `calculator: 2*(3+4)` for a call with one string argument, else the name and the input.
+/// `calculator: 2*(3+4)` for a call with one string argument, else the name and the input
+/// (the editor's tools say what they do: `Read /a/b.rs`).
 fn title(name: &str, input: &Value) -> String {
+    if let Some(title) = super::editor::title(name, input) {
+        return title;
+    }
     let mut strings = input.as_object().into_iter().flat_map(|o| o.values()).filter_map(Value::as_str);
     let title = match (input.as_object().map(|o| o.len()), strings.next()) {
         (Some(1), Some(only)) => format!("{name}: {only}"),
@@ -332,7 +367,7 @@ fn kind(name: &str) -> ToolKind {
         ToolKind::Edit
     } else if has(&["delete", "remove"]) {
         ToolKind::Delete
-    } else if has(&["exec", "shell", "run_", "command"]) {
+    } else if has(&["exec", "shell", "run_", "command", "terminal"]) {
         ToolKind::Execute
     } else {
         ToolKind::Other
@@ -406,6 +441,7 @@ mod tests {
             tool_call_id: "c2".into(),
             name: "get_weather".into(),
             input: json!({}),
+            ask: false,
         });
         let updates = wire(&replay(&[created.clone(), waiting.clone()]));
         let kinds: Vec<&str> = updates.iter().map(|u| u["sessionUpdate"].as_str().unwrap()).collect();
@@ -503,6 +539,44 @@ mod tests {
         assert_eq!(out[1]["status"], "completed");
         assert_eq!(out[1]["content"][0]["content"]["text"], "2");
         assert_eq!(out[2]["content"]["text"], "two");
+    }
+
+    #[test]
+    fn an_edit_the_client_made_shows_its_diff_and_file_live_and_in_a_replay() {
+        use crate::domain::event::{ClientRun, Diff, Location};
+        let call = event(EventBody::AgentCustomToolUse {
+            tool_call_id: "call_1".into(),
+            name: "write_text_file".into(),
+            input: json!({"path": "/w/a.txt", "content": "new"}),
+            ask: true,
+        });
+        let ran = ClientRun {
+            by: Some("zed".into()),
+            permission: Some(crate::domain::event::Confirmation::Allow),
+            locations: vec![Location { path: "/w/a.txt".into(), line: None }],
+            diff: Some(Diff { path: "/w/a.txt".into(), old_text: Some("old".into()), new_text: "new".into() }),
+            terminal: None,
+        };
+        let result = event(EventBody::UserCustomToolResult {
+            custom_tool_use_id: call.id.to_string(),
+            content: vec![Block::text("Wrote 3 bytes to /w/a.txt")],
+            is_error: false,
+            tool_call_id: None,
+            ran: Some(ran),
+        });
+        let mut live = Live::default();
+        let started = wire(&live.update(&call));
+        assert_eq!(started[0]["title"], "Write /w/a.txt");
+        assert_eq!(started[0]["kind"], "edit");
+        assert_eq!(started[0]["locations"], json!([{"path": "/w/a.txt"}]));
+        assert!(live.calls[&call.id].ask, "the call says the client asks");
+        let done = wire(&live.update(&result));
+        let diff = json!({"type": "diff", "path": "/w/a.txt", "oldText": "old", "newText": "new"});
+        assert_eq!(done[0]["content"][0], diff);
+        assert_eq!(done[0]["content"][1]["content"]["text"], "Wrote 3 bytes to /w/a.txt");
+        assert_eq!(done[0]["locations"], json!([{"path": "/w/a.txt"}]));
+        let replayed = wire(&replay(&[call, result]));
+        assert_eq!((&replayed[0]["content"], &replayed[0]["locations"]), (&done[0]["content"], &done[0]["locations"]));
     }
 
     #[test]

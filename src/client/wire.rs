@@ -8,6 +8,9 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct NewSession {
     pub agent: AgentChoice,
+    /// Tools the client runs (the turn API's `tools`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<crate::domain::event::ClientTool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
     #[serde(skip_serializing_if = "Map::is_empty")]

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::domain::event::{ClientTool, ToolTrust};
+use crate::domain::event::{ClientRun, ClientTool, ToolTrust};
 use crate::domain::{Block, RawEvent, RequestKey, TurnId};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -60,6 +60,8 @@ pub enum Input {
         call: String,
         content: Vec<Block>,
         is_error: bool,
+        /// How the client ran it, where it says (boxed: most results have none).
+        ran: Option<Box<ClientRun>>,
     },
     /// A permission decision on a server tool call, by event id or tool call id.
     /// `remember` applies it to every later call of the same tool in the session (ACP's

@@ -15,6 +15,8 @@ pub enum Mode {
     Inline,
     Ask,
     Client,
+    /// Run by the client, which asks the user first (the session's mode asks for it).
+    ClientAsks,
     /// The client chose to always reject it in this session: each call is denied at once.
     Rejected,
     /// The session's mode does not allow it: each call is denied at once, saying so.
@@ -89,15 +91,16 @@ impl ToolPlan {
     }
 
     /// How the session's mode handles a tool the rest of the plan handles as `otherwise`:
-    /// a tool it denies is refused; one it asks for asks, unless it runs on the client or
-    /// the user chose to always allow or reject it; one it allows runs inline, unless the
-    /// user chose to always reject it or it runs on the client. A tool the mode does not
-    /// name is as `otherwise`.
+    /// a tool it denies is refused; one it asks for asks (on the client, for a tool the
+    /// client runs), unless the user chose to always allow or reject it; one it allows runs
+    /// inline, unless the user chose to always reject it or it runs on the client. A tool
+    /// the mode does not name is as `otherwise`.
     fn in_mode(&self, name: &str, otherwise: Mode) -> Mode {
         let Some((_, mode)) = &self.mode else { return otherwise };
         match (mode.permission(name), otherwise) {
             (Some(Permission::Deny), _) => Mode::OutOfMode,
-            (_, Mode::Client | Mode::Rejected) | (None, _) => otherwise,
+            (Some(Permission::Ask), Mode::Client) => Mode::ClientAsks,
+            (_, Mode::Client | Mode::ClientAsks | Mode::Rejected) | (None, _) => otherwise,
             (Some(Permission::Ask), _) if self.remembered.get(name) == Some(&Confirmation::Allow) => otherwise,
             (Some(Permission::Ask), _) => Mode::Ask,
             (Some(Permission::Allow), _) => Mode::Inline,
@@ -178,8 +181,8 @@ mod tests {
             // `deny` refuses, whatever else says.
             ("rm", Mode::Inline, Mode::OutOfMode),
             ("weather", Mode::Client, Mode::OutOfMode),
-            // A client tool is the client's to ask about.
-            ("lookup", Mode::Client, Mode::Client),
+            // A client tool the mode asks for: the client asks before it runs it.
+            ("lookup", Mode::Client, Mode::ClientAsks),
         ];
         for (tool, otherwise, expected) in cases {
             assert_eq!(plan.in_mode(tool, otherwise), expected, "{tool}");
@@ -190,6 +193,7 @@ mod tests {
             "unnamed, no `*`: as configured"
         );
         assert_eq!(in_mode(&[("calc", Allow)], &[]).in_mode("calc", Mode::Ask), Mode::Inline);
+        assert_eq!(in_mode(&[("calc", Allow)], &[]).in_mode("calc", Mode::Client), Mode::Client, "the client runs it");
         let none = ToolPlan::default();
         assert_eq!(none.in_mode("calc", Mode::Ask), Mode::Ask, "no mode: as configured");
         assert_eq!(

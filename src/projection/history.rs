@@ -133,7 +133,7 @@ impl History {
             EventBody::AgentThinking { thinking, .. } => self.part(Part::Thinking { thinking: thinking.clone() }),
             EventBody::AgentMessage { content, .. } => self.part(Part::Text { text: Block::join_text(content) }),
             EventBody::AgentToolUse { tool_call_id, name, input, .. }
-            | EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
+            | EventBody::AgentCustomToolUse { tool_call_id, name, input, .. } => {
                 self.call_ids.insert(event.id.to_string(), tool_call_id.clone());
                 if self.seeded.remove(tool_call_id) {
                     return;

@@ -82,7 +82,7 @@ impl TurnState {
                 call.idempotent = *idempotent;
                 self.pending.insert(event.id, call);
             }
-            EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
+            EventBody::AgentCustomToolUse { tool_call_id, name, input, .. } => {
                 self.pending.insert(event.id, call(event.id, tool_call_id, name, input, CallKind::Client));
             }
             EventBody::UserToolConfirmation { tool_use_id, result, remember, .. } => {

@@ -240,8 +240,10 @@ function drift(raw, parsed, at = "") {
  * (set inside `withAgent`); `transcript` holds every line each way, in the order we saw them.
  */
 export class AcpClient {
-  constructor(child) {
+  /** `editor`: an Editor (./editor.mjs) that serves `fs/*` and `terminal/*`, advertised at initialize. */
+  constructor(child, { editor } = {}) {
     this.child = child;
+    this.editor = editor;
     this.transcript = []; // {dir: "in"|"out", msg, line?, bad?, delivered?, at}
     this.sdkUpdates = []; // session/update params as the SDK's handler got them
     this.sdkPermissions = []; // session/request_permission params as the SDK's handler got them
@@ -314,7 +316,7 @@ export class AcpClient {
 
   /** The client app: records what the SDK hands us and answers permissions by policy. */
   app() {
-    return acp
+    const app = acp
       .client({ name: "turnlog-acp-test" })
       .onNotification(m.client.session.update, ({ params }) => {
         this.sdkUpdates.push(params);
@@ -328,6 +330,7 @@ export class AcpClient {
         }
         return this.permissionAnswer(params, this.permissionPolicy);
       });
+    return this.editor ? this.editor.register(app) : app;
   }
 
   /** The answer choosing the option of kind `choice` (or "cancelled"). */
@@ -382,7 +385,7 @@ export class AcpClient {
   initializeParams() {
     return {
       protocolVersion: acp.PROTOCOL_VERSION,
-      clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
+      clientCapabilities: this.editor?.capabilities() ?? { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
       clientInfo: { name: "turnlog-acp-test", version: "0" },
     };
   }
@@ -510,11 +513,12 @@ export function updatesIn(entries, sessionId) {
 /**
  * Runs `op(client)` against a fresh `turnlog acp ARGS` process driven by the SDK's
  * `connectWith`. Afterwards closes its stdin, asserts it exits 0 within EXIT_WITHIN_MS, and
- * runs `checkTranscript()`. Returns `{result, exit, client}`.
+ * runs `checkTranscript()`. Returns `{result, exit, client}`. `options`: `{editor, cwd}` (an
+ * editor serving files and terminals, and the agent's working directory).
  */
-export async function withAgent(lab, args, op) {
-  const child = lab.spawn(args);
-  const client = new AcpClient(child);
+export async function withAgent(lab, args, op, { editor, cwd } = {}) {
+  const child = lab.spawn(args, { cwd });
+  const client = new AcpClient(child, { editor });
   let result;
   try {
     result = await client.app().connectWith(client.stream(), async (agent) => {
@@ -610,7 +614,7 @@ export function outline(updates) {
       // ACP: a tool_call without `status` is pending, without `kind` is other (the Rust
       // schema crate leaves defaults out of the JSON).
       const status = u.status ?? "pending";
-      const call = { kind: "tool", toolCallId: u.toolCallId, title: u.title, toolKind: u.kind ?? "other", status, statuses: [status], rawInput: u.rawInput, content: u.content, rawOutput: u.rawOutput };
+      const call = { kind: "tool", toolCallId: u.toolCallId, title: u.title, toolKind: u.kind ?? "other", status, statuses: [status], rawInput: u.rawInput, content: u.content, rawOutput: u.rawOutput, locations: u.locations };
       tools.set(u.toolCallId, call);
       items.push(call);
     } else if (u.sessionUpdate === "tool_call_update") {
@@ -623,7 +627,7 @@ export function outline(updates) {
         call.status = u.status;
         call.statuses.push(u.status);
       }
-      for (const [field, key] of [["title", "title"], ["kind", "toolKind"], ["content", "content"], ["rawInput", "rawInput"], ["rawOutput", "rawOutput"]]) {
+      for (const [field, key] of [["title", "title"], ["kind", "toolKind"], ["content", "content"], ["rawInput", "rawInput"], ["rawOutput", "rawOutput"], ["locations", "locations"]]) {
         if (u[field] != null) call[key] = u[field];
       }
     } else {

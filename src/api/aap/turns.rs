@@ -79,7 +79,7 @@ fn inputs(messages: Vec<MessageIn>) -> Result<Vec<Input>, ApiError> {
         .map(|(i, message)| match message {
             MessageIn::User { content } => Ok(Input::Message(content)),
             MessageIn::Tool { tool_call_id, content } => {
-                Ok(Input::Result { call: tool_call_id, content: content.into_blocks(), is_error: false })
+                Ok(Input::Result { call: tool_call_id, content: content.into_blocks(), is_error: false, ran: None })
             }
             MessageIn::ToolPermission { tool_call_id, granted, reason } => {
                 Ok(Input::Permission { call: tool_call_id, granted, reason, remember: false })
@@ -174,7 +174,7 @@ fn render(out: &mut BytesMut, event: &Event, mode: StreamMode) -> Flow {
             ("thinking", json!({"thinking": thinking}))
         }
         EventBody::AgentToolUse { tool_call_id, name, input, .. }
-        | EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
+        | EventBody::AgentCustomToolUse { tool_call_id, name, input, .. } => {
             ("tool_call", json!({"toolCallId": tool_call_id, "name": name, "input": input}))
         }
         EventBody::AgentToolResult { tool_call_id, content, .. } => {
@@ -218,7 +218,7 @@ mod tests {
                 mcp: None,
                 idempotent: false,
             },
-            EventBody::AgentCustomToolUse { tool_call_id: "c".into(), name: "n".into(), input: json!({}) },
+            EventBody::AgentCustomToolUse { tool_call_id: "c".into(), name: "n".into(), input: json!({}), ask: false },
             EventBody::AgentToolResult {
                 tool_use_id: EventId(ulid::Ulid::new()),
                 tool_call_id: "c".into(),

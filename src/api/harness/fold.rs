@@ -317,7 +317,7 @@ impl TurnFold {
                 let waits = *evaluated_permission == Permission::Ask;
                 (tool_call_id, name, input, tool_info(name, mcp.as_ref()), waits.then_some(false))
             }
-            EventBody::AgentCustomToolUse { tool_call_id, name, input } => {
+            EventBody::AgentCustomToolUse { tool_call_id, name, input, .. } => {
                 (tool_call_id, name, input, tool_info(name, None), Some(true))
             }
             _ => return,

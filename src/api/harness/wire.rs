@@ -296,7 +296,7 @@ fn input(i: usize, item: Value) -> Result<Input, ApiError> {
         }
         Item::Response { thread_id, tool_call_id, content } => {
             thread(&thread_id)?;
-            Input::Result { call: tool_call_id, content: vec![Block::text(content)], is_error: false }
+            Input::Result { call: tool_call_id, content: vec![Block::text(content)], is_error: false, ran: None }
         }
     })
 }

@@ -182,7 +182,12 @@ fn read(at: &str, kind: &str, event: Value) -> Result<Input, ApiError> {
             let r: CustomToolResult = serde_json::from_value(event).map_err(invalid)?;
             thread(&r.session_thread_id)?;
             blocks(&r.content, true)?;
-            Input::Result { call: r.custom_tool_use_id, content: r.content, is_error: r.is_error.unwrap_or(false) }
+            Input::Result {
+                call: r.custom_tool_use_id,
+                content: r.content,
+                is_error: r.is_error.unwrap_or(false),
+                ran: None,
+            }
         }
         _ => {
             let o: DefineOutcome = serde_json::from_value(event).map_err(invalid)?;

@@ -50,8 +50,8 @@ fn input(body: EventBody) -> Input {
             reason: deny_message,
             remember,
         },
-        EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, .. } => {
-            Input::Result { call: custom_tool_use_id, content, is_error }
+        EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, ran, .. } => {
+            Input::Result { call: custom_tool_use_id, content, is_error, ran: ran.map(Box::new) }
         }
         EventBody::UserDefineOutcome { outcome } => Input::Outcome(outcome),
         _ => Input::Interrupt,

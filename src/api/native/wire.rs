@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::api::content::blocks;
-use crate::domain::event::{Confirmation, StopReason};
+use crate::domain::event::{ClientRun, Confirmation, StopReason};
 use crate::domain::{Block, EventBody, RawEvent};
 use crate::error::ApiError;
 
@@ -54,7 +54,7 @@ fn user_events() -> utoipa::openapi::schema::Schema {
         "user.custom_tool_result",
         &["custom_tool_use_id"],
         json!({
-            "custom_tool_use_id": string, "content": content, "is_error": {"type": "boolean"},
+            "custom_tool_use_id": string, "content": content, "is_error": {"type": "boolean"}, "ran": client_run(),
         }),
     );
     let list = |items: Vec<&Value>| json!({"type": "array", "minItems": 1, "items": {"oneOf": items}});
@@ -62,6 +62,40 @@ fn user_events() -> utoipa::openapi::schema::Schema {
     let talking = with_keywords(talking, json!({"contains": message, "maxContains": 1}));
     let answering = schema(list(vec![&interrupt, &outcome, &confirmation, &result]));
     any_of([talking, answering])
+}
+
+/// `ran` on a `user.custom_tool_result`: how the client ran the call (see [`ClientRun`]).
+fn client_run() -> Value {
+    let string = json!({"type": "string"});
+    // (An optional field may be null, as serde reads it.)
+    let maybe_string = json!({"type": ["string", "null"]});
+    let maybe_u32 = json!({"type": ["integer", "null"], "minimum": 0, "maximum": u32::MAX});
+    let boolean = json!({"type": "boolean"});
+    let object = |required: &[&str], properties: Value| {
+        let mut object = json!({"type": "object", "properties": properties, "additionalProperties": false});
+        if !required.is_empty() {
+            object["required"] = json!(required);
+        }
+        object
+    };
+    let location = object(&["path"], json!({"path": string, "line": maybe_u32}));
+    let diff = object(&["path", "new_text"], json!({"path": string, "old_text": maybe_string, "new_text": string}));
+    let terminal = object(
+        &["command"],
+        json!({
+            "command": string, "args": {"type": "array", "items": string}, "cwd": maybe_string, "output": string,
+            "truncated": boolean, "exit_code": maybe_u32, "signal": maybe_string, "timed_out": boolean,
+        }),
+    );
+    let ran = object(
+        &[],
+        json!({
+            "by": maybe_string, "permission": {"oneOf": [{"type": "string", "enum": ["allow", "deny"]}, {"type": "null"}]},
+            "locations": {"type": "array", "items": location},
+            "diff": {"oneOf": [diff, {"type": "null"}]}, "terminal": {"oneOf": [terminal, {"type": "null"}]},
+        }),
+    );
+    json!({"oneOf": [ran, {"type": "null"}]})
 }
 
 pub const USER_EVENT_TYPES: &[&str] =
@@ -114,6 +148,9 @@ struct CustomToolResult {
     content: Vec<Block>,
     #[serde(default)]
     is_error: bool,
+    /// How the client ran the call (who, the user's answer, the files, edit and command).
+    #[serde(default)]
+    ran: Option<ClientRun>,
 }
 
 /// Just an event's type, read past everything else.
@@ -161,9 +198,9 @@ pub fn user_event(i: usize, event: &RawValue) -> Result<EventBody, ApiError> {
                 EventBody::UserToolConfirmation { tool_use_id, result, deny_message, tool_call_id: None, remember }
             }
             _ => {
-                let CustomToolResult { custom_tool_use_id, content, is_error, .. } =
+                let CustomToolResult { custom_tool_use_id, content, is_error, ran, .. } =
                     serde_path_to_error::deserialize(&mut fields)?;
-                EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, tool_call_id: None }
+                EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, tool_call_id: None, ran }
             }
         })
     };

@@ -9,6 +9,7 @@
 //! [`spec`]'s setup of a session, and [`stored`]'s envelope, drafts and stored bytes.
 
 mod content;
+mod run;
 mod spec;
 mod stored;
 
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use content::{Block, File};
+pub use run::{ClientRun, Diff, Location, TerminalRun};
 pub use spec::{AgentSpec, ClientTool, ForkPoint, ReplayOf, SessionSpec, ToolTrust};
 pub use stored::{timestamp_now, Draft, Envelope, RawEvent};
 
@@ -212,6 +214,9 @@ pub enum EventBody {
         /// The model's id of the call (`custom_tool_use_id` is its event's id).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_call_id: Option<String>,
+        /// How the client ran it, where it says (see [`ClientRun`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ran: Option<ClientRun>,
     },
     #[serde(rename = "session.status_running")]
     StatusRunning { status: String },
@@ -245,7 +250,15 @@ pub enum EventBody {
     #[serde(rename = "agent.mcp_tools")]
     AgentMcpTools { servers: Vec<McpServerTools> },
     #[serde(rename = "agent.custom_tool_use")]
-    AgentCustomToolUse { tool_call_id: String, name: String, input: Value },
+    AgentCustomToolUse {
+        tool_call_id: String,
+        name: String,
+        input: Value,
+        /// The session's mode asks the user before a call of this tool runs: the client
+        /// that runs it asks first.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ask: bool,
+    },
     #[serde(rename = "agent.tool_result")]
     AgentToolResult {
         tool_use_id: EventId,

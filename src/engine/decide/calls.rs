@@ -28,11 +28,12 @@ pub fn plan_calls(plan: &ToolPlan, calls: Vec<(String, String, Value)>) -> (Vec<
         .map(|(tool_call_id, name, input)| {
             let mode = plan.modes.get(&name).copied();
             let permission = match mode {
-                Some(Mode::Client) => {
+                Some(Mode::Client | Mode::ClientAsks) => {
                     let body = EventBody::AgentCustomToolUse {
                         tool_call_id: tool_call_id.clone(),
                         name: name.clone(),
                         input: input.clone(),
+                        ask: mode == Some(Mode::ClientAsks),
                     };
                     return (body, Call { tool_call_id, name, input, mode });
                 }
@@ -97,7 +98,9 @@ pub fn seed_waiting(messages: &[Message], plan: &ToolPlan, turn: TurnId) -> Vec<
     let calls: Vec<Draft> = crate::domain::message::waiting_calls(messages)
         .map(|(tool_call_id, name, input)| {
             let body = match plan.modes.get(&name) {
-                Some(Mode::Client) => EventBody::AgentCustomToolUse { tool_call_id, name, input },
+                Some(mode @ (Mode::Client | Mode::ClientAsks)) => {
+                    EventBody::AgentCustomToolUse { tool_call_id, name, input, ask: *mode == Mode::ClientAsks }
+                }
                 Some(Mode::Inline | Mode::Ask) => tool_use(plan, &tool_call_id, &name, &input, Permission::Ask),
                 Some(Mode::Rejected | Mode::OutOfMode) | None => {
                     tool_use(plan, &tool_call_id, &name, &input, Permission::Deny)

@@ -400,11 +400,12 @@ fn resolution_events(turn: TurnId, resolved: &Resolved) -> Vec<Draft> {
     let tool_use_id = call.event_id.to_string();
     let tool_call_id = Some(call.tool_call_id.clone());
     let bodies = match resolved.input {
-        Input::Result { content, is_error, .. } => vec![EventBody::UserCustomToolResult {
+        Input::Result { content, is_error, ran, .. } => vec![EventBody::UserCustomToolResult {
             custom_tool_use_id: tool_use_id,
             content: content.clone(),
             is_error: *is_error,
             tool_call_id,
+            ran: ran.as_deref().cloned(),
         }],
         Input::Permission { granted: true, remember, .. } => vec![EventBody::UserToolConfirmation {
             tool_use_id,

@@ -121,7 +121,7 @@ fn a_seed_that_ends_with_calls_waits_for_their_answers() {
     let kinds: Vec<CallKind> = state.pending.values().map(|c| c.kind).collect();
     assert_eq!(kinds, [CallKind::Client, CallKind::Ask], "the unknown tool's call was denied, not left waiting");
     let answer = submission(vec![
-        Input::Result { call: "a".into(), content: vec![Block::text("cold")], is_error: false },
+        Input::Result { call: "a".into(), content: vec![Block::text("cold")], is_error: false, ran: None },
         Input::Permission { call: "b".into(), granted: true, reason: None, remember: false },
     ]);
     let next = TurnId::generate();
@@ -130,7 +130,7 @@ fn a_seed_that_ends_with_calls_waits_for_their_answers() {
     // A result larger than the limit is refused, naming its place in the input.
     let large = submission(vec![
         Input::Permission { call: "b".into(), granted: true, reason: None, remember: false },
-        Input::Result { call: "a".into(), content: vec![Block::text("x".repeat(200))], is_error: false },
+        Input::Result { call: "a".into(), content: vec![Block::text("x".repeat(200))], is_error: false, ran: None },
     ]);
     let refused = decide(&state, &large, None, next, bytes(150)).unwrap_err();
     assert!(
@@ -348,6 +348,11 @@ fn a_models_calls_are_recorded_as_the_plan_handles_each_tool_and_the_denied_answ
             Some(Permission::Deny)
         ]
     );
+    assert!(matches!(bodies[2], EventBody::AgentCustomToolUse { ask: false, .. }), "{:?}", bodies[2]);
+    // A client tool the session's mode asks for: the call says so, for the client to ask.
+    let asking = ToolPlan { modes: [("lookup".to_string(), Mode::ClientAsks)].into(), ..ToolPlan::default() };
+    let (asked, _) = plan_calls(&asking, vec![call("c9", "lookup")]);
+    assert!(matches!(&asked[..], [EventBody::AgentCustomToolUse { ask: true, .. }]), "{asked:?}");
     let modes: Vec<Option<Mode>> = calls.iter().map(|c| c.mode).collect();
     assert_eq!(
         modes,
@@ -512,8 +517,12 @@ mod resuming {
     #[test]
     fn calls_that_wait_for_the_client_keep_waiting() {
         let turn = TurnId::generate();
-        let custom =
-            EventBody::AgentCustomToolUse { tool_call_id: "c1".into(), name: "get_weather".into(), input: json!({}) };
+        let custom = EventBody::AgentCustomToolUse {
+            tool_call_id: "c1".into(),
+            name: "get_weather".into(),
+            input: json!({}),
+            ask: false,
+        };
         let ask = tool_use("fetch_url", Permission::Ask, true);
         let (progress, state, events) = left(turn, &[start("span_1"), custom, ask, end("span_1", ModelStop::ToolUse)]);
         let waiting: Vec<EventId> = events.iter().filter(|e| e.kind().contains("tool_use")).map(|e| e.id).collect();
@@ -566,8 +575,12 @@ mod resuming {
     #[test]
     fn calls_left_waiting_before_any_request_keep_waiting() {
         let turn = TurnId::generate();
-        let custom =
-            EventBody::AgentCustomToolUse { tool_call_id: "c1".into(), name: "get_weather".into(), input: json!({}) };
+        let custom = EventBody::AgentCustomToolUse {
+            tool_call_id: "c1".into(),
+            name: "get_weather".into(),
+            input: json!({}),
+            ask: false,
+        };
         let (progress, state, events) = left(turn, &[custom]);
         let call = events.iter().find(|e| e.kind() == "agent.custom_tool_use").unwrap().id;
         let (_, point) = go(resume(turn, &progress, &state, 3));

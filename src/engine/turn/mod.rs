@@ -102,7 +102,7 @@ async fn drive(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(StopReason, 
         for (event_id, call) in response.calls {
             match call.mode {
                 Some(Mode::Inline) => inline.push(ServerCall::of(&ctx.plan, event_id, call)),
-                Some(Mode::Ask | Mode::Client) => waiting.push(event_id),
+                Some(Mode::Ask | Mode::Client | Mode::ClientAsks) => waiting.push(event_id),
                 Some(Mode::Rejected | Mode::OutOfMode) | None => {}
             }
         }
