@@ -297,6 +297,22 @@ mod tests {
     }
 
     #[test]
+    fn an_agents_models_are_ids_of_models_once_each_and_never_default() {
+        use crate::agent::{Agents, Tools};
+        let settings = Settings::load(None).unwrap();
+        let build = |models: &[&str]| {
+            let mut agents = settings.agents.clone();
+            agents.get_mut("default").unwrap().models = models.iter().map(|m| m.to_string()).collect();
+            Agents::build(&agents, &settings.models, Tools::new(settings.tools.clone())).err()
+        };
+        assert_eq!(build(&["second", "scripted"]), None, "`scripted` is always there");
+        let unknown = build(&["nope"]).unwrap();
+        assert_eq!(unknown, "agents.default.models: \"nope\" is not one of [models] (scripted, second)");
+        assert!(build(&["default"]).unwrap().contains("\"default\" is not one of [models]"));
+        assert_eq!(build(&["second", "second"]).unwrap(), "agents.default.models: \"second\" is listed twice");
+    }
+
+    #[test]
     fn input_limits_of_zero_are_refused() {
         let mut settings = Settings::load(None).unwrap();
         settings.limits.max_events_per_request = 0;

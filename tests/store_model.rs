@@ -1033,6 +1033,7 @@ async fn a_projection_put_from_a_stale_copy_keeps_the_value_folded_further() {
             title: Some(format!("stale {round}")),
             metadata: None,
             mode: None,
+            model: None,
         };
         a.append(session, 1 + round, vec![Draft::new(None, &title)]).await.unwrap().unwrap();
         let kept = bucket.get(&key).await.unwrap().expect("the summary");
@@ -1062,6 +1063,7 @@ async fn projections_left_behind_their_log_are_repaired_by_a_sweep_on_another_no
         title: Some("renamed".into()),
         metadata: None,
         mode: None,
+        model: None,
     };
     a.append(session, 1, vec![Draft::new(None, &titled)]).await.unwrap().unwrap();
     a.close().await.unwrap();

@@ -18,7 +18,9 @@ use crate::client::{
 use crate::domain::event::{AgentSpec, ClientTool, SessionSpec};
 use crate::domain::{Event, EventId, RequestKey};
 use crate::service::Service;
-use crate::session::{rules, Caller, Cursor, EventQuery, Input, ListFilter, ModeInfo, Modes, SessionError, Submission};
+use crate::session::{
+    rules, Caller, Cursor, EventQuery, Input, ListFilter, ModeInfo, ModelInfo, Models, Modes, SessionError, Submission,
+};
 
 /// The metadata key of the working directory an ACP client gave `session/new`.
 pub const CWD: &str = "acp_cwd";
@@ -118,6 +120,11 @@ pub trait Door: Send + Sync + 'static {
     /// Changes the session's mode (from its next turn on); its modes then. `key` names the
     /// write (see [`write_key`]).
     async fn set_mode(&self, session: &str, mode: &str, key: &str) -> Result<Modes, DoorError>;
+    /// The session's model and those its agent offers.
+    async fn models(&self, session: &str) -> Result<Models, DoorError>;
+    /// Changes the session's model (from its next turn on); its models then. `key` names
+    /// the write (see [`write_key`]).
+    async fn set_model(&self, session: &str, model: &str, key: &str) -> Result<Models, DoorError>;
 }
 
 /// The idempotency key of a write the ACP view makes: the connection's and the JSON-RPC
@@ -258,6 +265,18 @@ impl Door for Embedded {
         let summary = sessions.get(&self.caller, session).await?;
         let request = RequestKey::derived(key.to_string(), &[session.as_bytes(), mode.as_bytes()]);
         Ok(sessions.set_mode(&summary, mode, Some(request)).await?)
+    }
+
+    async fn models(&self, session: &str) -> Result<Models, DoorError> {
+        let sessions = self.service.sessions();
+        Ok(sessions.models(&sessions.get(&self.caller, session).await?)?)
+    }
+
+    async fn set_model(&self, session: &str, model: &str, key: &str) -> Result<Models, DoorError> {
+        let sessions = self.service.sessions();
+        let summary = sessions.get(&self.caller, session).await?;
+        let request = RequestKey::derived(key.to_string(), &[session.as_bytes(), b"model", model.as_bytes()]);
+        Ok(sessions.set_model(&summary, model, Some(request)).await?)
     }
 
     async fn fork(&self, session: &str, at: EventId, metadata: Map<String, Value>) -> Result<String, DoorError> {
@@ -401,6 +420,12 @@ fn modes(answer: crate::client::SessionModes) -> Option<Modes> {
     Some(Modes { current: answer.mode?, available })
 }
 
+/// A session's models as the server's model route gives them.
+fn models(answer: crate::client::SessionModels) -> Models {
+    let available = answer.models.into_iter().map(|model| ModelInfo { id: model.id, name: model.name }).collect();
+    Models { current: answer.model, available }
+}
+
 const BRIDGE_MCP: &str = "MCP servers from the editor run only when `turnlog acp` runs the engine itself \
 (without --server): a turnlog server does not start its clients' commands or reach their URLs. Declare them on \
 the agent in the server's config ([agents.NAME.mcp_servers.SERVER]) instead.";
@@ -500,6 +525,14 @@ impl Door for Bridge {
     async fn set_mode(&self, session: &str, mode: &str, key: &str) -> Result<Modes, DoorError> {
         let answered = self.client.set_mode(&session_id(session)?, mode, key).await?;
         modes(answered).ok_or_else(|| DoorError::Unavailable("the server answered a mode change with no mode".into()))
+    }
+
+    async fn models(&self, session: &str) -> Result<Models, DoorError> {
+        Ok(models(self.client.models(&session_id(session)?).await?))
+    }
+
+    async fn set_model(&self, session: &str, model: &str, key: &str) -> Result<Models, DoorError> {
+        Ok(models(self.client.set_model(&session_id(session)?, model, key).await?))
     }
 
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {

@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use agent_client_protocol::v1::schema::{
     self as acp, DeleteSessionResponse, ForkSessionRequest, ForkSessionResponse, LoadSessionRequest,
-    LoadSessionResponse, ResumeSessionRequest, ResumeSessionResponse, SessionMode, SessionModeState,
-    SessionNotification, SetSessionModeRequest, SetSessionModeResponse,
+    LoadSessionResponse, ResumeSessionRequest, ResumeSessionResponse, SessionNotification,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Client, Error};
@@ -20,21 +19,6 @@ use crate::domain::{Event, EventBody, EventId};
 use crate::projection::turns::{Phase, TurnState};
 
 impl Acp {
-    /// The session's modes as ACP offers them (none for an agent without modes).
-    pub(super) async fn modes(&self, session: &str) -> Result<Option<SessionModeState>, Error> {
-        let modes = self.door.modes(session).await.map_err(|e| error(e, Some(session)))?;
-        Ok(modes.map(|modes| {
-            let available = modes
-                .available
-                .into_iter()
-                .map(|mode| {
-                    SessionMode::new(mode.id, mode.name).description(Some(mode.description).filter(|d| !d.is_empty()))
-                })
-                .collect();
-            SessionModeState::new(modes.current, available)
-        }))
-    }
-
     /// Replays the whole conversation, then what the session list shows of it and how full
     /// its context is ([`Acp::open`]), then answers (the client reads the updates first).
     pub(super) async fn load_session(
@@ -42,8 +26,8 @@ impl Acp {
         request: &LoadSessionRequest,
         cx: &ConnectionTo<Client>,
     ) -> Result<LoadSessionResponse, Error> {
-        let modes = self.open(&request.session_id.0, &request.cwd, &request.mcp_servers, cx, true).await?;
-        Ok(LoadSessionResponse::new().modes(modes))
+        let settings = self.open(&request.session_id.0, &request.cwd, &request.mcp_servers, cx, true).await?;
+        Ok(LoadSessionResponse::new().modes(settings.modes).config_options(settings.options))
     }
 
     /// As [`Acp::load_session`], without the replay: the client has the conversation (it is
@@ -53,14 +37,15 @@ impl Acp {
         request: &ResumeSessionRequest,
         cx: &ConnectionTo<Client>,
     ) -> Result<ResumeSessionResponse, Error> {
-        let modes = self.open(&request.session_id.0, &request.cwd, &request.mcp_servers, cx, false).await?;
-        Ok(ResumeSessionResponse::new().modes(modes))
+        let settings = self.open(&request.session_id.0, &request.cwd, &request.mcp_servers, cx, false).await?;
+        Ok(ResumeSessionResponse::new().modes(settings.modes).config_options(settings.options))
     }
 
     /// Opens `session` on this connection, with the client's MCP servers given to it: sends
     /// its conversation (if `replay`), what the session list shows of it (its title, when it
     /// last changed) and how full its context is, then streams the rest of a turn still
-    /// running (one this agent resumed after its process stopped) until it ends. Its modes.
+    /// running (one this agent resumed after its process stopped) until it ends. Its modes
+    /// and config options.
     async fn open(
         &self,
         session: &str,
@@ -68,20 +53,20 @@ impl Acp {
         mcp: &[acp::McpServer],
         cx: &ConnectionTo<Client>,
         replay: bool,
-    ) -> Result<Option<SessionModeState>, Error> {
+    ) -> Result<super::settings::Settings, Error> {
         absolute(cwd)?;
         let mcp = mcp_servers(mcp)?;
         let events = self.door.events(session).await.map_err(|e| error(e, Some(session)))?;
         self.door.attach_mcp(session, mcp).await.map_err(|e| error(e, Some(session)))?;
         self.closed.lock().remove(session);
         self.cwds.lock().insert(session.to_string(), cwd.to_path_buf());
-        let modes = self.modes(session).await?;
+        let settings = self.settings(session).await?;
         let replayed = if replay { render::replay(&events) } else { Vec::new() };
         for update in replayed.into_iter().chain(render::info(&events)).chain(render::context(&events)) {
             cx.send_notification(SessionNotification::new(session.to_string(), update))?;
         }
         self.follow_if_running(session, &events, cx);
-        Ok(modes)
+        Ok(settings)
     }
 
     /// Streams the rest of the session's turn to the client, if one runs (as the engine's
@@ -158,19 +143,8 @@ impl Acp {
         self.door.attach_mcp(&forked, mcp).await.map_err(|e| error(e, Some(&forked)))?;
         self.cwds.lock().insert(forked.clone(), request.cwd.clone());
         tracing::info!(session_id = %forked, source = %session, "session forked");
-        let modes = self.modes(&forked).await?;
-        Ok(ForkSessionResponse::new(forked).modes(modes))
-    }
-
-    /// Changes the session's mode, in the log (from its next turn on); `key` names the write.
-    pub(super) async fn set_mode(
-        &self,
-        request: &SetSessionModeRequest,
-        key: &str,
-    ) -> Result<SetSessionModeResponse, Error> {
-        let session = request.session_id.0.to_string();
-        self.door.set_mode(&session, &request.mode_id.0, key).await.map_err(|e| error(e, Some(&session)))?;
-        Ok(SetSessionModeResponse::new())
+        let settings = self.settings(&forked).await?;
+        Ok(ForkSessionResponse::new(forked).modes(settings.modes).config_options(settings.options))
     }
 }
 
@@ -185,7 +159,13 @@ async fn follow_running(door: Arc<dyn Door>, cx: ConnectionTo<Client>, session: 
     let Ok(mut events) = door.follow(&session, after).await else { return };
     let mut live = render::Live::default();
     while let Some(Ok(event)) = events.next().await {
-        for update in live.update(&event) {
+        let changed = match &event.body {
+            EventBody::SessionUpdated { mode, model, .. } if mode.is_some() || model.is_some() => {
+                super::settings::update(&*door, &session).await
+            }
+            _ => None,
+        };
+        for update in live.update(&event).into_iter().chain(changed) {
             if cx.send_notification(SessionNotification::new(session.clone(), update)).is_err() {
                 return;
             }

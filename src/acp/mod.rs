@@ -15,6 +15,7 @@ mod lifecycle;
 mod line;
 mod prompt;
 pub mod render;
+mod settings;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -29,7 +30,8 @@ use agent_client_protocol::v1::schema::{
     LoadSessionResponse, McpCapabilities, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest,
     PromptResponse, ResumeSessionRequest, ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities,
     SessionDeleteCapabilities, SessionForkCapabilities, SessionInfo, SessionListCapabilities,
-    SessionResumeCapabilities, SetSessionModeRequest, SetSessionModeResponse,
+    SessionResumeCapabilities, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest,
+    SetSessionModeResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, Stdio};
@@ -230,6 +232,18 @@ impl Acp {
                 },
                 agent_client_protocol::on_receive_request!(),
             )
+            .on_receive_request(
+                {
+                    let acp = self.clone();
+                    async move |request: SetSessionConfigOptionRequest,
+                                responder: Responder<SetSessionConfigOptionResponse>,
+                                _cx| {
+                        let key = door::write_key(&acp.connection, Some(responder.raw_id()));
+                        responder.respond_with_result(acp.set_option(&request, &key).await)
+                    }
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
             .on_receive_notification(
                 {
                     let acp = self.clone();
@@ -253,8 +267,8 @@ impl Acp {
         let id = self.door.create(&self.agent, metadata, tools, mcp, key).await.map_err(|e| error(e, None))?;
         tracing::info!(session_id = %id, agent = %self.agent, "session created");
         self.cwds.lock().insert(id.clone(), request.cwd.clone());
-        let modes = self.modes(&id).await?;
-        Ok(NewSessionResponse::new(id).modes(modes))
+        let settings = self.settings(&id).await?;
+        Ok(NewSessionResponse::new(id).modes(settings.modes).config_options(settings.options))
     }
 
     /// A page of this agent's sessions made through ACP, newest first (those of other views

@@ -126,6 +126,13 @@ impl Prompt {
             for update in live.update(&event) {
                 self.line().notify(update);
             }
+            if let EventBody::SessionUpdated { mode, model, .. } = &event.body {
+                if mode.is_some() || model.is_some() {
+                    if let Some(update) = super::settings::update(&*self.door, &self.session).await {
+                        self.line().notify(update);
+                    }
+                }
+            }
             match &event.body {
                 EventBody::SessionError { error, code, .. } => failure = Some((code.clone(), error.clone())),
                 EventBody::StatusIdle { stop_reason, .. } if stop_reason.kind == StopReason::RequiresAction => {

@@ -60,6 +60,20 @@ pub struct AgentConfig {
     /// The mode a session starts in; needed when there are modes.
     #[serde(default)]
     pub default_mode: Option<String>,
+    /// Other models a session of this agent may switch to (an editor's model picker), by
+    /// id in `[models]`; its own `model` is the one it starts with, [`DEFAULT_MODEL`].
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+/// The id of an agent's own `model` among the models its sessions may choose.
+pub const DEFAULT_MODEL: &str = "default";
+
+/// The model a session runs, as chosen: its config and the model itself.
+#[derive(Clone)]
+pub struct ChosenModel {
+    pub config: ModelConfig,
+    pub model: Arc<dyn Model>,
 }
 
 /// A mode of an agent's sessions: its name and description for a picker, and what the
@@ -320,6 +334,8 @@ pub struct Agent {
     pub definition: Option<AgentDefinition>,
     /// Its MCP servers, connected on first use and shared by its sessions.
     pub mcp: Arc<mcp::McpServers>,
+    /// The other models its sessions may choose (its `models`), by id.
+    pub choices: BTreeMap<String, ChosenModel>,
 }
 
 impl Agent {
@@ -338,17 +354,31 @@ impl Agent {
         modes.get_key_value(id).map(|(id, mode)| (id.as_str(), mode))
     }
 
-    /// The model's context window in tokens: the agent's `context.window`, else the known
-    /// window of the model's name, if any.
-    pub fn context_window(&self) -> Option<u64> {
-        self.config.context.window.or_else(|| known_window(&self.config.model.name))
+    /// The model a session of this agent runs (its `spec.model`, else the agent's own),
+    /// with its id. A model the config no longer offers is the agent's own.
+    pub fn model_for(&self, chosen: Option<&str>) -> (&str, ChosenModel) {
+        match chosen.filter(|id| *id != DEFAULT_MODEL).map(|id| (id, self.choices.get_key_value(id))) {
+            Some((_, Some((id, choice)))) => (id.as_str(), choice.clone()),
+            gone => {
+                if let Some((id, None)) = gone {
+                    tracing::warn!(agent = %self.name, model = id, "a session's model is no longer offered; it runs the agent's own");
+                }
+                (DEFAULT_MODEL, ChosenModel { config: self.config.model.clone(), model: self.model.clone() })
+            }
+        }
     }
 
-    /// The agent's context budget: from its `context` config, with the window it names or
-    /// the one its model is known to have; `None` if neither.
-    pub fn context_budget(&self) -> Option<ContextBudget> {
+    /// The context window in tokens of `model` as this agent runs it: the agent's
+    /// `context.window`, else the known window of the model's name, if any.
+    pub fn context_window(&self, model: &ModelConfig) -> Option<u64> {
+        self.config.context.window.or_else(|| known_window(&model.name))
+    }
+
+    /// The agent's context budget with `model`: from its `context` config, with the window
+    /// it names or the one the model is known to have; `None` if neither.
+    pub fn context_budget(&self, model: &ModelConfig) -> Option<ContextBudget> {
         let context = &self.config.context;
-        let window = self.context_window()?;
+        let window = self.context_window(model)?;
         let share = |share: f64| (window as f64 * share) as u64;
         Some(ContextBudget {
             compact_above: share(context.compact_at),
@@ -396,6 +426,28 @@ fn check_modes(name: &str, config: &AgentConfig) -> Result<(), String> {
     }
 }
 
+/// The models an agent's sessions may choose besides its own: each of its `models`, one of
+/// `[models]` (and not `default`, its own model's id).
+fn choices(
+    name: &str,
+    config: &AgentConfig,
+    models: &BTreeMap<String, ModelConfig>,
+) -> Result<BTreeMap<String, ChosenModel>, String> {
+    let mut out = BTreeMap::new();
+    for id in &config.models {
+        let at = format!("agents.{name}.models");
+        let Some(model) = models.get(id).filter(|_| id != DEFAULT_MODEL) else {
+            let known: Vec<&str> = models.keys().map(String::as_str).collect();
+            return Err(format!("{at}: {id:?} is not one of [models] ({})", known.join(", ")));
+        };
+        let built = build_model(model).map_err(|e| format!("{at}: {id:?}: {e}"))?;
+        if out.insert(id.clone(), ChosenModel { config: model.clone(), model: built }).is_some() {
+            return Err(format!("{at}: {id:?} is listed twice"));
+        }
+    }
+    Ok(out)
+}
+
 /// The model id that always exists: the embedded scripted model.
 pub const SCRIPTED: &str = "scripted";
 
@@ -405,6 +457,8 @@ impl Agents {
         models: &BTreeMap<String, ModelConfig>,
         tools: Tools,
     ) -> Result<Agents, String> {
+        let mut models = models.clone();
+        models.entry(SCRIPTED.into()).or_insert_with(|| ModelConfig::scripted(SCRIPTED));
         let mut configured = BTreeMap::new();
         for (name, config) in configs {
             for tool in config.tools.keys() {
@@ -419,11 +473,10 @@ impl Agents {
             check_modes(name, config)?;
             let model = build_model(&config.model).map_err(|e| format!("agents.{name}.model: {e}"))?;
             let mcp = Arc::new(mcp::McpServers::new(&config.mcp_servers));
-            let agent = Agent { name: name.clone(), config: config.clone(), model, definition: None, mcp };
+            let choices = choices(name, config, &models)?;
+            let agent = Agent { name: name.clone(), config: config.clone(), model, definition: None, mcp, choices };
             configured.insert(name.clone(), Arc::new(agent));
         }
-        let mut models = models.clone();
-        models.entry(SCRIPTED.into()).or_insert_with(|| ModelConfig::scripted(SCRIPTED));
         for (id, config) in &models {
             build_model(config).map_err(|e| format!("models.{id}: {e}"))?;
         }
@@ -538,6 +591,7 @@ impl Agents {
             idle_timeout_secs: None,
             modes: BTreeMap::new(),
             default_mode: None,
+            models: Vec::new(),
         };
         let model = build_model(&config.model)?;
         // A version with the servers of the one before shares them: its sessions and
@@ -547,8 +601,8 @@ impl Agents {
             Some(before) => before.mcp.clone(),
             None => Arc::new(mcp::McpServers::new(&config.mcp_servers)),
         };
-        let agent =
-            Arc::new(Agent { name: definition.id.clone(), config, model, definition: Some(definition.clone()), mcp });
+        let (name, defined, choices) = (definition.id.clone(), Some(definition.clone()), BTreeMap::new());
+        let agent = Arc::new(Agent { name, config, model, definition: defined, mcp, choices });
         self.defined.write().entry(definition.id.clone()).or_default().insert(definition.version, agent.clone());
         Ok(agent)
     }

@@ -34,6 +34,8 @@ struct Script {
     crash: bool,
     /// `/say <text>`: the reply is exactly this.
     say: Option<String>,
+    /// `/whoami`: the reply names the model (`model: NAME`).
+    whoami: bool,
 }
 
 /// The environment variable that lets `/crash` abort the process (for crash tests only).
@@ -80,6 +82,7 @@ fn parse(text: &str) -> Result<Script, ModelError> {
             }
             "loop" => script.looping = true,
             "say" => script.say = Some(rest.to_string()),
+            "whoami" => script.whoami = true,
             "error" => script.error = Some(if rest.is_empty() { "model_error".into() } else { rest.to_string() }),
             "refuse" => script.refuse = true,
             "max_tokens" => script.max_tokens = true,
@@ -106,10 +109,11 @@ struct Reply {
 /// reads it, directives and all; anything but a panic is an answer.
 pub fn fuzz(text: &str) {
     let message = Message::User { content: vec![crate::domain::Block::text(text)] };
-    let _ = reply(&[message]);
+    let _ = reply(&[message], "scripted");
 }
 
-fn reply<M: AsRef<Message>>(messages: &[M]) -> Result<Reply, ModelError> {
+/// What the model named `name` answers to `messages`.
+fn reply<M: AsRef<Message>>(messages: &[M], name: &str) -> Result<Reply, ModelError> {
     let last_user = messages.iter().rposition(|m| matches!(m.as_ref(), Message::User { .. }));
     let user_text = last_user.map(|i| messages[i].as_ref().text()).unwrap_or_default();
     let script = parse(&user_text)?;
@@ -139,6 +143,8 @@ fn reply<M: AsRef<Message>>(messages: &[M]) -> Result<Reply, ModelError> {
     let said = script.text.join("\n");
     let (text, calls, stop) = if let Some(text) = script.say {
         (text, vec![], ModelStop::EndTurn)
+    } else if script.whoami {
+        (format!("model: {name}"), vec![], ModelStop::EndTurn)
     } else if script.refuse {
         ("I can't help with that.".to_string(), vec![], ModelStop::Refusal)
     } else if !script.calls.is_empty() {
@@ -216,7 +222,7 @@ impl Model for ScriptedModel {
             .find(|m| matches!(m.as_ref(), Message::User { .. }))
             .and_then(|m| parse(&m.text()).ok())
             .and_then(|s| s.delay);
-        let planned = reply(&request.messages);
+        let planned = reply(&request.messages, &self.name);
         Box::pin(async_stream::stream! {
             let reply = match planned {
                 Ok(reply) => reply,
@@ -272,24 +278,28 @@ mod tests {
 
     #[test]
     fn plain_text_is_echoed() {
-        let r = reply(&[user("hello there")]).unwrap();
+        let r = reply(&[user("hello there")], "scripted").unwrap();
         assert_eq!((r.text.as_str(), r.stop), ("echo: hello there", ModelStop::EndTurn));
     }
 
     #[test]
     fn directives_shape_the_reply() {
-        let r = reply(&[user("look it up\n/think hmm\n/tool a {\"x\":1}\n/tool b {}")]).unwrap();
+        let r = reply(&[user("look it up\n/think hmm\n/tool a {\"x\":1}\n/tool b {}")], "scripted").unwrap();
         assert_eq!(r.thinking.as_deref(), Some("hmm"));
         assert_eq!(r.text, "look it up");
         assert_eq!(r.calls, vec![("a".into(), json!({"x": 1})), ("b".into(), json!({}))]);
         assert_eq!(r.stop, ModelStop::ToolUse);
-        assert_eq!(reply(&[user("/words 3")]).unwrap().text, "w1 w2 w3");
-        assert_eq!(reply(&[user("/refuse")]).unwrap().stop, ModelStop::Refusal);
-        assert_eq!(reply(&[user("/say SATISFIED: done\nignored")]).unwrap().text, "SATISFIED: done");
-        assert_eq!(reply(&[user("/max_tokens")]).unwrap().stop, ModelStop::MaxTokens);
-        assert_eq!(reply(&[user("/error model_overloaded_error")]).unwrap_err().code, "model_overloaded_error");
-        assert_eq!(reply(&[user("/tool x notjson")]).unwrap_err().code, "invalid_directive");
-        assert_eq!(reply(&[user("/nope")]).unwrap_err().code, "invalid_directive");
+        assert_eq!(reply(&[user("/words 3")], "scripted").unwrap().text, "w1 w2 w3");
+        assert_eq!(reply(&[user("/refuse")], "scripted").unwrap().stop, ModelStop::Refusal);
+        assert_eq!(reply(&[user("/say SATISFIED: done\nignored")], "scripted").unwrap().text, "SATISFIED: done");
+        assert_eq!(reply(&[user("/whoami")], "scripted-second").unwrap().text, "model: scripted-second");
+        assert_eq!(reply(&[user("/max_tokens")], "scripted").unwrap().stop, ModelStop::MaxTokens);
+        assert_eq!(
+            reply(&[user("/error model_overloaded_error")], "scripted").unwrap_err().code,
+            "model_overloaded_error"
+        );
+        assert_eq!(reply(&[user("/tool x notjson")], "scripted").unwrap_err().code, "invalid_directive");
+        assert_eq!(reply(&[user("/nope")], "scripted").unwrap_err().code, "invalid_directive");
     }
 
     #[test]
@@ -305,7 +315,7 @@ mod tests {
             Message::Tool { tool_call_id: "2".into(), content: vec![Block::text("A")], is_error: false },
             Message::Tool { tool_call_id: "1".into(), content: vec![Block::text("B")], is_error: false },
         ];
-        let r = reply(&messages).unwrap();
+        let r = reply(&messages, "scripted").unwrap();
         assert_eq!(r.text, "tool results: b=B; a=A");
         assert_eq!(r.stop, ModelStop::EndTurn);
     }
@@ -316,6 +326,6 @@ mod tests {
             user("/loop"),
             Message::Tool { tool_call_id: "1".into(), content: vec![Block::text("2")], is_error: false },
         ];
-        assert_eq!(reply(&messages).unwrap().calls[0].0, "calculator");
+        assert_eq!(reply(&messages, "scripted").unwrap().calls[0].0, "calculator");
     }
 }

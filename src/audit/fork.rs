@@ -51,11 +51,22 @@ impl Audit {
         if let Some(agent) = agent {
             spec.agent = agent;
         }
-        // A mode the fork's agent does not have (another agent's, or one its config has
-        // dropped since): the fork starts in its agent's default.
+        // A mode or a model the fork's agent does not have (another agent's, or one its
+        // config has dropped since): the fork starts with its agent's default.
         let agent = self.sessions.agents().get_version(&spec.agent.name, spec.agent.version);
-        if spec.mode.as_ref().is_some_and(|mode| agent.is_none_or(|agent| !agent.config.modes.contains_key(mode))) {
+        if spec
+            .mode
+            .as_ref()
+            .is_some_and(|mode| agent.as_ref().is_none_or(|agent| !agent.config.modes.contains_key(mode)))
+        {
             spec.mode = None;
+        }
+        if spec
+            .model
+            .as_ref()
+            .is_some_and(|model| agent.as_ref().is_none_or(|agent| !agent.choices.contains_key(model)))
+        {
+            spec.model = None;
         }
         crate::domain::metadata::apply_patch(&mut spec.metadata, metadata);
         spec.messages = history.messages.into_iter().map(Arc::unwrap_or_clone).collect();

@@ -21,8 +21,8 @@ use serde_json::{Map, Value};
 pub use error::{ClientError, Refusal};
 pub use follow::{Follow, Followed, Frame, Frames, Reconnect};
 pub use wire::{
-    AgentChoice, AgentMeta, AgentName, ImportStatus, ImportedSession, ModeMeta, NewSession, Page, PageQuery, Session,
-    SessionModes, SessionPage, SessionQuery, StreamFrom, ToolMeta, ToolTrust,
+    AgentChoice, AgentMeta, AgentName, ImportStatus, ImportedSession, ModeMeta, ModelMeta, NewSession, Page, PageQuery,
+    Session, SessionModels, SessionModes, SessionPage, SessionQuery, StreamFrom, ToolMeta, ToolTrust,
 };
 
 /// How long a keyed write is sent again while the server cannot store it (a restart, a
@@ -169,6 +169,20 @@ impl Client {
     pub async fn set_mode(&self, session: &str, mode: &str, key: &str) -> Result<SessionModes, ClientError> {
         let body = serde_json::json!({ "mode": mode });
         let path = format!("/sessions/{session}/mode");
+        let send = || self.call(Method::POST, &path).json(&body);
+        self.keyed(send, key).await?.json().await.map_err(ClientError::Body)
+    }
+
+    /// The session's model and those its agent offers (`GET /sessions/{id}/model`).
+    pub async fn models(&self, session: &str) -> Result<SessionModels, ClientError> {
+        self.json(self.call(Method::GET, &format!("/sessions/{session}/model"))).await
+    }
+
+    /// Changes the session's model (`POST /sessions/{id}/model`), sent again with its key
+    /// as [`Client::create_session_keyed`] is; its models then.
+    pub async fn set_model(&self, session: &str, model: &str, key: &str) -> Result<SessionModels, ClientError> {
+        let body = serde_json::json!({ "model": model });
+        let path = format!("/sessions/{session}/model");
         let send = || self.call(Method::POST, &path).json(&body);
         self.keyed(send, key).await?.json().await.map_err(ClientError::Body)
     }

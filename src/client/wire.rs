@@ -112,6 +112,19 @@ pub struct ModeMeta {
     pub description: String,
 }
 
+/// A session's model and those its agent offers.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SessionModels {
+    pub model: String,
+    pub models: Vec<ModelMeta>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ModelMeta {
+    pub id: String,
+    pub name: String,
+}
+
 #[derive(Deserialize)]
 pub(super) struct Created {
     #[serde(rename = "sessionId")]

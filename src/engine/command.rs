@@ -115,6 +115,8 @@ pub struct SessionUpdate {
     pub metadata: Option<Map<String, Value>>,
     /// One of the agent's `modes`, from the session's next turn on.
     pub mode: Option<String>,
+    /// One of the agent's `models` (or `default`), from the session's next turn on.
+    pub model: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -130,6 +132,7 @@ impl SessionUpdate {
             && self.title.is_none()
             && self.metadata.is_none()
             && self.mode.is_none()
+            && self.model.is_none()
     }
 }
 

@@ -24,6 +24,9 @@ pub fn check_new(agent: &Agent, tools: &Tools, spec: &mut SessionSpec) -> Result
     if let Some(mode) = &spec.mode {
         check_mode(agent, mode, "mode")?;
     }
+    if let Some(model) = &spec.model {
+        check_model(agent, model, "model")?;
+    }
     spec.agent.options = merge_options(agent, &Map::new(), &spec.agent.options)?;
     // The calls a seed history ends with wait for answers by id: two with one id could
     // never both be answered.
@@ -37,10 +40,15 @@ pub fn check_new(agent: &Agent, tools: &Tools, spec: &mut SessionSpec) -> Result
     Ok(())
 }
 
-/// Content for the agent's model: an image to a model that takes none is refused, naming
-/// where it is, rather than dropped on the way to the model.
-pub fn check_content<'a>(agent: &Agent, content: impl IntoIterator<Item = &'a [Block]>) -> Result<(), SessionError> {
-    if agent.config.model.images {
+/// Content for the session's model (its choice of the agent's `models`, else the agent's
+/// own): an image to a model that takes none is refused, naming where it is, rather than
+/// dropped on the way to the model.
+pub fn check_content<'a>(
+    agent: &Agent,
+    spec: &SessionSpec,
+    content: impl IntoIterator<Item = &'a [Block]>,
+) -> Result<(), SessionError> {
+    if agent.model_for(spec.model.as_deref()).1.config.images {
         return Ok(());
     }
     for (i, blocks) in content.into_iter().enumerate() {
@@ -92,12 +100,16 @@ pub fn update(
     if let Some(mode) = &update.mode {
         check_mode(agent, mode, "mode")?;
     }
+    if let Some(model) = &update.model {
+        check_model(agent, model, "model")?;
+    }
     Ok(Some(EventBody::SessionUpdated {
         agent: agent_spec,
         tools: update.tools.clone(),
         title: update.title.clone(),
         metadata,
         mode: update.mode.clone(),
+        model: update.model.clone(),
     }))
 }
 
@@ -115,6 +127,21 @@ fn check_mode(agent: &Agent, mode: &str, field: &str) -> Result<(), SessionError
             modes.join(", ")
         ),
     }))
+}
+
+/// A model must be one the agent offers its sessions: `default` (its own) or one of its
+/// `models`.
+fn check_model(agent: &Agent, model: &str, field: &str) -> Result<(), SessionError> {
+    if model == crate::agent::DEFAULT_MODEL || agent.choices.contains_key(model) {
+        return Ok(());
+    }
+    let offered: Vec<&str> =
+        std::iter::once(crate::agent::DEFAULT_MODEL).chain(agent.choices.keys().map(String::as_str)).collect();
+    Err(invalid(format!(
+        "invalid field `{field}`: agent {:?} offers no model {model:?}; it offers: {}",
+        agent.name,
+        offered.join(", ")
+    )))
 }
 
 /// `agent.tools` may name only the agent's exposed tools, once each.

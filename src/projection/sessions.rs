@@ -44,9 +44,13 @@ impl SessionSummary {
                 archived_at: None,
                 ended: None,
             }),
-            (EventBody::SessionUpdated { agent, tools, title, metadata, mode }, Some(mut summary)) => {
+            (EventBody::SessionUpdated { agent, tools, title, metadata, mode, model }, Some(mut summary)) => {
                 if let Some(mode) = mode {
                     summary.spec.mode = Some(mode.clone());
+                }
+                if let Some(model) = model {
+                    // (`default`: the agent's own, as a session that never chose one.)
+                    summary.spec.model = Some(model.clone()).filter(|m| m != crate::agent::DEFAULT_MODEL);
                 }
                 if let Some(agent) = agent {
                     summary.spec.agent = agent.clone();

@@ -6,12 +6,14 @@
 mod coalesce;
 mod list;
 mod log;
+mod models;
 mod modes;
 mod read;
 mod sessions;
 
 pub use coalesce::Coalescer;
 pub use list::{Changed, ListFilter, Status};
+pub use models::{ModelInfo, Models};
 pub use modes::{ModeInfo, Modes};
 pub use read::{Activity, EventPage, EventQuery, TurnQuery};
 pub use sessions::Sessions;

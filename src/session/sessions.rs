@@ -70,7 +70,7 @@ impl Sessions {
             }
         }
         rules::check_new(&agent, &self.agents.tools, &mut spec)?;
-        rules::check_content(&agent, spec.messages.iter().filter_map(|m| m.content()))?;
+        rules::check_content(&agent, &spec, spec.messages.iter().filter_map(|m| m.content()))?;
         let id = match request {
             Some(key) => {
                 let id = self.engine.session_for(&caller.subject, key).await?;

@@ -415,7 +415,7 @@ for (const mode of ["embedded", "bridge"]) {
         assert.ok(startedIn < 5_000, `the new agent took ${Math.round(startedIn)} ms to answer initialize (is the old lock released?)`);
 
         const loaded = await c.load(sessionId);
-        assert.deepEqual(Object.keys(loaded.wire ?? {}), ["modes"], `session/load answers the session's modes only: ${show(loaded.wire)}`);
+        assert.deepEqual(Object.keys(loaded.wire ?? {}).sort(), ["configOptions", "modes"], `session/load answers the session's modes and config options only: ${show(loaded.wire)}`);
         assert.equal(loaded.wire.modes.currentModeId, "code", show(loaded.wire));
         const replay = loaded.updates;
         const allowed = ["user_message_chunk", "agent_message_chunk", "agent_thought_chunk", "tool_call"];
@@ -585,6 +585,54 @@ for (const mode of ["embedded", "bridge"]) {
         assert.deepEqual(changes, ["ask", "plan", "code"], "each change is in the log");
         const now = await getJson(`${target.server.url}/sessions/${sessionId}/mode`);
         assert.equal(now.mode, "code", show(now));
+      }
+    });
+
+    test("models: config options offer the mode and the model (default, second); session/set_config_option changes the model in the log, the next prompt runs it (/whoami); a change during a prompt arrives as config_option_update; a new process loads it; an unknown value is -32602", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      const option = (options, id) => options?.find((o) => o.id === id);
+      const first = await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const created = await c.ok(m.agent.session.new, c.newSessionParams());
+        const { sessionId, configOptions } = created;
+        assert.deepEqual(configOptions?.map((o) => [o.id, o.category, o.type, o.currentValue]), [["mode", "mode", "select", "code"], ["model", "model", "select", "default"]], show(created));
+        assert.deepEqual(option(configOptions, "model").options.map((o) => [o.value, o.name]), [["default", "scripted"], ["second", "scripted-second"]]);
+        assert.equal((await c.prompt(sessionId, "/whoami")).text, "model: scripted");
+
+        const changed = await c.ok(m.agent.session.setConfigOption, { sessionId, configId: "model", value: "second" });
+        assert.equal(option(changed.configOptions, "model")?.currentValue, "second", show(changed));
+        assert.equal((await c.prompt(sessionId, "/whoami")).text, "model: scripted-second", "the next prompt runs the chosen model");
+
+        const { slow } = await slowReply(c, sessionId);
+        await c.ok(m.agent.session.setConfigOption, { sessionId, configId: "mode", value: "ask" });
+        const during = await slow;
+        const updates = during.updates.filter((u) => u.sessionUpdate === "config_option_update");
+        assert.deepEqual(updates.map((u) => option(u.configOptions, "mode")?.currentValue), ["ask"], about("the change arrives as config_option_update", during));
+        assert.deepEqual(during.updates.filter((u) => u.sessionUpdate === "current_mode_update").map((u) => u.currentModeId), ["ask"], "and as current_mode_update");
+
+        const bad = await c.fails(m.agent.session.setConfigOption, { sessionId, configId: "model", value: "gpt-9" });
+        assert.equal(bad.code, -32602, showError(bad));
+        assert.match(String(bad.data), /offers no model "gpt-9"; it offers: default, second/, showError(bad));
+        const unknown = await c.fails(m.agent.session.setConfigOption, { sessionId, configId: "temperature", value: "hot" });
+        assert.equal(unknown.code, -32602, showError(unknown));
+        return sessionId;
+      });
+      const sessionId = first.result;
+      await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const loaded = await c.load(sessionId);
+        assert.equal(option(loaded.result.configOptions, "model")?.currentValue, "second", `a new process loads the model from the log: ${show(loaded.wire)}`);
+        assert.equal(option(loaded.result.configOptions, "mode")?.currentValue, "ask", show(loaded.wire));
+        assert.equal((await c.prompt(sessionId, "/whoami")).text, "model: scripted-second");
+      });
+      if (mode === "bridge") {
+        const page = await getJson(`${target.server.url}/sessions/${sessionId}/events?limit=500`);
+        const starts = page.data.filter((e) => e.type === "span.model_request_start").map((e) => e.model);
+        assert.deepEqual(starts.slice(0, 2), ["scripted", "scripted-second"], "the log says which model answered");
+        assert.deepEqual(page.data.filter((e) => e.type === "session.updated" && e.model).map((e) => e.model), ["second"]);
+        const now = await getJson(`${target.server.url}/sessions/${sessionId}/model`);
+        assert.deepEqual(now, { model: "second", models: [{ id: "default", name: "scripted" }, { id: "second", name: "scripted-second" }] });
       }
     });
 

@@ -252,3 +252,49 @@ async fn a_sessions_mode_changes_what_its_tools_may_do_from_its_next_turn() {
         (400, Some("invalid field `mode`: agent \"blind\" has no modes"))
     );
 }
+
+/// A session's model through the native route: the agent's own (`default`) and its
+/// `models` (the default config's `second`), a change recorded in the log and run from the
+/// next turn, kept by a fork; a model the agent does not offer refused with 400, naming why.
+#[tokio::test]
+async fn a_sessions_model_is_chosen_among_its_agents_and_runs_from_its_next_turn() {
+    let app = spawn_with(CONFIG).await;
+    let session = session(&app).await;
+    let offered = json!([{"id": "default", "name": "scripted"}, {"id": "second", "name": "scripted-second"}]);
+    let (status, models) = get_json(&app, &format!("/sessions/{session}/model")).await;
+    assert_eq!((status, models), (200, json!({"model": "default", "models": offered})));
+    let said = |answer: Value| answer["messages"].as_array().unwrap().last().unwrap()["content"].to_string();
+    assert!(said(turn(&app, &session, "/whoami").await).contains("model: scripted\""));
+
+    let (status, changed) = post_json(&app, &format!("/sessions/{session}/model"), json!({"model": "second"})).await;
+    assert_eq!((status, &changed["model"]), (200, &json!("second")), "{changed}");
+    assert!(said(turn(&app, &session, "/whoami").await).contains("model: scripted-second"));
+    let (status, refused) = post_json(&app, &format!("/sessions/{session}/model"), json!({"model": "gpt-9"})).await;
+    assert_eq!(status, 400, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert_eq!(
+        message,
+        "invalid field `model`: agent \"default\" offers no model \"gpt-9\"; it offers: default, second"
+    );
+    let events = app.all_events(&session).await;
+    let starts: Vec<&Value> =
+        events.iter().filter(|e| e["type"] == "span.model_request_start").map(|e| &e["model"]).collect();
+    assert_eq!(starts, [&json!("scripted"), &json!("scripted-second")], "the log says which model answered");
+    let at = events.last().unwrap()["id"].as_str().unwrap();
+    let (status, forked) = post_json(&app, &format!("/sessions/{session}/fork"), json!({"at": at})).await;
+    assert_eq!(status, 201, "{forked}");
+    let fork = forked["sessionId"].as_str().unwrap();
+    let (_, models) = get_json(&app, &format!("/sessions/{fork}/model")).await;
+    assert_eq!(models["model"], "second", "a fork keeps the model: {models}");
+
+    let (status, created) = post_json(&app, "/sessions", json!({"agent": {"name": "blind"}})).await;
+    assert_eq!(status, 201, "{created}");
+    let other = created["sessionId"].as_str().unwrap();
+    let (_, models) = get_json(&app, &format!("/sessions/{other}/model")).await;
+    assert_eq!(models, json!({"model": "default", "models": [{"id": "default", "name": "scripted"}]}));
+    let (status, refused) = post_json(&app, &format!("/sessions/{other}/model"), json!({"model": "second"})).await;
+    assert_eq!(
+        (status, refused["error"]["message"].as_str()),
+        (400, Some("invalid field `model`: agent \"blind\" offers no model \"second\"; it offers: default"))
+    );
+}

@@ -103,6 +103,7 @@ impl CreateSession {
             title: self.title,
             metadata: self.metadata,
             mode: None,
+            model: None,
             environment_id: None,
             forked_from: None,
             replay_of: None,

@@ -3,6 +3,7 @@
 
 mod events;
 mod mode;
+mod model;
 mod stream;
 pub mod wire;
 
@@ -10,4 +11,5 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 pub fn session_routes(cfg: &mut ServiceConfig) {
     cfg.service(events::list).service(events::post).service(stream::stream).service(mode::get).service(mode::set);
+    cfg.service(model::get).service(model::set);
 }

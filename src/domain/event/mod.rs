@@ -169,6 +169,10 @@ pub enum EventBody {
         /// The agent's mode the session runs in from its next turn on.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mode: Option<String>,
+        /// The model the session runs from its next turn on: one of its agent's `models`, or
+        /// `default` (the agent's own).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
     },
     #[serde(rename = "session.deleted")]
     SessionDeleted {},

@@ -25,6 +25,9 @@ pub struct SessionSpec {
     /// agent's `default_mode`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
+    /// The model the session runs (one of its agent's `models`); `None`: the agent's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Where the agent runs (a catalog environment), when the client named one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment_id: Option<String>,

@@ -114,7 +114,8 @@ impl Actor {
                 };
                 decide::admit(session, &folded.summary, submission, replaying)?;
                 let of_session = agent.insert(session_agent(&env.agents, &folded.summary)?);
-                rules::check_content(of_session, submission.inputs.iter().filter_map(Input::content))?;
+                let content = submission.inputs.iter().filter_map(Input::content);
+                rules::check_content(of_session, &folded.summary.spec, content)?;
                 let update = rules::update(of_session, &env.agents.tools, &folded.summary.spec, &submission.update)?;
                 let mut decision = decide::decide(&folded.state, submission, update, TurnId::generate(), env.limits)?;
                 // A keyed write says so on its first event, in the same append.
@@ -258,6 +259,7 @@ impl Actor {
             turn,
             plan: ToolPlan::new(&agent, &env.agents.tools, &folded.summary.spec, &folded.state.remembered),
             mcp: [Some(agent.mcp.clone()), env.agents.attached(self.session)].into_iter().flatten().collect(),
+            model: agent.model_for(folded.summary.spec.model.as_deref()).1,
             agent,
             tools: env.agents.tools.clone(),
             history: folded.history.messages.clone(),

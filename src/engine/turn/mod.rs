@@ -20,7 +20,7 @@ use super::decide::{self, Next, Outcome, ResumePoint};
 use super::plan::{Mode, ToolPlan};
 use super::writer::Writer;
 use crate::agent::mcp::{name_tools, McpServers};
-use crate::agent::{Agent, ModelError, Tools};
+use crate::agent::{Agent, ChosenModel, ModelError, Tools};
 use crate::domain::event::StopReason;
 use crate::domain::{Draft, EventBody, EventId, Message, RawEvent, TurnId, Usage};
 use crate::error::SessionError;
@@ -31,6 +31,8 @@ pub struct TurnContext {
     pub(super) writer: Arc<Writer>,
     pub turn: TurnId,
     pub agent: Arc<Agent>,
+    /// The model the session runs this turn (its choice, else the agent's own).
+    pub model: ChosenModel,
     pub tools: Arc<Tools>,
     /// The MCP servers whose tools the turn offers: the agent's, then the session's own.
     pub mcp: Vec<Arc<McpServers>>,

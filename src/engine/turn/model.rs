@@ -42,7 +42,7 @@ struct Span {
 }
 
 pub(super) async fn request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Response, Failure> {
-    let model = ctx.agent.model.clone();
+    let model = ctx.model.model.clone();
     let span_id = prefixed("span_");
     let start = EventBody::ModelRequestStart { model: model.name().into(), span_id: span_id.clone() };
     let start = append(ctx, vec![start])?.first().map(|event| event.id);
@@ -134,7 +134,7 @@ fn record(ctx: &mut TurnContext, span: Span, model: &str, streamed: Streamed) ->
         is_error: failure.is_some(),
         model_request_start_id: span.start,
         stop_reason: stop,
-        context_window: ctx.agent.context_window(),
+        context_window: ctx.agent.context_window(&ctx.model.config),
     });
     let events = append(ctx, bodies)?;
     if !parts.is_empty() {
@@ -156,7 +156,7 @@ fn record(ctx: &mut TurnContext, span: Span, model: &str, streamed: Streamed) ->
 /// conversation: nothing of it goes to the log. A cancel ends it at once. What it cost
 /// comes back either way.
 pub(super) async fn text(ctx: &TurnContext, request: ModelRequest) -> Result<(String, Usage), (Failure, Usage)> {
-    let mut stream = ctx.agent.model.stream(request);
+    let mut stream = ctx.model.model.stream(request);
     let (mut said, mut cost) = (String::new(), Usage::default());
     loop {
         let next = tokio::select! {
