@@ -62,7 +62,9 @@ impl Acp {
         self.cwds.lock().insert(session.to_string(), cwd.to_path_buf());
         let settings = self.settings(session).await?;
         let replayed = if replay { render::replay(&events) } else { Vec::new() };
-        for update in replayed.into_iter().chain(render::info(&events)).chain(render::context(&events)) {
+        let commands = super::commands::available(&*self.door, session).await;
+        let after = render::info(&events).into_iter().chain(render::context(&events)).chain(commands);
+        for update in replayed.into_iter().chain(after) {
             cx.send_notification(SessionNotification::new(session.to_string(), update))?;
         }
         self.follow_if_running(session, &events, cx);
@@ -131,20 +133,26 @@ impl Acp {
     /// turnlog's fork of the session at its last event, in the client's `cwd`: a new
     /// session with the whole conversation so far, which goes on apart from the source.
     pub(super) async fn fork_session(&self, request: &ForkSessionRequest) -> Result<ForkSessionResponse, Error> {
-        let cwd = absolute(&request.cwd)?;
         let mcp = mcp_servers(&request.mcp_servers)?;
-        let session = request.session_id.0.to_string();
-        let events = self.door.events(&session).await.map_err(|e| error(e, Some(&session)))?;
-        let Some(last) = events.last() else {
-            return Err(acp::Error::session_not_found(session).into());
-        };
-        let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
-        let forked = self.door.fork(&session, last.id, metadata).await.map_err(|e| error(e, Some(&session)))?;
+        let forked = self.fork(&request.session_id.0, &request.cwd).await?;
         self.door.attach_mcp(&forked, mcp).await.map_err(|e| error(e, Some(&forked)))?;
         self.cwds.lock().insert(forked.clone(), request.cwd.clone());
-        tracing::info!(session_id = %forked, source = %session, "session forked");
         let settings = self.settings(&forked).await?;
         Ok(ForkSessionResponse::new(forked).modes(settings.modes).config_options(settings.options))
+    }
+
+    /// Forks `session` at its last event, with `cwd` as the fork's working directory; the
+    /// fork's id.
+    pub(super) async fn fork(&self, session: &str, cwd: &Path) -> Result<String, Error> {
+        let cwd = absolute(cwd)?;
+        let events = self.door.events(session).await.map_err(|e| error(e, Some(session)))?;
+        let Some(last) = events.last() else {
+            return Err(acp::Error::session_not_found(session.to_string()).into());
+        };
+        let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
+        let forked = self.door.fork(session, last.id, metadata).await.map_err(|e| error(e, Some(session)))?;
+        tracing::info!(session_id = %forked, source = %session, "session forked");
+        Ok(forked)
     }
 }
 

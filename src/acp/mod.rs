@@ -9,6 +9,7 @@
 //! session's load, resume, close, delete, fork and mode are in [`lifecycle`], prompts in
 //! [`prompt`], and the editor's files and terminals as the model's tools in [`editor`].
 
+mod commands;
 pub mod door;
 mod editor;
 mod lifecycle;
@@ -137,9 +138,12 @@ impl Acp {
             .on_receive_request(
                 {
                     let acp = self.clone();
-                    async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, _cx| {
+                    async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, cx| {
                         let key = door::write_key(&acp.connection, Some(responder.raw_id()));
-                        responder.respond_with_result(acp.new_session(request, &key).await)
+                        let created = acp.new_session(request, &key).await;
+                        let session = created.as_ref().ok().map(|c| c.session_id.0.to_string());
+                        responder.respond_with_result(created)?;
+                        acp.send_commands(session, &cx).await
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -216,8 +220,11 @@ impl Acp {
             .on_receive_request(
                 {
                     let acp = self.clone();
-                    async move |request: ForkSessionRequest, responder: Responder<ForkSessionResponse>, _cx| {
-                        responder.respond_with_result(acp.fork_session(&request).await)
+                    async move |request: ForkSessionRequest, responder: Responder<ForkSessionResponse>, cx| {
+                        let forked = acp.fork_session(&request).await;
+                        let session = forked.as_ref().ok().map(|f| f.session_id.0.to_string());
+                        responder.respond_with_result(forked)?;
+                        acp.send_commands(session, &cx).await
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -329,11 +336,25 @@ impl Acp {
         Ok(())
     }
 
-    /// Runs the prompt, takes it off the running ones, then answers: in that order, since
-    /// the client may send the session's next prompt as soon as it reads the answer.
+    /// The session's commands, for a client that has just been told of it (after the
+    /// answer that names it: the client knows the session by then).
+    async fn send_commands(&self, session: Option<String>, cx: &ConnectionTo<Client>) -> Result<(), Error> {
+        let Some(session) = session else { return Ok(()) };
+        match commands::available(&*self.door, &session).await {
+            Some(update) => cx.send_notification(acp::SessionNotification::new(session, update)),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs the prompt (or the command it is), takes it off the running ones, then answers:
+    /// in that order, since the client may send the session's next prompt as soon as it
+    /// reads the answer.
     async fn answer(self, id: ulid::Ulid, prompt: Prompt, content: Vec<Block>, responder: Responder<PromptResponse>) {
         let session = prompt.session.clone();
-        let ended = prompt.run(content).await;
+        let ended = match commands::asked(&*self.door, &session, &content).await {
+            Some(command) => self.run_command(&prompt.line(), command).await,
+            None => prompt.run(content).await,
+        };
         {
             // (A close took it off already, and a new prompt may be listed since.)
             let mut prompts = self.prompts.lock();

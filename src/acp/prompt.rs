@@ -166,7 +166,7 @@ impl Prompt {
     }
 
     /// This prompt's line to its client.
-    fn line(&self) -> Line<'_> {
+    pub(super) fn line(&self) -> Line<'_> {
         Line { cx: &self.cx, session: &self.session, cancel: &self.cancel }
     }
 

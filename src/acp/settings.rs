@@ -80,7 +80,7 @@ pub(super) async fn update(door: &dyn Door, session: &str) -> Option<SessionUpda
     }
 }
 
-async fn read(door: &dyn Door, session: &str) -> Result<(Option<Modes>, Models), DoorError> {
+pub(super) async fn read(door: &dyn Door, session: &str) -> Result<(Option<Modes>, Models), DoorError> {
     Ok((door.modes(session).await?, door.models(session).await?))
 }
 

@@ -66,8 +66,7 @@ pub struct AgentConfig {
     pub models: Vec<String>,
 }
 
-/// The id of an agent's own `model` among the models its sessions may choose.
-pub const DEFAULT_MODEL: &str = "default";
+pub use crate::domain::event::DEFAULT_MODEL;
 
 /// The model a session runs, as chosen: its config and the model itself.
 #[derive(Clone)]

@@ -50,7 +50,7 @@ impl SessionSummary {
                 }
                 if let Some(model) = model {
                     // (`default`: the agent's own, as a session that never chose one.)
-                    summary.spec.model = Some(model.clone()).filter(|m| m != crate::agent::DEFAULT_MODEL);
+                    summary.spec.model = Some(model.clone()).filter(|m| m != crate::domain::event::DEFAULT_MODEL);
                 }
                 if let Some(agent) = agent {
                     summary.spec.agent = agent.clone();

@@ -4,6 +4,7 @@
 //! ([`crate::engine`]), and reads, pages and follows logs and turns by cursor.
 
 mod coalesce;
+pub mod commands;
 mod list;
 mod log;
 mod models;

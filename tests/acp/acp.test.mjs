@@ -26,6 +26,7 @@ import {
   TEST,
   assertCleanExit,
   closeAndWait,
+  commandsIn,
   comparable,
   contentText,
   deadline,
@@ -634,6 +635,52 @@ for (const mode of ["embedded", "bridge"]) {
         const now = await getJson(`${target.server.url}/sessions/${sessionId}/model`);
         assert.deepEqual(now, { model: "second", models: [{ id: "default", name: "scripted" }, { id: "second", name: "scripted-second" }] });
       }
+    });
+
+    test("commands: available_commands_update lists /fork, /mode and /model (with their choices) once the client knows the session, and again on a load; /mode and /model change the session in the log; /fork makes a fork with the conversation so far; a command used wrongly says how; one the session does not offer goes to the model", TEST, async (t) => {
+      const lab = new Lab(t);
+      const target = await lab.target(mode);
+      const said = (turn) => [turn.stopReason, turn.text];
+      const first = await withAgent(lab, target.args, async (c) => {
+        const sessionId = await c.openSession();
+        const listed = await waitFor(() => commandsIn(c.transcript, sessionId)[0], 5_000, () => "the session's commands");
+        assert.deepEqual(
+          listed.availableCommands.map((x) => [x.name, x.input?.hint]),
+          [["fork", undefined], ["mode", "ask, code, plan"], ["model", "default, second"]],
+          show(listed),
+        );
+        assert.ok(listed.availableCommands.every((x) => x.description), show(listed));
+        await c.prompt(sessionId, "hi");
+
+        const moded = await c.prompt(sessionId, "/mode plan");
+        assert.deepEqual(said(moded), ["end_turn", "The mode is plan from the next turn on."]);
+        assert.deepEqual(moded.updates.filter((u) => u.sessionUpdate === "current_mode_update").map((u) => u.currentModeId), ["plan"], show(moded.updates));
+        const modeled = await c.prompt(sessionId, "/model second");
+        assert.deepEqual(said(modeled), ["end_turn", "The model is second from the next turn on."]);
+        assert.equal((await c.prompt(sessionId, "/whoami")).text, "model: scripted-second");
+        const wrong = await c.prompt(sessionId, "/mode");
+        assert.deepEqual(said(wrong), ["end_turn", "/mode needs one of: ask, code, plan"]);
+        const unknown = await c.prompt(sessionId, "/model gpt-9");
+        assert.match(unknown.text, /^\/model: invalid field `model`: agent "default" offers no model "gpt-9"; it offers: default, second$/, unknown.text);
+
+        const forked = await c.prompt(sessionId, "/fork");
+        const fork = /^Forked this session as (sess_\w+): /.exec(forked.text)?.[1];
+        assert.ok(fork, `the answer names the fork: ${forked.text}`);
+        const listedSessions = await c.ok(m.agent.session.list, { cwd: c.child.cwd });
+        assert.ok(listedSessions.sessions.some((x) => x.sessionId === fork), `the fork is in the session list: ${show(listedSessions)}`);
+        return { sessionId, fork };
+      });
+      const { sessionId, fork } = first.result;
+      await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const loaded = await c.load(fork);
+        const texts = loaded.updates.filter((u) => u.sessionUpdate === "agent_message_chunk").map((u) => u.content.text);
+        assert.deepEqual(texts, ["echo: hi", "model: scripted-second"], `the fork has the conversation so far (commands are not turns): ${show(loaded.updates)}`);
+        assert.equal(loaded.result.modes.currentModeId, "plan", "and the source's mode");
+        assert.equal(commandsIn(c.transcript, fork).length, 1, "a load lists the commands");
+        const source = await c.load(sessionId);
+        assert.equal(source.result.modes.currentModeId, "plan", "the mode is in the log");
+      });
     });
 
     test("usage: with a known context window, each model request that ended well arrives as usage_update (its tokens, of the window); the context grows turn by turn; a load or a resume ends with the last one", TEST, async (t) => {

@@ -505,9 +505,19 @@ function isJsonRpc(msg) {
   return "id" in msg && ("result" in msg) !== ("error" in msg);
 }
 
-/** The session/update payloads for `sessionId` in a list of transcript entries. */
+/**
+ * The session/update payloads for `sessionId` in a list of transcript entries, but for the
+ * session's commands (`available_commands_update`): sent once the client knows a session,
+ * after session/new's answer, they may arrive in the next request's window. `commandsIn`
+ * reads them.
+ */
 export function updatesIn(entries, sessionId) {
-  return entries.filter((e) => e.dir === "in" && isUpdate(e.msg, sessionId)).map((e) => e.msg.params.update);
+  return entries.filter((e) => e.dir === "in" && isUpdate(e.msg, sessionId)).map((e) => e.msg.params.update).filter((u) => u.sessionUpdate !== "available_commands_update");
+}
+
+/** The `available_commands_update`s for `sessionId` in a list of transcript entries. */
+export function commandsIn(entries, sessionId) {
+  return entries.filter((e) => e.dir === "in" && isUpdate(e.msg, sessionId) && e.msg.params.update.sessionUpdate === "available_commands_update").map((e) => e.msg.params.update);
 }
 
 /**
@@ -550,8 +560,10 @@ export class Turn {
     this.answeredAt = reply.answeredAt; // performance.now() when the answer line arrived
     this.answerIndex = reply.answerIndex; // its place in the client's transcript
     // updates and permission requests for this session, as they arrived
+    // (Not the session's commands: see `updatesIn`.)
     this.events = reply.window
       .filter((e) => e.dir === "in" && (isUpdate(e.msg, sessionId) || isPermission(e.msg, sessionId)))
+      .filter((e) => e.msg.params?.update?.sessionUpdate !== "available_commands_update")
       .map((e) => (isUpdate(e.msg) ? { update: e.msg.params.update, at: e.at } : { permission: e.msg.params, at: e.at }));
     this.updates = this.events.filter((e) => e.update).map((e) => e.update);
     this.permissions = this.events.filter((e) => e.permission).map((e) => e.permission);

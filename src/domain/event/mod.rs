@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 
 pub use content::{Block, File};
 pub use run::{ClientRun, Diff, Location, TerminalRun};
-pub use spec::{AgentSpec, ClientTool, ForkPoint, ReplayOf, SessionSpec, ToolTrust};
+pub use spec::{AgentSpec, ClientTool, ForkPoint, ReplayOf, SessionSpec, ToolTrust, DEFAULT_MODEL};
 pub use stored::{timestamp_now, Draft, Envelope, RawEvent};
 
 use super::ids::{EventId, SessionId, TurnId};

@@ -74,6 +74,9 @@ pub struct AgentSpec {
     pub options: Map<String, Value>,
 }
 
+/// The id of an agent's own `model` among those its sessions may choose.
+pub const DEFAULT_MODEL: &str = "default";
+
 /// A tool the client declares and runs itself. Each view maps its wire shape to this one
 /// (`parameters`, `inputSchema`, `input_schema`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
