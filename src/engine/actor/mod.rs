@@ -151,7 +151,7 @@ impl Actor {
         let created = async {
             let conflict = || SessionError::Conflict(format!("session {session} was written to as it was created"));
             let first = env.log.append(session, 0, drafts).await?.map_err(|_| conflict())?;
-            let settled = decide::seed_settled(&first);
+            let settled = decide::seed_settled(&first, &seed_plan(env, &first));
             if !settled.is_empty() {
                 env.log.append(session, first.len() as u64, settled).await?.map_err(|_| conflict())?;
             }
@@ -291,5 +291,18 @@ fn again(error: &SessionError) -> SessionError {
         }
         SessionError::Storage(error) => SessionError::Storage(StoreError::new(error.to_string())),
         other => SessionError::Invalid(other.to_string()),
+    }
+}
+
+/// The tool plan a new session's seed calls were recorded by (its agent's, in its mode), to
+/// say why a denied one was: empty if the session's agent is unknown here.
+fn seed_plan(env: &Env, first: &[crate::domain::RawEvent]) -> crate::engine::plan::ToolPlan {
+    let created = first.first().and_then(|raw| raw.decode().ok());
+    let Some(crate::domain::Event { body: crate::domain::EventBody::SessionCreated { spec, .. }, .. }) = created else {
+        return Default::default();
+    };
+    match env.agents.get_version(&spec.agent.name, spec.agent.version) {
+        Some(agent) => crate::engine::plan::ToolPlan::new(&agent, &env.agents.tools, &spec, &Default::default()),
+        None => Default::default(),
     }
 }

@@ -117,9 +117,10 @@ pub fn seed_waiting(messages: &[Message], plan: &ToolPlan, turn: TurnId) -> Vec<
     drafts
 }
 
-/// What follows [`seed_waiting`]'s events once stored: the denied calls' results, and the
-/// status that names the calls waiting for the client (or ends the turn if none waits).
-pub fn seed_settled(stored: &[RawEvent]) -> Vec<Draft> {
+/// What follows [`seed_waiting`]'s events once stored: the denied calls' results (saying
+/// why, as `plan`, the session's, has it), and the status that names the calls waiting for
+/// the client (or ends the turn if none waits).
+pub fn seed_settled(stored: &[RawEvent], plan: &ToolPlan) -> Vec<Draft> {
     let events: Vec<Event> = stored.iter().filter_map(|raw| raw.decode().ok()).collect();
     let started = events.iter().find(|e| matches!(e.body, EventBody::TurnStarted {}));
     let Some(turn) = started.and_then(|e| e.turn_id) else {
@@ -130,7 +131,11 @@ pub fn seed_settled(stored: &[RawEvent]) -> Vec<Draft> {
     for event in &events {
         match &event.body {
             EventBody::AgentToolUse { evaluated_permission: Permission::Deny, tool_call_id, name, .. } => {
-                let text = format!("Tool call denied: no tool named {name:?} is available");
+                let why = match plan.modes.get(name) {
+                    Some(Mode::OutOfMode) => plan.out_of_mode(name),
+                    _ => format!("no tool named {name:?} is available"),
+                };
+                let text = format!("Tool call denied: {why}");
                 drafts.push(Draft::new(Some(turn), &error_result(event.id, tool_call_id, &text)));
             }
             EventBody::AgentToolUse { .. } | EventBody::AgentCustomToolUse { .. } => waiting.push(event.id),

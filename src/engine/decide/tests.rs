@@ -113,7 +113,7 @@ fn a_seed_that_ends_with_calls_waits_for_their_answers() {
     let mut drafts = seed_waiting(&seed, &plan, turn);
     let kinds: Vec<&str> = drafts.iter().map(Draft::kind).collect();
     assert_eq!(kinds, ["turn.started", "agent.custom_tool_use", "agent.tool_use", "agent.tool_use"]);
-    let settled = seed_settled(&stored(&drafts));
+    let settled = seed_settled(&stored(&drafts), &plan);
     let kinds: Vec<&str> = settled.iter().map(Draft::kind).collect();
     assert_eq!(kinds, ["agent.tool_result", "session.status_idle"]);
     drafts.extend(settled);
@@ -138,7 +138,26 @@ fn a_seed_that_ends_with_calls_waits_for_their_answers() {
         "{refused}"
     );
     assert!(seed_waiting(&[Message::User { content: vec![] }], &plan, turn).is_empty());
-    assert!(seed_settled(&[]).is_empty());
+    assert!(seed_settled(&[], &plan).is_empty());
+}
+
+#[test]
+fn a_seed_call_the_mode_refuses_is_denied_saying_so() {
+    let plan = ToolPlan {
+        modes: [("write".to_string(), Mode::OutOfMode)].into(),
+        mode: Some(("plan".to_string(), crate::agent::ModeConfig::default())),
+        ..ToolPlan::default()
+    };
+    let call =
+        crate::domain::Part::ToolUse { tool_call_id: "a".into(), name: "write".into(), input: serde_json::json!({}) };
+    let drafts = seed_waiting(&[Message::Assistant { content: vec![call] }], &plan, TurnId::generate());
+    let settled = seed_settled(&stored(&drafts), &plan);
+    let denied: Vec<crate::domain::Event> = stored(&settled).iter().map(|raw| raw.decode().unwrap()).collect();
+    let EventBody::AgentToolResult { content, is_error: true, .. } = &denied[0].body else { panic!("{denied:?}") };
+    assert_eq!(
+        Block::join_text(&content[..]),
+        "Tool call denied: the session's mode (plan) does not allow \"write\": the user may change the mode"
+    );
 }
 
 /// A session waiting for permissions on calls of one server tool, by these call ids.
@@ -151,7 +170,7 @@ fn waiting_for(ids: &[&str]) -> TurnState {
     };
     let mut drafts =
         seed_waiting(&[Message::Assistant { content: ids.iter().map(call).collect() }], &plan, TurnId::generate());
-    drafts.extend(seed_settled(&stored(&drafts)));
+    drafts.extend(seed_settled(&stored(&drafts), &plan));
     fold(&drafts)
 }
 
