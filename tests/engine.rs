@@ -819,6 +819,7 @@ async fn calls_left_waiting_for_the_client_keep_waiting_after_a_resume(log: Back
             name: "get_weather".into(),
             input: json!({}),
             ask: false,
+            editor: false,
         },
         span_end(ModelStop::ToolUse),
     ];

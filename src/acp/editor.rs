@@ -19,7 +19,7 @@ use agent_client_protocol::v1::schema::{
 };
 use serde_json::{json, Value};
 
-use super::line::{self, Line};
+use super::line::{self, Answer, Line};
 use crate::domain::event::{ClientRun, ClientTool, Confirmation, Diff, Location, TerminalRun};
 use crate::domain::{Block, EventId};
 use crate::session::Input;
@@ -30,8 +30,8 @@ pub const TERMINAL: &str = "terminal";
 
 /// The most of a file a read gives the model (it reads the rest by `line` and `limit`).
 const READ_MAX: usize = 256 * 1024;
-/// The largest edit whose texts the log keeps (both texts together); a larger one keeps
-/// where it was, and the editor showed its diff when it asked.
+/// The largest edit whose texts the log keeps (both texts together); of a larger one, the
+/// log keeps where it was.
 const DIFF_MAX: usize = 384 * 1024;
 /// The most of a command's output the client keeps (its end).
 const OUTPUT_MAX: u64 = 64 * 1024;
@@ -73,6 +73,7 @@ impl Offered {
             title: Some(title.to_string()),
             description: description.to_string(),
             input_schema: json!({"type": "object", "properties": properties, "required": required, "additionalProperties": false}),
+            editor: true,
         };
         let mut tools = Vec::new();
         if self.read {
@@ -155,7 +156,7 @@ fn read_call(tool: &str, input: &Value, cwd: Option<&Path>) -> Result<Asked, Str
             let content = string("content").ok_or("`content` (the file's whole new text) is needed")?;
             Ok(Asked::Write { path: path("path")?, content: content.to_string() })
         }
-        _ => {
+        TERMINAL => {
             let command = string("command").filter(|c| !c.is_empty()).ok_or("`command` is needed")?.to_string();
             let args = match input.get("args") {
                 None | Some(Value::Null) => Vec::new(),
@@ -178,12 +179,8 @@ fn read_call(tool: &str, input: &Value, cwd: Option<&Path>) -> Result<Asked, Str
             };
             Ok(Asked::Run { command, args, cwd, timeout })
         }
+        other => Err(format!("{other:?} is not one of the editor's tools ({READ}, {WRITE}, {TERMINAL})")),
     }
-}
-
-/// Whether a tool is one of the editor's.
-pub fn is_editor_tool(name: &str) -> bool {
-    [READ, WRITE, TERMINAL].contains(&name)
 }
 
 /// How a call of one of the editor's tools shows: `Read /a/b.rs`, `Write /a/b.rs`,
@@ -297,22 +294,26 @@ impl Editor {
                     }
                     false => None,
                 };
-                let diff = AcpDiff::new(&path, &content).old_text(before.clone());
-                let review = vec![ToolCallContent::Diff(diff)];
-                let size = content.len() + before.as_ref().map_or(0, String::len);
-                let (written, path_text) = (content.len(), path.display().to_string());
-                if size <= DIFF_MAX {
-                    ran.diff = Some(Diff { path: path_text.clone(), old_text: before, new_text: content.clone() });
-                }
+                let review = vec![ToolCallContent::Diff(AcpDiff::new(&path, &content).old_text(before.clone()))];
                 if let Some(stored) = permit(client, &call, &mut ran, review).await {
                     return stored;
                 }
-                match client.request(WriteTextFileRequest::new(client.session.to_string(), path, content)).await {
-                    None => Ran::Cancelled,
-                    Some(Ok(_)) => Ran::Stored(result(id, format!("Wrote {written} bytes to {path_text}"), false, ran)),
-                    Some(Err(error)) => {
-                        Ran::Stored(result(id, format!("The editor could not write it: {error}"), true, ran))
+                // Not given up on a cancel once asked for: the file may be written, and the log
+                // is to say so (the prompt then stops the turn).
+                let (written, path_text) = (content.len(), path.display().to_string());
+                let write = WriteTextFileRequest::new(client.session.to_string(), path, content.clone());
+                match client.request_anyway(write).await {
+                    Ok(_) => {
+                        // The edit made, as the editor reviews it (the texts only if they fit).
+                        let size = content.len() + before.as_ref().map_or(0, String::len);
+                        ran.diff = (size <= DIFF_MAX).then(|| Diff {
+                            path: path_text.clone(),
+                            old_text: before,
+                            new_text: content,
+                        });
+                        Ran::Stored(result(id, format!("Wrote {written} bytes to {path_text}"), false, ran))
                     }
+                    Err(error) => Ran::Stored(result(id, format!("The editor could not write it: {error}"), true, ran)),
                 }
             }
             Asked::Run { command, args, cwd, timeout } => {
@@ -338,12 +339,16 @@ async fn permit(client: &Line<'_>, call: &Call<'_>, ran: &mut ClientRun, review:
             PermissionOption::new(ALLOW, "Allow", PermissionOptionKind::AllowOnce),
             PermissionOption::new(line::REJECT_ONCE, "Reject", PermissionOptionKind::RejectOnce),
         ];
-        match client.ask(update, options).await.as_deref() {
-            None => return Some(Ran::Cancelled),
-            Some(ALLOW) => ran.permission = Some(Confirmation::Allow),
-            Some(_) => {
+        match client.ask(update, options).await {
+            Answer::Cancelled => return Some(Ran::Cancelled),
+            Answer::Chose(option) if option == ALLOW => ran.permission = Some(Confirmation::Allow),
+            Answer::Chose(_) => {
                 ran.permission = Some(Confirmation::Deny);
                 let text = "Tool call denied: the user refused it".to_string();
+                return Some(Ran::Stored(result(id, text, true, ran.clone())));
+            }
+            Answer::Failed(error) => {
+                let text = format!("Tool call not run: the editor could not ask the user ({error})");
                 return Some(Ran::Stored(result(id, text, true, ran.clone())));
             }
         }
@@ -353,7 +358,9 @@ async fn permit(client: &Line<'_>, call: &Call<'_>, ran: &mut ClientRun, review:
 }
 
 /// Runs a command in a terminal of the client's, embedded in the call while it runs,
-/// until it exits (or is killed at `timeout`); its output and how it ended.
+/// until it exits (or is killed at `timeout`, or when the prompt is cancelled); its output
+/// and how it ended. Once asked for, the command is recorded whatever happens: it may have
+/// run.
 async fn run_command(
     client: &Line<'_>,
     id: EventId,
@@ -368,10 +375,9 @@ async fn run_command(
         .args(args.clone())
         .cwd(cwd.clone())
         .output_byte_limit(OUTPUT_MAX);
-    let terminal = match client.request(create).await {
-        None => return Ran::Cancelled,
-        Some(Ok(created)) => created.terminal_id,
-        Some(Err(error)) => return Ran::Stored(result(id, format!("The editor could not run it: {error}"), true, ran)),
+    let terminal = match client.request_anyway(create).await {
+        Ok(created) => created.terminal_id,
+        Err(error) => return Ran::Stored(result(id, format!("The editor could not run it: {error}"), true, ran)),
     };
     client.notify(status(
         id,
@@ -379,13 +385,14 @@ async fn run_command(
         Some(ToolCallContent::Terminal(Terminal::new(terminal.clone()))),
     ));
     let wait = WaitForTerminalExitRequest::new(session.clone(), terminal.clone());
-    let mut timed_out = false;
+    let (mut timed_out, mut cancelled) = (false, false);
     let exit = match tokio::time::timeout(timeout, client.request(wait)).await {
         Ok(Some(Ok(exited))) => Ok(exited.exit_status),
         Ok(Some(Err(error))) => Err(error.to_string()),
         Ok(None) | Err(_) => {
             // Cancelled, or past its time: killed (its output so far is kept).
             timed_out = !client.cancel.is_cancelled();
+            cancelled = !timed_out;
             let kill = KillTerminalRequest::new(session.clone(), terminal.clone());
             if let Err(error) = client.request_anyway(kill).await {
                 tracing::warn!(session_id = %session, %error, "the editor did not kill a command's terminal");
@@ -398,9 +405,6 @@ async fn run_command(
     if let Err(error) = released {
         tracing::debug!(session_id = %session, %error, "a terminal was not released");
     }
-    if client.cancel.is_cancelled() {
-        return Ran::Cancelled;
-    }
     let (output, truncated) = match output {
         Ok(output) => (output.output, output.truncated),
         Err(error) => (format!("(the editor gave no output: {error})"), false),
@@ -410,6 +414,7 @@ async fn run_command(
         Err(_) => (None, None),
     };
     let ended = match (&exit, timed_out) {
+        _ if cancelled => "killed: the prompt was cancelled".to_string(),
         (_, true) => format!("killed after {} s", timeout.as_secs()),
         (Ok(_), _) if exit_code == Some(0) => "exit code 0".to_string(),
         (Ok(_), _) => match (exit_code, &signal) {
@@ -422,8 +427,29 @@ async fn run_command(
     let failed = exit_code != Some(0);
     let text = format!("{}{output}\n[{ended}]", if truncated { "(the start is cut)\n" } else { "" });
     let cwd = cwd.map(|c| c.display().to_string());
-    ran.terminal = Some(TerminalRun { command, args, cwd, output, truncated, exit_code, signal, timed_out });
+    ran.terminal = Some(TerminalRun { command, args, cwd, truncated, exit_code, signal, timed_out });
     Ran::Stored(result(id, text, failed, ran))
+}
+
+/// A result of one of the editor's tools made short enough for any server: its text cut to
+/// 4 KiB, saying so, and the run without the edit's texts. `None` for other input.
+pub fn shorter(input: &Input) -> Option<Input> {
+    const KEPT: usize = 4 * 1024;
+    let Input::Result { call, content, is_error, ran: Some(ran) } = input else { return None };
+    let text = Block::join_text(content);
+    let cut = (0..=KEPT.min(text.len())).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+    let text = format!(
+        "{}\n[cut at {cut} of {} bytes: the whole result is more than the log takes]",
+        &text[..cut],
+        text.len()
+    );
+    let ran = ClientRun { diff: None, ..(**ran).clone() };
+    Some(Input::Result {
+        call: call.clone(),
+        content: vec![Block::text(text)],
+        is_error: *is_error,
+        ran: Some(Box::new(ran)),
+    })
 }
 
 fn result(id: EventId, text: String, is_error: bool, ran: ClientRun) -> Input {
@@ -478,6 +504,9 @@ mod tests {
             read_call(TERMINAL, &json!({"command": "ls", "timeout_secs": 601}), None).unwrap_err(),
             "`timeout_secs` is at most 600"
         );
+        assert!(read_call("rm", &json!({"command": "ls"}), None)
+            .unwrap_err()
+            .contains("not one of the editor's tools"));
     }
 
     #[test]
@@ -487,5 +516,20 @@ mod tests {
         assert_eq!(names(Offered { read: true, write: false, terminal: true }), [READ, TERMINAL]);
         assert_eq!(title(TERMINAL, &json!({"command": "ls", "args": ["-la", "/tmp"]})).unwrap(), "Run ls -la /tmp");
         assert_eq!(cut("héllo".into(), 2), "h\n[cut at 2 of 6 bytes: read the rest with `line` and `limit`]");
+    }
+
+    #[test]
+    fn a_result_too_large_to_store_is_kept_shorter_without_the_edits_texts() {
+        let diff = Diff { path: "/a".into(), old_text: Some("x".repeat(9000)), new_text: "y".into() };
+        let ran = ClientRun { by: Some("zed".into()), diff: Some(diff), ..ClientRun::default() };
+        let long = result(EventId(ulid::Ulid::nil()), "é".repeat(5000), false, ran);
+        let Some(Input::Result { content, ran: Some(ran), is_error: false, .. }) = shorter(&long) else { panic!() };
+        let text = Block::join_text(&content);
+        assert!(
+            text.ends_with("\n[cut at 4096 of 10000 bytes: the whole result is more than the log takes]"),
+            "{text}"
+        );
+        assert_eq!((ran.by.as_deref(), ran.diff), (Some("zed"), None));
+        assert!(shorter(&Input::Interrupt).is_none());
     }
 }

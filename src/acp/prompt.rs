@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::door::{Door, DoorError};
 use super::editor::{self, Ran};
-use super::line::{Line, REJECT_ONCE};
+use super::line::{Answer, Line, REJECT_ONCE};
 use super::render::Live;
 use crate::domain::event::StopReason;
 use crate::domain::{Block, EventBody, EventId};
@@ -194,7 +194,7 @@ impl Prompt {
             return Ok(Answered::Cancelled);
         };
         let input = match known.client {
-            true if editor::is_editor_tool(&known.name) => {
+            true if known.editor => {
                 let shown = known.update(call);
                 let call = editor::Call { id: call, name: &known.name, input: &known.input, ask: known.ask, shown };
                 match self.editor.run(&self.line(), call).await {
@@ -212,23 +212,36 @@ impl Prompt {
                 ran: None,
             },
             false => {
-                let (granted, remember) =
-                    match self.line().ask(known.update(call), options(&known.name)).await.as_deref() {
-                        Some(ALLOW_ONCE) => (true, false),
-                        Some(ALLOW_ALWAYS) => (true, true),
-                        Some(REJECT_ALWAYS) => (false, true),
-                        Some(_) => (false, false),
-                        // Cancelled, by `session/cancel` or by the client itself.
-                        None => {
-                            self.interrupt().await;
-                            return Ok(Answered::Cancelled);
-                        }
-                    };
+                let (granted, remember) = match self.line().ask(known.update(call), options(&known.name)).await {
+                    Answer::Chose(option) => match option.as_str() {
+                        ALLOW_ONCE => (true, false),
+                        ALLOW_ALWAYS => (true, true),
+                        REJECT_ALWAYS => (false, true),
+                        _ => (false, false),
+                    },
+                    // Not the user's cancel: the client could not ask. Rejected, once.
+                    Answer::Failed(_) => (false, false),
+                    // Cancelled, by `session/cancel` or by the client itself.
+                    Answer::Cancelled => {
+                        self.interrupt().await;
+                        return Ok(Answered::Cancelled);
+                    }
+                };
                 Input::Permission { call: call.to_string(), granted, reason: None, remember }
             }
         };
         let key = super::door::write_key(&self.connection, None);
-        match self.door.submit(&self.session, vec![input], &key).await {
+        let stored = match self.door.submit(&self.session, vec![input.clone()], &key).await {
+            // Larger than the server stores (its `limits.max_event_bytes`): what ran is
+            // recorded shorter, rather than not at all.
+            Err(DoorError::Invalid(reason)) if super::editor::shorter(&input).is_some() => {
+                tracing::warn!(session_id = %self.session, %reason, "a result recorded shorter");
+                let key = super::door::write_key(&self.connection, None);
+                self.door.submit(&self.session, super::editor::shorter(&input).into_iter().collect(), &key).await
+            }
+            stored => stored,
+        };
+        match stored {
             // Refused: another client answered the call first; the log goes on either way.
             Ok(_) | Err(DoorError::Refused(_)) | Err(DoorError::Busy(_)) => Ok(Answered::Yes),
             Err(error) => Err(error),

@@ -23,6 +23,8 @@ pub struct Call {
     pub client: bool,
     /// The client asks the user before it runs the call (the session's mode says to).
     pub ask: bool,
+    /// One of the editor's tools: run here, on the editor's files and terminals.
+    pub editor: bool,
 }
 
 impl Call {
@@ -56,7 +58,7 @@ impl Live {
                 self.rest(message_id, &Block::join_text(content), Chunk::Message)
             }
             EventBody::AgentToolUse { name, input, evaluated_permission, .. } => {
-                let call = Call { name: name.clone(), input: input.clone(), client: false, ask: false };
+                let call = Call { name: name.clone(), input: input.clone(), client: false, ask: false, editor: false };
                 self.calls.insert(event.id, call);
                 let call = SessionUpdate::ToolCall(tool_call(event.id, name, input, ToolCallStatus::Pending));
                 match evaluated_permission {
@@ -65,8 +67,9 @@ impl Live {
                     _ => vec![call],
                 }
             }
-            EventBody::AgentCustomToolUse { name, input, ask, .. } => {
-                self.calls.insert(event.id, Call { name: name.clone(), input: input.clone(), client: true, ask: *ask });
+            EventBody::AgentCustomToolUse { name, input, ask, editor, .. } => {
+                let call = Call { name: name.clone(), input: input.clone(), client: true, ask: *ask, editor: *editor };
+                self.calls.insert(event.id, call);
                 vec![SessionUpdate::ToolCall(tool_call(event.id, name, input, ToolCallStatus::Pending))]
             }
             EventBody::UserToolConfirmation {
@@ -165,7 +168,10 @@ pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {
                         if let Some(ran) = ran {
                             let (shown, locations) = super::editor::shown(ran);
                             call.content.splice(0..0, shown);
-                            call.locations = locations;
+                            // (As live: the call's own locations unless the run says.)
+                            if !locations.is_empty() {
+                                call.locations = locations;
+                            }
                         }
                         out.push(SessionUpdate::ToolCall(call));
                         out.extend(planned(name, input, *is_error));
@@ -442,6 +448,7 @@ mod tests {
             name: "get_weather".into(),
             input: json!({}),
             ask: false,
+            editor: false,
         });
         let updates = wire(&replay(&[created.clone(), waiting.clone()]));
         let kinds: Vec<&str> = updates.iter().map(|u| u["sessionUpdate"].as_str().unwrap()).collect();
@@ -549,6 +556,7 @@ mod tests {
             name: "write_text_file".into(),
             input: json!({"path": "/w/a.txt", "content": "new"}),
             ask: true,
+            editor: true,
         });
         let ran = ClientRun {
             by: Some("zed".into()),

@@ -81,7 +81,17 @@ pub(super) async fn update(door: &dyn Door, session: &str) -> Option<SessionUpda
 }
 
 pub(super) async fn read(door: &dyn Door, session: &str) -> Result<(Option<Modes>, Models), DoorError> {
-    Ok((door.modes(session).await?, door.models(session).await?))
+    let modes = door.modes(session).await?;
+    let models = match door.models(session).await {
+        Ok(models) => models,
+        // A server from before model choice (no such route): the agent's own model alone.
+        Err(DoorError::NotFound(reason)) => {
+            tracing::debug!(session_id = session, %reason, "the session's models are not known: none to pick");
+            Models { current: crate::agent::DEFAULT_MODEL.into(), available: Vec::new() }
+        }
+        Err(error) => return Err(error),
+    };
+    Ok((modes, models))
 }
 
 fn mode_state(modes: Modes) -> SessionModeState {

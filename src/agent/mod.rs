@@ -73,6 +73,8 @@ pub use crate::domain::event::DEFAULT_MODEL;
 pub struct ChosenModel {
     pub config: ModelConfig,
     pub model: Arc<dyn Model>,
+    /// The agent's own model (`default`).
+    pub own: bool,
 }
 
 /// A mode of an agent's sessions: its name and description for a picker, and what the
@@ -362,20 +364,25 @@ impl Agent {
                 if let Some((id, None)) = gone {
                     tracing::warn!(agent = %self.name, model = id, "a session's model is no longer offered; it runs the agent's own");
                 }
-                (DEFAULT_MODEL, ChosenModel { config: self.config.model.clone(), model: self.model.clone() })
+                (DEFAULT_MODEL, ChosenModel { config: self.config.model.clone(), model: self.model.clone(), own: true })
             }
         }
     }
 
-    /// The context window in tokens of `model` as this agent runs it: the agent's
-    /// `context.window`, else the known window of the model's name, if any.
-    pub fn context_window(&self, model: &ModelConfig) -> Option<u64> {
-        self.config.context.window.or_else(|| known_window(&model.name))
+    /// The context window in tokens of `model` as this agent runs it: for its own model,
+    /// the agent's `context.window`, else the known window of the model's name; for one of
+    /// its `models`, the known window of its name, else the agent's `context.window`.
+    pub fn context_window(&self, model: &ChosenModel) -> Option<u64> {
+        let (configured, known) = (self.config.context.window, known_window(&model.config.name));
+        match model.own {
+            true => configured.or(known),
+            false => known.or(configured),
+        }
     }
 
     /// The agent's context budget with `model`: from its `context` config, with the window
     /// it names or the one the model is known to have; `None` if neither.
-    pub fn context_budget(&self, model: &ModelConfig) -> Option<ContextBudget> {
+    pub fn context_budget(&self, model: &ChosenModel) -> Option<ContextBudget> {
         let context = &self.config.context;
         let window = self.context_window(model)?;
         let share = |share: f64| (window as f64 * share) as u64;
@@ -440,7 +447,7 @@ fn choices(
             return Err(format!("{at}: {id:?} is not one of [models] ({})", known.join(", ")));
         };
         let built = build_model(model).map_err(|e| format!("{at}: {id:?}: {e}"))?;
-        if out.insert(id.clone(), ChosenModel { config: model.clone(), model: built }).is_some() {
+        if out.insert(id.clone(), ChosenModel { config: model.clone(), model: built, own: false }).is_some() {
             return Err(format!("{at}: {id:?} is listed twice"));
         }
     }

@@ -3,7 +3,7 @@
 //! denied at once. Built from the agent's config, the session's mode and choices, and the
 //! decisions the client chose to remember.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::agent::mcp::McpTool;
 use crate::agent::{Agent, ModeConfig, ToolDef, Tools};
@@ -35,6 +35,8 @@ pub struct ToolPlan {
     pub remembered: BTreeMap<String, Confirmation>,
     /// The session's mode (its id and config), if the agent has modes.
     pub mode: Option<(String, ModeConfig)>,
+    /// The session's client tools that are the editor's (see [`ClientTool::editor`]).
+    pub editor: HashSet<String>,
 }
 
 impl ToolPlan {
@@ -86,6 +88,9 @@ impl ToolPlan {
             });
             let mode = plan.in_mode(&tool.name, Mode::Client);
             plan.modes.insert(tool.name.clone(), mode);
+            if tool.editor {
+                plan.editor.insert(tool.name.clone());
+            }
         }
         plan
     }

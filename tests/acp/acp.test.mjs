@@ -607,9 +607,13 @@ for (const mode of ["embedded", "bridge"]) {
 
         const { slow } = await slowReply(c, sessionId);
         await c.ok(m.agent.session.setConfigOption, { sessionId, configId: "mode", value: "ask" });
+        await c.ok(m.agent.session.setConfigOption, { sessionId, configId: "model", value: "default" });
+        await c.ok(m.agent.session.setConfigOption, { sessionId, configId: "model", value: "second" });
         const during = await slow;
         const updates = during.updates.filter((u) => u.sessionUpdate === "config_option_update");
-        assert.deepEqual(updates.map((u) => option(u.configOptions, "mode")?.currentValue), ["ask"], about("the change arrives as config_option_update", during));
+        const values = updates.map((u) => [option(u.configOptions, "mode")?.currentValue, option(u.configOptions, "model")?.currentValue]);
+        assert.deepEqual(values.at(-1), ["ask", "second"], about("each change arrives as config_option_update", during));
+        assert.equal(updates.length, 3, about("one update per change", during));
         assert.deepEqual(during.updates.filter((u) => u.sessionUpdate === "current_mode_update").map((u) => u.currentModeId), ["ask"], "and as current_mode_update");
 
         const bad = await c.fails(m.agent.session.setConfigOption, { sessionId, configId: "model", value: "gpt-9" });
@@ -631,7 +635,7 @@ for (const mode of ["embedded", "bridge"]) {
         const page = await getJson(`${target.server.url}/sessions/${sessionId}/events?limit=500`);
         const starts = page.data.filter((e) => e.type === "span.model_request_start").map((e) => e.model);
         assert.deepEqual(starts.slice(0, 2), ["scripted", "scripted-second"], "the log says which model answered");
-        assert.deepEqual(page.data.filter((e) => e.type === "session.updated" && e.model).map((e) => e.model), ["second"]);
+        assert.deepEqual(page.data.filter((e) => e.type === "session.updated" && e.model).map((e) => e.model), ["second", "default", "second"]);
         const now = await getJson(`${target.server.url}/sessions/${sessionId}/model`);
         assert.deepEqual(now, { model: "second", models: [{ id: "default", name: "scripted" }, { id: "second", name: "scripted-second" }] });
       }

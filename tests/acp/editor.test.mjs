@@ -110,18 +110,6 @@ for (const mode of ["embedded", "bridge"]) {
       });
       const { sessionId, notes, workspace, final } = result;
 
-      // The log has each call's run: who ran it, the diff, the command and its end.
-      if (mode === "bridge") {
-        const page = await getJson(`${target.server.url}/sessions/${sessionId}/events?limit=500`);
-        const results = page.data.filter((e) => e.type === "user.custom_tool_result");
-        assert.deepEqual(results.map((e) => e.ran?.by), ["turnlog-acp-test", "turnlog-acp-test", "turnlog-acp-test"], show(results));
-        assert.deepEqual(results[1].ran.diff, { path: notes, old_text: BEFORE, new_text: AFTER }, show(results[1]));
-        assert.equal(results[2].ran.permission, "allow", show(results[2]));
-        assert.deepEqual(results[2].ran.terminal, { command: "ls", args: ["-1"], cwd: workspace, output: "notes.txt\n", exit_code: 0 }, show(results[2]));
-        const asks = page.data.filter((e) => e.type === "agent.custom_tool_use").map((e) => [e.name, e.ask ?? false]);
-        assert.deepEqual(asks, [["read_text_file", false], ["write_text_file", false], ["terminal", true]], "each call says whether the client asks");
-      }
-
       // A load in a fresh process, twice (with a client that offers nothing: a replay needs none).
       const loads = [];
       for (let i = 0; i < 2; i++) {
@@ -135,6 +123,19 @@ for (const mode of ["embedded", "bridge"]) {
       }
       assert.ok(loads[0].length > 0);
       assert.deepEqual(loads[1], loads[0], "two loads in fresh processes send the same bytes");
+
+      // The log has each call's run: who ran it, the diff, the command and its end (read
+      // through a server on the data dir, once no agent holds it, in embedded mode).
+      const server = target.server ?? (await lab.startServer({ dataDir: target.dataDir }));
+      const page = await getJson(`${server.url}/sessions/${sessionId}/events?limit=500`);
+      const results = page.data.filter((e) => e.type === "user.custom_tool_result");
+      assert.deepEqual(results.map((e) => e.ran?.by), ["turnlog-acp-test", "turnlog-acp-test", "turnlog-acp-test"], show(results));
+      assert.deepEqual(results[0].ran, { by: "turnlog-acp-test", locations: [{ path: notes, line: 2 }] }, show(results[0]));
+      assert.deepEqual(results[1].ran.diff, { path: notes, old_text: BEFORE, new_text: AFTER }, show(results[1]));
+      assert.equal(results[2].ran.permission, "allow", show(results[2]));
+      assert.deepEqual(results[2].ran.terminal, { command: "ls", args: ["-1"], cwd: workspace, exit_code: 0 }, show(results[2]));
+      const uses = page.data.filter((e) => e.type === "agent.custom_tool_use").map((e) => [e.name, e.ask ?? false, e.editor]);
+      assert.deepEqual(uses, [["read_text_file", false, true], ["write_text_file", false, true], ["terminal", true, true]], "each call says it is the editor's, and whether it asks");
     });
 
     test("modes: in `ask` a write asks, showing the diff, and refused the file is untouched and the call fails saying so; in `plan` a write is refused unasked, a read runs unasked; a client that offers no files has no such tools", TEST, async (t) => {
@@ -192,6 +193,14 @@ for (const mode of ["embedded", "bridge"]) {
         await waitFor(() => editor.running().length === 0, 5_000, () => "the killed command's process to end");
         const next = await c.prompt(sessionId, "hi");
         assert.equal(next.text, "echo: hi", "the session goes on");
+
+        // Past its `timeout_secs`, a command is killed, and the model is told.
+        const late = await c.prompt(sessionId, calls(["terminal", { command: "sleep", args: ["30"], timeout_secs: 1 }]));
+        assert.equal(late.stopReason, "end_turn", show(late.updates));
+        assert.equal(late.toolCalls[0].status, "failed", show(late.updates));
+        assert.equal(late.text, "tool results: terminal=\n[killed after 1 s]");
+        assert.equal(editor.of(m.client.terminal.kill).length, 2, "the late command was killed");
+        await waitFor(() => editor.running().length === 0, 5_000, () => "the killed command's process to end");
       });
     });
   });

@@ -218,7 +218,13 @@ mod tests {
                 mcp: None,
                 idempotent: false,
             },
-            EventBody::AgentCustomToolUse { tool_call_id: "c".into(), name: "n".into(), input: json!({}), ask: false },
+            EventBody::AgentCustomToolUse {
+                tool_call_id: "c".into(),
+                name: "n".into(),
+                input: json!({}),
+                ask: false,
+                editor: false,
+            },
             EventBody::AgentToolResult {
                 tool_use_id: EventId(ulid::Ulid::new()),
                 tool_call_id: "c".into(),

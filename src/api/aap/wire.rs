@@ -66,6 +66,10 @@ pub struct ToolSpec {
     pub description: String,
     #[serde(default = "empty_schema")]
     pub parameters: Value,
+    /// turnlog's own: one of the editor's tools (its files and terminals), run by the editor
+    /// the session is open in through `turnlog acp` (docs/acp.md), not by this client.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub editor: bool,
 }
 
 fn empty_schema() -> Value {
@@ -74,7 +78,13 @@ fn empty_schema() -> Value {
 
 impl From<ToolSpec> for ClientTool {
     fn from(t: ToolSpec) -> ClientTool {
-        ClientTool { name: t.name, title: t.title, description: t.description, input_schema: t.parameters }
+        ClientTool {
+            name: t.name,
+            title: t.title,
+            description: t.description,
+            input_schema: t.parameters,
+            editor: t.editor,
+        }
     }
 }
 
@@ -85,6 +95,7 @@ impl From<&ClientTool> for ToolSpec {
             title: t.title.clone(),
             description: t.description.clone(),
             parameters: t.input_schema.clone(),
+            editor: t.editor,
         }
     }
 }

@@ -171,7 +171,13 @@ pub(super) fn custom_tool(at: &str, tool: Value) -> Result<ClientTool, ApiError>
     if let Some(why) = wire::schema_problem(&tool.input_schema) {
         return Err(ApiError::invalid(format!("invalid field `{at}.input_schema`: {why}")));
     }
-    Ok(ClientTool { name: tool.name, title: None, description: tool.description, input_schema: tool.input_schema })
+    Ok(ClientTool {
+        name: tool.name,
+        title: None,
+        description: tool.description,
+        input_schema: tool.input_schema,
+        editor: false,
+    })
 }
 
 /// Metadata: string values only, as the SDK's models have it.

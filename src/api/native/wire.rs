@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::api::content::blocks;
-use crate::domain::event::{ClientRun, Confirmation, StopReason};
+use crate::domain::event::{ClientRun, Confirmation, Diff, Location, StopReason, TerminalRun};
 use crate::domain::{Block, EventBody, RawEvent};
 use crate::error::ApiError;
 
@@ -83,7 +83,7 @@ fn client_run() -> Value {
     let terminal = object(
         &["command"],
         json!({
-            "command": string, "args": {"type": "array", "items": string}, "cwd": maybe_string, "output": string,
+            "command": string, "args": {"type": "array", "items": string}, "cwd": maybe_string,
             "truncated": boolean, "exit_code": maybe_u32, "signal": maybe_string, "timed_out": boolean,
         }),
     );
@@ -150,7 +150,79 @@ struct CustomToolResult {
     is_error: bool,
     /// How the client ran the call (who, the user's answer, the files, edit and command).
     #[serde(default)]
-    ran: Option<ClientRun>,
+    ran: Option<RanIn>,
+}
+
+/// `ran` as the native API takes it: [`ClientRun`]'s fields and no others (the stored form
+/// reads fields it does not know, for a later version's events).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RanIn {
+    #[serde(default)]
+    by: Option<String>,
+    #[serde(default)]
+    permission: Option<Confirmation>,
+    #[serde(default)]
+    locations: Vec<LocationIn>,
+    #[serde(default)]
+    diff: Option<DiffIn>,
+    #[serde(default)]
+    terminal: Option<TerminalIn>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LocationIn {
+    path: String,
+    #[serde(default)]
+    line: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiffIn {
+    path: String,
+    #[serde(default)]
+    old_text: Option<String>,
+    new_text: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TerminalIn {
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    truncated: bool,
+    #[serde(default)]
+    exit_code: Option<u32>,
+    #[serde(default)]
+    signal: Option<String>,
+    #[serde(default)]
+    timed_out: bool,
+}
+
+impl From<RanIn> for ClientRun {
+    fn from(ran: RanIn) -> ClientRun {
+        ClientRun {
+            by: ran.by,
+            permission: ran.permission,
+            locations: ran.locations.into_iter().map(|l| Location { path: l.path, line: l.line }).collect(),
+            diff: ran.diff.map(|d| Diff { path: d.path, old_text: d.old_text, new_text: d.new_text }),
+            terminal: ran.terminal.map(|t| TerminalRun {
+                command: t.command,
+                args: t.args,
+                cwd: t.cwd,
+                truncated: t.truncated,
+                exit_code: t.exit_code,
+                signal: t.signal,
+                timed_out: t.timed_out,
+            }),
+        }
+    }
 }
 
 /// Just an event's type, read past everything else.
@@ -200,6 +272,7 @@ pub fn user_event(i: usize, event: &RawValue) -> Result<EventBody, ApiError> {
             _ => {
                 let CustomToolResult { custom_tool_use_id, content, is_error, ran, .. } =
                     serde_path_to_error::deserialize(&mut fields)?;
+                let ran = ran.map(ClientRun::from);
                 EventBody::UserCustomToolResult { custom_tool_use_id, content, is_error, tool_call_id: None, ran }
             }
         })

@@ -262,6 +262,10 @@ pub enum EventBody {
         /// that runs it asks first.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         ask: bool,
+        /// One of the editor's tools (its files and terminals: see [`ClientTool::editor`]),
+        /// run by the editor the session is open in.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        editor: bool,
     },
     #[serde(rename = "agent.tool_result")]
     AgentToolResult {

@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 use super::Confirmation;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ClientRun {
     /// Who ran it: the client as it named itself (an editor's `clientInfo.name`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -19,7 +18,7 @@ pub struct ClientRun {
     /// The files the call read or wrote.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub locations: Vec<Location>,
-    /// The edit it made (or proposed, when the user refused it).
+    /// The edit it made (the texts only where both together are small enough to keep).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diff: Option<Diff>,
     /// The command it ran, and how it ended.
@@ -29,7 +28,6 @@ pub struct ClientRun {
 
 /// A file a call touched, and the line it starts at, where one was given.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Location {
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -38,7 +36,6 @@ pub struct Location {
 
 /// A file's text before (`None`: the file was new) and after an edit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Diff {
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -46,18 +43,15 @@ pub struct Diff {
     pub new_text: String,
 }
 
-/// A command run in the client's terminal: what ran, where, what it printed (as much as
-/// the client kept), and how it ended (an exit code, or the signal that stopped it).
+/// A command run in the client's terminal: what ran, where, and how it ended (an exit
+/// code, or the signal that stopped it). What it printed is the result's content.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TerminalRun {
     pub command: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
-    #[serde(default)]
-    pub output: String,
     /// The client kept only the end of the output.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,

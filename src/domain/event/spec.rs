@@ -91,6 +91,11 @@ pub struct ClientTool {
     /// does not change with the type's name.
     #[serde(rename = "parameters", alias = "input_schema", default = "ClientTool::any_object")]
     pub input_schema: Value,
+    /// One of the editor's tools (an ACP client's files and terminals, declared by
+    /// `turnlog acp`): run by whichever editor the session is open in, not by the client
+    /// that made it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub editor: bool,
 }
 
 impl ClientTool {

@@ -34,6 +34,7 @@ pub fn plan_calls(plan: &ToolPlan, calls: Vec<(String, String, Value)>) -> (Vec<
                         name: name.clone(),
                         input: input.clone(),
                         ask: mode == Some(Mode::ClientAsks),
+                        editor: plan.editor.contains(&name),
                     };
                     return (body, Call { tool_call_id, name, input, mode });
                 }
@@ -99,7 +100,8 @@ pub fn seed_waiting(messages: &[Message], plan: &ToolPlan, turn: TurnId) -> Vec<
         .map(|(tool_call_id, name, input)| {
             let body = match plan.modes.get(&name) {
                 Some(mode @ (Mode::Client | Mode::ClientAsks)) => {
-                    EventBody::AgentCustomToolUse { tool_call_id, name, input, ask: *mode == Mode::ClientAsks }
+                    let editor = plan.editor.contains(&name);
+                    EventBody::AgentCustomToolUse { tool_call_id, name, input, ask: *mode == Mode::ClientAsks, editor }
                 }
                 Some(Mode::Inline | Mode::Ask) => tool_use(plan, &tool_call_id, &name, &input, Permission::Ask),
                 Some(Mode::Rejected | Mode::OutOfMode) | None => {

@@ -541,6 +541,7 @@ mod resuming {
             name: "get_weather".into(),
             input: json!({}),
             ask: false,
+            editor: false,
         };
         let ask = tool_use("fetch_url", Permission::Ask, true);
         let (progress, state, events) = left(turn, &[start("span_1"), custom, ask, end("span_1", ModelStop::ToolUse)]);
@@ -599,6 +600,7 @@ mod resuming {
             name: "get_weather".into(),
             input: json!({}),
             ask: false,
+            editor: false,
         };
         let (progress, state, events) = left(turn, &[custom]);
         let call = events.iter().find(|e| e.kind() == "agent.custom_tool_use").unwrap().id;

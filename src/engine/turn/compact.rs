@@ -62,7 +62,7 @@ fn request_tokens(fixed: usize, messages: &[Arc<Message>]) -> u64 {
 /// Makes the history fit the agent's context budget before a model request, if it has one
 /// and the request would pass it.
 pub(super) async fn fit(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(), Failure> {
-    let Some(budget) = ctx.agent.context_budget(&ctx.model.config) else { return Ok(()) };
+    let Some(budget) = ctx.agent.context_budget(&ctx.model) else { return Ok(()) };
     let fixed = fixed_bytes(ctx);
     let before = request_tokens(fixed, &ctx.history);
     if before <= budget.compact_above {

@@ -134,7 +134,7 @@ fn record(ctx: &mut TurnContext, span: Span, model: &str, streamed: Streamed) ->
         is_error: failure.is_some(),
         model_request_start_id: span.start,
         stop_reason: stop,
-        context_window: ctx.agent.context_window(&ctx.model.config),
+        context_window: ctx.agent.context_window(&ctx.model),
     });
     let events = append(ctx, bodies)?;
     if !parts.is_empty() {
