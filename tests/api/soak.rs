@@ -848,10 +848,13 @@ pub(super) async fn acp(
     let session = match state.session.clone() {
         Some(session) => {
             let loaded = call!("session/load", json!({"sessionId": session, "cwd": cwd, "mcpServers": []}));
-            // The session's modes, and nothing else (the default agent has modes).
-            let keys: Vec<&String> = loaded.as_object().map(|o| o.keys().collect()).unwrap_or_default();
-            assert_eq!(keys, ["modes"], "acp: session/load: {loaded}");
+            // The session's modes and config options, and nothing else (the default agent
+            // has modes, and a second model).
+            let mut keys: Vec<&String> = loaded.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+            keys.sort();
+            assert_eq!(keys, ["configOptions", "modes"], "acp: session/load: {loaded}");
             assert_eq!(loaded["modes"]["currentModeId"], "code", "acp: session/load: {loaded}");
+            assert_eq!(loaded["configOptions"][1]["currentValue"], "default", "acp: session/load: {loaded}");
             session
         }
         None => {
