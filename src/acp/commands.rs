@@ -7,12 +7,15 @@ use agent_client_protocol::v1::schema::{
     MessageId, SessionUpdate, StopReason, TextContent, UnstructuredCommandInput,
 };
 
-use super::door::Door;
+use super::door::{Door, DoorError};
 use super::line::Line;
 use super::prompt::Ended;
+use super::render::Live;
 use super::{settings, Acp};
-use crate::domain::Block;
+use crate::domain::event::StopReason as DomainStop;
+use crate::domain::{Block, EventBody};
 use crate::session::commands::{self, Command};
+use crate::session::Input;
 
 /// The session's commands as an update; `None` if they cannot be read now.
 pub(super) async fn available(door: &dyn Door, session: &str) -> Option<SessionUpdate> {
@@ -43,6 +46,11 @@ impl Acp {
         let session = line.session;
         let said = match command {
             Err(usage) => usage,
+            Ok(Command::Compact) => match self.compact(line).await {
+                Ok(Some(ended)) => return ended,
+                Ok(None) => "Nothing to compact yet.".to_string(),
+                Err(error) => format!("/compact: {error}"),
+            },
             Ok(Command::Fork) => {
                 let cwd = self.cwds.lock().get(session).cloned().unwrap_or_default();
                 match self.fork(session, &cwd).await {
@@ -77,6 +85,50 @@ impl Acp {
             .message_id(MessageId::new(format!("msg_{}", ulid::Ulid::new())));
         line.notify(SessionUpdate::AgentMessageChunk(chunk));
         Ended::Stopped(StopReason::EndTurn)
+    }
+
+    /// Runs a compaction turn and shows it as the log records it (`history.compacted`, as
+    /// every view's replay does); `None` if it compacted nothing (a conversation of one
+    /// message, or none).
+    async fn compact(&self, line: &Line<'_>) -> Result<Option<Ended>, DoorError> {
+        use futures_util::StreamExt;
+        let stored = self.door.submit(line.session, vec![Input::Compact], &self.write_key()).await?;
+        let Some(asked) = stored.iter().find(|e| matches!(e.body, EventBody::UserCompact {})) else {
+            return Err(DoorError::Unavailable("the compaction was not stored".into()));
+        };
+        let mut events = self.door.follow(line.session, asked.id).await?;
+        let (mut live, mut compacted, mut interrupted) = (Live::default(), false, false);
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = line.cancel.cancelled(), if !interrupted => {
+                    // `session/cancel`: the compaction stops, and its turn says so.
+                    interrupted = true;
+                    if let Err(error) = self.door.submit(line.session, vec![Input::Interrupt], &self.write_key()).await {
+                        tracing::debug!(session_id = line.session, %error, "a compaction was not interrupted (it ended first)");
+                    }
+                    continue;
+                }
+                next = events.next() => next,
+            };
+            let Some(event) = next else { break };
+            let event = event?;
+            compacted |= matches!(event.body, EventBody::HistoryCompacted { .. });
+            for update in live.update(&event) {
+                line.notify(update);
+            }
+            match &event.body {
+                EventBody::SessionError { error, code, .. } => {
+                    return Ok(Some(Ended::Failed { code: code.clone(), message: error.clone() }))
+                }
+                EventBody::StatusIdle { stop_reason, .. } if stop_reason.kind == DomainStop::Cancelled => {
+                    return Ok(Some(Ended::Stopped(StopReason::Cancelled)))
+                }
+                EventBody::StatusIdle { .. } => return Ok(compacted.then_some(Ended::Stopped(StopReason::EndTurn))),
+                _ => {}
+            }
+        }
+        Err(DoorError::Unavailable("the session's log ended during the compaction".into()))
     }
 
     fn write_key(&self) -> String {

@@ -407,6 +407,7 @@ fn native(input: Input) -> Value {
         }
         Input::Outcome(outcome) => json!({"type": "user.define_outcome", "outcome": outcome}),
         Input::Interrupt | Input::Cancel => json!({"type": "user.interrupt"}),
+        Input::Compact => json!({"type": "user.compact"}),
     }
 }
 

@@ -84,6 +84,7 @@ impl Live {
                 .map(|id| vec![ran_by_client(finished(id, content, *is_error), ran.as_ref())])
                 .unwrap_or_default(),
             EventBody::ModelRequestEnd { .. } => usage(event).into_iter().collect(),
+            EventBody::HistoryCompacted { .. } => compacted(event).into_iter().collect(),
             // Retitled (through another view: ACP has no way to): the editor's list shows it.
             // A mode changed (by this client or another): the editor's picker shows it.
             EventBody::SessionUpdated { title, mode, .. } => {
@@ -158,6 +159,7 @@ pub fn replay(events: &[Event]) -> Vec<SessionUpdate> {
                 )
             })),
             EventBody::AgentThinking { message_id, thinking } => out.extend(Chunk::Thought.of(message_id, thinking)),
+            EventBody::HistoryCompacted { .. } => out.extend(compacted(event)),
             EventBody::AgentMessage { message_id, content } => {
                 out.extend(Chunk::Message.of(message_id, &Block::join_text(content)))
             }
@@ -260,6 +262,21 @@ fn planned(name: &str, input: &Value, is_error: bool) -> Option<SessionUpdate> {
         })
         .collect();
     Some(SessionUpdate::Plan(Plan::new(entries)))
+}
+
+/// A compaction as the conversation shows it, a line of the agent's (the summary itself is
+/// the model's, in the log, not shown).
+fn compacted(event: &Event) -> Option<SessionUpdate> {
+    use crate::domain::event::Compaction;
+    let EventBody::HistoryCompacted { strategy, messages, tokens_before, tokens_after, .. } = &event.body else {
+        return None;
+    };
+    let what = match strategy {
+        Compaction::Summary => format!("{messages} earlier messages summarised"),
+        Compaction::ToolOutputs => format!("the tool outputs of {messages} earlier messages cut"),
+    };
+    let text = format!("[Conversation compacted: {what}, about {tokens_before} → {tokens_after} tokens.]");
+    Chunk::Message.of(&event.id.to_string(), &text)
 }
 
 /// How full the model's context is after a model request that ended well, where its

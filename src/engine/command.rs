@@ -72,6 +72,8 @@ pub enum Input {
         reason: Option<String>,
         remember: bool,
     },
+    /// Starts a turn that compacts the conversation so far, and does nothing else.
+    Compact,
     /// Cancels the running turn (or the calls waiting for the client).
     Interrupt,
     /// Cancels the running turn, if one runs, and is answered once the turn's end is

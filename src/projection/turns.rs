@@ -56,6 +56,8 @@ pub struct TurnState {
     pub queued: Vec<EventId>,
     /// Permission decisions the client asked to keep, by tool name: the last one wins.
     pub remembered: BTreeMap<String, Confirmation>,
+    /// The last turn started compacts the conversation (`user.compact`), and nothing else.
+    pub compacting: bool,
 }
 
 impl TurnState {
@@ -66,7 +68,9 @@ impl TurnState {
                     self.phase = Phase::Running(turn);
                     self.last_turn = Some(turn);
                 }
+                self.compacting = false;
             }
+            EventBody::UserCompact {} => self.compacting = true,
             EventBody::UserMessage { .. } if event.processed_at.is_none() => self.queued.push(event.id),
             EventBody::TurnInput { event_ids } => self.queued.retain(|id| !event_ids.contains(id)),
             EventBody::AgentToolUse {

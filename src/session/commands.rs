@@ -1,8 +1,9 @@
 //! Commands a user can type in a session's prompt (an editor's `/` menu): which a session
 //! offers, and what a prompt's text asks for. Each does what a client could do another
-//! way, so its effect is in the log as that way records it: `/fork` makes a fork (its
-//! `session.created` names the source and the point), `/mode` and `/model` change the
-//! session (`session.updated`).
+//! way, so its effect is in the log as that way records it: `/compact` runs a turn that
+//! compacts the conversation (`user.compact`, then `history.compacted`), `/fork` makes a
+//! fork (its `session.created` names the source and the point), `/mode` and `/model`
+//! change the session (`session.updated`).
 
 use super::{Models, Modes};
 
@@ -18,6 +19,8 @@ pub struct CommandInfo {
 /// What a prompt asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
+    /// The conversation so far summarised now, to leave the model's context room.
+    Compact,
     /// A new session with this one's conversation so far.
     Fork,
     /// The session's mode from its next turn on.
@@ -26,9 +29,14 @@ pub enum Command {
     Model(String),
 }
 
-/// The commands a session offers: `/fork` always, `/mode` where its agent has modes, and
-/// `/model` where it offers more than its own.
+/// The commands a session offers: `/compact` and `/fork` always, `/mode` where its agent
+/// has modes, and `/model` where it offers more than its own.
 pub fn offered(modes: Option<&Modes>, models: &Models) -> Vec<CommandInfo> {
+    let compact = CommandInfo {
+        name: "compact",
+        description: "Compact the conversation so far: the model summarises it, leaving its context room".into(),
+        hint: None,
+    };
     let fork = CommandInfo {
         name: "fork",
         description: "Fork this session: a new session with the conversation so far, which goes on apart".into(),
@@ -45,7 +53,7 @@ pub fn offered(modes: Option<&Modes>, models: &Models) -> Vec<CommandInfo> {
         description: "Change the session's model from the next turn on".into(),
         hint: Some(ids(models.available.iter().map(|m| m.id.as_str()).collect())),
     });
-    std::iter::once(fork).chain(mode).chain(model).collect()
+    [compact, fork].into_iter().chain(mode).chain(model).collect()
 }
 
 /// A prompt's text as one of the `offered` commands: `/name` and its argument, alone in the
@@ -57,8 +65,9 @@ pub fn parse(text: &str, offered: &[CommandInfo]) -> Option<Result<Command, Stri
     let command = offered.iter().find(|c| c.name == name)?;
     let argument = argument.trim();
     Some(match (command.name, argument, &command.hint) {
+        ("compact", "", _) => Ok(Command::Compact),
         ("fork", "", _) => Ok(Command::Fork),
-        ("fork", _, _) => Err("/fork takes nothing after it".into()),
+        (name @ ("compact" | "fork"), _, _) => Err(format!("/{name} takes nothing after it")),
         (name, "", hint) => Err(format!("/{name} needs one of: {}", hint.as_deref().unwrap_or_default())),
         ("mode", id, _) => Ok(Command::Mode(id.to_string())),
         (_, id, _) => Ok(Command::Model(id.to_string())),
@@ -84,10 +93,11 @@ mod tests {
                 .to_vec(),
         };
         let all = offered(Some(&modes), &models(&["default", "second"]));
-        assert_eq!(all.iter().map(|c| c.name).collect::<Vec<_>>(), ["fork", "mode", "model"]);
-        assert_eq!(all[1].hint.as_deref(), Some("ask, code"));
+        assert_eq!(all.iter().map(|c| c.name).collect::<Vec<_>>(), ["compact", "fork", "mode", "model"]);
+        assert_eq!(all[2].hint.as_deref(), Some("ask, code"));
         let bare = offered(None, &models(&["default"]));
-        assert_eq!(bare.iter().map(|c| c.name).collect::<Vec<_>>(), ["fork"]);
+        assert_eq!(bare.iter().map(|c| c.name).collect::<Vec<_>>(), ["compact", "fork"]);
+        assert_eq!(parse("/compact", &bare), Some(Ok(Command::Compact)));
 
         assert_eq!(parse("/fork", &all), Some(Ok(Command::Fork)));
         assert_eq!(parse("  /mode  ask \n", &all), Some(Ok(Command::Mode("ask".into()))));

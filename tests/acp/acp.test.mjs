@@ -641,7 +641,7 @@ for (const mode of ["embedded", "bridge"]) {
       }
     });
 
-    test("commands: available_commands_update lists /fork, /mode and /model (with their choices) once the client knows the session, and again on a load; /mode and /model change the session in the log; /fork makes a fork with the conversation so far; a command used wrongly says how; one the session does not offer goes to the model", TEST, async (t) => {
+    test("commands: available_commands_update lists /compact, /fork, /mode and /model (with their choices) once the client knows the session, and again on a load; /mode and /model change the session in the log; /fork makes a fork with the conversation so far; /compact summarises the conversation in a turn of its own, which a load shows; a command used wrongly says how", TEST, async (t) => {
       const lab = new Lab(t);
       const target = await lab.target(mode);
       const said = (turn) => [turn.stopReason, turn.text];
@@ -650,7 +650,7 @@ for (const mode of ["embedded", "bridge"]) {
         const listed = await waitFor(() => commandsIn(c.transcript, sessionId)[0], 5_000, () => "the session's commands");
         assert.deepEqual(
           listed.availableCommands.map((x) => [x.name, x.input?.hint]),
-          [["fork", undefined], ["mode", "ask, code, plan"], ["model", "default, second"]],
+          [["compact", undefined], ["fork", undefined], ["mode", "ask, code, plan"], ["model", "default, second"]],
           show(listed),
         );
         assert.ok(listed.availableCommands.every((x) => x.description), show(listed));
@@ -672,6 +672,13 @@ for (const mode of ["embedded", "bridge"]) {
         assert.ok(fork, `the answer names the fork: ${forked.text}`);
         const listedSessions = await c.ok(m.agent.session.list, { cwd: c.child.cwd });
         assert.ok(listedSessions.sessions.some((x) => x.sessionId === fork), `the fork is in the session list: ${show(listedSessions)}`);
+
+        const compacted = await c.prompt(sessionId, "/compact");
+        assert.equal(compacted.stopReason, "end_turn", show(compacted.updates));
+        assert.match(compacted.text, /^\[Conversation compacted: 4 earlier messages summarised, about \d+ → \d+ tokens\.\]$/, compacted.text);
+        const nothing = await c.prompt(sessionId, "/compact");
+        assert.deepEqual(said(nothing), ["end_turn", "Nothing to compact yet."], "a conversation of one summary is left as it is");
+        assert.equal((await c.prompt(sessionId, "hello again")).text, "echo: hello again", "the session goes on from the summary");
         return { sessionId, fork };
       });
       const { sessionId, fork } = first.result;
@@ -684,6 +691,8 @@ for (const mode of ["embedded", "bridge"]) {
         assert.equal(commandsIn(c.transcript, fork).length, 1, "a load lists the commands");
         const source = await c.load(sessionId);
         assert.equal(source.result.modes.currentModeId, "plan", "the mode is in the log");
+        const replayed = source.updates.filter((u) => u.sessionUpdate === "agent_message_chunk").map((u) => u.content.text);
+        assert.ok(replayed.some((text) => text.startsWith("[Conversation compacted: 4 earlier messages")), `a load shows the compaction where it was: ${show(replayed)}`);
       });
     });
 

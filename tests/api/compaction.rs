@@ -165,3 +165,78 @@ async fn old_tool_outputs_are_cut_before_anything_is_summarised() {
     let outputs = full.iter().filter(|m| m["role"] == "tool" && text_of(m) == output).count();
     assert_eq!(outputs, 6, "every output, whole, in the full history");
 }
+
+/// A compaction asked for (`user.compact`, what an editor's `/compact` sends): a turn of
+/// its own that summarises the whole conversation so far, for an agent with no context
+/// window too, and asks the model nothing else; the next turn reads the summary. Asked
+/// with other input, or while a turn runs, it is refused; with nothing to compact, the
+/// turn ends having done nothing.
+#[tokio::test]
+async fn a_compaction_asked_for_summarises_the_conversation_so_far_in_a_turn_of_its_own() {
+    let app = spawn_with("").await;
+    let (status, created) = post_json(&app, "/sessions", json!({"agent": {"name": "default"}})).await;
+    assert_eq!(status, 201, "{created}");
+    let session = created["sessionId"].as_str().unwrap().to_string();
+    let path = format!("/sessions/{session}/events");
+    let compact = |events: Value| post_json(&app, &path, json!({"events": events}));
+    // The session's turn `turn_id` has ended: its `session.status_idle`, once stored.
+    let ended = |turn_id: String| {
+        let app = &app;
+        let session = session.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let log = app.all_events(&session).await;
+                if let Some(idle) =
+                    log.into_iter().find(|e| e["type"] == "session.status_idle" && e["turn_id"] == turn_id)
+                {
+                    return idle;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "turn {turn_id} did not end within 10 s");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+
+    // Nothing to compact yet: the turn ends at once.
+    let (status, stored) = compact(json!([{"type": "user.compact"}])).await;
+    assert_eq!(status, 200, "{stored}");
+    let idle = ended(stored["data"][0]["turn_id"].as_str().unwrap().to_string()).await;
+    assert_eq!(idle["stop_reason"]["type"], "end_turn", "{idle}");
+    for text in ["one", "two"] {
+        turn(&app, &session, text).await;
+    }
+    let (status, refused) = compact(json!([{"type": "user.compact"}, {"type": "user.interrupt"}])).await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.to_string().contains("a compaction is asked for alone"), "{refused}");
+
+    let (status, stored) = compact(json!([{"type": "user.compact"}])).await;
+    assert_eq!(status, 200, "{stored}");
+    let kinds: Vec<&str> = stored["data"].as_array().unwrap().iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["user.compact"], "answered with what was sent, as stored");
+    let turn_id = stored["data"][0]["turn_id"].as_str().unwrap().to_string();
+    let idle = ended(turn_id.clone()).await;
+    assert_eq!(idle["stop_reason"]["type"], "end_turn", "{idle}");
+
+    let log = app.all_events(&session).await;
+    let of_turn: Vec<&str> =
+        log.iter().filter(|e| e["turn_id"] == turn_id).map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        of_turn,
+        ["turn.started", "user.compact", "session.status_running", "history.compacted", "session.status_idle"],
+        "a turn of its own, that only compacts"
+    );
+    let compactions: Vec<&Value> = log.iter().filter(|e| e["type"] == "history.compacted").collect();
+    assert_eq!(compactions.len(), 1, "the first compaction had nothing to compact: {compactions:?}");
+    assert_eq!((compactions[0]["turn_id"].as_str(), &compactions[0]["messages"]), (Some(turn_id.as_str()), &json!(4)));
+    assert!(compactions[0]["summary"].as_str().unwrap().contains("one"), "{}", compactions[0]);
+    let asked = log.iter().filter(|e| e["turn_id"] == turn_id && e["type"] == "span.model_request_start").count();
+    assert_eq!(asked, 0, "a compaction turn asks the model nothing but the summary (no span)");
+
+    let answer = turn(&app, &session, "three").await;
+    assert_eq!(text_of(&answer["messages"][0]), "echo: three");
+    let compacted = history(&app, &session, "compacted").await;
+    assert_eq!(compacted.len(), 3, "the summary, then the new turn's two messages: {compacted:?}");
+    assert!(text_of(&compacted[0]).starts_with("Summary of the conversation before this point"), "{compacted:?}");
+    assert_eq!(history(&app, &session, "full").await.len(), 6, "the full history keeps everything");
+}

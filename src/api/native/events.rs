@@ -54,6 +54,7 @@ fn input(body: EventBody) -> Input {
             Input::Result { call: custom_tool_use_id, content, is_error, ran: ran.map(Box::new) }
         }
         EventBody::UserDefineOutcome { outcome } => Input::Outcome(outcome),
+        EventBody::UserCompact {} => Input::Compact,
         _ => Input::Interrupt,
     }
 }

@@ -17,7 +17,7 @@ use crate::error::ApiError;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostEvents {
-    /// User events: `user.message`, `user.interrupt`, `user.define_outcome`,
+    /// User events: `user.message`, `user.interrupt`, `user.compact`, `user.define_outcome`,
     /// `user.tool_confirmation`, `user.custom_tool_result`.
     /// Kept as sent until each is read by its type, so that the body is parsed once.
     #[schema(schema_with = user_events)]
@@ -61,7 +61,9 @@ fn user_events() -> utoipa::openapi::schema::Schema {
     let talking = schema(list(vec![&message, &interrupt, &outcome]));
     let talking = with_keywords(talking, json!({"contains": message, "maxContains": 1}));
     let answering = schema(list(vec![&interrupt, &outcome, &confirmation, &result]));
-    any_of([talking, answering])
+    let compact = event("user.compact", &[], json!({}));
+    let compacting = schema(json!({"type": "array", "minItems": 1, "maxItems": 1, "items": compact}));
+    any_of([talking, answering, compacting])
 }
 
 /// `ran` on a `user.custom_tool_result`: how the client ran the call (see [`ClientRun`]).
@@ -98,8 +100,14 @@ fn client_run() -> Value {
     json!({"oneOf": [ran, {"type": "null"}]})
 }
 
-pub const USER_EVENT_TYPES: &[&str] =
-    &["user.message", "user.interrupt", "user.define_outcome", "user.tool_confirmation", "user.custom_tool_result"];
+pub const USER_EVENT_TYPES: &[&str] = &[
+    "user.message",
+    "user.interrupt",
+    "user.compact",
+    "user.define_outcome",
+    "user.tool_confirmation",
+    "user.custom_tool_result",
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -110,9 +118,10 @@ struct Message {
     content: Vec<Block>,
 }
 
+/// An event with no fields but its type (`user.interrupt`, `user.compact`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Interrupt {
+struct Bare {
     #[serde(rename = "type")]
     _kind: IgnoredAny,
 }
@@ -257,8 +266,12 @@ pub fn user_event(i: usize, event: &RawValue) -> Result<EventBody, ApiError> {
                 EventBody::UserMessage { content }
             }
             "user.interrupt" => {
-                let Interrupt { .. } = serde_path_to_error::deserialize(&mut fields)?;
+                let Bare { .. } = serde_path_to_error::deserialize(&mut fields)?;
                 EventBody::UserInterrupt {}
+            }
+            "user.compact" => {
+                let Bare { .. } = serde_path_to_error::deserialize(&mut fields)?;
+                EventBody::UserCompact {}
             }
             "user.define_outcome" => {
                 let DefineOutcome { outcome, .. } = serde_path_to_error::deserialize(&mut fields)?;

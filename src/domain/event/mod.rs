@@ -193,6 +193,10 @@ pub enum EventBody {
     UserMessage { content: Vec<Block> },
     #[serde(rename = "user.interrupt")]
     UserInterrupt {},
+    /// The user asked that the conversation so far be compacted now: the turn it starts
+    /// summarises it (`history.compacted`) and asks the model nothing else.
+    #[serde(rename = "user.compact")]
+    UserCompact {},
     #[serde(rename = "user.define_outcome")]
     UserDefineOutcome { outcome: Value },
     #[serde(rename = "user.tool_confirmation")]
@@ -393,6 +397,7 @@ impl EventBody {
         "turn.input",
         "user.message",
         "user.interrupt",
+        "user.compact",
         "user.define_outcome",
         "user.tool_confirmation",
         "user.custom_tool_result",
@@ -428,6 +433,7 @@ impl EventBody {
             self,
             EventBody::UserMessage { .. }
                 | EventBody::UserInterrupt {}
+                | EventBody::UserCompact {}
                 | EventBody::UserDefineOutcome { .. }
                 | EventBody::UserToolConfirmation { .. }
                 | EventBody::UserCustomToolResult { .. }

@@ -273,6 +273,7 @@ impl Actor {
             cancel: cancel.clone(),
             delta_coalesce: env.delta_coalesce(),
             outcome: folded.outcomes.pending(),
+            compact: folded.state.compacting,
         };
         let span = tracing::info_span!("turn", session_id = %self.session, turn_id = %turn);
         let task = tokio::spawn(tracing::Instrument::instrument(

@@ -74,6 +74,14 @@ fn check_together(state: &TurnState, submission: &Submission, inputs: &[Input]) 
     let queue = submission.when_busy == WhenBusy::Queue;
     let messages = inputs.iter().filter(|i| matches!(i, Input::Message(_))).count();
     let resolving = inputs.iter().any(|i| matches!(i, Input::Result { .. } | Input::Permission { .. }));
+    if inputs.iter().any(|i| matches!(i, Input::Compact)) {
+        if inputs.len() > 1 {
+            return Err(SessionError::Invalid("a compaction is asked for alone, with no other input".into()));
+        }
+        check_follows(state, submission.follows)?;
+        check_idle(state)?;
+        return Ok(false);
+    }
     if messages > 1 && !queue {
         return Err(SessionError::Invalid("send one user message per request".into()));
     }
@@ -149,6 +157,15 @@ impl Record<'_> {
                 self.push(i, Draft::queued(&EventBody::UserMessage { content: content.clone() }))?;
             }
             Input::Message(content) => self.start_turn(i, content)?,
+            Input::Compact => {
+                let turn = self.new_turn;
+                let drafts = &mut self.decision.drafts;
+                drafts.push(Draft::new(Some(turn), &EventBody::TurnStarted {}));
+                drafts.push(Draft::new(Some(turn), &EventBody::UserCompact {}));
+                drafts.push(Draft::new(Some(turn), &running()));
+                self.decision.start = Some(turn);
+                self.current = Some(turn);
+            }
             Input::Result { .. } | Input::Permission { .. } if !self.resolutions_written => {
                 self.resolutions_written = true;
                 let (drafts, start) = resolve(state, self.resolved, self.new_turn, self.limit)?;

@@ -635,3 +635,20 @@ mod resuming {
         assert_eq!(idle.phase, crate::projection::turns::Phase::Idle);
     }
 }
+
+#[test]
+fn a_compaction_starts_a_turn_of_its_own_on_an_idle_session_and_is_asked_for_alone() {
+    let turn = TurnId::generate();
+    let decision = decide(&TurnState::default(), &submission(vec![Input::Compact]), None, turn, ROOM).unwrap();
+    let kinds: Vec<&str> = decision.drafts.iter().map(Draft::kind).collect();
+    assert_eq!(kinds, ["turn.started", "user.compact", "session.status_running"]);
+    assert_eq!(decision.start, Some(turn));
+    let state = fold(&decision.drafts);
+    assert!(state.compacting, "the turn started compacts");
+
+    let busy = decide(&state, &submission(vec![Input::Compact]), None, TurnId::generate(), ROOM).unwrap_err();
+    assert!(matches!(busy, SessionError::Busy(_)), "{busy}");
+    let mixed = submission(vec![Input::Compact, Input::Message(vec![Block::text("hi")])]);
+    let refused = decide(&TurnState::default(), &mixed, None, TurnId::generate(), ROOM).unwrap_err();
+    assert_eq!(refused.to_string(), "a compaction is asked for alone, with no other input");
+}

@@ -116,6 +116,32 @@ pub(super) async fn fit(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(), 
     Ok(())
 }
 
+/// The budget of a compaction asked for by an agent with no context window: requests of
+/// about 24k tokens, a summary of at most 1k.
+const ASKED: Budget = Budget { compact_above: 24_576, keep: 16_384, summary: 1_024, drop_tool_outputs: false };
+
+/// Compacts the whole conversation so far, as the user asked (`user.compact`): its messages
+/// are summarised by the model, in as many requests as the agent's budget takes. One
+/// message (a summary already) or none is left as it is. Unlike a compaction the turn
+/// makes to fit a request, a failure here fails the turn: nothing else was asked for.
+pub(super) async fn now(ctx: &mut TurnContext, usage: &mut Usage) -> Result<(), Failure> {
+    let n = ctx.history.len();
+    if n < 2 {
+        return Ok(());
+    }
+    let budget = ctx.agent.context_budget(&ctx.model).unwrap_or(ASKED);
+    let fixed = fixed_bytes(ctx);
+    let before = request_tokens(fixed, &ctx.history);
+    let (summary, cost) = summarise(ctx, n, &budget).await?;
+    *usage += cost;
+    let mut compacted = ctx.history.clone();
+    History::summarise(&mut compacted, n, &summary);
+    let after = request_tokens(fixed, &compacted);
+    record(ctx, Compaction::Summary, n, summary, (before, after), cost)?;
+    ctx.history = compacted;
+    Ok(())
+}
+
 fn record(
     ctx: &TurnContext,
     strategy: Compaction,

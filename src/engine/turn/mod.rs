@@ -47,10 +47,21 @@ pub struct TurnContext {
     pub delta_coalesce: Duration,
     /// The session's outcome, graded once the turn ends its turn.
     pub outcome: Option<outcome::PendingOutcome>,
+    /// The turn compacts the conversation (`user.compact`) and does nothing else.
+    pub compact: bool,
 }
 
 pub async fn run(mut ctx: TurnContext) -> Outcome {
     let mut usage = Usage::default();
+    if ctx.compact {
+        let stop = match compact::now(&mut ctx, &mut usage).await {
+            Ok(()) => Ok((StopReason::EndTurn, vec![])),
+            Err(Failure::Model(error)) => Err(error),
+            Err(Failure::Cancelled) => Ok((StopReason::Cancelled, vec![])),
+            Err(Failure::Log(error)) => Err(ModelError::new("log_error", error)),
+        };
+        return Outcome { stop, usage };
+    }
     let mut driven = drive(&mut ctx, &mut usage).await;
     if matches!(driven, Ok((StopReason::EndTurn, _))) {
         if let Err(failure) = outcome::grade(&mut ctx, &mut usage).await {
