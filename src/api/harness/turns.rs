@@ -135,7 +135,7 @@ pub async fn get(
 #[utoipa::path(
     tag = "harness",
     operation_id = "harness_turns_subscribe",
-    params(("session_id" = String, Path, description = "The session's id"), ("turn_id" = String, Path, description = "The turn's id"), ("Last-Event-Id" = Option<String>, Header, description = "Resume after this sequence number")),
+    params(("session_id" = String, Path, description = "The session's id"), ("turn_id" = String, Path, description = "The turn's id"), ("Last-Event-Id" = Option<String>, Header, description = "Resume after this sequence number (one of the turn's)", pattern = "^ *[0-9]{1,19} *$")),
     request_body(content = Subscribe, example = json!({})),
     responses((status = 200, description = "The turn's events as SSE, with integer sequence numbers", body = String, content_type = "text/event-stream")),
 )]

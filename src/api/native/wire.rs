@@ -183,7 +183,7 @@ struct RanIn {
 #[serde(deny_unknown_fields)]
 struct LocationIn {
     path: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::integer")]
     line: Option<u32>,
 }
 
@@ -206,7 +206,7 @@ struct TerminalIn {
     cwd: Option<String>,
     #[serde(default)]
     truncated: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::body::integer")]
     exit_code: Option<u32>,
     #[serde(default)]
     signal: Option<String>,
