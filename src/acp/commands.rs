@@ -3,8 +3,7 @@
 //! here, answered with a message saying what it did.
 
 use agent_client_protocol::v1::schema::{
-    AvailableCommand, AvailableCommandInput, AvailableCommandsUpdate, ContentBlock, ContentChunk, CurrentModeUpdate,
-    MessageId, SessionUpdate, StopReason, TextContent, UnstructuredCommandInput,
+    ContentBlock, ContentChunk, CurrentModeUpdate, MessageId, SessionUpdate, StopReason, TextContent,
 };
 
 use super::door::{Door, DoorError};
@@ -16,20 +15,6 @@ use crate::domain::event::StopReason as DomainStop;
 use crate::domain::{Block, EventBody};
 use crate::session::commands::{self, Command};
 use crate::session::Input;
-
-/// The session's commands as an update; `None` if they cannot be read now.
-pub(super) async fn available(door: &dyn Door, session: &str) -> Option<SessionUpdate> {
-    let (modes, models) = settings::read(door, session).await.ok()?;
-    let listed = commands::offered(modes.as_ref(), &models)
-        .into_iter()
-        .map(|command| {
-            let input =
-                command.hint.map(|hint| AvailableCommandInput::Unstructured(UnstructuredCommandInput::new(hint)));
-            AvailableCommand::new(command.name, command.description).input(input)
-        })
-        .collect();
-    Some(SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(listed)))
-}
 
 /// The command a prompt is, if it is one of the session's: one text block, `/name ...`.
 pub(super) async fn asked(door: &dyn Door, session: &str, prompt: &[Block]) -> Option<Result<Command, String>> {

@@ -62,7 +62,7 @@ impl Acp {
         self.cwds.lock().insert(session.to_string(), cwd.to_path_buf());
         let settings = self.settings(session).await?;
         let replayed = if replay { render::replay(&events) } else { Vec::new() };
-        let commands = super::commands::available(&*self.door, session).await;
+        let commands = Some(settings.commands.clone());
         let after = render::info(&events).into_iter().chain(render::context(&events)).chain(commands);
         for update in replayed.into_iter().chain(after) {
             cx.send_notification(SessionNotification::new(session.to_string(), update))?;
@@ -132,13 +132,18 @@ impl Acp {
 
     /// turnlog's fork of the session at its last event, in the client's `cwd`: a new
     /// session with the whole conversation so far, which goes on apart from the source.
-    pub(super) async fn fork_session(&self, request: &ForkSessionRequest) -> Result<ForkSessionResponse, Error> {
+    /// The fork's commands come with the answer, to be sent once the client has it.
+    pub(super) async fn fork_session(
+        &self,
+        request: &ForkSessionRequest,
+    ) -> Result<(ForkSessionResponse, acp::SessionUpdate), Error> {
         let mcp = mcp_servers(&request.mcp_servers)?;
         let forked = self.fork(&request.session_id.0, &request.cwd).await?;
         self.door.attach_mcp(&forked, mcp).await.map_err(|e| error(e, Some(&forked)))?;
         self.cwds.lock().insert(forked.clone(), request.cwd.clone());
         let settings = self.settings(&forked).await?;
-        Ok(ForkSessionResponse::new(forked).modes(settings.modes).config_options(settings.options))
+        let answer = ForkSessionResponse::new(forked).modes(settings.modes).config_options(settings.options);
+        Ok((answer, settings.commands))
     }
 
     /// Forks `session` at its last event, with `cwd` as the fork's working directory; the

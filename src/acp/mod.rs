@@ -141,9 +141,7 @@ impl Acp {
                     async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, cx| {
                         let key = door::write_key(&acp.connection, Some(responder.raw_id()));
                         let created = acp.new_session(request, &key).await;
-                        let session = created.as_ref().ok().map(|c| c.session_id.0.to_string());
-                        responder.respond_with_result(created)?;
-                        acp.send_commands(session, &cx).await
+                        tell_after(responder, created, |c| &c.session_id, &cx)
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -222,9 +220,7 @@ impl Acp {
                     let acp = self.clone();
                     async move |request: ForkSessionRequest, responder: Responder<ForkSessionResponse>, cx| {
                         let forked = acp.fork_session(&request).await;
-                        let session = forked.as_ref().ok().map(|f| f.session_id.0.to_string());
-                        responder.respond_with_result(forked)?;
-                        acp.send_commands(session, &cx).await
+                        tell_after(responder, forked, |f| &f.session_id, &cx)
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -265,7 +261,12 @@ impl Acp {
             .await
     }
 
-    async fn new_session(&self, request: NewSessionRequest, key: &str) -> Result<NewSessionResponse, Error> {
+    /// The new session's commands come with the answer, to be sent once the client has it.
+    async fn new_session(
+        &self,
+        request: NewSessionRequest,
+        key: &str,
+    ) -> Result<(NewSessionResponse, acp::SessionUpdate), Error> {
         let cwd = absolute(&request.cwd)?;
         let mcp = mcp_servers(&request.mcp_servers)?;
         let metadata = Map::from_iter([(door::CWD.to_string(), json!(cwd))]);
@@ -275,7 +276,7 @@ impl Acp {
         tracing::info!(session_id = %id, agent = %self.agent, "session created");
         self.cwds.lock().insert(id.clone(), request.cwd.clone());
         let settings = self.settings(&id).await?;
-        Ok(NewSessionResponse::new(id).modes(settings.modes).config_options(settings.options))
+        Ok((NewSessionResponse::new(id).modes(settings.modes).config_options(settings.options), settings.commands))
     }
 
     /// A page of this agent's sessions made through ACP, newest first (those of other views
@@ -336,16 +337,6 @@ impl Acp {
         Ok(())
     }
 
-    /// The session's commands, for a client that has just been told of it (after the
-    /// answer that names it: the client knows the session by then).
-    async fn send_commands(&self, session: Option<String>, cx: &ConnectionTo<Client>) -> Result<(), Error> {
-        let Some(session) = session else { return Ok(()) };
-        match commands::available(&*self.door, &session).await {
-            Some(update) => cx.send_notification(acp::SessionNotification::new(session, update)),
-            None => Ok(()),
-        }
-    }
-
     /// Runs the prompt (or the command it is), takes it off the running ones, then answers:
     /// in that order, since the client may send the session's next prompt as soon as it
     /// reads the answer.
@@ -393,6 +384,24 @@ impl Acp {
         if tokio::time::timeout(CLOSE_WAIT, all).await.is_err() {
             tracing::warn!("prompts still running {} s after stdin closed", CLOSE_WAIT.as_secs());
         }
+    }
+}
+
+/// Answers with what made a session, then tells the client `update` about it (the session's
+/// commands: after the answer that names it, since the client knows the session by then).
+fn tell_after<T: agent_client_protocol::JsonRpcResponse>(
+    responder: Responder<T>,
+    made: Result<(T, acp::SessionUpdate), Error>,
+    session: impl FnOnce(&T) -> &acp::SessionId,
+    cx: &ConnectionTo<Client>,
+) -> Result<(), Error> {
+    match made {
+        Ok((answer, update)) => {
+            let session = session(&answer).clone();
+            responder.respond(answer)?;
+            cx.send_notification(acp::SessionNotification::new(session, update))
+        }
+        Err(error) => responder.respond_with_error(error),
     }
 }
 

@@ -1,12 +1,14 @@
 //! A session's settings as an editor picks them: its mode (ACP's modes, and a config option
 //! of category `mode`) and its model (a config option of category `model`, where its agent
 //! offers more than one). Both are in the log (`session.updated`), hold from the session's
-//! next turn on, and reach a client following the session as updates.
+//! next turn on, and reach a client following the session as updates. The commands a
+//! session offers follow from the same (`session::commands`), and are read with them.
 
 use agent_client_protocol::v1::schema::{
-    ConfigOptionUpdate, SessionConfigOption, SessionConfigOptionCategory, SessionConfigSelectOption, SessionMode,
-    SessionModeState, SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse,
-    SetSessionModeRequest, SetSessionModeResponse,
+    AvailableCommand, AvailableCommandInput, AvailableCommandsUpdate, ConfigOptionUpdate, SessionConfigOption,
+    SessionConfigOptionCategory, SessionConfigSelectOption, SessionMode, SessionModeState, SessionUpdate,
+    SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
+    UnstructuredCommandInput,
 };
 use agent_client_protocol::Error;
 use serde_json::json;
@@ -24,13 +26,18 @@ pub(super) struct Settings {
     pub modes: Option<SessionModeState>,
     /// `None` when there is nothing to pick.
     pub options: Option<Vec<SessionConfigOption>>,
+    /// The session's commands (`available_commands_update`), for the client to be told once
+    /// it knows the session.
+    pub commands: SessionUpdate,
 }
 
 impl Acp {
+    /// The session's settings and commands, from one read of its modes and models.
     pub(super) async fn settings(&self, session: &str) -> Result<Settings, Error> {
         let (modes, models) = read(&*self.door, session).await.map_err(|e| error(e, Some(session)))?;
         let options = options(modes.as_ref(), &models);
-        Ok(Settings { modes: modes.map(mode_state), options: Some(options).filter(|o| !o.is_empty()) })
+        let commands = commands(modes.as_ref(), &models);
+        Ok(Settings { modes: modes.map(mode_state), options: Some(options).filter(|o| !o.is_empty()), commands })
     }
 
     /// Changes the session's mode, in the log (from its next turn on); `key` names the write.
@@ -125,4 +132,17 @@ fn options(modes: Option<&Modes>, models: &Models) -> Vec<SessionConfigOption> {
             .category(SessionConfigOptionCategory::Model)
     });
     mode.into_iter().chain(model).collect()
+}
+
+/// The commands of a session with these modes and models, as an update.
+fn commands(modes: Option<&Modes>, models: &Models) -> SessionUpdate {
+    let listed = crate::session::commands::offered(modes, models)
+        .into_iter()
+        .map(|command| {
+            let input =
+                command.hint.map(|hint| AvailableCommandInput::Unstructured(UnstructuredCommandInput::new(hint)));
+            AvailableCommand::new(command.name, command.description).input(input)
+        })
+        .collect();
+    SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(listed))
 }

@@ -48,7 +48,7 @@ pub fn check_content<'a>(
     spec: &SessionSpec,
     content: impl IntoIterator<Item = &'a [Block]>,
 ) -> Result<(), SessionError> {
-    if agent.model_for(spec.model.as_deref()).1.config.images {
+    if agent.model_config(spec.model.as_deref()).images {
         return Ok(());
     }
     for (i, blocks) in content.into_iter().enumerate() {

@@ -100,14 +100,10 @@ fn client_run() -> Value {
     json!({"oneOf": [ran, {"type": "null"}]})
 }
 
-pub const USER_EVENT_TYPES: &[&str] = &[
-    "user.message",
-    "user.interrupt",
-    "user.compact",
-    "user.define_outcome",
-    "user.tool_confirmation",
-    "user.custom_tool_result",
-];
+/// The event types a client sends: the log's `user.*` types.
+fn user_event_types() -> impl Iterator<Item = &'static str> {
+    EventBody::TYPES.iter().copied().filter(|kind| kind.starts_with("user."))
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -252,10 +248,11 @@ pub fn user_event(i: usize, event: &RawValue) -> Result<EventBody, ApiError> {
         Ok(Kind { kind: Some(kind) }) => kind,
         _ => return Err(ApiError::invalid(format!("invalid field `events[{i}].type`: a string is required"))),
     };
-    if !USER_EVENT_TYPES.contains(&kind.as_ref()) {
+    if !user_event_types().any(|known| known == kind) {
+        let known: Vec<&str> = user_event_types().collect();
         return Err(ApiError::invalid(format!(
             "invalid field `events[{i}].type`: {kind:?} is not a user event type; expected one of {}",
-            USER_EVENT_TYPES.join(", ")
+            known.join(", ")
         )));
     }
     let parse = || -> Result<EventBody, serde_path_to_error::Error<serde_json::Error>> {
