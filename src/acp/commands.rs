@@ -1,14 +1,19 @@
 //! Commands over ACP: the session's commands (`session::commands`) sent as an
-//! `available_commands_update` when a client opens it, and a prompt that is one of them run
-//! here, answered with a message saying what it did.
+//! `available_commands_update` when a client opens it (then again with its MCP servers'
+//! prompts, once they are listed), and a prompt that is one of them run here: a prompt of
+//! an MCP server becomes the message of the turn it starts; any other command is answered
+//! with a message saying what it did.
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, CurrentModeUpdate, MessageId, SessionUpdate, StopReason, TextContent,
+    ContentBlock, ContentChunk, CurrentModeUpdate, MessageId, SessionNotification, SessionUpdate, StopReason,
+    TextContent,
 };
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::Client;
 
 use super::door::{Door, DoorError};
 use super::line::Line;
-use super::prompt::Ended;
+use super::prompt::{Ended, Prompt};
 use super::render::Live;
 use super::{settings, Acp};
 use crate::domain::event::StopReason as DomainStop;
@@ -21,16 +26,45 @@ pub(super) async fn asked(door: &dyn Door, session: &str, prompt: &[Block]) -> O
     let [block] = prompt else { return None };
     let text = block.text.as_deref().filter(|text| block.kind == "text" && text.trim_start().starts_with('/'))?;
     let (modes, models) = settings::read(door, session).await.ok()?;
-    commands::parse(text, &commands::offered(modes.as_ref(), &models))
+    let prompts = match commands::may_name_a_prompt(text) {
+        true => door.prompts(session).await.unwrap_or_else(|error| {
+            tracing::warn!(session_id = session, %error, "the session's MCP prompts could not be listed");
+            Vec::new()
+        }),
+        false => Vec::new(),
+    };
+    commands::parse(text, &commands::offered(modes.as_ref(), &models, &prompts))
 }
 
 impl Acp {
-    /// Runs a command typed in `session`'s prompt; the prompt ends `end_turn` with a message
+    /// Tells the client the session's commands again with its MCP servers' prompts, if it
+    /// has any, from a task of its own (listing them may start the servers).
+    pub(super) fn offer_prompts(&self, session: &str, cx: &ConnectionTo<Client>) {
+        let (door, session, cx) = (self.door.clone(), session.to_string(), cx.clone());
+        tokio::spawn(async move {
+            let Some(update) = settings::commands_with_prompts(&*door, &session).await else { return };
+            if let Err(error) = cx.send_notification(SessionNotification::new(session, update)) {
+                tracing::debug!(%error, "the session's prompts were not sent (the client has gone)");
+            }
+        });
+    }
+}
+
+impl Acp {
+    /// Runs a command typed in the prompt: an MCP server's prompt is written out and sent as
+    /// the prompt's message; any other command ends the prompt `end_turn` with a message
     /// saying what was done (or why not). The change itself is in the log.
-    pub(super) async fn run_command(&self, line: &Line<'_>, command: Result<Command, String>) -> Ended {
+    pub(super) async fn run_command(&self, prompt: Prompt, command: Result<Command, String>) -> Ended {
+        let line = &prompt.line();
         let session = line.session;
         let said = match command {
             Err(usage) => usage,
+            Ok(Command::Prompt { server, name, arguments }) => {
+                match self.door.write_prompt(session, &server, &name, &arguments).await {
+                    Ok(content) => return prompt.run(content).await,
+                    Err(error) => format!("/{}: {error}", commands::prompt_command(&server, &name)),
+                }
+            }
             Ok(Command::Compact) => match self.compact(line).await {
                 Ok(Some(ended)) => return ended,
                 Ok(None) => "Nothing to compact yet.".to_string(),

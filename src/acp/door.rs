@@ -16,10 +16,11 @@ use crate::client::{
     AgentChoice, Client, ClientError, Followed, NewSession, PageQuery, Reconnect, SessionQuery, ToolTrust,
 };
 use crate::domain::event::{AgentSpec, ClientTool, SessionSpec};
-use crate::domain::{Event, EventId, RequestKey};
+use crate::domain::{Block, Event, EventId, RequestKey};
 use crate::service::Service;
 use crate::session::{
-    rules, Caller, Cursor, EventQuery, Input, ListFilter, ModeInfo, ModelInfo, Models, Modes, SessionError, Submission,
+    rules, Caller, Cursor, EventQuery, Input, ListFilter, McpPrompt, McpPromptArgument, ModeInfo, ModelInfo, Models,
+    Modes, SessionError, Submission, Unavailable,
 };
 
 /// The metadata key of the working directory an ACP client gave `session/new`.
@@ -125,6 +126,17 @@ pub trait Door: Send + Sync + 'static {
     /// Changes the session's model (from its next turn on); its models then. `key` names
     /// the write (see [`write_key`]).
     async fn set_model(&self, session: &str, model: &str, key: &str) -> Result<Models, DoorError>;
+    /// The prompts of the session's MCP servers; a server that cannot be reached now lists none.
+    async fn prompts(&self, session: &str) -> Result<Vec<McpPrompt>, DoorError>;
+    /// `server`'s prompt `name` written out from `arguments`: the content of the user
+    /// message it makes (nothing is stored).
+    async fn write_prompt(
+        &self,
+        session: &str,
+        server: &str,
+        name: &str,
+        arguments: &BTreeMap<String, String>,
+    ) -> Result<Vec<Block>, DoorError>;
 }
 
 /// The idempotency key of a write the ACP view makes: the connection's and the JSON-RPC
@@ -270,6 +282,27 @@ impl Door for Embedded {
     async fn models(&self, session: &str) -> Result<Models, DoorError> {
         let sessions = self.service.sessions();
         Ok(sessions.models(&sessions.get(&self.caller, session).await?)?)
+    }
+
+    async fn prompts(&self, session: &str) -> Result<Vec<McpPrompt>, DoorError> {
+        let sessions = self.service.sessions();
+        let listed = sessions.prompts(&sessions.get(&self.caller, session).await?).await?;
+        for Unavailable { server, error } in listed.unavailable {
+            tracing::warn!(session_id = session, server, error, "an MCP server's prompts are not offered");
+        }
+        Ok(listed.prompts)
+    }
+
+    async fn write_prompt(
+        &self,
+        session: &str,
+        server: &str,
+        name: &str,
+        arguments: &BTreeMap<String, String>,
+    ) -> Result<Vec<Block>, DoorError> {
+        let sessions = self.service.sessions();
+        let summary = sessions.get(&self.caller, session).await?;
+        Ok(sessions.write_prompt(&summary, server, name, arguments).await?)
     }
 
     async fn set_model(&self, session: &str, model: &str, key: &str) -> Result<Models, DoorError> {
@@ -427,6 +460,21 @@ fn models(answer: crate::client::SessionModels) -> Models {
     Models { current: answer.model, available }
 }
 
+/// A prompt as the server's prompts route lists it.
+fn prompt(listed: crate::client::PromptMeta) -> McpPrompt {
+    let arguments = listed.arguments.into_iter().map(|a| McpPromptArgument {
+        name: a.name,
+        description: a.description,
+        required: a.required,
+    });
+    McpPrompt {
+        server: listed.server,
+        name: listed.name,
+        description: listed.description,
+        arguments: arguments.collect(),
+    }
+}
+
 const BRIDGE_MCP: &str = "MCP servers from the editor run only when `turnlog acp` runs the engine itself \
 (without --server): a turnlog server does not start its clients' commands or reach their URLs. Declare them on \
 the agent in the server's config ([agents.NAME.mcp_servers.SERVER]) instead.";
@@ -534,6 +582,25 @@ impl Door for Bridge {
 
     async fn set_model(&self, session: &str, model: &str, key: &str) -> Result<Models, DoorError> {
         Ok(models(self.client.set_model(&session_id(session)?, model, key).await?))
+    }
+
+    async fn prompts(&self, session: &str) -> Result<Vec<McpPrompt>, DoorError> {
+        let listed = self.client.prompts(&session_id(session)?).await?;
+        for unavailable in listed.unavailable {
+            let (server, error) = (unavailable.server, unavailable.error);
+            tracing::warn!(session_id = session, server, error, "an MCP server's prompts are not offered");
+        }
+        Ok(listed.prompts.into_iter().map(prompt).collect())
+    }
+
+    async fn write_prompt(
+        &self,
+        session: &str,
+        server: &str,
+        name: &str,
+        arguments: &BTreeMap<String, String>,
+    ) -> Result<Vec<Block>, DoorError> {
+        Ok(self.client.write_prompt(&session_id(session)?, server, name, arguments).await?)
     }
 
     async fn follow(&self, session: &str, after: EventId) -> Result<Events, DoorError> {

@@ -67,6 +67,7 @@ impl Acp {
         for update in replayed.into_iter().chain(after) {
             cx.send_notification(SessionNotification::new(session.to_string(), update))?;
         }
+        self.offer_prompts(session, cx);
         self.follow_if_running(session, &events, cx);
         Ok(settings)
     }

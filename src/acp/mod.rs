@@ -141,7 +141,7 @@ impl Acp {
                     async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, cx| {
                         let key = door::write_key(&acp.connection, Some(responder.raw_id()));
                         let created = acp.new_session(request, &key).await;
-                        tell_after(responder, created, |c| &c.session_id, &cx)
+                        acp.tell_after(responder, created, |c| &c.session_id, &cx)
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -220,7 +220,7 @@ impl Acp {
                     let acp = self.clone();
                     async move |request: ForkSessionRequest, responder: Responder<ForkSessionResponse>, cx| {
                         let forked = acp.fork_session(&request).await;
-                        tell_after(responder, forked, |f| &f.session_id, &cx)
+                        acp.tell_after(responder, forked, |f| &f.session_id, &cx)
                     }
                 },
                 agent_client_protocol::on_receive_request!(),
@@ -343,7 +343,7 @@ impl Acp {
     async fn answer(self, id: ulid::Ulid, prompt: Prompt, content: Vec<Block>, responder: Responder<PromptResponse>) {
         let session = prompt.session.clone();
         let ended = match commands::asked(&*self.door, &session, &content).await {
-            Some(command) => self.run_command(&prompt.line(), command).await,
+            Some(command) => self.run_command(prompt, command).await,
             None => prompt.run(content).await,
         };
         {
@@ -387,21 +387,27 @@ impl Acp {
     }
 }
 
-/// Answers with what made a session, then tells the client `update` about it (the session's
-/// commands: after the answer that names it, since the client knows the session by then).
-fn tell_after<T: agent_client_protocol::JsonRpcResponse>(
-    responder: Responder<T>,
-    made: Result<(T, acp::SessionUpdate), Error>,
-    session: impl FnOnce(&T) -> &acp::SessionId,
-    cx: &ConnectionTo<Client>,
-) -> Result<(), Error> {
-    match made {
-        Ok((answer, update)) => {
-            let session = session(&answer).clone();
-            responder.respond(answer)?;
-            cx.send_notification(acp::SessionNotification::new(session, update))
+impl Acp {
+    /// Answers with what made a session, then tells the client `update` about it (the
+    /// session's commands: after the answer that names it, since the client knows the
+    /// session by then), and its MCP servers' prompts once they are listed.
+    fn tell_after<T: agent_client_protocol::JsonRpcResponse>(
+        &self,
+        responder: Responder<T>,
+        made: Result<(T, acp::SessionUpdate), Error>,
+        session: impl FnOnce(&T) -> &acp::SessionId,
+        cx: &ConnectionTo<Client>,
+    ) -> Result<(), Error> {
+        match made {
+            Ok((answer, update)) => {
+                let session = session(&answer).clone();
+                responder.respond(answer)?;
+                cx.send_notification(acp::SessionNotification::new(session.clone(), update))?;
+                self.offer_prompts(&session.0, cx);
+                Ok(())
+            }
+            Err(error) => responder.respond_with_error(error),
         }
-        Err(error) => responder.respond_with_error(error),
     }
 }
 

@@ -2,7 +2,8 @@
 //! of category `mode`) and its model (a config option of category `model`, where its agent
 //! offers more than one). Both are in the log (`session.updated`), hold from the session's
 //! next turn on, and reach a client following the session as updates. The commands a
-//! session offers follow from the same (`session::commands`), and are read with them.
+//! session offers follow from the same (`session::commands`), and are read with them; its
+//! MCP servers' prompts, which may take a server's start to list, follow apart.
 
 use agent_client_protocol::v1::schema::{
     AvailableCommand, AvailableCommandInput, AvailableCommandsUpdate, ConfigOptionUpdate, SessionConfigOption,
@@ -15,7 +16,7 @@ use serde_json::json;
 
 use super::door::{Door, DoorError};
 use super::{error, Acp};
-use crate::session::{Models, Modes};
+use crate::session::{McpPrompt, Models, Modes};
 
 /// The config options' ids.
 const MODE: &str = "mode";
@@ -36,7 +37,7 @@ impl Acp {
     pub(super) async fn settings(&self, session: &str) -> Result<Settings, Error> {
         let (modes, models) = read(&*self.door, session).await.map_err(|e| error(e, Some(session)))?;
         let options = options(modes.as_ref(), &models);
-        let commands = commands(modes.as_ref(), &models);
+        let commands = commands(modes.as_ref(), &models, &[]);
         Ok(Settings { modes: modes.map(mode_state), options: Some(options).filter(|o| !o.is_empty()), commands })
     }
 
@@ -134,9 +135,25 @@ fn options(modes: Option<&Modes>, models: &Models) -> Vec<SessionConfigOption> {
     mode.into_iter().chain(model).collect()
 }
 
-/// The commands of a session with these modes and models, as an update.
-fn commands(modes: Option<&Modes>, models: &Models) -> SessionUpdate {
-    let listed = crate::session::commands::offered(modes, models)
+/// The session's commands with the prompts of its MCP servers, as an update; `None` if it
+/// has no prompts (the commands without them went with its settings) or they cannot be
+/// listed now.
+pub(super) async fn commands_with_prompts(door: &dyn Door, session: &str) -> Option<SessionUpdate> {
+    let prompts = match door.prompts(session).await {
+        Ok(prompts) if prompts.is_empty() => return None,
+        Ok(prompts) => prompts,
+        Err(error) => {
+            tracing::debug!(session_id = session, %error, "the session's MCP prompts are not offered");
+            return None;
+        }
+    };
+    let (modes, models) = read(door, session).await.ok()?;
+    Some(commands(modes.as_ref(), &models, &prompts))
+}
+
+/// The commands of a session with these modes, models and prompts, as an update.
+fn commands(modes: Option<&Modes>, models: &Models, prompts: &[McpPrompt]) -> SessionUpdate {
+    let listed = crate::session::commands::offered(modes, models, prompts)
         .into_iter()
         .map(|command| {
             let input =

@@ -22,7 +22,8 @@ pub use error::{ClientError, Refusal};
 pub use follow::{Follow, Followed, Frame, Frames, Reconnect};
 pub use wire::{
     AgentChoice, AgentMeta, AgentName, ImportStatus, ImportedSession, ModeMeta, ModelMeta, NewSession, Page, PageQuery,
-    Session, SessionModels, SessionModes, SessionPage, SessionQuery, StreamFrom, ToolMeta, ToolTrust,
+    PromptArgumentMeta, PromptMeta, PromptsUnavailable, Session, SessionModels, SessionModes, SessionPage,
+    SessionPrompts, SessionQuery, StreamFrom, ToolMeta, ToolTrust,
 };
 
 /// How long a keyed write is sent again while the server cannot store it (a restart, a
@@ -185,6 +186,28 @@ impl Client {
         let path = format!("/sessions/{session}/model");
         let send = || self.call(Method::POST, &path).json(&body);
         self.keyed(send, key).await?.json().await.map_err(ClientError::Body)
+    }
+
+    /// The prompts of the session's MCP servers (`GET /sessions/{id}/prompts`).
+    pub async fn prompts(&self, session: &str) -> Result<SessionPrompts, ClientError> {
+        self.json(self.call(Method::GET, &format!("/sessions/{session}/prompts"))).await
+    }
+
+    /// `server`'s prompt `name` written out from `arguments`
+    /// (`POST /sessions/{id}/prompts/{server}/{prompt}`): the content of the user message
+    /// it makes. Nothing is stored.
+    pub async fn write_prompt(
+        &self,
+        session: &str,
+        server: &str,
+        name: &str,
+        arguments: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<crate::domain::Block>, ClientError> {
+        let mut url = reqwest::Url::parse("http://path.only/").expect("a valid URL");
+        url.path_segments_mut().expect("a base").extend(["sessions", session, "prompts", server, name]);
+        let body = serde_json::json!({ "arguments": arguments });
+        let written: wire::WrittenPrompt = self.json(self.call(Method::POST, url.path()).json(&body)).await?;
+        Ok(written.content)
     }
 
     pub async fn session(&self, session: &str) -> Result<Session, ClientError> {

@@ -119,6 +119,46 @@ pub struct SessionModels {
     pub models: Vec<ModelMeta>,
 }
 
+/// The prompts of a session's MCP servers (`GET /sessions/{id}/prompts`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct SessionPrompts {
+    pub prompts: Vec<PromptMeta>,
+    /// The servers whose prompts could not be listed, with why.
+    #[serde(default)]
+    pub unavailable: Vec<PromptsUnavailable>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct PromptMeta {
+    pub server: String,
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub arguments: Vec<PromptArgumentMeta>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct PromptArgumentMeta {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub required: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct PromptsUnavailable {
+    pub server: String,
+    pub error: String,
+}
+
+/// A prompt written out (`POST /sessions/{id}/prompts/{server}/{prompt}`).
+#[derive(Debug, Clone, Deserialize)]
+pub(super) struct WrittenPrompt {
+    pub content: Vec<crate::domain::Block>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct ModelMeta {
     pub id: String,

@@ -3,17 +3,30 @@
 //! way, so its effect is in the log as that way records it: `/compact` runs a turn that
 //! compacts the conversation (`user.compact`, then `history.compacted`), `/fork` makes a
 //! fork (its `session.created` names the source and the point), `/mode` and `/model`
-//! change the session (`session.updated`).
+//! change the session (`session.updated`), and `/mcp:<server>:<prompt>` starts a turn
+//! with the message the MCP server's prompt writes (`user.message`).
 
-use super::{Models, Modes};
+use std::collections::BTreeMap;
+
+use super::{McpPrompt, Models, Modes};
 
 /// A command as a client's menu lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommandInfo {
-    pub name: &'static str,
+    pub name: String,
     pub description: String,
     /// What to type after the name, for a command that takes an argument.
     pub hint: Option<String>,
+    what: What,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum What {
+    Compact,
+    Fork,
+    Mode,
+    Model,
+    Prompt(McpPrompt),
 }
 
 /// What a prompt asks for.
@@ -27,33 +40,70 @@ pub enum Command {
     Mode(String),
     /// The session's model from its next turn on.
     Model(String),
+    /// A turn started with what an MCP server's prompt writes from these arguments.
+    Prompt { server: String, name: String, arguments: BTreeMap<String, String> },
 }
 
 /// The commands a session offers: `/compact` and `/fork` always, `/mode` where its agent
-/// has modes, and `/model` where it offers more than its own.
-pub fn offered(modes: Option<&Modes>, models: &Models) -> Vec<CommandInfo> {
-    let compact = CommandInfo {
-        name: "compact",
-        description: "Compact the conversation so far: the model summarises it, leaving its context room".into(),
-        hint: None,
+/// has modes, `/model` where it offers more than its own, and each prompt of its MCP
+/// servers as `/mcp:<server>:<prompt>` (one whose name has a space cannot be typed).
+pub fn offered(modes: Option<&Modes>, models: &Models, prompts: &[McpPrompt]) -> Vec<CommandInfo> {
+    let command = |name: &str, description: &str, hint: Option<String>, what: What| CommandInfo {
+        name: name.to_string(),
+        description: description.to_string(),
+        hint,
+        what,
     };
-    let fork = CommandInfo {
-        name: "fork",
-        description: "Fork this session: a new session with the conversation so far, which goes on apart".into(),
-        hint: None,
-    };
+    let compact = command(
+        "compact",
+        "Compact the conversation so far: the model summarises it, leaving its context room",
+        None,
+        What::Compact,
+    );
+    let fork = command(
+        "fork",
+        "Fork this session: a new session with the conversation so far, which goes on apart",
+        None,
+        What::Fork,
+    );
     let ids = |ids: Vec<&str>| ids.join(", ");
-    let mode = modes.map(|modes| CommandInfo {
-        name: "mode",
-        description: "Change the session's mode (what the tools may do) from the next turn on".into(),
-        hint: Some(ids(modes.available.iter().map(|m| m.id.as_str()).collect())),
+    let mode = modes.map(|modes| {
+        let hint = ids(modes.available.iter().map(|m| m.id.as_str()).collect());
+        command(
+            "mode",
+            "Change the session's mode (what the tools may do) from the next turn on",
+            Some(hint),
+            What::Mode,
+        )
     });
-    let model = (models.available.len() > 1).then(|| CommandInfo {
-        name: "model",
-        description: "Change the session's model from the next turn on".into(),
-        hint: Some(ids(models.available.iter().map(|m| m.id.as_str()).collect())),
+    let model = (models.available.len() > 1).then(|| {
+        let hint = ids(models.available.iter().map(|m| m.id.as_str()).collect());
+        command("model", "Change the session's model from the next turn on", Some(hint), What::Model)
     });
-    [compact, fork].into_iter().chain(mode).chain(model).collect()
+    let typable = |p: &&McpPrompt| !p.name.contains(char::is_whitespace) && !p.server.contains(char::is_whitespace);
+    let prompts = prompts.iter().filter(typable).map(|prompt| {
+        let about = if prompt.description.is_empty() { "A prompt" } else { prompt.description.as_str() };
+        let description = format!("{about} (MCP server {})", prompt.server);
+        let hint = (!prompt.arguments.is_empty()).then(|| {
+            let each = prompt.arguments.iter().map(|a| match a.required {
+                true => format!("<{}>", a.name),
+                false => format!("[{}]", a.name),
+            });
+            each.collect::<Vec<_>>().join(" ")
+        });
+        command(&prompt_command(&prompt.server, &prompt.name), &description, hint, What::Prompt(prompt.clone()))
+    });
+    [compact, fork].into_iter().chain(mode).chain(model).chain(prompts).collect()
+}
+
+/// The name of the command of `server`'s prompt `name`.
+pub fn prompt_command(server: &str, name: &str) -> String {
+    format!("mcp:{server}:{name}")
+}
+
+/// Whether a prompt's text may name one of the session's MCP prompts (worth listing them).
+pub fn may_name_a_prompt(text: &str) -> bool {
+    text.trim_start().starts_with("/mcp:")
 }
 
 /// A prompt's text as one of the `offered` commands: `/name` and its argument, alone in the
@@ -64,20 +114,94 @@ pub fn parse(text: &str, offered: &[CommandInfo]) -> Option<Result<Command, Stri
     let (name, argument) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
     let command = offered.iter().find(|c| c.name == name)?;
     let argument = argument.trim();
-    Some(match (command.name, argument, &command.hint) {
-        ("compact", "", _) => Ok(Command::Compact),
-        ("fork", "", _) => Ok(Command::Fork),
-        (name @ ("compact" | "fork"), _, _) => Err(format!("/{name} takes nothing after it")),
-        (name, "", hint) => Err(format!("/{name} needs one of: {}", hint.as_deref().unwrap_or_default())),
-        ("mode", id, _) => Ok(Command::Mode(id.to_string())),
-        (_, id, _) => Ok(Command::Model(id.to_string())),
+    let hint = command.hint.as_deref().unwrap_or_default();
+    Some(match (&command.what, argument) {
+        (What::Compact, "") => Ok(Command::Compact),
+        (What::Fork, "") => Ok(Command::Fork),
+        (What::Compact | What::Fork, _) => Err(format!("/{name} takes nothing after it")),
+        (What::Mode | What::Model, "") => Err(format!("/{name} needs one of: {hint}")),
+        (What::Mode, id) => Ok(Command::Mode(id.to_string())),
+        (What::Model, id) => Ok(Command::Model(id.to_string())),
+        (What::Prompt(prompt), text) => bind(prompt, text)
+            .map(|arguments| Command::Prompt { server: prompt.server.clone(), name: prompt.name.clone(), arguments })
+            .map_err(|why| match hint {
+                "" => format!("/{name}: {why}"),
+                hint => format!("/{name} {hint}: {why}"),
+            }),
     })
+}
+
+/// The arguments typed after a prompt's command, by name. Each is one word or a quoted
+/// string (`"New York"`, with `\"` for a quote), given in the prompt's order or by name
+/// (`state=NY`); the last one left takes the rest of the text as it is.
+fn bind(prompt: &McpPrompt, text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut bound = BTreeMap::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let named = rest.split_once('=').filter(|(name, _)| prompt.arguments.iter().any(|a| a.name == *name));
+        if let Some((name, after)) = named {
+            let (value, left) = word(after)?;
+            if bound.insert(name.to_string(), value).is_some() {
+                return Err(format!("{name} is given twice"));
+            }
+            rest = left.trim_start();
+            continue;
+        }
+        let unset: Vec<&str> =
+            prompt.arguments.iter().map(|a| a.name.as_str()).filter(|n| !bound.contains_key(*n)).collect();
+        match unset[..] {
+            [] if prompt.arguments.is_empty() => return Err("it takes nothing after it".into()),
+            [] => return Err(format!("every argument is given; {rest:?} is left over")),
+            [last] => {
+                let (value, left) = word(rest)?;
+                let whole = if left.trim().is_empty() { value } else { rest.to_string() };
+                bound.insert(last.to_string(), whole);
+                break;
+            }
+            [next, ..] => {
+                let (value, left) = word(rest)?;
+                bound.insert(next.to_string(), value);
+                rest = left.trim_start();
+            }
+        }
+    }
+    let missing: Vec<&str> = prompt
+        .arguments
+        .iter()
+        .filter(|a| a.required && !bound.contains_key(&a.name))
+        .map(|a| a.name.as_str())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!("{} needed", missing.join(" and ")));
+    }
+    Ok(bound)
+}
+
+/// The first word of `text` (or its quoted string, unquoted), and what follows it.
+fn word(text: &str) -> Result<(String, &str), String> {
+    let Some(quoted) = text.strip_prefix('"') else {
+        let end = text.find(char::is_whitespace).unwrap_or(text.len());
+        return Ok((text[..end].to_string(), &text[end..]));
+    };
+    let mut value = String::new();
+    let mut chars = quoted.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return Ok((value, &quoted[i + 1..])),
+            '\\' => match chars.next() {
+                Some((_, escaped)) => value.push(escaped),
+                None => break,
+            },
+            c => value.push(c),
+        }
+    }
+    Err("a quote is not closed".into())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::{ModeInfo, ModelInfo};
+    use crate::session::{McpPromptArgument, ModeInfo, ModelInfo};
 
     fn models(ids: &[&str]) -> Models {
         let available = ids.iter().map(|id| ModelInfo { id: id.to_string(), name: id.to_string() }).collect();
@@ -92,11 +216,11 @@ mod tests {
                 .map(|id| ModeInfo { id: id.into(), name: id.into(), description: "".into() })
                 .to_vec(),
         };
-        let all = offered(Some(&modes), &models(&["default", "second"]));
-        assert_eq!(all.iter().map(|c| c.name).collect::<Vec<_>>(), ["compact", "fork", "mode", "model"]);
+        let all = offered(Some(&modes), &models(&["default", "second"]), &[]);
+        assert_eq!(all.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["compact", "fork", "mode", "model"]);
         assert_eq!(all[2].hint.as_deref(), Some("ask, code"));
-        let bare = offered(None, &models(&["default"]));
-        assert_eq!(bare.iter().map(|c| c.name).collect::<Vec<_>>(), ["compact", "fork"]);
+        let bare = offered(None, &models(&["default"]), &[]);
+        assert_eq!(bare.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["compact", "fork"]);
         assert_eq!(parse("/compact", &bare), Some(Ok(Command::Compact)));
 
         assert_eq!(parse("/fork", &all), Some(Ok(Command::Fork)));
@@ -107,5 +231,92 @@ mod tests {
         assert_eq!(parse("/model second", &bare), None, "not offered: for the model, as typed");
         assert_eq!(parse("/tool calculator {}", &all), None);
         assert_eq!(parse("fork", &all), None);
+    }
+
+    fn prompt(name: &str, arguments: &[(&str, bool)]) -> McpPrompt {
+        McpPrompt {
+            server: "everything".into(),
+            name: name.into(),
+            description: format!("{name}'s description"),
+            arguments: arguments
+                .iter()
+                .map(|(name, required)| McpPromptArgument {
+                    name: name.to_string(),
+                    description: String::new(),
+                    required: *required,
+                })
+                .collect(),
+        }
+    }
+
+    fn called(name: &str, arguments: &[(&str, &str)]) -> Option<Result<Command, String>> {
+        let arguments = arguments.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Some(Ok(Command::Prompt { server: "everything".into(), name: name.into(), arguments }))
+    }
+
+    #[test]
+    fn an_mcp_servers_prompts_are_commands_whose_arguments_come_in_order_or_by_name() {
+        let prompts = [
+            prompt("simple-prompt", &[]),
+            prompt("args-prompt", &[("city", true), ("state", false)]),
+            prompt("ask", &[("question", true)]),
+            prompt("two words", &[]),
+        ];
+        let all = offered(None, &models(&["default"]), &prompts);
+        let names: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["compact", "fork", "mcp:everything:simple-prompt", "mcp:everything:args-prompt", "mcp:everything:ask"]
+        );
+        assert_eq!(all[3].hint.as_deref(), Some("<city> [state]"));
+        assert_eq!(all[2].hint, None);
+        assert_eq!(all[3].description, "args-prompt's description (MCP server everything)");
+
+        assert_eq!(parse("/mcp:everything:simple-prompt", &all), called("simple-prompt", &[]));
+        assert_eq!(
+            parse("/mcp:everything:simple-prompt now", &all),
+            Some(Err("/mcp:everything:simple-prompt: it takes nothing after it".into()))
+        );
+        // In order; quoted; by name, in any order.
+        assert_eq!(parse("/mcp:everything:args-prompt Paris", &all), called("args-prompt", &[("city", "Paris")]));
+        assert_eq!(
+            parse(r#"/mcp:everything:args-prompt "New York" NY"#, &all),
+            called("args-prompt", &[("city", "New York"), ("state", "NY")])
+        );
+        assert_eq!(
+            parse(r#"/mcp:everything:args-prompt state=TX city="El \"Paso\"""#, &all),
+            called("args-prompt", &[("city", "El \"Paso\""), ("state", "TX")])
+        );
+        assert_eq!(
+            parse("/mcp:everything:args-prompt state=TX Austin", &all),
+            called("args-prompt", &[("city", "Austin"), ("state", "TX")])
+        );
+        // The last argument left takes the rest as it is, apostrophes and all.
+        assert_eq!(
+            parse("/mcp:everything:ask what's  the #1 city=of Texas?", &all),
+            called("ask", &[("question", "what's  the #1 city=of Texas?")])
+        );
+        assert_eq!(
+            parse(r#"/mcp:everything:ask "quoted whole""#, &all),
+            called("ask", &[("question", "quoted whole")])
+        );
+        // Used wrongly: said how to use it.
+        assert_eq!(
+            parse("/mcp:everything:args-prompt", &all),
+            Some(Err("/mcp:everything:args-prompt <city> [state]: city needed".into()))
+        );
+        assert_eq!(
+            parse("/mcp:everything:args-prompt state=TX", &all),
+            Some(Err("/mcp:everything:args-prompt <city> [state]: city needed".into()))
+        );
+        assert_eq!(
+            parse(r#"/mcp:everything:args-prompt "New York"#, &all),
+            Some(Err("/mcp:everything:args-prompt <city> [state]: a quote is not closed".into()))
+        );
+        assert_eq!(
+            parse("/mcp:everything:args-prompt city=A city=B", &all),
+            Some(Err("/mcp:everything:args-prompt <city> [state]: city is given twice".into()))
+        );
+        assert_eq!(parse("/mcp:everything:nothing", &all), None, "not offered: for the model, as typed");
     }
 }

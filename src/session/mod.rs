@@ -9,6 +9,7 @@ mod list;
 mod log;
 mod models;
 mod modes;
+mod prompts;
 mod read;
 mod sessions;
 
@@ -16,9 +17,11 @@ pub use coalesce::Coalescer;
 pub use list::{Changed, ListFilter, Status};
 pub use models::{ModelInfo, Models};
 pub use modes::{ModeInfo, Modes};
+pub use prompts::{SessionPrompts, Unavailable};
 pub use read::{Activity, EventPage, EventQuery, TurnQuery};
 pub use sessions::Sessions;
 
+pub use crate::agent::mcp::{McpPrompt, McpPromptArgument};
 pub use crate::domain::Caller;
 pub use crate::engine::rules;
 pub use crate::engine::{AgentChanges, Follows, Input, SessionUpdate, Submission, Submitted, WhenBusy};

@@ -158,13 +158,23 @@ export class Lab {
     return { url, dataDir, child, stdoutLines: lines };
   }
 
-  /** What `turnlog acp` runs against in `mode`: its own data dir, or a fresh server. */
-  async target(mode) {
+  /** What `turnlog acp` runs against in `mode`: its own data dir, or a fresh server; with
+   * `config` (a config file's text) for the engine, and `agent` for `--agent`. */
+  async target(mode, { config, agent } = {}) {
     const dataDir = this.tempDir("turnlog-data-");
-    if (mode === "embedded") return { mode, dataDir, args: ["acp", "--data-dir", dataDir] };
+    let configFile;
+    if (config !== undefined) {
+      configFile = path.join(this.tempDir("turnlog-config-"), "turnlog.toml");
+      fs.writeFileSync(configFile, config);
+    }
+    const agentArgs = agent ? ["--agent", agent] : [];
+    if (mode === "embedded") {
+      const configArgs = configFile ? ["--config", configFile] : [];
+      return { mode, dataDir, args: ["acp", "--data-dir", dataDir, ...configArgs, ...agentArgs] };
+    }
     assert.equal(mode, "bridge", `unknown mode ${mode}`);
-    const server = await this.startServer({ dataDir });
-    return { mode, dataDir, server, args: ["acp", "--server", server.url] };
+    const server = await this.startServer({ dataDir, config: configFile });
+    return { mode, dataDir, server, args: ["acp", "--server", server.url, ...agentArgs] };
   }
 
   async cleanup() {
@@ -469,7 +479,9 @@ export class AcpClient {
     assert.deepEqual(logged, [], "the SDK logged errors while talking to the agent");
   }
 
-  /** Updates for a session that arrived after its prompt/load answer, before the next request. */
+  /** Updates for a session that arrived after its prompt/load answer, before the next request
+   * (but for `available_commands_update`: a session's commands may change at any time, and
+   * its MCP servers' prompts come once they are listed). */
   lateUpdates() {
     const requests = new Map();
     const late = [];
@@ -481,7 +493,8 @@ export class AcpClient {
       if (request.method === "session/load" && this.loadsFollowRunningTurn.has(request.params.sessionId)) return;
       for (const next of this.transcript.slice(i + 1)) {
         if (next.dir === "out" && isRequest(next.msg)) break;
-        if (next.dir === "in" && isUpdate(next.msg, request.params.sessionId)) late.push({ after: request.method, update: next.msg.params.update });
+        const commands = next.msg?.params?.update?.sessionUpdate === "available_commands_update";
+        if (next.dir === "in" && isUpdate(next.msg, request.params.sessionId) && !commands) late.push({ after: request.method, update: next.msg.params.update });
       }
     });
     return late;

@@ -4,17 +4,33 @@
 // from PyPI, installed by scripts/test into target/venv/mcp); each call asks first. A server
 // declared this way is never stored: its env must not reach the data dir. In bridge mode a
 // turnlog server does not run its clients' commands, and session/new says so.
+//
+// The prompts of an agent's MCP servers are commands (`/mcp:<server>:<prompt>`), in both
+// modes: here the reference server `@modelcontextprotocol/server-everything` (npm, installed
+// by scripts/test into tests/mcp/node_modules), as it is.
 
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import path from "node:path";
-import { Lab, TEST, contentText, m, show, withAgent } from "./helpers.mjs";
+import { Lab, TEST, commandsIn, contentText, m, show, waitFor, withAgent } from "./helpers.mjs";
 
 const TIME = new URL("../../target/venv/mcp/bin/mcp-server-time", import.meta.url).pathname;
 const SECRET = "sekrit-9f3c1d7a"; // in the server's env: must not be stored anywhere
 const CLOCK = { name: "clock", command: TIME, args: ["--local-timezone", "UTC"], env: [{ name: "CLOCK_TOKEN", value: SECRET }] };
 const NOW = '/tool clock__get_current_time {"timezone":"UTC"}';
+const EVERYTHING = new URL("../mcp/node_modules/.bin/mcp-server-everything", import.meta.url).pathname;
+const PROMPTED = `
+[agents.prompted]
+description = "Scripted, with server-everything's prompts"
+model = { provider = "scripted", name = "scripted" }
+
+[agents.prompted.mcp_servers.everything]
+command = "${EVERYTHING}"
+args = ["stdio"]
+permission = "allow"
+`;
+const ARGS_PROMPT = "mcp:everything:args-prompt";
 
 /** The command lines of the processes whose parent is `pid`. */
 function childrenOf(pid) {
@@ -109,4 +125,58 @@ describe("turnlog acp: MCP servers from the editor", () => {
       assert.equal((await c.prompt(sessionId, "hi")).text, "echo: hi");
     });
   });
+
+  for (const mode of ["embedded", "bridge"]) {
+    test(`${mode}: the agent's MCP prompts are commands, listed once the server is up; one typed is written out by the server and is the turn's message, which the log keeps and a load replays; one used wrongly says how and stores nothing`, TEST, async (t) => {
+      assert.ok(fs.existsSync(EVERYTHING), `${EVERYTHING} is missing: scripts/test installs tests/mcp's npm packages`);
+      const lab = new Lab(t);
+      const target = await lab.target(mode, { config: PROMPTED, agent: "prompted" });
+      const first = await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const { sessionId } = await c.ok(m.agent.session.new, c.newSessionParams());
+        const lists = await waitFor(
+          () => commandsIn(c.transcript, sessionId).length >= 2 && commandsIn(c.transcript, sessionId),
+          20_000,
+          () => `the commands again with the prompts: ${show(commandsIn(c.transcript, sessionId))}`,
+        );
+        assert.deepEqual(lists[0].availableCommands.map((x) => x.name), ["compact", "fork"], "the built-in commands come at once");
+        const listed = Object.fromEntries(lists[1].availableCommands.map((x) => [x.name, x]));
+        for (const name of ["compact", "fork", "mcp:everything:simple-prompt", ARGS_PROMPT, "mcp:everything:resource-prompt"]) {
+          assert.ok(listed[name], `${name} in ${show(Object.keys(listed))}`);
+        }
+        assert.equal(listed[ARGS_PROMPT].input?.hint, "<city> [state]", show(listed[ARGS_PROMPT]));
+        assert.equal(listed[ARGS_PROMPT].description, "A prompt with two arguments, one required and one optional (MCP server everything)");
+        assert.equal(listed["mcp:everything:simple-prompt"].input ?? null, null, "a prompt with no arguments takes no input");
+
+        const weather = await c.prompt(sessionId, `/${ARGS_PROMPT} "New York" NY`);
+        assert.equal(weather.stopReason, "end_turn", show(weather.updates));
+        assert.equal(weather.text, "echo: What's weather in New York, NY?", "the model got what the server wrote");
+        const wrong = await c.prompt(sessionId, `/${ARGS_PROMPT}`);
+        assert.equal(wrong.stopReason, "end_turn");
+        assert.equal(wrong.text, `/${ARGS_PROMPT} <city> [state]: city needed`);
+        const resource = await c.prompt(sessionId, "/mcp:everything:resource-prompt Text 3");
+        assert.equal(resource.stopReason, "end_turn", show(resource.updates));
+        assert.match(resource.text, /^echo: This prompt includes the Text resource with id: 3\./, resource.text);
+        return sessionId;
+      });
+      const sessionId = first.result;
+
+      // A fresh process: load replays the messages the prompts wrote, as the log keeps them.
+      await withAgent(lab, target.args, async (c) => {
+        await c.initialize();
+        const loaded = await c.load(sessionId);
+        const said = loaded.updates.filter((u) => u.sessionUpdate === "user_message_chunk").map((u) => u.content);
+        assert.deepEqual(said.map((b) => b.type), ["text", "text", "resource"], show(said));
+        assert.equal(said[0].text, "What's weather in New York, NY?");
+        assert.match(said[1].text, /^This prompt includes the Text resource with id: 3\. Please analyze/, show(said));
+        assert.match(said[2].resource.uri, /\/3$/, show(said[2]));
+        assert.match(said[2].resource.text, /^Resource 3: This is a plaintext resource/, show(said[2]));
+        await waitFor(
+          () => commandsIn(c.transcript, sessionId).some((u) => u.availableCommands.some((x) => x.name === ARGS_PROMPT)),
+          20_000,
+          () => `a load lists the prompts too: ${show(commandsIn(c.transcript, sessionId))}`,
+        );
+      });
+    });
+  }
 });

@@ -253,6 +253,25 @@ async fn a_sessions_mode_changes_what_its_tools_may_do_from_its_next_turn() {
     );
 }
 
+/// A session whose agent has no MCP servers has no prompts, and writing one out names the
+/// server it does not have (tests/mcp/test_prompts.py drives real servers' prompts).
+#[tokio::test]
+async fn a_session_without_mcp_servers_lists_no_prompts_and_writes_none() {
+    let app = spawn_with(CONFIG).await;
+    let session = session(&app).await;
+    let (status, listed) = get_json(&app, &format!("/sessions/{session}/prompts")).await;
+    assert_eq!((status, listed), (200, json!({"prompts": [], "unavailable": []})));
+    let path = format!("/sessions/{session}/prompts/everything/simple-prompt");
+    let (status, refused) = post_json(&app, &path, json!({})).await;
+    assert_eq!(status, 404, "{refused}");
+    assert_eq!(
+        refused["error"]["message"].as_str(),
+        Some(format!("MCP server \"everything\" of session {session} not found").as_str())
+    );
+    let (status, refused) = post_json(&app, &path, json!({"arguments": {"city": ["Paris"]}})).await;
+    assert_eq!(status, 400, "a body of the wrong shape is refused before anything: {refused}");
+}
+
 /// A session's model through the native route: the agent's own (`default`) and its
 /// `models` (the default config's `second`), a change recorded in the log and run from the
 /// next turn, kept by a fork; a model the agent does not offer refused with 400, naming why.

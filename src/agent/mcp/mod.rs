@@ -19,8 +19,10 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 mod config;
+mod prompts;
 
 pub use config::{shown_url, McpServerConfig};
+pub use prompts::{McpPrompt, McpPromptArgument, PromptError, PromptPart};
 
 use super::model::ToolDef;
 use crate::domain::event::{McpServerTools, Permission};
@@ -372,13 +374,15 @@ impl Server {
 /// The server's content blocks as the log keeps them (MCP's `text`, `image`, `resource`...
 /// are the shapes the log's blocks already take).
 fn answer_of(result: CallToolResult) -> ToolAnswer {
-    let content = result
-        .content
-        .iter()
-        .filter_map(|block| serde_json::to_value(block).ok())
-        .filter_map(|value| serde_json::from_value::<Block>(value).ok())
-        .collect();
+    let content = result.content.iter().map(block_of).collect();
     ToolAnswer { content, structured: result.structured_content, is_error: result.is_error.unwrap_or(false) }
+}
+
+/// An MCP content block as the log keeps it: every MCP block has the `type` a [`Block`]
+/// needs, and the rest is kept as it came.
+fn block_of(block: &rmcp::model::ContentBlock) -> Block {
+    let value = serde_json::to_value(block).unwrap_or(Value::Null);
+    serde_json::from_value(value).unwrap_or_else(|_| Block::text("(a content block that could not be read)"))
 }
 
 /// Gives `tools` (of all the servers a turn has, in one list) their model names.

@@ -4,6 +4,7 @@
 mod events;
 mod mode;
 mod model;
+mod prompts;
 mod stream;
 pub mod wire;
 
@@ -11,5 +12,5 @@ use utoipa_actix_web::service_config::ServiceConfig;
 
 pub fn session_routes(cfg: &mut ServiceConfig) {
     cfg.service(events::list).service(events::post).service(stream::stream).service(mode::get).service(mode::set);
-    cfg.service(model::get).service(model::set);
+    cfg.service(model::get).service(model::set).service(prompts::list).service(prompts::write);
 }
