@@ -124,10 +124,19 @@ impl JetStreamSettings {
     }
 }
 
+fn default_retry_ms() -> u64 {
+    1000
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamSettings {
     pub heartbeat_ms: u64,
+    /// The `retry:` a browser's `EventSource` waits before it reconnects, sent first on the
+    /// streams browsers follow (native, managed, the console's list); 0: not sent (the
+    /// browser waits its own default, about 3 s).
+    #[serde(default = "default_retry_ms")]
+    pub retry_ms: u64,
     pub bus_capacity: usize,
     pub max_backlog_events: u64,
     pub replay_chunk_events: usize,

@@ -722,7 +722,7 @@ async fn left_running(g: &Given, message: &str, bodies: Vec<EventBody>) -> (turn
 }
 
 fn span_start() -> EventBody {
-    EventBody::ModelRequestStart { model: "scripted".into(), span_id: "span_left".into() }
+    EventBody::ModelRequestStart { model: "scripted".into(), span_id: "span_left".into(), input_tokens: None }
 }
 
 /// The end of [`span_start`]'s request, whole.
@@ -735,6 +735,7 @@ fn span_end(stop: ModelStop) -> EventBody {
         model_request_start_id: None,
         stop_reason: Some(stop),
         context_window: None,
+        usage_estimated: false,
     }
 }
 

@@ -15,6 +15,17 @@ use crate::session::{Coalescer, Follower};
 
 pub const PING: &[u8] = b": ping\n\n";
 
+/// The `retry:` field that tells a browser how long to wait before it reconnects, then
+/// `then`; `None` if there is neither (a `retry_ms` of 0 sends none).
+pub fn retry(ms: u64, then: &[u8]) -> Option<Bytes> {
+    let mut out = BytesMut::new();
+    if ms > 0 {
+        out.put_slice(format!("retry: {ms}\n\n").as_bytes());
+    }
+    out.put_slice(then);
+    (!out.is_empty()).then(|| out.freeze())
+}
+
 /// The head of every SSE answer: `text/event-stream` (the harness SDK insists on it, and
 /// no client's `Accept` is asked), never cached, and not buffered by a proxy on the way.
 pub fn response() -> actix_web::HttpResponseBuilder {
@@ -58,7 +69,7 @@ pub enum Flow {
 }
 
 pub struct Follow {
-    /// Sent before anything else (e.g. AAP's `turn_start`).
+    /// Sent before anything else (e.g. [`retry`], AAP's `turn_start`).
     pub preamble: Option<Bytes>,
     pub follower: Follower,
     pub heartbeat: Duration,

@@ -16,8 +16,8 @@ pub struct TurnProgress {
     pub requests: u32,
     /// What the ended requests used.
     pub usage: Usage,
-    /// The request whose end is not in the log: `(span_id, model, its start event)`.
-    pub open_span: Option<(String, String, EventId)>,
+    /// The request whose end is not in the log.
+    pub open_span: Option<OpenSpan>,
     /// How the last ended request stopped (`None`: it failed), and whether it made calls.
     pub last_stop: Option<(Option<ModelStop>, bool)>,
     /// Messages with deltas and no final event, not yet discarded, in the order they began.
@@ -32,6 +32,26 @@ pub struct TurnProgress {
     called: bool,
 }
 
+/// A model request whose end is not in the log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenSpan {
+    pub span_id: String,
+    pub model: String,
+    /// Its `span.model_request_start`.
+    pub start: EventId,
+    /// Its input, as its start estimated it (0 in a log from before the estimate).
+    pub input_tokens: u64,
+    /// The bytes of text and thinking it streamed (the log's deltas).
+    pub streamed_bytes: usize,
+}
+
+impl OpenSpan {
+    /// What the request is counted to have used, had it been cut short now.
+    pub fn estimated_usage(&self) -> Usage {
+        Usage { input_tokens: self.input_tokens, output_tokens: Usage::estimated_tokens(self.streamed_bytes) }
+    }
+}
+
 impl TurnProgress {
     pub fn new(turn: TurnId) -> TurnProgress {
         TurnProgress { turn: Some(turn), ..TurnProgress::default() }
@@ -43,23 +63,33 @@ impl TurnProgress {
             return;
         }
         match &event.body {
-            EventBody::ModelRequestStart { model, span_id } => {
+            EventBody::ModelRequestStart { model, span_id, input_tokens } => {
                 self.requests += 1;
-                self.open_span = Some((span_id.clone(), model.clone(), event.id));
+                self.open_span = Some(OpenSpan {
+                    span_id: span_id.clone(),
+                    model: model.clone(),
+                    start: event.id,
+                    input_tokens: input_tokens.unwrap_or(0),
+                    streamed_bytes: 0,
+                });
                 self.last_stop = None;
                 self.called = false;
             }
             EventBody::ModelRequestEnd { span_id, usage, is_error, stop_reason, .. } => {
-                if self.open_span.as_ref().is_some_and(|(open, ..)| open == span_id) {
+                if self.open_span.as_ref().is_some_and(|open| open.span_id == *span_id) {
                     self.open_span = None;
                 }
                 self.usage += *usage;
                 self.last_stop = Some((if *is_error { None } else { *stop_reason }, self.called));
             }
-            EventBody::AgentMessageDelta { message_id, .. } | EventBody::AgentThinkingDelta { message_id, .. }
-                if !self.unfinished.contains(message_id) =>
-            {
-                self.unfinished.push(message_id.clone());
+            EventBody::AgentMessageDelta { message_id, delta }
+            | EventBody::AgentThinkingDelta { message_id, delta } => {
+                if let Some(open) = &mut self.open_span {
+                    open.streamed_bytes += delta.len();
+                }
+                if !self.unfinished.contains(message_id) {
+                    self.unfinished.push(message_id.clone());
+                }
             }
             EventBody::AgentMessage { message_id, .. } | EventBody::AgentThinking { message_id, .. } => {
                 self.unfinished.retain(|id| id != message_id);

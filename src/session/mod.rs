@@ -63,6 +63,20 @@ impl Cursor {
     }
 }
 
+impl Cursor {
+    /// Where a stream resumes, from the `after_id` it was opened with and the
+    /// `Last-Event-ID` a reconnect sends (blank ones ignored). A browser sends the id of the
+    /// last event it received on the same URL, after the `after_id` it opened with: of two
+    /// event ids the later holds, and a `Last-Event-ID` wins otherwise.
+    pub fn resume(after_id: Option<&str>, last_event_id: Option<&str>) -> Result<Option<Cursor>, SessionError> {
+        let parse = |text: Option<&str>| text.map(str::trim).filter(|t| !t.is_empty()).map(Cursor::event).transpose();
+        Ok(match (parse(after_id)?, parse(last_event_id)?) {
+            (Some(Cursor::Event(a)), Some(Cursor::Event(b))) => Some(Cursor::Event(a.max(b))),
+            (after, last) => last.or(after),
+        })
+    }
+}
+
 impl std::fmt::Display for Cursor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -26,7 +26,7 @@ async fn the_stream_replays_from_the_start_then_tails() {
 }
 
 #[tokio::test]
-async fn the_stream_resumes_after_a_cursor_from_the_query_or_the_header() {
+async fn the_stream_resumes_after_a_cursor_from_the_query_or_the_header_the_later_of_both() {
     let app = spawn_app().await;
     let session = app.create_session().await;
     let stored = ids(&app.post_outcomes(&session, &texts("m", 6)).await);
@@ -38,8 +38,12 @@ async fn the_stream_resumes_after_a_cursor_from_the_query_or_the_header() {
     let mut by_header = sse(app.stream(&session, None, Some(&stored[4])).await);
     assert_eq!(take(&mut by_header, 1, 10).await[0].id, stored[5]);
 
-    let mut query_wins = sse(app.stream(&session, Some(&stored[0]), Some(&stored[4])).await);
-    assert_eq!(take(&mut query_wins, 1, 10).await[0].id, stored[1]);
+    // A browser reopening the URL it was given sends the last id it got: the later holds,
+    // so a long-lived page does not get again what came after its first cursor.
+    let mut reconnected = sse(app.stream(&session, Some(&stored[0]), Some(&stored[4])).await);
+    assert_eq!(take(&mut reconnected, 1, 10).await[0].id, stored[5]);
+    let mut header_older = sse(app.stream(&session, Some(&stored[4]), Some(&stored[0])).await);
+    assert_eq!(take(&mut header_older, 1, 10).await[0].id, stored[5]);
 
     let mut at_end = sse(app.stream(&session, Some(&stored[5]), None).await);
     let more = ids(&app.post_outcomes(&session, &texts("later", 1)).await);
@@ -257,7 +261,16 @@ async fn quiet_streams_get_ping_comments() {
         let chunk = tokio::time::timeout(Duration::from_secs(10), body.next()).await.unwrap().unwrap().unwrap();
         text.push_str(std::str::from_utf8(&chunk).unwrap());
     }
-    assert!(text.starts_with("id: evt_"), "events first, then pings: {text}");
+    assert!(text.starts_with("retry: 1000\n\nid: evt_"), "a browser's reconnect wait, events, then pings: {text}");
+}
+
+#[tokio::test]
+async fn a_retry_ms_of_zero_sends_no_retry() {
+    let app = spawn_with("[streams]\nretry_ms = 0\n").await;
+    let session = app.create_session().await;
+    let mut body = app.stream(&session, None, None).await.bytes_stream();
+    let chunk = tokio::time::timeout(Duration::from_secs(10), body.next()).await.unwrap().unwrap().unwrap();
+    assert!(chunk.starts_with(b"id: evt_"), "{:?}", String::from_utf8_lossy(&chunk));
 }
 
 #[tokio::test]

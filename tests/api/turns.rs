@@ -212,6 +212,21 @@ async fn an_interrupt_cancels_a_streaming_turn_and_a_disconnect_does_not() {
     // AAP has no `cancelled`: the interrupted turn ended, and the session goes on.
     assert_eq!(rest.last().unwrap().data, json!({"stopReason": "end_turn"}));
     assert!(app.metric("turnlog_turns_total{stop_reason=\"cancelled\"}").await >= 1.0);
+
+    // The cut request is counted as it was sent and as far as it streamed (the scripted
+    // model reports usage only at its end): estimated, and so marked.
+    let events = wait_idle(&app, &session).await;
+    let turn_id = events.last().unwrap()["turn_id"].clone();
+    let of_turn =
+        |kind: &str| events.iter().filter(|e| e["type"] == kind && e["turn_id"] == turn_id).collect::<Vec<_>>();
+    let ([start], [end]) = (&of_turn("span.model_request_start")[..], &of_turn("span.model_request_end")[..]) else {
+        panic!("one request in the interrupted turn: {events:?}")
+    };
+    let streamed: usize = of_turn("agent.message.delta").iter().map(|e| e["delta"].as_str().unwrap().len()).sum();
+    assert!(streamed > 0 && start["input_tokens"].as_u64().unwrap() > 0, "{start}");
+    let usage = json!({"input_tokens": start["input_tokens"], "output_tokens": streamed.div_ceil(4)});
+    assert_eq!((&end["usage"], &end["usage_estimated"], &end["is_error"]), (&usage, &json!(true), &json!(true)));
+    assert_eq!(events.last().unwrap()["usage"], usage, "the turn's usage counts it");
 }
 
 #[tokio::test]

@@ -114,12 +114,13 @@ pub async fn stream(state: State, Auth(caller, _): Auth) -> Result<HttpResponse,
     let settings = &state.settings.streams;
     let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;
     let mut changes = state.sessions.changes();
-    let heartbeat = Duration::from_millis(settings.heartbeat_ms);
+    let (heartbeat, retry_ms) = (Duration::from_millis(settings.heartbeat_ms), settings.retry_ms);
     let (sessions, shutdown) = (state.sessions.clone(), state.shutdown.clone());
     let body = async_stream::stream! {
         let _guard = guard;
         // Sent at once, so that the browser's `open` fires before the first change.
-        yield Ok::<_, std::convert::Infallible>(Bytes::from_static(PING));
+        let first = sse::retry(retry_ms, PING).unwrap_or_else(|| Bytes::from_static(PING));
+        yield Ok::<_, std::convert::Infallible>(first);
         let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
         loop {
             let first = tokio::select! {

@@ -280,11 +280,10 @@ pub async fn stream(
         let message = format!("invalid query `event_deltas`: {other:?} is not agent.message or agent.thinking");
         return Err(ApiError::invalid(message).into());
     }
-    let header = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()).map(str::trim);
-    let cursor = query.after_id.as_deref().or(header).filter(|c| !c.is_empty());
+    let header = req.headers().get("last-event-id").and_then(|v| v.to_str().ok());
     // Live from now, as the SDK's users expect; from the log after a cursor, when given.
-    let follower = match cursor {
-        Some(cursor) => state.sessions.follow(&summary, Some(Cursor::event(cursor)?)).await?,
+    let follower = match Cursor::resume(query.after_id.as_deref(), header)? {
+        Some(cursor) => state.sessions.follow(&summary, Some(cursor)).await?,
         None => state.sessions.follow_live(&summary).await?,
     };
     let settings = &state.settings.streams;
@@ -292,7 +291,7 @@ pub async fn stream(
     let mut previews = Previews::new(&query.event_deltas, query.types);
     let body = sse::follow(
         Follow {
-            preamble: Some(bytes::Bytes::from_static(b": connected\n\n")),
+            preamble: sse::retry(settings.retry_ms, b": connected\n\n"),
             follower,
             heartbeat: Duration::from_millis(settings.heartbeat_ms),
             merge_window: None,

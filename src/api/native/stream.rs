@@ -1,6 +1,7 @@
-//! `GET /sessions/{id}/events/stream`: replay after `after_id` (or `Last-Event-ID`, or from
-//! the start), then live events, each as `id:`, `event:` and `data:`; only the `types[]`
-//! asked for, when any are.
+//! `GET /sessions/{id}/events/stream`: replay after `after_id` or `Last-Event-ID` (the later
+//! of the two: a browser's reconnect sends the last id it got; see [`Cursor::resume`]), or
+//! from the start, then live events, each as `id:`, `event:` and `data:`; only the
+//! `types[]` asked for, when any are.
 
 use std::time::Duration;
 
@@ -31,17 +32,17 @@ pub async fn stream(
     query: Query<StreamQuery>,
     req: HttpRequest,
 ) -> Result<HttpResponse, Error> {
-    let header = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()).map(str::trim);
-    let cursor = query.0.after_id.as_deref().or(header).filter(|c| !c.is_empty());
-    let follower = state.sessions.follow(&summary, cursor.map(Cursor::event).transpose()?).await?;
+    let header = req.headers().get("last-event-id").and_then(|v| v.to_str().ok());
+    let cursor = Cursor::resume(query.0.after_id.as_deref(), header)?;
+    let follower = state.sessions.follow(&summary, cursor).await?;
     let settings = &state.settings.streams;
     let guard = state.streams.open(&caller.subject, settings.max_streams_per_subject)?;
-    tracing::debug!(session_id = %summary.id, cursor = cursor.unwrap_or("start"), "stream opened");
+    tracing::debug!(session_id = %summary.id, cursor = ?cursor, "stream opened");
     let flush = query.0.delta_flush_interval_ms.unwrap_or(DEFAULT_DELTA_FLUSH_MS);
     let types = query.0.types;
     let body = sse::follow(
         Follow {
-            preamble: None,
+            preamble: sse::retry(settings.retry_ms, b""),
             follower,
             heartbeat: Duration::from_millis(settings.heartbeat_ms),
             merge_window: (flush > 0).then(|| Duration::from_millis(flush)),

@@ -39,6 +39,15 @@ pub struct Usage {
     pub output_tokens: u64,
 }
 
+impl Usage {
+    /// Tokens in `bytes` of text, by the rule of thumb turnlog estimates with (and the
+    /// scripted model counts by): four bytes each. For what no provider reported: the
+    /// input of a request, the output of one cut short.
+    pub fn estimated_tokens(bytes: usize) -> u64 {
+        bytes.div_ceil(4) as u64
+    }
+}
+
 impl std::ops::AddAssign for Usage {
     fn add_assign(&mut self, other: Usage) {
         self.input_tokens += other.input_tokens;
@@ -229,7 +238,14 @@ pub enum EventBody {
     #[serde(rename = "session.status_running")]
     StatusRunning { status: String },
     #[serde(rename = "span.model_request_start")]
-    ModelRequestStart { model: String, span_id: String },
+    ModelRequestStart {
+        model: String,
+        span_id: String,
+        /// The request's input, estimated as it was sent ([`Usage::estimated_tokens`]): what
+        /// a request cut short before its provider reported usage is counted to have used.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input_tokens: Option<u64>,
+    },
     #[serde(rename = "agent.thinking")]
     AgentThinking { message_id: String, thinking: String },
     #[serde(rename = "agent.thinking.delta")]
@@ -302,6 +318,11 @@ pub enum EventBody {
         /// name says it: with `usage`, how full the context is after this request.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         context_window: Option<u64>,
+        /// `usage` is turnlog's estimate, not the provider's: the request was cut short (an
+        /// interrupt, a failure, the process stopping) before its provider reported it. The
+        /// input as the request's start estimated it, the output from what it streamed.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        usage_estimated: bool,
     },
     #[serde(rename = "session.status_idle")]
     StatusIdle { status: String, stop_reason: StopInfo, usage: Usage },

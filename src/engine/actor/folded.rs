@@ -226,6 +226,7 @@ mod tests {
                 model_request_start_id: None,
                 stop_reason: None,
                 context_window: None,
+                usage_estimated: false,
             },
             EventBody::StatusRunning { status: "running".into() },
         ];

@@ -36,7 +36,7 @@ pub struct ResumePoint {
     pub next: Next,
     /// Model requests the turn made before, which count against its limit.
     pub requests: u32,
-    /// What those requests used.
+    /// What those requests used (the one the process stopped in as estimated).
     pub usage: Usage,
 }
 
@@ -51,19 +51,24 @@ pub enum Next {
 /// The decision for `turn`, which the log shows running and nothing runs: `progress` is
 /// folded from its events, `state` is the session's.
 pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resumes: u32) -> Resume {
-    // The request in flight ended with the process: its span is closed as failed.
-    let span_end = progress.open_span.as_ref().map(|(span_id, model, start)| {
+    // The request in flight ended with the process: its span is closed as failed, counted
+    // to have used its input and what it streamed (its provider never said).
+    let cut = progress.open_span.as_ref().map(|open| open.estimated_usage()).unwrap_or_default();
+    let span_end = progress.open_span.as_ref().map(|open| {
         let end = EventBody::ModelRequestEnd {
-            span_id: span_id.clone(),
-            model: model.clone(),
-            usage: Usage::default(),
+            span_id: open.span_id.clone(),
+            model: open.model.clone(),
+            usage: cut,
             is_error: true,
-            model_request_start_id: Some(*start),
+            model_request_start_id: Some(open.start),
             stop_reason: None,
             context_window: None,
+            usage_estimated: true,
         };
         Draft::new(Some(turn), &end)
     });
+    let mut usage = progress.usage;
+    usage += cut;
     let mut started: Vec<PendingCall> = progress.running_calls.clone();
     for granted in &state.granted {
         if !started.iter().any(|call| call.event_id == granted.event_id) {
@@ -78,7 +83,7 @@ pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resu
             drafts
                 .push(Draft::new(Some(turn), &error_result(call.event_id, &call.tool_call_id, "Tool call cancelled")));
         }
-        drafts.push(Draft::new(Some(turn), &idle(StopReason::Cancelled, vec![], progress.usage)));
+        drafts.push(Draft::new(Some(turn), &idle(StopReason::Cancelled, vec![], usage)));
         return Resume::Close(drafts);
     }
     if progress.resumes >= max_resumes {
@@ -90,7 +95,7 @@ pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resu
         );
         let error = EventBody::SessionError { error: why, code: RETRIES_EXHAUSTED.into(), mcp_server: None };
         drafts.push(Draft::new(Some(turn), &error));
-        drafts.push(Draft::new(Some(turn), &idle(StopReason::Error, vec![], progress.usage)));
+        drafts.push(Draft::new(Some(turn), &idle(StopReason::Error, vec![], usage)));
         return Resume::Close(drafts);
     }
     let (rerun, interrupted): (Vec<PendingCall>, Vec<PendingCall>) = started.into_iter().partition(|c| c.idempotent);
@@ -126,5 +131,5 @@ pub fn resume(turn: TurnId, progress: &TurnProgress, state: &TurnState, max_resu
     };
     // The request the process stopped in is made again: it counts once.
     let requests = progress.requests - u32::from(progress.open_span.is_some());
-    Resume::Go(drafts, ResumePoint { rerun, next, requests, usage: progress.usage })
+    Resume::Go(drafts, ResumePoint { rerun, next, requests, usage })
 }

@@ -23,9 +23,8 @@ is still open. Write only the summary, as plain prose or a list.";
 /// What a message costs beyond its text, in bytes (its role, its framing).
 const FRAMING: usize = 16;
 
-/// Tokens, by the rule of thumb the scripted model counts by too: four bytes of text each.
 fn tokens(bytes: usize) -> u64 {
-    bytes.div_ceil(4) as u64
+    Usage::estimated_tokens(bytes)
 }
 
 /// A message's size as a request carries it: its text, and its calls' names and inputs.
@@ -52,6 +51,11 @@ fn fixed_bytes(ctx: &TurnContext) -> usize {
     let tools: usize =
         ctx.plan.defs.iter().map(|d| d.name.len() + d.description.len() + d.parameters.to_string().len()).sum();
     ctx.agent.config.system.len() + tools
+}
+
+/// The estimated size of the turn's next request, in tokens.
+pub(super) fn request_size(ctx: &TurnContext) -> u64 {
+    request_tokens(fixed_bytes(ctx), &ctx.history)
 }
 
 /// The estimated size of a request with `messages` as its history, beside `fixed` bytes.

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::said::{MessageIds, Pace, Said};
-use super::{append, tools, Failure, TurnContext};
+use super::{append, compact, tools, Failure, TurnContext};
 use crate::agent::{ModelError, ModelEvent, ModelRequest, ModelStop, ModelStream};
 use crate::domain::ids::prefixed;
 use crate::domain::{EventBody, EventId, Message, Part, Usage};
@@ -44,7 +44,12 @@ struct Span {
 pub(super) async fn request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<Response, Failure> {
     let model = ctx.model.model.clone();
     let span_id = prefixed("span_");
-    let start = EventBody::ModelRequestStart { model: model.name().into(), span_id: span_id.clone() };
+    let input_tokens = compact::request_size(ctx);
+    let start = EventBody::ModelRequestStart {
+        model: model.name().into(),
+        span_id: span_id.clone(),
+        input_tokens: Some(input_tokens),
+    };
     let start = append(ctx, vec![start])?.first().map(|event| event.id);
     let span = Span { id: span_id, start, messages: MessageIds::new() };
     let request = ModelRequest {
@@ -54,13 +59,19 @@ pub(super) async fn request(ctx: &mut TurnContext, usage: &mut Usage) -> Result<
         cancel: ctx.cancel.clone(),
     };
     let started = Instant::now();
-    let streamed = collect(ctx, model.stream(request), &span.messages).await?;
+    let mut streamed = collect(ctx, model.stream(request), &span.messages).await?;
+    // Cut short before the provider said what it used: the input as sent, the output as
+    // streamed, marked as estimated.
+    let estimated = streamed.failure.is_some() && streamed.usage == Usage::default();
+    if estimated {
+        streamed.usage = Usage { input_tokens, output_tokens: Usage::estimated_tokens(streamed.said.bytes()) };
+    }
     let provider = model.provider();
     metrics::MODEL_SECONDS.with_label_values(&[provider]).observe(started.elapsed().as_secs_f64());
     metrics::MODEL_TOKENS.with_label_values(&[provider, "input"]).inc_by(streamed.usage.input_tokens);
     metrics::MODEL_TOKENS.with_label_values(&[provider, "output"]).inc_by(streamed.usage.output_tokens);
     *usage += streamed.usage;
-    record(ctx, span, model.name(), streamed)
+    record(ctx, span, model.name(), streamed, estimated)
 }
 
 /// Reads the stream to its end, sending what is said as deltas at the [`Pace`] of
@@ -110,7 +121,13 @@ async fn collect(ctx: &TurnContext, mut stream: ModelStream, ids: &MessageIds) -
 
 /// Records the response. What was said is recorded even when the request failed or was
 /// cancelled, so the history holds it; calls are recorded only from a complete response.
-fn record(ctx: &mut TurnContext, span: Span, model: &str, streamed: Streamed) -> Result<Response, Failure> {
+fn record(
+    ctx: &mut TurnContext,
+    span: Span,
+    model: &str,
+    streamed: Streamed,
+    usage_estimated: bool,
+) -> Result<Response, Failure> {
     let Streamed { said, calls, usage, stop, failure } = streamed;
     let (mut bodies, mut parts) = said.finish(&span.messages);
     let (call_bodies, calls) = match failure {
@@ -135,6 +152,7 @@ fn record(ctx: &mut TurnContext, span: Span, model: &str, streamed: Streamed) ->
         model_request_start_id: span.start,
         stop_reason: stop,
         context_window: ctx.agent.context_window(&ctx.model),
+        usage_estimated,
     });
     let events = append(ctx, bodies)?;
     if !parts.is_empty() {

@@ -23,7 +23,7 @@ fn left(turn: TurnId, bodies: &[EventBody]) -> (TurnProgress, TurnState, Vec<Raw
 }
 
 fn start(span: &str) -> EventBody {
-    EventBody::ModelRequestStart { model: "scripted".into(), span_id: span.into() }
+    EventBody::ModelRequestStart { model: "scripted".into(), span_id: span.into(), input_tokens: Some(40) }
 }
 
 fn end(span: &str, stop: ModelStop) -> EventBody {
@@ -35,6 +35,7 @@ fn end(span: &str, stop: ModelStop) -> EventBody {
         model_request_start_id: None,
         stop_reason: Some(stop),
         context_window: None,
+        usage_estimated: false,
     }
 }
 
@@ -81,6 +82,15 @@ fn a_request_in_flight_is_made_again_and_what_it_streamed_is_discarded() {
     assert!(rerun.is_empty() && interrupted.is_empty());
     assert_eq!((point.next, point.rerun), (Next::Model, vec![]));
     assert_eq!(point.requests, 0, "the cut request is made again: it counts once");
+    // The cut request is counted as estimated: its input as its start said, its output
+    // from the 7 bytes it streamed.
+    let cut = Usage { input_tokens: 40, output_tokens: 2 };
+    assert_eq!(point.usage, cut);
+    let end = stored(&drafts).into_iter().find(|e| e.kind() == "span.model_request_end").unwrap();
+    let EventBody::ModelRequestEnd { usage, usage_estimated, is_error, .. } = end.decode().unwrap().body else {
+        unreachable!()
+    };
+    assert_eq!((usage, usage_estimated, is_error), (cut, true, true));
 }
 
 #[test]
