@@ -2,12 +2,16 @@
 // (live following, replay, compose). How a session is drawn is render.js's job.
 
 import { SessionRenderer, sessionRow } from './render.js';
+import { RawTable } from './table.js';
 
 const $ = (id) => document.getElementById(id);
 
 const REFRESH_EVERY_MS = 5 * 60 * 1000;
 const MAX_REPLAY_GAP_MS = 2000;
 const RETRY_DELAYS_MS = [1000, 2000, 4000, 5000];
+// The page draws events in slices of at most this long, then lets the browser paint and
+// take input: a long log loads without freezing the page.
+const SLICE_MS = 8;
 
 let me = null; // whoami: {subject, admin, open, event_types}; null while logged out
 let refreshTimer = 0;
@@ -180,7 +184,10 @@ function enterList() {
     url: () => '/console/api/sessions/stream',
     types: ['session', 'removed', 'resync'],
     onEvent: (type, data) => (type === 'resync' ? loadSessions() : applyChange(type, data)),
-    onOpen: (reopened) => reopened && loadSessions(), // changes were missed while it was down
+    // The stream carries only changes after it subscribes: the list is loaded again each
+    // time it opens (the first time too: a session made between the first load and the
+    // stream's subscription would be missed), its changes held until the load is drawn.
+    onOpen: () => loadSessions(),
   });
   loadSessions();
   return () => {
@@ -307,7 +314,8 @@ $('more').addEventListener('click', () => loadSessions({ more: true }));
 // ---------- A session's view ----------
 
 // `gen` is bumped on each enter and leave, so late answers meant for another view are dropped.
-const view = { id: null, gen: 0, renderer: null, stream: null };
+// `held`: events received and not drawn yet, drawn a slice at a time (see `drain`).
+const view = { id: null, gen: 0, renderer: null, stream: null, held: [], draining: false };
 
 function enterSession(id) {
   showOnly('session');
@@ -315,12 +323,16 @@ function enterSession(id) {
   Object.assign($('session').dataset, { sessionId: id, mode: 'live' });
   $('message').value = '';
   $('compose-error').textContent = '';
-  view.renderer = new SessionRenderer({ conversation: $('conversation'), rows: $('events').tBodies[0], typeFilter: $('type-filter') });
+  const table = new RawTable({ box: $('events-box'), body: $('events').tBodies[0], typeFilter: $('type-filter'), detail: $('event-detail') });
+  view.renderer = new SessionRenderer({ conversation: $('conversation'), table });
+  view.held = [];
   showHeading();
   resetReplay();
   followLive();
   return () => {
     view.gen += 1;
+    view.held = [];
+    view.draining = false;
     stopLive();
     resetReplay();
   };
@@ -333,38 +345,60 @@ function showHeading() {
   document.title = `${title || view.id} · turnlog`;
 }
 
+const CONN_NOTES = {
+  connecting: 'Connecting to the session’s event stream…',
+  reconnecting: 'The connection to the server is lost. Reconnecting every second; the page resumes from the last event it shows, and nothing is missed or shown twice.',
+};
+
+/** The stream's state, in the pill and (while it is not live) in words under the heading. */
 function setConn(state) {
   $('conn').dataset.state = state;
   $('conn').textContent = state;
+  $('conn-note').textContent = CONN_NOTES[state] ?? '';
+  $('conn-note').hidden = !CONN_NOTES[state];
+  showControls();
 }
 
-/** Follows the log live, from after the last event drawn (from the start if none). */
+/**
+ * Enables the controls that can act now: none in a session that has ended or is archived,
+ * or during a replay; Interrupt only while a turn runs; Replay once there is a log.
+ */
+function showControls() {
+  const renderer = view.renderer;
+  const closed = !renderer || renderer.ended || renderer.archived || inReplay();
+  $('send').disabled = closed;
+  $('message').disabled = closed;
+  $('interrupt').disabled = closed || !renderer.running;
+  $('replay-start').disabled = !renderer || renderer.lastSeq === 0;
+}
+
+/** The newest event the page holds: drawn, or received and waiting to be drawn. */
+function newestHeld() {
+  return view.held.at(-1)?.id ?? view.renderer.lastId;
+}
+
+/** Follows the log live, from after the newest event the page holds (from the start if none). */
 function followLive() {
   const { id, renderer } = view;
   if (renderer.ended) return setConn('ended'); // the log ends with `terminated`: nothing will come
   setConn('connecting');
   view.stream = new Stream({
-    // A reopened stream resumes after the last event drawn (not the last one received).
-    // Every event as logged (the stream merges deltas unless told not to): the raw table
-    // shows the log exactly, and the gap check below counts on it.
-    url: () => `/sessions/${encodeURIComponent(id)}/events/stream?delta_flush_interval_ms=0${renderer.lastId ? `&after_id=${encodeURIComponent(renderer.lastId)}` : ''}`,
+    // A reopened stream resumes after the newest event the page holds. Every event as
+    // logged (the stream merges deltas unless told not to): the raw table shows the log
+    // exactly, and the gap check in `drain` counts on it.
+    url: () => {
+      const after = newestHeld();
+      return `/sessions/${encodeURIComponent(id)}/events/stream?delta_flush_interval_ms=0${after ? `&after_id=${encodeURIComponent(after)}` : ''}`;
+    },
     types: me.event_types ?? [],
     onEvent: (_type, event) => {
-      // A gap means a frame was missed (of a type this page has no listener for?): reopen
-      // after the last event drawn, once per gap; if the same gap comes back, draw on.
-      if (event.sequence_number > renderer.lastSeq + 1 && view.gapAt !== renderer.lastSeq) {
-        view.gapAt = renderer.lastSeq;
-        stopLive();
-        followLive();
-        return;
-      }
-      if (renderer.apply(event)) drew(event);
-      if (event.type === 'terminated') {
-        stopLive();
-        setConn('ended');
-      }
+      view.held.push(event);
+      drain();
     },
-    onOpen: () => setConn('live'),
+    onOpen: () => {
+      setConn('live');
+      if ($('compose-error').dataset.transient === 'true') showComposeError(null);
+    },
     onError: () => setConn('reconnecting'),
     // Why was the stream refused? A session that is not there (or not the viewer's) ends
     // the view; a 401 shows the login form; anything else (a restart) is retried.
@@ -383,44 +417,106 @@ function followLive() {
   });
 }
 
+/**
+ * Draws the events held, a slice of at most SLICE_MS at a time, yielding to the browser
+ * between slices (a long log arrives in large chunks of events).
+ */
+function drain() {
+  if (view.draining) return;
+  view.draining = true;
+  const { gen } = view;
+  const slice = () => {
+    if (gen !== view.gen) return;
+    const { renderer } = view;
+    const until = performance.now() + SLICE_MS;
+    let drawn = false;
+    while (view.held.length && performance.now() < until) {
+      const event = view.held.shift();
+      // A gap means a frame was missed (of a type this page has no listener for?): reopen
+      // after the last event drawn, once per gap; if the same gap comes back, draw on.
+      if (event.sequence_number > renderer.lastSeq + 1 && view.gapAt !== renderer.lastSeq) {
+        view.gapAt = renderer.lastSeq;
+        view.held = [];
+        stopLive();
+        followLive();
+        break;
+      }
+      if (renderer.apply(event)) {
+        drawn = true;
+        if (event.type === 'session.created' || event.type === 'session.updated') showHeading();
+      }
+      if (event.type === 'terminated') {
+        stopLive();
+        setConn('ended');
+      }
+    }
+    if (drawn) {
+      showControls();
+      followBottom();
+    }
+    if (view.held.length) setTimeout(slice, 0);
+    else view.draining = false;
+  };
+  setTimeout(slice, 0);
+}
+
 function stopLive() {
   view.stream?.close();
   view.stream = null;
 }
 
-function drew(event) {
-  if (event.type === 'session.created' || event.type === 'session.updated') showHeading();
-  followBottom();
-}
-
-/** Keeps the conversation scrolled to its end while the reader is there. */
+/**
+ * Keeps the conversation scrolled to its end while the reader is there. Only the reader
+ * leaves the end: a scroll of the page's own (to the end, once per frame), or content
+ * growing below it, is not the reader scrolling up, however fast events come.
+ */
 const followBottom = (() => {
   const box = $('conversation');
-  let atBottom = true;
+  let stick = true;
+  let ours = -1; // the scrollTop the page set last
   let queued = false;
-  box.addEventListener('scroll', () => { atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 48; });
-  return () => {
-    if (!atBottom || queued) return;
+  box.addEventListener('scroll', () => {
+    if (Math.abs(box.scrollTop - ours) <= 1) return;
+    stick = box.scrollHeight - box.scrollTop - box.clientHeight < 48;
+  });
+  return ({ reset = false } = {}) => {
+    if (reset) stick = true;
+    if (!stick || queued) return;
     queued = true; // once per frame, however many events came
-    requestAnimationFrame(() => { queued = false; box.scrollTop = box.scrollHeight; });
+    requestAnimationFrame(() => {
+      queued = false;
+      if (!stick) return;
+      box.scrollTop = box.scrollHeight;
+      ours = box.scrollTop;
+    });
   };
 })();
 
-$('type-filter').addEventListener('change', () => view.renderer?.setTypeFilter($('type-filter').value));
+$('type-filter').addEventListener('change', () => view.renderer?.table.setTypeFilter($('type-filter').value));
 
 // ---------- Compose ----------
 
-/** Posts events to the session, showing a failure in #compose-error; true when sent. */
+/**
+ * Posts events to the session, showing a failure in #compose-error; true when sent. A
+ * failure to reach the server is marked transient: it is cleared once the stream is back.
+ */
 async function postEvents(events) {
   const { gen, id } = view;
-  $('compose-error').textContent = '';
+  showComposeError(null);
   try {
     await api('POST', `/sessions/${encodeURIComponent(id)}/events`, { events });
     return gen === view.gen;
   } catch (error) {
-    if (gen === view.gen) $('compose-error').textContent = error.message;
+    if (gen === view.gen) showComposeError(error);
     return false;
   }
+}
+
+function showComposeError(error) {
+  const box = $('compose-error');
+  box.textContent = error?.message ?? '';
+  // No answer, or a gateway's: the server was out of reach, not the request wrong.
+  box.dataset.transient = String(error != null && (error.status === 0 || error.status >= 502));
 }
 
 async function sendMessage() {
@@ -428,7 +524,7 @@ async function sendMessage() {
   if (!text.trim()) return;
   $('send').disabled = true;
   if (await postEvents([{ type: 'user.message', content: text }])) $('message').value = '';
-  $('send').disabled = false;
+  showControls();
 }
 
 $('compose').addEventListener('submit', (event) => {
@@ -458,6 +554,7 @@ const inReplay = () => $('session').dataset.mode === 'replay';
 async function startReplay() {
   if (inReplay()) return;
   stopLive();
+  view.held = [];
   setConn('ended');
   $('session').dataset.mode = 'replay';
   const gen = ++replay.gen;
@@ -468,6 +565,7 @@ async function startReplay() {
     $('replay-status').textContent = '';
     Object.assign(replay, { events, pos: 0 });
     view.renderer.reset();
+    followBottom({ reset: true });
     seek(0);
   } catch (error) {
     if (gen === replay.gen) $('replay-status').textContent = error.message;
@@ -486,33 +584,48 @@ async function loadLog(id) {
   }
 }
 
+/** Back to live: the view is drawn again from the live stream, from the log's start. */
 function exitReplay() {
   if (!inReplay()) return;
-  if (replay.events) seek(replay.events.length); // draw the rest, then go on live from its end
   resetReplay();
   $('session').dataset.mode = 'live';
+  view.renderer.reset();
+  followBottom({ reset: true });
   followLive();
 }
 
 function resetReplay() {
   pause();
-  Object.assign(replay, { gen: replay.gen + 1, events: null, pos: 0 });
+  Object.assign(replay, { gen: replay.gen + 1, events: null, pos: 0, target: 0, seeking: false });
   $('replay-status').textContent = '';
   showReplayPosition();
 }
 
-/** Draws the session up to `n` events: onwards from where it is, or again from the start. */
+/**
+ * Draws the session up to `n` events: onwards from where it is, or again from the start;
+ * a slice of at most SLICE_MS at a time (a long way is drawn over several frames).
+ */
 function seek(n) {
   if (!replay.events) return;
-  const target = Math.max(0, Math.min(n, replay.events.length));
-  if (target < replay.pos) {
+  replay.target = Math.max(0, Math.min(n, replay.events.length));
+  if (replay.target < replay.pos) {
     view.renderer.reset();
     replay.pos = 0;
   }
-  while (replay.pos < target) view.renderer.apply(replay.events[replay.pos++]);
-  showHeading();
-  showReplayPosition();
-  followBottom();
+  if (replay.seeking) return;
+  replay.seeking = true;
+  const { gen } = replay;
+  const slice = () => {
+    if (gen !== replay.gen || !replay.events) return;
+    const until = performance.now() + SLICE_MS;
+    while (replay.pos < replay.target && performance.now() < until) view.renderer.apply(replay.events[replay.pos++]);
+    showHeading();
+    showReplayPosition();
+    followBottom();
+    if (replay.pos < replay.target) setTimeout(slice, 0);
+    else replay.seeking = false;
+  };
+  slice();
 }
 
 function showReplayPosition() {
@@ -551,19 +664,22 @@ function pause() {
 
 // Draws every event that is due, then sleeps until the next one is. Due times add up from
 // `nextAt` (not from when the timer fired), so a late timer catches up instead of slowing
-// the replay. At `max` it draws for ~15 ms at a time, then yields so the page can paint.
+// the replay. At `max` it draws for SLICE_MS at a time, then yields so the page can paint.
 function tick() {
   if (!replay.playing) return;
   const { events } = replay;
   const fastest = speed() === Infinity;
   const now = performance.now();
-  while (replay.pos < events.length && (fastest ? performance.now() < now + 15 : replay.nextAt <= now)) {
+  while (replay.pos < events.length && (fastest ? performance.now() < now + SLICE_MS : replay.nextAt <= now)) {
     view.renderer.apply(events[replay.pos++]);
     replay.nextAt += delayBefore(replay.pos);
   }
   showHeading();
   followBottom();
-  if (replay.pos >= events.length) return pause(); // pause() shows data-done
+  if (replay.pos >= events.length) {
+    followBottom();
+    return pause(); // pause() shows data-done
+  }
   showReplayPosition();
   replay.timer = setTimeout(tick, fastest ? 0 : Math.max(0, replay.nextAt - performance.now()));
 }

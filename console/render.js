@@ -18,9 +18,7 @@ export function h(tag, attrs = {}, ...children) {
   return node;
 }
 
-const timeFormat = new Intl.DateTimeFormat(undefined, {
-  hour: '2-digit', minute: '2-digit', second: '2-digit', fractionalSecondDigits: 3, hour12: false,
-});
+const clockFormat = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit', hour12: false });
 const dateFormat = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'short' });
 const numberFormat = new Intl.NumberFormat('en-US');
 
@@ -42,21 +40,6 @@ export function blocksText(content) {
 function pretty(value) {
   if (value === undefined) return '';
   return typeof value === 'string' ? value : JSON.stringify(value, null, 2);
-}
-
-// The fields every event has; the raw table's one-line preview leaves them out.
-const ENVELOPE = new Set([
-  'id', 'type', 'session_id', 'sequence_number', 'created_at', 'processed_at',
-  'schema_version', 'turn_id', 'turn_sequence_number',
-]);
-
-/** An event's own fields (without the envelope), as compact JSON. */
-function ownFields(event) {
-  return JSON.stringify(Object.fromEntries(Object.entries(event).filter(([name]) => !ENVELOPE.has(name))));
-}
-
-function clip(text, length) {
-  return text.length > length ? `${text.slice(0, length - 1)}…` : text;
 }
 
 /** Appends text to an element, growing its last text node rather than adding nodes. */
@@ -95,17 +78,93 @@ export function sessionRow(item) {
       `${item.agent} · ${item.created_by} · updated ${formatIso(dateFormat, item.updated_at)}`)));
 }
 
+// A conversation of this many sections (turns) or more keeps in the page only those within
+// NEAR_PX of the view; a shorter one keeps them all.
+const KEEP_ALL_BELOW = 40;
+const NEAR_PX = 2500;
+
 /**
- * Draws one session from its events, taken one at a time: the readable conversation and
- * the raw events table. Live following and replay both go through `apply`, so they look
- * the same; replaying to an earlier point is `reset` and applying again.
+ * The conversation's sections: one before the first turn, then one per turn. A long
+ * conversation keeps in the page only the sections near the view: one far above or below
+ * it is emptied into a fragment kept aside, its height kept, and filled again as it comes
+ * near (an IntersectionObserver says when). The last section (the current turn's) always
+ * stays, so what a live turn draws is drawn in the page.
+ */
+class Sections {
+  constructor(box) {
+    this.box = box;
+    this.observer = new IntersectionObserver((entries) => this.seen(entries), { root: box, rootMargin: `${NEAR_PX}px 0px` });
+    this.aside = new Map(); // section → its children, while it is out of the page
+    this.all = [];
+  }
+
+  reset() {
+    this.observer.disconnect();
+    this.aside.clear();
+    this.all = [];
+    this.box.replaceChildren();
+  }
+
+  /** Opens a section after the others; the one before it may now be put aside. */
+  open(kind, attrs = {}) {
+    const section = h('section', { class: kind, ...attrs });
+    this.box.append(section);
+    this.all.push(section);
+    if (this.all.length === KEEP_ALL_BELOW) {
+      // Long enough now: every section is looked at again (observing anew reports where each is).
+      for (const earlier of this.all.slice(0, -1)) {
+        this.observer.unobserve(earlier);
+        this.observer.observe(earlier);
+      }
+    } else if (this.all.length > 1) this.observer.observe(this.all.at(-2));
+    return section;
+  }
+
+  seen(entries) {
+    const long = this.all.length >= KEEP_ALL_BELOW;
+    for (const entry of entries) {
+      if (entry.isIntersecting) this.restore(entry.target);
+      else if (long && entry.target !== this.all.at(-1)) this.putAside(entry.target, entry.boundingClientRect.height);
+    }
+  }
+
+  putAside(section, height) {
+    if (this.aside.has(section)) return;
+    const kept = document.createDocumentFragment();
+    kept.append(...section.childNodes);
+    section.style.height = `${height}px`;
+    section.dataset.aside = 'true';
+    this.aside.set(section, kept);
+  }
+
+  restore(section) {
+    const kept = this.aside.get(section);
+    if (!kept) return;
+    this.aside.delete(section);
+    section.append(kept);
+    section.style.height = '';
+    delete section.dataset.aside;
+  }
+}
+
+/** `3.2 s`, `2 min 5 s`: how long a turn took. */
+function duration(ms) {
+  if (!(ms >= 0)) return '';
+  if (ms < 60_000) return `${(ms / 1000).toFixed(ms < 10_000 ? 1 : 0)} s`;
+  return `${Math.floor(ms / 60_000)} min ${Math.round((ms % 60_000) / 1000)} s`;
+}
+
+/**
+ * Draws one session from its events, taken one at a time: the readable conversation, a
+ * section per turn under a header (its number, start, model, how long it took), and the
+ * raw events table. Live following and replay both go through `apply`, so they look the
+ * same; replaying to an earlier point is `reset` and applying again.
  */
 export class SessionRenderer {
-  /** Draws into `conversation`, the raw table's tbody `rows`, and the `typeFilter` select. */
-  constructor({ conversation, rows, typeFilter }) {
-    Object.assign(this, { conversation, rows, typeFilter, filter: '' });
-    this.types = new Set();
-    typeFilter.replaceChildren(h('option', { value: '' }, 'all types'));
+  /** Draws into `conversation`, and the raw events into `table` (a RawTable). */
+  constructor({ conversation, table }) {
+    Object.assign(this, { conversation, table });
+    this.sections = new Sections(conversation);
     this.reset();
   }
 
@@ -114,15 +173,21 @@ export class SessionRenderer {
     this.lastSeq = 0;
     this.lastId = null;
     this.title = null;
-    this.ended = false;
+    this.ended = false; // the log ended (`terminated`): nothing more will come
+    this.archived = false; // it takes no more input
+    this.running = false; // a turn runs, or waits for an action (what Interrupt acts on)
+    this.estimated = new Set(); // turn ids with a request whose usage turnlog estimated
     this.tools = new Map(); // a tool call's event id, and its tool_call_id → its .tool box
     this.texts = new Map(); // message_id → its .msg.agent while deltas grow it
     this.thoughts = new Map(); // message_id → its details.thinking while deltas grow it
     this.queued = new Map(); // user.message event id → its element, until a turn takes it
     this.interrupted = new Set(); // turn ids a user.interrupt cancelled
     this.resumed = new Set(); // turn ids just resumed, whose cut request's end is no failure
-    this.conversation.replaceChildren();
-    this.rows.replaceChildren();
+    this.turns = 0;
+    this.turn = null; // the current turn: {id, section, head, started, model}
+    this.sections.reset();
+    this.section = this.sections.open('preamble');
+    this.table.reset();
   }
 
   /** Draws an event; returns false (drawing nothing) if it was drawn already. */
@@ -132,49 +197,36 @@ export class SessionRenderer {
     if (!(event.sequence_number > this.lastSeq)) return false;
     this.lastSeq = event.sequence_number;
     this.lastId = event.id;
-    this.addRow(event);
+    this.table.add(event);
     this.draw(event);
     return true;
-  }
-
-  /** Shows only the raw rows of one type ('' for all); rows are hidden, never removed. */
-  setTypeFilter(type) {
-    this.filter = type;
-    for (const row of this.rows.rows) row.hidden = this.isFilteredOut(row.dataset.type);
-  }
-
-  isFilteredOut(type) { return this.filter !== '' && type !== this.filter; }
-
-  // ---- The raw events table ----
-
-  addRow(event) {
-    if (!this.types.has(event.type)) this.addType(event.type);
-    const json = h('details', {}, h('summary', {}, clip(ownFields(event), 140)));
-    // The full JSON is laid out only when someone opens it: logs can be long.
-    json.addEventListener('toggle', () => {
-      if (json.open && json.childElementCount === 1) json.append(h('pre', {}, JSON.stringify(event, null, 2)));
-    });
-    this.rows.append(h('tr', {
-      'data-event-id': event.id, 'data-seq': event.sequence_number, 'data-type': event.type, hidden: this.isFilteredOut(event.type),
-    },
-    h('td', { class: 'seq' }, String(event.sequence_number)),
-    h('td', { class: 'id' }, event.id),
-    h('td', { class: 'type' }, event.type),
-    h('td', { class: 'time', title: event.created_at }, formatIso(timeFormat, event.created_at)),
-    h('td', { class: 'json' }, json)));
-  }
-
-  addType(type) {
-    this.types.add(type);
-    const next = [...this.typeFilter.options].find((option) => option.value > type);
-    this.typeFilter.insertBefore(h('option', { value: type }, type), next ?? null);
   }
 
   // ---- The conversation ----
 
   add(node) {
-    this.conversation.append(node);
+    this.section.append(node);
     return node;
+  }
+
+  /** A turn starts: a section of its own, under a header. */
+  startTurn(e) {
+    this.turns += 1;
+    const head = h('div', { class: 'turn-head' },
+      h('span', { class: 'turn-n' }, `Turn ${this.turns}`),
+      h('time', { datetime: e.created_at, title: e.created_at }, formatIso(clockFormat, e.created_at)),
+      h('span', { class: 'turn-model' }),
+      h('span', { class: 'turn-took' }));
+    this.section = this.sections.open('turn', { 'data-turn-id': e.turn_id, 'data-turn-n': this.turns });
+    this.section.append(head);
+    this.turn = { id: e.turn_id, head, started: Date.parse(e.created_at) };
+  }
+
+  /** What the turn's header says once known: its model, and how long it took. */
+  headTurn(e, { model, ended } = {}) {
+    if (!this.turn || e.turn_id !== this.turn.id) return;
+    if (model) this.turn.head.querySelector('.turn-model').textContent = model;
+    if (ended) this.turn.head.querySelector('.turn-took').textContent = duration(Date.parse(e.created_at) - this.turn.started);
   }
 
   note(kind, text) { return this.add(h('div', { class: `note ${kind}` }, text)); }
@@ -183,7 +235,9 @@ export class SessionRenderer {
     switch (e.type) {
       case 'session.created': return this.created(e);
       case 'session.updated': return this.updated(e);
-      case 'session.archived': return this.note('archived', 'Session archived');
+      case 'session.archived':
+        this.archived = true;
+        return this.note('archived', 'Session archived');
       case 'session.deleted': return this.note('deleted', 'Session deleted');
       case 'turn.input': return this.taken(e.event_ids ?? []);
       case 'user.message': return this.userMessage(e);
@@ -205,6 +259,7 @@ export class SessionRenderer {
       case 'session.error': return this.error(e);
       case 'turn.resumed': return this.resume(e);
       case 'span.model_request_end':
+        if (e.usage_estimated) this.estimated.add(e.turn_id);
         // A request the user's interrupt cut short ends as an error too, but it did not
         // fail; nor did one its stopped process cut short (the resume said so).
         if (e.is_error && this.resumed.delete(e.turn_id)) return undefined;
@@ -213,15 +268,15 @@ export class SessionRenderer {
       case 'terminated':
         this.finishStreaming();
         this.ended = true;
+        this.running = false;
         return this.note('terminated', `Session ended${e.reason ? `: ${e.reason}` : ''}`);
       case 'session.status_running':
+        this.running = true;
         // Running again after a resume: a later failed request is a failure again.
         this.resumed.delete(e.turn_id);
         return undefined;
-      // Plumbing a reader does not need in the transcript; the raw table has them.
-      case 'turn.started':
-      case 'span.model_request_start':
-        return undefined;
+      case 'turn.started': return this.startTurn(e);
+      case 'span.model_request_start': return this.headTurn(e, { model: e.model });
       default:
         return this.add(h('pre', { class: 'raw' }, pretty(e)));
     }
@@ -342,11 +397,28 @@ export class SessionRenderer {
     if (e.tool_call_id) this.tools.set(e.tool_call_id, box);
   }
 
-  /** Puts a result or decision under its tool call, or at the end if the call is unknown. */
+  /**
+   * Puts a result or decision under its tool call, or at the end if the call is unknown.
+   * The page reads top to bottom in the log's order: if anything was drawn after the
+   * call's box (its turn ended waiting for a decision, say), what comes for the call now
+   * goes in a box of its own at the end, naming the call it continues.
+   */
   underCall(node, callEventId, toolCallId) {
-    const box = this.tools.get(callEventId) ?? this.tools.get(toolCallId);
-    if (box) box.append(node);
-    else this.add(node);
+    let box = this.tools.get(callEventId) ?? this.tools.get(toolCallId);
+    if (!box) return void this.add(node);
+    // (Calls made together stand one after another: a result goes under its own.)
+    let after = box.nextElementSibling;
+    while (after?.matches('.tool')) after = after.nextElementSibling;
+    if (box.parentNode !== this.section || after) {
+      const call = box.querySelector('.tool-call') ?? box.querySelector('.tool-ref');
+      const name = call?.querySelector('.tool-name')?.textContent ?? call?.dataset.toolName ?? '';
+      const ref = h('div', { class: 'tool-ref', 'data-call-event-id': call?.dataset.eventId ?? callEventId, 'data-tool-name': name },
+        h('span', { class: 'tool-name' }, name), h('span', { class: 'tag' }, 'continued'));
+      const next = this.add(h('div', { class: 'tool continued' }, ref));
+      for (const [key, value] of this.tools) if (value === box) this.tools.set(key, next);
+      box = next;
+    }
+    box.append(node);
   }
 
   toolResult(e, callEventId) {
@@ -373,9 +445,17 @@ export class SessionRenderer {
     // The native stream names the seed's reason in `type`, and turnlog's own in `detail`
     // where the two differ (a cut-short reply is the seed's `end_turn`).
     const stop = e.stop_reason?.detail ?? e.stop_reason?.type ?? 'unknown';
+    this.running = stop === 'requires_action';
+    this.headTurn(e, { ended: true });
     const end = h('div', { class: 'turn-end' },
       h('span', { class: 'stop', 'data-stop': stop, title: stop }, STOP_LABELS[stop] ?? stop));
-    if (e.usage) end.append(h('span', { class: 'usage' }, usageText(e.usage)));
+    if (e.usage) {
+      // A request cut short before its provider said what it used is counted by turnlog's
+      // estimate (the log marks it): the usage says so.
+      const estimated = this.estimated.has(e.turn_id);
+      const title = estimated ? 'estimated: a request of this turn was cut short before its provider reported its usage' : null;
+      end.append(h('span', { class: estimated ? 'usage estimated' : 'usage', title }, `${estimated ? '≈ ' : ''}${usageText(e.usage)}`));
+    }
     this.add(end);
   }
 

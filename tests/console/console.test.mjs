@@ -179,13 +179,10 @@ test("restart: the session view survives a SIGKILL and restart of the server; ev
 
   // A 4-second turn; kill the server once a few deltas are on the page.
   await api.postMessage(id, "/delay 100\n/words 40");
-  await waitInPage(
-    page,
-    () => document.querySelectorAll('#events tbody tr[data-type="agent.message.delta"]').length >= 3,
-    null,
-    "3 agent.message.delta rows in #events",
-    { timeout: 15_000 },
-  );
+  await until(async () => (await eventRows(page)).filter((r) => r.type === "agent.message.delta").length >= 3, {
+    what: "3 agent.message.delta rows in #events",
+    timeout: 15_000,
+  });
   await lab.screenshot(page, "before-kill");
   await server.kill();
   await waitFor(page, "#conn[data-state=reconnecting]", "#conn to show the lost connection", { timeout: 15_000 });
@@ -194,17 +191,13 @@ test("restart: the session view survives a SIGKILL and restart of the server; ev
   // Same port, same data dir: the page's own reconnection finds it.
   await server.start({ port: server.port });
   await waitFor(page, "#conn[data-state=live]", "the page to reconnect to the restarted server", { timeout: 30_000 });
-  await waitFor(page, '#events tbody tr[data-type="turn.resumed"]', "the turn.resumed that goes on with the cut turn", { timeout: 20_000 });
-  await waitInPage(
-    page,
-    () => {
-      const types = [...document.querySelectorAll("#events tbody tr")].map((tr) => tr.dataset.type);
+  await until(
+    async () => {
+      const types = (await eventRows(page)).map((r) => r.type);
       const resumed = types.lastIndexOf("turn.resumed");
       return resumed >= 0 && types.indexOf("session.status_idle", resumed) > resumed;
     },
-    null,
-    "a session.status_idle row after the turn.resumed",
-    { timeout: 20_000 },
+    { what: "a session.status_idle row after the turn.resumed", timeout: 20_000 },
   );
   await lab.screenshot(page, "resumed");
 
@@ -252,11 +245,14 @@ async function scrub(page, k) {
   assert.equal(value, String(k), `#replay-scrub took the value ${k}`);
 }
 
-/** Waits until exactly `k` rows of `#events` are shown (rows past the position are removed or hidden). */
+/** Waits until the table holds exactly `k` events, all shown (those past the position are gone). */
 function waitForShownRows(page, k, what) {
   return waitInPage(
     page,
-    (k) => [...document.querySelectorAll("#events tbody tr")].filter((tr) => !tr.hidden && getComputedStyle(tr).display !== "none").length === k,
+    (k) => {
+      const box = document.getElementById("events-box").dataset;
+      return box.count === String(k) && box.shown === String(k);
+    },
     k,
     `${what}: exactly ${k} rows shown in #events`,
   );
@@ -442,7 +438,7 @@ test("auth: login with a key, each caller sees only their sessions, an HttpOnly 
     "#fatal says bob's session is not found",
   );
   assert.equal(await page.locator("#conn").getAttribute("data-state"), "ended", "the view of bob's session ends");
-  assert.equal(await page.locator("#events tbody tr").count(), 0, "no event rows for bob's session");
+  assert.equal(await page.getAttribute("#events-box", "data-count"), "0", "no event rows for bob's session");
   const html = await page.content();
   assert.deepEqual(
     bobLog.map((e) => e.id).filter((id) => html.includes(id)),

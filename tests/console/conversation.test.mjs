@@ -26,6 +26,7 @@ import {
   shownRows,
   until,
   waitFor,
+  waitForRow,
   waitForText,
   waitInPage,
   words,
@@ -41,7 +42,7 @@ after(closeBrowser);
  * line breaks are JSON strings; a tool's input is its JSON, compact.
  */
 function outline(page) {
-  return page.$$eval("#conversation > *", (items) => {
+  return page.$$eval("#conversation > section > :not(.turn-head)", (items) => {
     const flat = (el) => (el?.textContent ?? "").replace(/\s+/g, " ").trim();
     const lines = [];
     for (const el of items) {
@@ -64,6 +65,8 @@ function outline(page) {
               // not JSON: shown as it is
             }
             lines.push(`tool ${part.dataset.eventId} ${flat(part.querySelector(".tool-name"))}${tags.length ? ` [${tags.join(", ")}]` : ""} ${input}`);
+          } else if (part.matches(".tool-ref")) {
+            lines.push(`tool ↳ ${part.dataset.callEventId} ${flat(part.querySelector(".tool-name"))}`);
           } else if (part.matches(".decision")) lines.push(`  decision ${part.dataset.eventId} ${part.dataset.result}: ${flat(part)}`);
           else if (part.matches(".tool-result")) {
             lines.push(`  ${part.matches(".is-error") ? "error" : "result"} ${part.dataset.eventId}: ${JSON.stringify(part.querySelector("pre")?.textContent)}`);
@@ -104,7 +107,7 @@ async function waitForOutline(page, expected, what, timeout = 15_000) {
 async function assertNothingClipped(page, what) {
   const { overflows, clipped } = await page.$eval("#conversation", (box) => ({
     overflows: box.scrollHeight > box.clientHeight,
-    clipped: [...box.children]
+    clipped: [...box.querySelectorAll(":scope > section > *")]
       .filter((el) => el.getBoundingClientRect().height + 1 < el.scrollHeight)
       .map((el) => {
         const high = Math.round(el.getBoundingClientRect().height);
@@ -137,7 +140,10 @@ function endLine(turn) {
   const parts = [`${number.format(input)} in`, `${number.format(output)} out`];
   for (const [name, value] of Object.entries(others)) if (typeof value === "number") parts.push(`${number.format(value)} ${name.replaceAll("_", " ")}`);
   const stop = idle.stop_reason.detail ?? idle.stop_reason.type;
-  return `end ${stop}: ${STOP_LABELS[stop]} | tokens: ${parts.join(" · ")}`;
+  // A request cut short before its provider reported usage is counted by turnlog's estimate,
+  // which the log marks and the page shows as such.
+  const estimated = turn.some((e) => e.type === "span.model_request_end" && e.usage_estimated === true);
+  return `end ${stop}: ${STOP_LABELS[stop]} | ${estimated ? "≈ " : ""}tokens: ${parts.join(" · ")}`;
 }
 
 /** A turn's reply as `outline` shows it, from the log's `agent.message` (exactly one). */
@@ -342,7 +348,9 @@ test("permissions: a call that asks is marked and its turn waits; granted, the d
     assert.equal(await page.getAttribute(`[data-event-id="${call.id}"] .tag.permission`, "data-permission"), "ask", "the call's permission tag");
     await lab.screenshot(page, `asked-${path.slice(1)}`);
 
-    // The decision, through the native event API: it goes under the call, then the result.
+    // The decision, through the native event API: the page reads in the log's order, so
+    // below the waiting turn's end a box continues the call with the decision, then the
+    // result (drawn under the call only while nothing came after it).
     await postEvent(api, id, { type: "user.tool_confirmation", tool_use_id: call.id, ...decision });
     log = await api.waitForIdle(id, n + 1);
     turn = turns(log)[n];
@@ -352,8 +360,7 @@ test("permissions: a call that asks is marked and its turn waits; granted, the d
     const kind = decision.result === "allow" ? "result" : "error";
     assert.equal(result.is_error, kind === "error", `the result of a call ${decision.result}ed: ${show(result)}`);
     const under = [`  decision ${confirmation.id} ${decision.result}: ${shown}`, `  ${kind} ${result.id}: ${JSON.stringify(eventText(result))}`];
-    expected.splice(expected.length - 1, 0, ...under);
-    expected.push(replyLine(turn), endLine(turn));
+    expected.push(`tool ↳ ${call.id} fetch_url`, ...under, replyLine(turn), endLine(turn));
     await waitForOutline(page, expected, `the decision on ${path} and the result under its call, then the reply`);
     await lab.screenshot(page, `${decision.result}-${path.slice(1)}`);
   }
@@ -381,12 +388,9 @@ test("interrupt: the Interrupt button cancels a running turn; the page and the l
   // A turn of 40 words at 100 ms each (4 s); interrupt it once its text is streaming.
   const slow = "/delay 100\n/words 40";
   await api.postMessage(id, slow);
-  await waitInPage(
-    page,
-    () => document.querySelectorAll('#events tbody tr[data-type="agent.message.delta"]').length >= 2 && document.querySelector("#conversation .msg.agent.streaming"),
-    null,
-    "the slow reply streaming (2 agent.message.delta rows and a .msg.agent.streaming)",
-    { timeout: 15_000 },
+  await until(
+    async () => (await eventRows(page)).filter((r) => r.type === "agent.message.delta").length >= 2 && (await page.$("#conversation .msg.agent.streaming")),
+    { what: "the slow reply streaming (2 agent.message.delta rows and a .msg.agent.streaming)", timeout: 15_000 },
   );
   await lab.screenshot(page, "streaming");
   const from = view.requests.length;
@@ -414,6 +418,10 @@ test("interrupt: the Interrupt button cancels a running turn; the page and the l
   const said = eventText(only(turn, "agent.message")[0]);
   assert.match(said, /^w1( w\d+)*$/, "the reply cut short is a run of words");
   assert.ok(words(40).startsWith(said) && said.length < words(40).length, `the reply was cut before its 40 words: ${show(said)}`);
+  // The cut-short turn counts what its request was sent and streamed (the scripted model
+  // reports usage only at its end): turnlog's estimate, marked so, and shown as one.
+  assert.ok(idle.usage.input_tokens > 0 && idle.usage.output_tokens === Math.ceil(said.length / 4), `the usage of the cut-short turn: ${show(idle.usage)}`);
+  assert.match(endLine(turn), /\| ≈ tokens: [1-9]/, "the page marks the usage as estimated");
   // What the page shows of the turn: the words said, the interrupt, the end (no failure: the
   // request was cancelled, not failed).
   await waitForOutline(
@@ -582,17 +590,17 @@ test("type filter: the raw events show exactly the log's events of the type chos
 
   await page.selectOption("#type-filter", "user.message");
   await waitForShown(page, log.filter((e) => e.type === "user.message"), "filtered on user.message");
-  assert.equal((await eventRows(page)).length, log.length, "the rows filtered out are hidden, not removed");
+  assert.equal(await page.getAttribute("#events-box", "data-count"), String(log.length), "the table still holds every event, the filtered ones undrawn");
   await lab.screenshot(page, "filter-user-message");
 
   // A turn while the filter is on: its new rows follow the filter; its new types join the options.
   await api.postMessage(id, '/tool calculator {"expression": "1+2"}');
   log = await api.waitForIdle(id, 3);
-  await waitFor(page, `#events tbody tr[data-event-id="${log.at(-1).id}"]`, "the new turn's last row");
+  await waitForRow(page, log.at(-1).id, "the new turn's last row");
   await waitForShown(page, log.filter((e) => e.type === "user.message"), "still filtered on user.message after a live turn");
   assert.deepEqual(await typeOptions(page), ["", ...typesOf(log)], "the new turn's types join #type-filter");
   assert.equal(await page.inputValue("#type-filter"), "user.message", "the filter stays as chosen");
-  await assertRowsMatchLog(page, log);
+  assert.equal(await page.getAttribute("#events-box", "data-count"), String(log.length), "the table holds every event of the log, filtered or not");
   // The filter is the raw table's: the conversation still shows every message.
   assert.deepEqual(
     await page.$$eval("#conversation .msg.user", (els) => els.map((el) => el.textContent)),

@@ -432,14 +432,15 @@ export async function pageState(page) {
   try {
     return await page.evaluate(() => {
       const attr = (sel, name) => document.querySelector(sel)?.getAttribute(name) ?? "(none)";
-      const rows = [...document.querySelectorAll("#events tbody tr")];
+      const rows = [...document.querySelectorAll("#events tbody tr[data-seq]")];
+      const box = document.getElementById("events-box")?.dataset ?? {};
       const sessions = [...document.querySelectorAll("#sessions [data-session-id]")].map((r) => `${r.dataset.sessionId}:${r.dataset.status}`);
       const text = (document.body?.innerText ?? "").replace(/\s+/g, " ").trim();
       return [
         `page ${location.href}`,
         `#conn ${attr("#conn", "data-state")}`,
         `#session mode ${attr("#session", "data-mode")}`,
-        `#events rows ${rows.length} (${rows.slice(-5).map((r) => `${r.dataset.seq}:${r.dataset.type}`).join(", ")})`,
+        `#events ${box.count} events, ${box.shown} shown, ${rows.length} rows drawn (${rows.slice(-5).map((r) => `${r.dataset.seq}:${r.dataset.type}`).join(", ")})`,
         `#sessions rows [${sessions.join(", ")}]`,
         `text: ${text.length > 800 ? `${text.slice(0, 800)}…` : text}`,
       ].join("; ");
@@ -493,21 +494,39 @@ export function texts(page, selector) {
   return page.$$eval(selector, (els) => els.map((el) => el.textContent.replace(/\s+/g, " ").trim()));
 }
 
-/** `#events tbody tr` as `{id, seq, type, shown}` (shown: the row itself is not hidden). */
+/**
+ * Every row of `#events` as `{id, seq, type, shown}`: the table is windowed (only the rows
+ * in view are in the page), so it is scrolled from top to bottom, a view at a time, and
+ * scrolled back. Only the rows the type filter lets through are drawn (`shown` is true).
+ */
 export function eventRows(page) {
-  return page.$$eval("#events tbody tr", (trs) =>
-    trs.map((tr) => ({
-      id: tr.dataset.eventId,
-      seq: Number(tr.dataset.seq),
-      type: tr.dataset.type,
-      shown: !tr.hidden && getComputedStyle(tr).display !== "none",
-    })),
-  );
+  return page.evaluate(async () => {
+    const box = document.getElementById("events-box");
+    const frame = () => new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+    const seen = new Map();
+    const back = box.scrollTop;
+    box.scrollTop = 0;
+    for (;;) {
+      await frame();
+      for (const tr of box.querySelectorAll("tbody tr[data-seq]")) {
+        seen.set(Number(tr.dataset.seq), { id: tr.dataset.eventId, seq: Number(tr.dataset.seq), type: tr.dataset.type, shown: !tr.hidden && getComputedStyle(tr).display !== "none" });
+      }
+      if (box.scrollTop + box.clientHeight >= box.scrollHeight - 1) break;
+      box.scrollTop += Math.max(box.clientHeight - 48, 24);
+    }
+    box.scrollTop = back;
+    return [...seen.values()].sort((a, b) => a.seq - b.seq);
+  });
 }
 
 /** The rows of `#events` that are shown (neither removed nor hidden). */
 export async function shownRows(page) {
   return (await eventRows(page)).filter((r) => r.shown);
+}
+
+/** Waits until the table holds the log's event `id` (drawn or not: the table is windowed). */
+export function waitForRow(page, id, what, options) {
+  return waitFor(page, `#events-box[data-last-id="${id}"]`, what, options);
 }
 
 /** The session list's rows, top to bottom: `{id, status}`. */
@@ -533,7 +552,7 @@ export async function openSession(page, server, sessionId) {
  * first.
  */
 export async function assertRowsMatchLog(page, log) {
-  await waitFor(page, `#events tbody tr[data-event-id="${log.at(-1).id}"]`, "the log's last event rendered", { timeout: 15_000 });
+  await waitForRow(page, log.at(-1).id, "the log's last event rendered", { timeout: 15_000 });
   const rows = await eventRows(page);
   const ids = rows.map((r) => r.id);
   const logIds = log.map((e) => e.id);

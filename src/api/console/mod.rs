@@ -28,6 +28,7 @@ const FILES: &[(&str, &str, &str)] = &[
     ("index.html", "text/html; charset=utf-8", include_str!("../../../console/index.html")),
     ("app.js", "text/javascript; charset=utf-8", include_str!("../../../console/app.js")),
     ("render.js", "text/javascript; charset=utf-8", include_str!("../../../console/render.js")),
+    ("table.js", "text/javascript; charset=utf-8", include_str!("../../../console/table.js")),
     ("style.css", "text/css; charset=utf-8", include_str!("../../../console/style.css")),
 ];
 
@@ -64,7 +65,7 @@ async fn index_slash() -> HttpResponse {
     tag = "console",
     operation_id = "console_file",
     security(()),
-    params(("file" = String, Path, description = "`index.html`, `app.js`, `render.js` or `style.css`")),
+    params(("file" = String, Path, description = "`index.html`, `app.js`, `render.js`, `table.js` or `style.css`")),
     responses((status = 200, description = "The file", content(
         (String = "text/html"), (String = "text/javascript"), (String = "text/css"),
     ))),

@@ -1,0 +1,154 @@
+// table.js: the raw events table. A log may hold tens of thousands of events, so the table
+// is windowed: every row has one height, and only the rows in view (and a few around them)
+// are in the page, between two spacers that keep the scroll height of them all. A row's
+// whole event shows below the table when its row is clicked.
+
+import { h } from './render.js';
+
+const ROW_HEIGHT = 24; // px: style.css gives #events rows this height
+const AROUND = 16; // rows drawn above and below those in view
+
+const timeFormat = new Intl.DateTimeFormat(undefined, {
+  hour: '2-digit', minute: '2-digit', second: '2-digit', fractionalSecondDigits: 3, hour12: false,
+});
+
+// The fields every event has; the one-line preview leaves them out.
+const ENVELOPE = new Set([
+  'id', 'type', 'session_id', 'sequence_number', 'created_at', 'processed_at',
+  'schema_version', 'turn_id', 'turn_sequence_number',
+]);
+
+function preview(event) {
+  const own = JSON.stringify(Object.fromEntries(Object.entries(event).filter(([name]) => !ENVELOPE.has(name))));
+  return own.length > 140 ? `${own.slice(0, 139)}…` : own;
+}
+
+function time(iso) {
+  const at = Date.parse(iso);
+  return Number.isNaN(at) ? String(iso ?? '') : timeFormat.format(at);
+}
+
+/** An event id as a cell shows it: its kind and its last, distinct characters. */
+function shortId(id) {
+  return id.length > 20 ? `${id.slice(0, 4)}…${id.slice(-14)}` : id;
+}
+
+export class RawTable {
+  /**
+   * `box` scrolls (its `data-count` and `data-last-id` say what the table holds), `body` is
+   * the table's tbody, `typeFilter` the type select, `detail` where a row's event shows.
+   */
+  constructor({ box, body, typeFilter, detail }) {
+    Object.assign(this, { box, body, typeFilter, detail });
+    typeFilter.replaceChildren(h('option', { value: '' }, 'all types'));
+    this.filter = '';
+    this.types = new Set();
+    this.queued = false;
+    box.addEventListener('scroll', () => this.schedule());
+    body.addEventListener('click', (click) => this.clicked(click));
+    this.reset();
+  }
+
+  /** Forgets every event (the type filter and its options stay). */
+  reset() {
+    this.all = [];
+    this.shown = []; // the events the filter lets through, in log order
+    this.drawn = null; // [first, last) of `shown` in the page
+    this.open = null; // the event whose whole JSON shows
+    this.detail.replaceChildren();
+    this.detail.hidden = true;
+    this.body.replaceChildren();
+    this.mark();
+  }
+
+  add(event) {
+    if (!this.types.has(event.type)) this.addType(event.type);
+    this.all.push(event);
+    if (this.passes(event.type)) this.shown.push(event);
+    this.mark();
+    this.schedule();
+  }
+
+  /** Shows only the events of one type ('' for all). */
+  setTypeFilter(type) {
+    this.filter = type;
+    this.shown = this.all.filter((event) => this.passes(event.type));
+    this.drawn = null;
+    this.schedule();
+  }
+
+  passes(type) { return this.filter === '' || type === this.filter; }
+
+  addType(type) {
+    this.types.add(type);
+    const next = [...this.typeFilter.options].find((option) => option.value > type);
+    this.typeFilter.insertBefore(h('option', { value: type }, type), next ?? null);
+  }
+
+  mark() {
+    this.box.dataset.count = String(this.all.length);
+    this.box.dataset.shown = String(this.shown.length);
+    this.box.dataset.lastId = this.all.at(-1)?.id ?? '';
+  }
+
+  /** Draws the rows in view at the next frame (once, however many events came). */
+  schedule() {
+    if (this.queued) return;
+    this.queued = true;
+    requestAnimationFrame(() => {
+      this.queued = false;
+      this.draw();
+    });
+  }
+
+  draw() {
+    // (The box grows with its rows up to its max-height: the window's height bounds its view.)
+    const view = Math.max(this.box.clientHeight, window.innerHeight);
+    const first = Math.max(0, Math.floor(this.box.scrollTop / ROW_HEIGHT) - AROUND);
+    const last = Math.min(this.shown.length, Math.ceil((this.box.scrollTop + view) / ROW_HEIGHT) + AROUND);
+    if (this.drawn && this.drawn[0] === first && this.drawn[1] === last && this.drawnCount === this.shown.length) return;
+    this.drawn = [first, last];
+    this.drawnCount = this.shown.length;
+    const spacer = (rows) => {
+      const tr = h('tr', { class: 'spacer', 'aria-hidden': 'true' }, h('td', { colspan: 5 }));
+      tr.style.height = `${rows * ROW_HEIGHT}px`; // (through the CSSOM: the page's CSP refuses style attributes)
+      return tr;
+    };
+    const rows = this.shown.slice(first, last).map((event) => this.row(event));
+    this.body.replaceChildren(spacer(first), ...rows, spacer(this.shown.length - last));
+  }
+
+  row(event) {
+    return h('tr', {
+      'data-event-id': event.id, 'data-seq': event.sequence_number, 'data-type': event.type,
+      class: this.open === event ? 'open' : null,
+    },
+    h('td', { class: 'seq' }, String(event.sequence_number)),
+    h('td', { class: 'id', title: `${event.id} (click to copy)` }, shortId(event.id)),
+    h('td', { class: 'type' }, event.type),
+    h('td', { class: 'time', title: event.created_at }, time(event.created_at)),
+    h('td', { class: 'json' }, preview(event)));
+  }
+
+  /** A click on an id copies it; on the rest of a row, shows (or hides) its event. */
+  clicked(click) {
+    const row = click.target.closest('tr[data-seq]');
+    if (!row) return;
+    const event = this.shown.find((e) => e.id === row.dataset.eventId);
+    if (!event) return;
+    if (click.target.closest('td.id')) {
+      navigator.clipboard?.writeText(event.id).then(() => { row.dataset.copied = 'true'; }, () => {});
+      return;
+    }
+    this.open = this.open === event ? null : event;
+    this.detail.hidden = this.open == null;
+    this.detail.replaceChildren();
+    if (this.open) {
+      this.detail.append(
+        h('div', { class: 'detail-head' }, `#${event.sequence_number} · `, h('code', {}, event.id), ` · ${event.type}`),
+        h('pre', {}, JSON.stringify(event, null, 2)));
+    }
+    this.drawn = null;
+    this.draw();
+  }
+}
