@@ -50,12 +50,14 @@ function checkLogin() {
  * server answered an error, e.g. while restarting) we ask `refused()` whether to go on (a
  * session that is gone is not retried; by default: yes, after checking the login) and open
  * a new one after 1, 2, 4, then 5 s, forever until `close`. `url()` is asked again each
- * time, so it can carry a cursor.
+ * time, so it can carry a cursor. With `raw`, `onEvent` gets each frame's data unparsed
+ * (a long log comes in chunks of thousands of frames, dispatched in one task: the parsing
+ * is left to whoever draws them a slice at a time).
  */
 class Stream {
-  constructor({ url, types, onEvent, onOpen, onError, refused }) {
+  constructor({ url, types, onEvent, onOpen, onError, refused, raw = false }) {
     refused ??= async () => { checkLogin(); return true; };
-    Object.assign(this, { url, types, onEvent, onOpen, onError, refused, opens: 0, failures: 0, closed: false });
+    Object.assign(this, { url, types, onEvent, onOpen, onError, refused, raw, opens: 0, failures: 0, closed: false });
     this.connect();
   }
 
@@ -64,7 +66,7 @@ class Stream {
     this.source = source;
     const current = () => !this.closed && source === this.source;
     for (const type of this.types) {
-      source.addEventListener(type, (message) => current() && this.onEvent(type, JSON.parse(message.data)));
+      source.addEventListener(type, (message) => current() && this.onEvent(type, this.raw ? message.data : JSON.parse(message.data)));
     }
     source.addEventListener('open', () => {
       if (!current()) return;
@@ -315,7 +317,7 @@ $('more').addEventListener('click', () => loadSessions({ more: true }));
 
 // `gen` is bumped on each enter and leave, so late answers meant for another view are dropped.
 // `held`: events received and not drawn yet, drawn a slice at a time (see `drain`).
-const view = { id: null, gen: 0, renderer: null, stream: null, held: [], draining: false };
+const view = { id: null, gen: 0, renderer: null, stream: null, held: [], next: 0, draining: false };
 
 function enterSession(id) {
   showOnly('session');
@@ -326,12 +328,14 @@ function enterSession(id) {
   const table = new RawTable({ box: $('events-box'), body: $('events').tBodies[0], typeFilter: $('type-filter'), detail: $('event-detail') });
   view.renderer = new SessionRenderer({ conversation: $('conversation'), table });
   view.held = [];
+  view.next = 0;
   showHeading();
   resetReplay();
   followLive();
   return () => {
     view.gen += 1;
     view.held = [];
+    view.next = 0;
     view.draining = false;
     stopLive();
     resetReplay();
@@ -372,9 +376,10 @@ function showControls() {
   $('replay-start').disabled = !renderer || renderer.lastSeq === 0;
 }
 
-/** The newest event the page holds: drawn, or received and waiting to be drawn. */
+/** The newest event the page holds: drawn, or received and waiting to be drawn (as the frame's data). */
 function newestHeld() {
-  return view.held.at(-1)?.id ?? view.renderer.lastId;
+  const last = view.next < view.held.length ? view.held.at(-1) : undefined;
+  return last === undefined ? view.renderer.lastId : JSON.parse(last).id;
 }
 
 /** Follows the log live, from after the newest event the page holds (from the start if none). */
@@ -391,8 +396,9 @@ function followLive() {
       return `/sessions/${encodeURIComponent(id)}/events/stream?delta_flush_interval_ms=0${after ? `&after_id=${encodeURIComponent(after)}` : ''}`;
     },
     types: me.event_types ?? [],
-    onEvent: (_type, event) => {
-      view.held.push(event);
+    raw: true,
+    onEvent: (_type, data) => {
+      view.held.push(data);
       drain();
     },
     onOpen: () => {
@@ -430,13 +436,14 @@ function drain() {
     const { renderer } = view;
     const until = performance.now() + SLICE_MS;
     let drawn = false;
-    while (view.held.length && performance.now() < until) {
-      const event = view.held.shift();
+    while (view.next < view.held.length && performance.now() < until) {
+      const event = JSON.parse(view.held[view.next++]);
       // A gap means a frame was missed (of a type this page has no listener for?): reopen
       // after the last event drawn, once per gap; if the same gap comes back, draw on.
       if (event.sequence_number > renderer.lastSeq + 1 && view.gapAt !== renderer.lastSeq) {
         view.gapAt = renderer.lastSeq;
         view.held = [];
+        view.next = 0;
         stopLive();
         followLive();
         break;
@@ -454,8 +461,12 @@ function drain() {
       showControls();
       followBottom();
     }
-    if (view.held.length) setTimeout(slice, 0);
-    else view.draining = false;
+    if (view.next < view.held.length) setTimeout(slice, 0);
+    else {
+      view.held = [];
+      view.next = 0;
+      view.draining = false;
+    }
   };
   setTimeout(slice, 0);
 }
@@ -467,16 +478,19 @@ function stopLive() {
 
 /**
  * Keeps the conversation scrolled to its end while the reader is there. Only the reader
- * leaves the end: a scroll of the page's own (to the end, once per frame), or content
- * growing below it, is not the reader scrolling up, however fast events come.
+ * leaves the end, by scrolling (a wheel, a touch, a key, the scroll bar) away from it, and
+ * comes back by scrolling to it: a scroll of the page's own (to the end, once per frame),
+ * content growing below, or turns far off measured again, is never taken for the reader's.
  */
 const followBottom = (() => {
   const box = $('conversation');
   let stick = true;
-  let ours = -1; // the scrollTop the page set last
   let queued = false;
+  let readerUntil = 0; // scrolls until then are the reader's
+  const reader = () => { readerUntil = performance.now() + 400; };
+  for (const type of ['wheel', 'touchmove', 'keydown', 'pointerdown']) box.addEventListener(type, reader, { passive: true });
   box.addEventListener('scroll', () => {
-    if (Math.abs(box.scrollTop - ours) <= 1) return;
+    if (performance.now() > readerUntil) return;
     stick = box.scrollHeight - box.scrollTop - box.clientHeight < 48;
   });
   return ({ reset = false } = {}) => {
@@ -485,9 +499,7 @@ const followBottom = (() => {
     queued = true; // once per frame, however many events came
     requestAnimationFrame(() => {
       queued = false;
-      if (!stick) return;
-      box.scrollTop = box.scrollHeight;
-      ours = box.scrollTop;
+      if (stick) box.scrollTop = box.scrollHeight;
     });
   };
 })();
@@ -555,6 +567,7 @@ async function startReplay() {
   if (inReplay()) return;
   stopLive();
   view.held = [];
+  view.next = 0;
   setConn('ended');
   $('session').dataset.mode = 'replay';
   const gen = ++replay.gen;

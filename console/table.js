@@ -106,12 +106,16 @@ export class RawTable {
     const view = Math.max(this.box.clientHeight, window.innerHeight);
     const first = Math.max(0, Math.floor(this.box.scrollTop / ROW_HEIGHT) - AROUND);
     const last = Math.min(this.shown.length, Math.ceil((this.box.scrollTop + view) / ROW_HEIGHT) + AROUND);
-    if (this.drawn && this.drawn[0] === first && this.drawn[1] === last && this.drawnCount === this.shown.length) return;
+    const height = (tr, rows) => { tr.style.height = `${rows * ROW_HEIGHT}px`; }; // (the CSSOM: the page's CSP refuses style attributes)
+    if (this.drawn && this.drawn[0] === first && this.drawn[1] === last) {
+      // The same rows in view (more events came below them): only the lower spacer grows.
+      height(this.body.lastElementChild, this.shown.length - last);
+      return;
+    }
     this.drawn = [first, last];
-    this.drawnCount = this.shown.length;
     const spacer = (rows) => {
       const tr = h('tr', { class: 'spacer', 'aria-hidden': 'true' }, h('td', { colspan: 5 }));
-      tr.style.height = `${rows * ROW_HEIGHT}px`; // (through the CSSOM: the page's CSP refuses style attributes)
+      height(tr, rows);
       return tr;
     };
     const rows = this.shown.slice(first, last).map((event) => this.row(event));

@@ -1,0 +1,297 @@
+// The console as people who watch agents all day use it: long sessions, dropped
+// connections, a list that must not miss a session, replays, narrow screens. Each test
+// starts its own server (`turnlog serve`, temp data dir) and drives Debian's Chromium
+// through playwright-core; figures a test measures (the main thread's longest task, the
+// page's DOM nodes) are printed in its report, not asserted on time.
+
+import { after, test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  Api,
+  Lab,
+  TEST,
+  assertRowsMatchLog,
+  closeBrowser,
+  openSession,
+  pageState,
+  rowSelector,
+  show,
+  until,
+  waitFor,
+  waitForListStream,
+  waitForRow,
+  waitInPage,
+} from "./helpers.mjs";
+
+after(closeBrowser);
+
+/** Every delta a log event of its own (the default merges a model's tokens 25 ms at a time). */
+const EVERY_DELTA = "[engine]\ndelta_coalesce_ms = 0\n";
+
+/** Runs whole turns through the turn API (each answered once it ended) until the log holds at least `n` events. */
+async function fillSession(api, id, n) {
+  for (let i = 1; ; i += 1) {
+    let text = "/words 40";
+    if (i % 5 === 0) text = `/tool calculator {"expression": "${i}*2"}`;
+    else if (i % 7 === 0) text = `/think step ${i}\n/words 30`;
+    const turn = await api.call("POST", `/sessions/${id}/turns`, { stream: "none", messages: [{ role: "user", content: text }] });
+    assert.equal(turn.status, 200, `turn ${i}: ${show(turn.body)}`);
+    if (i % 25 === 0) {
+      const last = await api.ok("GET", `/sessions/${id}/events?limit=1&order=desc`);
+      if (last.data[0].sequence_number >= n) return i;
+    }
+  }
+}
+
+/** Records the main thread's long tasks (the Long Tasks API) from the page's first script on. */
+function watchLongTasks(page) {
+  return page.addInitScript(() => {
+    window.__longTasks = [];
+    window.__frames = [];
+    new PerformanceObserver((list) => {
+      for (const entry of list.getEntries()) window.__longTasks.push(Math.round(entry.duration));
+    }).observe({ type: "longtask", buffered: true });
+    // What ran in each long frame (Long Animation Frames), to say what a long task was.
+    new PerformanceObserver((list) => {
+      for (const entry of list.getEntries()) {
+        const scripts = entry.scripts.map((s) => `${s.invoker || s.sourceFunctionName || "?"} ${Math.round(s.duration)} ms`);
+        window.__frames.push(`${Math.round(entry.duration)} ms (blocking ${Math.round(entry.blockingDuration)} ms, layout ${Math.round(entry.renderStart ? entry.startTime + entry.duration - entry.renderStart : 0)} ms): ${scripts.join(", ")}`);
+      }
+    }).observe({ type: "long-animation-frame", buffered: true });
+  });
+}
+
+test("long session: 10,000 events load in slices (the longest task is printed), the page stays under a few thousand DOM nodes, and every turn is there to scroll to", { timeout: 300_000 }, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer({ config: lab.writeConfig(EVERY_DELTA) });
+  const api = new Api(server);
+  const id = await api.createSession({ tools: [{ name: "calculator", trust: true }] });
+  const turns = await fillSession(api, id, 10_000);
+  const log = await api.events(id);
+  lab.note(`the session: ${log.length} events in ${turns} turns`);
+  assert.ok(log.length >= 10_000, `at least 10,000 events: ${log.length}`);
+
+  const { page } = await lab.newPage();
+  await watchLongTasks(page);
+  const from = Date.now();
+  await openSession(page, server, id);
+  await waitForRow(page, log.at(-1).id, "the whole log in the table", { timeout: 120_000 });
+  await waitFor(page, `#conversation section.turn[data-turn-n="${turns}"] .turn-end`, "the last turn's end", { timeout: 30_000 });
+  const loaded = Date.now() - from;
+  await waitInPage(
+    page,
+    () => {
+      const box = document.getElementById("conversation");
+      return box.scrollHeight - box.scrollTop - box.clientHeight < 60;
+    },
+    null,
+    "the conversation at its end once loaded",
+    { timeout: 5_000 },
+  );
+  // Typing once it is loaded: how long a key takes to reach the text box.
+  const keyFrom = Date.now();
+  await page.type("#message", "still responsive");
+  const typed = Date.now() - keyFrom;
+  const figures = await page.evaluate(() => ({
+    nodes: document.getElementsByTagName("*").length,
+    longest: Math.max(0, ...window.__longTasks),
+    over50: window.__longTasks.filter((d) => d > 50).length,
+    tasks: window.__longTasks.length,
+    sections: document.querySelectorAll("#conversation > section").length,
+    aside: document.querySelectorAll("#conversation > section[data-aside]").length,
+    frames: window.__frames.filter((f) => parseInt(f, 10) > 50),
+  }));
+  lab.note(`frames over 50 ms: ${figures.frames.join(" | ") || "none"}`);
+  lab.note(
+    `loaded in ${loaded} ms; longest main-thread task ${figures.longest} ms (${figures.over50} over 50 ms, of ${figures.tasks} long tasks); ` +
+      `${figures.nodes} DOM nodes; ${figures.sections} sections, ${figures.aside} put aside; typing 16 keys took ${typed} ms`,
+  );
+  assert.ok(figures.nodes < 5_000, `the page stays under a few thousand DOM nodes: ${figures.nodes}`);
+  assert.equal(figures.sections, turns + 1, "a section per turn, and one before them");
+  assert.ok(figures.aside > 0, "turns far from the view are put aside");
+  await lab.screenshot(page, "long-session-end");
+
+  // The first turn is there to scroll to: its section is filled again as it comes near.
+  await page.$eval("#conversation", (box) => { box.scrollTop = 0; });
+  await waitFor(page, '#conversation section.turn[data-turn-n="1"] .turn-head', "the first turn drawn again at the top", { timeout: 10_000 });
+  const first = await page.$eval('#conversation section.turn[data-turn-n="1"]', (el) => el.textContent);
+  assert.match(first, /Turn 1/, "the first turn's header");
+  assert.match(first, /w1 w2 w3/, "the first turn's reply");
+  await lab.screenshot(page, "long-session-top");
+
+  // The table's last rows, scrolled to: the log's last events, in order.
+  const tail = await page.evaluate(async () => {
+    const box = document.getElementById("events-box");
+    box.scrollTop = box.scrollHeight;
+    await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+    return [...box.querySelectorAll("tbody tr[data-seq]")].map((tr) => tr.dataset.eventId);
+  });
+  assert.deepEqual(tail.slice(-5), log.slice(-5).map((e) => e.id), "the table's last rows are the log's last events");
+});
+
+test("list race: a session made while the list's stream is still opening is listed once it opens", TEST, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer();
+  const api = new Api(server);
+  const before = await api.createSession();
+  const view = await lab.newPage();
+  const { page } = view;
+  // The list's stream is held 1.5 s on its way (a slow proxy): the first page of the list
+  // is read before it subscribes.
+  let made = null;
+  await page.route("**/console/api/sessions/stream", async (route) => {
+    if (!made) made = api.createSession(); // made while the stream is held
+    await new Promise((resolve) => setTimeout(resolve, 1_500));
+    await route.continue();
+  });
+  await page.goto(`${server.url}/console#/`);
+  await waitFor(page, rowSelector(before), "the session made before the page", { state: "visible" });
+  await waitForListStream(view);
+  const during = await made;
+  await waitFor(page, rowSelector(during), "the session made while the stream was opening", { state: "visible", timeout: 10_000 });
+  const later = await api.createSession();
+  await waitFor(page, rowSelector(later), "a session made once the stream is open", { state: "visible" });
+});
+
+test("replay at max: the view follows the end of the replay, and ends there", { timeout: 180_000 }, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer({ config: lab.writeConfig(EVERY_DELTA) });
+  const api = new Api(server);
+  const id = await api.createSession({ tools: [{ name: "calculator", trust: true }] });
+  await fillSession(api, id, 2_000);
+  const log = await api.events(id);
+  const { page } = await lab.newPage();
+  await openSession(page, server, id);
+  await waitForRow(page, log.at(-1).id, "the log drawn live", { timeout: 60_000 });
+  await page.click("#replay-start");
+  await waitFor(page, "#replay-play:not([disabled])", "the replay loaded");
+  await page.selectOption("#replay-speed", "max");
+  await page.click("#replay-play");
+  await waitFor(page, '#replay[data-done="true"]', "the replay at its end", { timeout: 120_000 });
+  assert.equal(await page.textContent("#replay-position"), `${log.length} / ${log.length}`);
+  const gap = await waitInPage(
+    page,
+    () => {
+      const box = document.getElementById("conversation");
+      const gap = box.scrollHeight - box.scrollTop - box.clientHeight;
+      return gap < 60 ? String(gap) : false;
+    },
+    null,
+    "the conversation scrolled to its end",
+    { timeout: 5_000 },
+  );
+  lab.note(`${log.length} events replayed at max; ${gap} px from the end`);
+  await lab.screenshot(page, "replayed-at-max");
+});
+
+test("stale error: a send that cannot reach the server says so, and the message goes once the server is back and the stream live", TEST, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer();
+  const api = new Api(server);
+  const id = await api.createSession();
+  const { page } = await lab.newPage();
+  await openSession(page, server, id);
+  await server.kill();
+  await waitFor(page, "#conn[data-state=reconnecting]", "the lost connection shown");
+  assert.match(await page.textContent("#conn-note"), /Reconnecting/, "what the page does about it, in words");
+  await page.fill("#message", "are you there?");
+  await page.click("#send");
+  await waitInPage(page, () => /cannot reach the server/.test(document.getElementById("compose-error").textContent), null, "the send's failure shown");
+  await server.start({ port: server.port });
+  await waitFor(page, "#conn[data-state=live]", "the stream live again", { timeout: 30_000 });
+  assert.equal(await page.textContent("#compose-error"), "", "the failure to reach the server is gone once it is back");
+  assert.equal(await page.isHidden("#conn-note"), true, "no connection note while live");
+  assert.equal(await page.inputValue("#message"), "are you there?", "the message not sent is kept");
+  await page.click("#send");
+  await waitInPage(page, () => [...document.querySelectorAll("#conversation .msg.agent")].some((el) => el.textContent === "echo: are you there?"), null, "the reply");
+});
+
+test("cursor after a 502: once the page reopened its stream with after_id, a later drop resumes from the newest event, resending nothing", { timeout: 120_000 }, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer();
+  const api = new Api(server);
+  const id = await api.createSession();
+  await api.postMessage(id, "first");
+  await api.waitForIdle(id, 1);
+  const { page } = await lab.newPage();
+  // Each EventSource the page opens, with the ids it received, and where it (re)opened.
+  await page.addInitScript(() => {
+    const Native = window.EventSource;
+    window.__sources = [];
+    window.EventSource = class extends Native {
+      constructor(url, options) {
+        super(url, options);
+        const record = { url: String(url), got: [] };
+        window.__sources.push(record);
+        super.addEventListener("open", () => record.got.push("open"));
+        const listen = super.addEventListener.bind(this);
+        this.addEventListener = (type, listener, opts) => listen(type, (message) => {
+          if (type !== "open" && type !== "error") record.got.push(message.lastEventId);
+          listener(message);
+        }, opts);
+      }
+    };
+  });
+  await openSession(page, server, id);
+  let log = await api.events(id);
+  await waitForRow(page, log.at(-1).id, "the first turn drawn");
+
+  // A gateway answers 502 to the browser's own reconnect: the page opens a new stream,
+  // after the newest event it holds.
+  let refused = 0;
+  await page.route("**/events/stream*", (route) => (refused++ === 0 ? route.fulfill({ status: 502, body: "bad gateway" }) : route.continue()));
+  await server.kill();
+  await server.start({ port: server.port });
+  await waitFor(page, "#conn[data-state=live]", "the page's own stream after the 502", { timeout: 30_000 });
+  const sources = await page.evaluate(() => window.__sources.map((s) => s.url));
+  assert.equal(sources.length, 2, `a second EventSource after the 502: ${show(sources)}`);
+  assert.match(sources[1], new RegExp(`after_id=${log.at(-1).id}`), "it opens after the newest event the page holds");
+
+  await api.postMessage(id, "second");
+  log = await api.waitForIdle(id, 2);
+  await waitForRow(page, log.at(-1).id, "the second turn drawn");
+  const newest = log.at(-1).id;
+
+  // A later drop: the browser reopens the same URL (its after_id now old), sending
+  // Last-Event-ID; the server resumes from the later of the two.
+  await server.kill();
+  await server.start({ port: server.port });
+  await waitFor(page, "#conn[data-state=live]", "the stream back after the second drop", { timeout: 30_000 });
+  await api.postMessage(id, "third");
+  log = await api.waitForIdle(id, 3);
+  await waitForRow(page, log.at(-1).id, "the third turn drawn");
+  const got = await page.evaluate(() => window.__sources[1].got);
+  const reopened = got.lastIndexOf("open");
+  const resent = got.slice(reopened + 1).filter((eventId) => eventId <= newest);
+  assert.deepEqual(resent, [], `events resent after the second drop (the stream's ids: ${show(got)})`);
+  const received = got.filter((g) => g !== "open");
+  assert.equal(new Set(received).size, received.length, "no event received twice on the page's stream");
+  await assertRowsMatchLog(page, log);
+});
+
+test("narrow screen: at 400 px the session reads without sideways scrolling; turn headers name each turn", TEST, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer();
+  const api = new Api(server);
+  const id = await api.createSession({ tools: [{ name: "calculator", trust: true }] });
+  await api.postMessage(id, '/think Two sums.\n/tool calculator {"expression": "1+2"}\n/tool calculator {"expression": "3+4"}');
+  await api.waitForIdle(id, 1);
+  await api.postMessage(id, "a longer message that has to wrap on a narrow screen, with a long token: " + "x".repeat(80));
+  const log = await api.waitForIdle(id, 2);
+  const view = await lab.newPage();
+  const { page } = view;
+  await page.setViewportSize({ width: 400, height: 800 });
+  await openSession(page, server, id);
+  await waitForRow(page, log.at(-1).id, "the session drawn");
+  await waitFor(page, '#conversation section.turn[data-turn-n="2"] .turn-end', "the second turn's end");
+  const width = await page.evaluate(() => document.documentElement.scrollWidth);
+  const wide = await page.evaluate(() => [...document.querySelectorAll("body *")].filter((el) => el.getBoundingClientRect().right > 401).slice(0, 8).map((el) => `${el.tagName.toLowerCase()}#${el.id}.${el.className} right ${Math.round(el.getBoundingClientRect().right)}`));
+  assert.ok(width <= 400, `${show(wide)}: ` + `no sideways scrolling at 400 px: the page is ${width} px wide; ${await pageState(page)}`);
+  const heads = await page.$$eval("#conversation .turn-head", (els) => els.map((el) => [...el.children].map((part) => part.textContent).join(" ")));
+  assert.equal(heads.length, 2, show(heads));
+  heads.forEach((head, i) => assert.match(head, new RegExp(`^Turn ${i + 1} \\d\\d:\\d\\d:\\d\\d scripted \\d+\\.\\d s$`), head));
+  await lab.screenshot(page, "narrow-400");
+  await page.setViewportSize({ width: 1600, height: 900 });
+  await lab.screenshot(page, "wide-1600");
+  await until(async () => (await page.evaluate(() => document.documentElement.scrollWidth)) <= 1600, { what: "no sideways scrolling on a wide screen" });
+});
