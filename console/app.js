@@ -325,6 +325,7 @@ function enterSession(id) {
   Object.assign($('session').dataset, { sessionId: id, mode: 'live' });
   $('message').value = '';
   $('compose-error').textContent = '';
+  $('verify-result').hidden = true;
   const table = new RawTable({ box: $('events-box'), body: $('events').tBodies[0], typeFilter: $('type-filter'), detail: $('event-detail') });
   view.renderer = new SessionRenderer({ conversation: $('conversation'), table });
   view.held = [];
@@ -549,6 +550,28 @@ $('message').addEventListener('keydown', (event) => {
   sendMessage();
 });
 $('interrupt').addEventListener('click', () => postEvents([{ type: 'user.interrupt' }]));
+
+// ---------- Verify: the session's hash chain, checked by the server against its events ----------
+
+$('verify').addEventListener('click', async () => {
+  const { gen, id } = view;
+  const out = $('verify-result');
+  Object.assign(out, { hidden: false, textContent: 'Checking the hash chain…' });
+  delete out.dataset.verified;
+  try {
+    const chain = await api('GET', `/sessions/${encodeURIComponent(id)}/audit?verify=true`);
+    if (gen !== view.gen) return;
+    out.dataset.verified = String(chain.verified !== false);
+    if (chain.verified === false) {
+      const broken = chain.broken ?? {};
+      out.textContent = `The hash chain is broken at event #${broken.sequence_number}: ${broken.what ?? 'it does not match'}`;
+    } else {
+      out.textContent = `Hash chain verified: ${chain.sequence_number} events, head ${chain.hash}`;
+    }
+  } catch (error) {
+    if (gen === view.gen) out.textContent = `Could not verify: ${error.message}`;
+  }
+});
 
 // ---------- Replay: the log from GET (every page), drawn by the same renderer ----------
 

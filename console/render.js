@@ -258,6 +258,11 @@ export class SessionRenderer {
       case 'session.status_idle': return this.turnEnd(e);
       case 'session.error': return this.error(e);
       case 'turn.resumed': return this.resume(e);
+      case 'history.compacted': return this.compacted(e);
+      case 'user.compact': return this.note('compact', 'Compaction asked for: the conversation so far is summarised');
+      case 'turn.branched': return this.note('branched', `This turn goes on from an earlier turn (${e.from}): the turns after it are set aside`);
+      case 'span.outcome_evaluation_start': return undefined;
+      case 'span.outcome_evaluation_end': return this.evaluated(e);
       case 'span.model_request_end':
         if (e.usage_estimated) this.estimated.add(e.turn_id);
         // A request the user's interrupt cut short ends as an error too, but it did not
@@ -286,8 +291,18 @@ export class SessionRenderer {
     this.title = e.title ?? null;
     let text = `Session created by ${e.created_by ?? 'someone'} with agent ${e.agent?.name ?? '?'}`;
     if (e.tools?.length) text += ` · client tools: ${e.tools.map((tool) => tool.name).join(', ')}`;
+    if (e.mode) text += ` · mode ${e.mode}`;
+    if (e.model) text += ` · model ${e.model}`;
     if (e.title) text += ` · “${e.title}”`;
-    this.note('created', text);
+    const note = this.note('created', text);
+    const fork = e.forked_from;
+    if (fork?.session_id) {
+      // A fork: where it came from, a link to its source at the point it continues.
+      note.append(h('div', { class: 'fork' }, 'Forked from ',
+        h('a', { href: `#/sessions/${encodeURIComponent(fork.session_id)}`, title: fork.session_id }, fork.session_id),
+        ` at event #${fork.sequence_number} (`, h('code', { title: `hash ${fork.hash}` }, fork.event_id), ')'));
+    }
+    if (e.replay_of?.session_id) note.append(h('div', { class: 'fork' }, `A replay of ${e.replay_of.session_id}`));
   }
 
   updated(e) {
@@ -299,7 +314,36 @@ export class SessionRenderer {
     if (e.agent) changes.push(`agent ${e.agent.name}`);
     if (e.tools) changes.push(`client tools: ${e.tools.map((tool) => tool.name).join(', ') || 'none'}`);
     if (e.metadata) changes.push(`metadata ${JSON.stringify(e.metadata)}`);
+    if (e.mode) changes.push(`mode ${e.mode} from the next turn`);
+    if (e.model) changes.push(`model ${e.model} from the next turn`);
     this.note('updated', `Session updated${changes.length ? `: ${changes.join(' · ')}` : ''}`);
+  }
+
+  /** The conversation so far summarised (asked for, or to fit the model's window). */
+  compacted(e) {
+    const what = e.strategy === 'tool_outputs' ? 'old tool outputs cut short' : `${e.messages} messages summarised`;
+    const tokens = `${numberFormat.format(e.tokens_before)} → ${numberFormat.format(e.tokens_after)} tokens`;
+    const box = this.add(h('details', { class: 'compaction', 'data-event-id': e.id },
+      h('summary', {}, `Conversation compacted: ${what} (${tokens})`)));
+    if (e.summary) box.append(h('div', { class: 'compaction-summary' }, e.summary));
+  }
+
+  /** An outcome's evaluation: its verdict, and why. */
+  evaluated(e) {
+    const verdict = e.result?.replaceAll('_', ' ') ?? '?';
+    this.add(h('div', { class: 'evaluation', 'data-result': e.result, 'data-event-id': e.id },
+      h('div', { class: 'evaluation-head' }, h('span', { class: 'verdict' }, verdict), ` · outcome “${e.description ?? ''}” · evaluation ${e.iteration}`),
+      e.explanation ? h('div', { class: 'evaluation-why' }, e.explanation) : null));
+  }
+
+  /** The model's plan (the built-in `update_plan`'s input), as a list of steps. */
+  plan(e) {
+    const steps = Array.isArray(e.input?.entries) ? e.input.entries : [];
+    const marks = { pending: '○', in_progress: '◐', completed: '●' };
+    const marked = (step) => step.priority && step.priority !== 'medium';
+    return h('ol', { class: 'plan-steps' }, ...steps.map((step) => h('li', { 'data-status': step.status, 'data-priority': step.priority },
+      h('span', { class: 'mark', title: step.status }, marks[step.status] ?? '○'), ' ', String(step.content ?? ''),
+      marked(step) ? ' ' : null, marked(step) ? h('span', { class: 'tag' }, `${step.priority} priority`) : null)));
   }
 
   userMessage(e) {
@@ -384,17 +428,49 @@ export class SessionRenderer {
 
   toolCall(e) {
     const custom = e.type === 'agent.custom_tool_use';
+    if (this.repeatOf(e)) return undefined;
     const head = h('div', { class: 'tool-head' }, h('span', { class: 'tool-name' }, e.name));
     if (custom) head.append(h('span', { class: 'tag' }, 'client tool'));
     if (e.evaluated_permission && e.evaluated_permission !== 'allow') {
       head.append(h('span', { class: 'tag permission', 'data-permission': e.evaluated_permission },
         e.evaluated_permission === 'ask' ? 'needs approval' : 'denied by policy'));
     }
+    const isPlan = !custom && e.name === 'update_plan' && !e.mcp;
+    if (isPlan) head.append(h('span', { class: 'tag' }, 'plan'));
+    const body = isPlan ? this.plan(e) : h('pre', { class: 'tool-input' }, pretty(e.input));
     const call = h('div', { class: custom ? 'tool-call custom' : 'tool-call', 'data-event-id': e.id, 'data-tool-call-id': e.tool_call_id },
-      head, h('pre', { class: 'tool-input' }, pretty(e.input)));
-    const box = this.add(h('div', { class: 'tool' }, call));
+      head, body);
+    const box = this.add(h('div', { class: isPlan ? 'tool plan' : 'tool' }, call));
+    box.dataset.call = JSON.stringify([e.type, e.name, e.input]);
     this.tools.set(e.id, box);
     if (e.tool_call_id) this.tools.set(e.tool_call_id, box);
+  }
+
+  /**
+   * A call the same as the one just before it (its tool, its input), that one answered and
+   * asking nothing: drawn as one more of that call (`×N`), its result kept under it, folded.
+   */
+  repeatOf(e) {
+    const last = this.section.lastElementChild;
+    if (!last?.matches('.tool:not(.continued)') || last.dataset.call !== JSON.stringify([e.type, e.name, e.input])) return false;
+    if (!last.querySelector(':scope > .tool-result, :scope > .repeats') || e.evaluated_permission === 'ask') return false;
+    let repeats = last.querySelector(':scope > .repeats');
+    if (!repeats) {
+      repeats = h('details', { class: 'repeats' }, h('summary', {}));
+      last.append(repeats);
+    }
+    const n = repeats.childElementCount; // the summary, then one per repeat: n - 1 so far
+    repeats.append(h('div', { class: 'repeat', 'data-event-id': e.id, 'data-tool-call-id': e.tool_call_id }));
+    repeats.firstChild.textContent = `${n} more call${n === 1 ? '' : 's'} with the same input`;
+    let count = last.querySelector('.tool-head .count');
+    if (!count) {
+      count = h('span', { class: 'tag count' });
+      last.querySelector('.tool-head').append(count);
+    }
+    count.textContent = `×${n + 1}`;
+    this.tools.set(e.id, repeats.lastChild);
+    if (e.tool_call_id) this.tools.set(e.tool_call_id, repeats.lastChild);
+    return true;
   }
 
   /**
@@ -406,6 +482,7 @@ export class SessionRenderer {
   underCall(node, callEventId, toolCallId) {
     let box = this.tools.get(callEventId) ?? this.tools.get(toolCallId);
     if (!box) return void this.add(node);
+    if (box.matches('.repeat')) return void box.append(node); // one more of a call drawn once
     // (Calls made together stand one after another: a result goes under its own.)
     let after = box.nextElementSibling;
     while (after?.matches('.tool')) after = after.nextElementSibling;

@@ -65,6 +65,11 @@ function outline(page) {
               // not JSON: shown as it is
             }
             lines.push(`tool ${part.dataset.eventId} ${flat(part.querySelector(".tool-name"))}${tags.length ? ` [${tags.join(", ")}]` : ""} ${input}`);
+          } else if (part.matches(".repeats")) {
+            for (const repeat of part.querySelectorAll(".repeat")) {
+              const result = repeat.querySelector(".tool-result");
+              lines.push(`  repeat ${repeat.dataset.eventId}: ${result?.matches(".is-error") ? "error" : "result"} ${result?.dataset.eventId}: ${JSON.stringify(result?.querySelector("pre")?.textContent)}`);
+            }
           } else if (part.matches(".tool-ref")) {
             lines.push(`tool ↳ ${part.dataset.callEventId} ${flat(part.querySelector(".tool-name"))}`);
           } else if (part.matches(".decision")) lines.push(`  decision ${part.dataset.eventId} ${part.dataset.result}: ${flat(part)}`);
@@ -293,9 +298,11 @@ test("conversation: thinking folded, parallel tool calls with their inputs and r
   const loopCalls = only(turn, "agent.tool_use", 16);
   const loopResults = only(turn, "agent.tool_result", 16);
   expected.push('user: "/loop"');
+  // The same call 16 times over is drawn once (×16), each repeat's result folded under it.
   loopCalls.forEach((call, i) => {
     assert.equal(loopResults[i].tool_use_id, call.id, `the /loop turn's result ${i + 1} answers call ${i + 1}`);
-    expected.push(`tool ${call.id} calculator {"expression":"1+1"}`, `  result ${loopResults[i].id}: "2"`);
+    if (i === 0) expected.push(`tool ${call.id} calculator [×16] {"expression":"1+1"}`, `  result ${loopResults[i].id}: "2"`);
+    else expected.push(`  repeat ${call.id}: result ${loopResults[i].id}: "2"`);
   });
   expected.push(endLine(turn));
   assert.match(expected.at(-1), /^end max_turn_requests: /, "the /loop turn's end");

@@ -295,3 +295,49 @@ test("narrow screen: at 400 px the session reads without sideways scrolling; tur
   await lab.screenshot(page, "wide-1600");
   await until(async () => (await page.evaluate(() => document.documentElement.scrollWidth)) <= 1600, { what: "no sideways scrolling on a wide screen" });
 });
+
+test("what newer features record: a mode change, the model's plan, an outcome's evaluation, a compaction with its summary, a fork linked to its source, and the hash chain verified", { timeout: 120_000 }, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer();
+  const api = new Api(server);
+  const id = await api.createSession({ tools: [{ name: "update_plan", trust: true }] });
+  await api.ok("POST", `/sessions/${id}/mode`, { mode: "plan" });
+  const plan = { entries: [
+    { content: "Read the logs", status: "completed", priority: "high" },
+    { content: "Find the slow turn", status: "in_progress", priority: "medium" },
+    { content: "Write it up", status: "pending", priority: "low" },
+  ] };
+  await api.postMessage(id, `/tool update_plan ${JSON.stringify(plan)}`);
+  await api.waitForIdle(id, 1);
+  await api.ok("POST", `/sessions/${id}/events`, { events: [{ type: "user.define_outcome", outcome: "a short report" }] });
+  await api.postMessage(id, "write the report");
+  await api.waitForIdle(id, 2);
+  await api.ok("POST", `/sessions/${id}/events`, { events: [{ type: "user.compact" }] });
+  let log = await api.waitForIdle(id, 3);
+  const { page } = await lab.newPage();
+  await openSession(page, server, id);
+  await waitForRow(page, log.at(-1).id, "the session drawn");
+
+  assert.match(await page.textContent("#conversation .note.updated"), /mode plan from the next turn/);
+  const steps = await page.$$eval("#conversation .tool.plan .plan-steps li", (els) => els.map((el) => [el.dataset.status, el.textContent.trim()]));
+  assert.deepEqual(steps, [["completed", "● Read the logs high priority"], ["in_progress", "◐ Find the slow turn"], ["pending", "○ Write it up low priority"]], "the plan as steps");
+  const verdict = log.find((e) => e.type === "span.outcome_evaluation_end");
+  assert.ok(verdict, `an evaluation in the log: ${show(log.map((e) => e.type))}`);
+  assert.match(await page.textContent("#conversation .evaluation"), new RegExp(`${verdict.result.replaceAll("_", " ")} · outcome “a short report” · evaluation 0`));
+  const compacted = log.find((e) => e.type === "history.compacted");
+  assert.ok(compacted?.summary, `a compaction with a summary: ${show(compacted)}`);
+  await page.click("#conversation details.compaction summary");
+  assert.equal(await page.textContent("#conversation .compaction-summary"), compacted.summary);
+  await lab.screenshot(page, "newer-features");
+
+  await page.click("#verify");
+  await waitFor(page, '#verify-result[data-verified="true"]', "the chain verified");
+  assert.match(await page.textContent("#verify-result"), new RegExp(`^Hash chain verified: ${log.length} events, head [0-9a-f]{64}$`));
+
+  const fork = await api.ok("POST", `/sessions/${id}/fork`, { at: log.at(-1).id }, 201);
+  await page.goto(`${server.url}/console#/sessions/${fork.sessionId}`);
+  await waitFor(page, `#conversation .note.created a[href="#/sessions/${id}"]`, "the fork's link to its source");
+  assert.match(await page.textContent("#conversation .note.created .fork"), new RegExp(`^Forked from ${id} at event #${log.length} \\(${log.at(-1).id}\\)$`));
+  await page.click(`#conversation .note.created a[href="#/sessions/${id}"]`);
+  await waitFor(page, `#session[data-session-id="${id}"]`, "the source opened from the fork's link");
+});
