@@ -321,7 +321,7 @@ const view = { id: null, gen: 0, renderer: null, stream: null, held: [], next: 0
 
 function enterSession(id) {
   showOnly('session');
-  Object.assign(view, { id, gen: view.gen + 1 });
+  Object.assign(view, { id, gen: view.gen + 1, refused: false });
   Object.assign($('session').dataset, { sessionId: id, mode: 'live' });
   $('message').value = '';
   $('compose-error').textContent = '';
@@ -370,11 +370,12 @@ function setConn(state) {
  */
 function showControls() {
   const renderer = view.renderer;
-  const closed = !renderer || renderer.ended || renderer.archived || inReplay();
+  const closed = !renderer || renderer.ended || renderer.archived || view.refused || inReplay();
   $('send').disabled = closed;
   $('message').disabled = closed;
   $('interrupt').disabled = closed || !renderer.running;
-  $('replay-start').disabled = !renderer || renderer.lastSeq === 0;
+  $('replay-start').disabled = !renderer || view.refused || renderer.lastSeq === 0;
+  $('verify').disabled = !renderer || view.refused;
 }
 
 /** The newest event the page holds: drawn, or received and waiting to be drawn (as the frame's data). */
@@ -415,6 +416,7 @@ function followLive() {
         return true;
       } catch (error) {
         if (error.status !== 404) return error.status !== 401;
+        view.refused = true;
         setConn('ended');
         $('fatal').textContent = `Session not found: ${error.message}`;
         $('fatal').hidden = false;
