@@ -328,6 +328,7 @@ function enterSession(id) {
   $('verify-result').hidden = true;
   const table = new RawTable({ box: $('events-box'), body: $('events').tBodies[0], typeFilter: $('type-filter'), detail: $('event-detail') });
   view.renderer = new SessionRenderer({ conversation: $('conversation'), table });
+  followBottom({ reset: true }); // a session opens at its end
   view.held = [];
   view.next = 0;
   showHeading();
