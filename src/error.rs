@@ -64,7 +64,8 @@ pub enum SessionError {
     NotFound(String),
     #[error("turn {turn} not found in session {session}")]
     TurnNotFound { turn: String, session: String },
-    /// An agent or environment of the catalog.
+    /// Something a session names that is not there: an agent or environment of the
+    /// catalog, an MCP server of the session.
     #[error("{0} not found")]
     CatalogNotFound(String),
     #[error("{0} is not an event of this session")]

@@ -232,16 +232,20 @@ impl EventStream {
         Ok(EventStream { events: Box::pin(SseStream::from_bytes_stream(response.bytes_stream())) })
     }
 
-    /// The next SSE event as it is; `None` when the server ended the stream.
+    /// The next SSE event as it is; `None` when the server ended the stream. A block that
+    /// only says `retry:` (how long a browser waits to reconnect) is no event.
     pub async fn next_raw(&mut self) -> anyhow::Result<Option<Event>> {
-        match self.events.next().await {
-            None => Ok(None),
-            Some(Ok(sse)) => Ok(Some(Event {
-                id: sse.id.unwrap_or_default(),
-                event: sse.event.unwrap_or_default(),
-                data: sse.data.unwrap_or_default(),
-            })),
-            Some(Err(error)) => Err(anyhow!("reading the stream: {error}")),
+        loop {
+            return match self.events.next().await {
+                None => Ok(None),
+                Some(Ok(sse)) if sse.id.is_none() && sse.event.is_none() && sse.data.is_none() => continue,
+                Some(Ok(sse)) => Ok(Some(Event {
+                    id: sse.id.unwrap_or_default(),
+                    event: sse.event.unwrap_or_default(),
+                    data: sse.data.unwrap_or_default(),
+                })),
+                Some(Err(error)) => Err(anyhow!("reading the stream: {error}")),
+            };
         }
     }
 

@@ -26,31 +26,37 @@ pub(super) async fn asked(door: &dyn Door, session: &str, prompt: &[Block]) -> O
     let [block] = prompt else { return None };
     let text = block.text.as_deref().filter(|text| block.kind == "text" && text.trim_start().starts_with('/'))?;
     let (modes, models) = settings::read(door, session).await.ok()?;
-    let prompts = match commands::may_name_a_prompt(text) {
-        true => door.prompts(session).await.unwrap_or_else(|error| {
-            tracing::warn!(session_id = session, %error, "the session's MCP prompts could not be listed");
-            Vec::new()
-        }),
-        false => Vec::new(),
+    let listed = match commands::may_name_a_prompt(text) {
+        // Listing fails only for the session itself (gone, out of reach): said as the command's failure.
+        true => match door.prompts(session).await {
+            Ok(listed) => listed,
+            Err(error) => {
+                let name = text.split_whitespace().next().unwrap_or_default();
+                return Some(Err(format!("{name}: the session's MCP prompts cannot be listed now: {error}")));
+            }
+        },
+        false => Default::default(),
     };
-    commands::parse(text, &commands::offered(modes.as_ref(), &models, &prompts))
+    commands::parse(text, &commands::offered(modes.as_ref(), &models, &listed.prompts), &listed.unavailable)
 }
 
 impl Acp {
     /// Tells the client the session's commands again with its MCP servers' prompts, if it
-    /// has any, from a task of its own (listing them may start the servers).
+    /// has any, from a task of its own (listing them may start the servers); not if the
+    /// client closed the session meanwhile.
     pub(super) fn offer_prompts(&self, session: &str, cx: &ConnectionTo<Client>) {
-        let (door, session, cx) = (self.door.clone(), session.to_string(), cx.clone());
+        let (acp, session, cx) = (self.clone(), session.to_string(), cx.clone());
         tokio::spawn(async move {
-            let Some(update) = settings::commands_with_prompts(&*door, &session).await else { return };
+            let Some(update) = settings::commands_with_prompts(&*acp.door, &session).await else { return };
+            if acp.closed.lock().contains(&session) {
+                return;
+            }
             if let Err(error) = cx.send_notification(SessionNotification::new(session, update)) {
                 tracing::debug!(%error, "the session's prompts were not sent (the client has gone)");
             }
         });
     }
-}
 
-impl Acp {
     /// Runs a command typed in the prompt: an MCP server's prompt is written out and sent as
     /// the prompt's message; any other command ends the prompt `end_turn` with a message
     /// saying what was done (or why not). The change itself is in the log.

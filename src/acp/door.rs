@@ -20,7 +20,7 @@ use crate::domain::{Block, Event, EventId, RequestKey};
 use crate::service::Service;
 use crate::session::{
     rules, Caller, Cursor, EventQuery, Input, ListFilter, McpPrompt, McpPromptArgument, ModeInfo, ModelInfo, Models,
-    Modes, SessionError, Submission, Unavailable,
+    Modes, SessionError, SessionPrompts, Submission, Unavailable,
 };
 
 /// The metadata key of the working directory an ACP client gave `session/new`.
@@ -126,8 +126,8 @@ pub trait Door: Send + Sync + 'static {
     /// Changes the session's model (from its next turn on); its models then. `key` names
     /// the write (see [`write_key`]).
     async fn set_model(&self, session: &str, model: &str, key: &str) -> Result<Models, DoorError>;
-    /// The prompts of the session's MCP servers; a server that cannot be reached now lists none.
-    async fn prompts(&self, session: &str) -> Result<Vec<McpPrompt>, DoorError>;
+    /// The prompts of the session's MCP servers, and those that cannot be reached now.
+    async fn prompts(&self, session: &str) -> Result<SessionPrompts, DoorError>;
     /// `server`'s prompt `name` written out from `arguments`: the content of the user
     /// message it makes (nothing is stored).
     async fn write_prompt(
@@ -284,13 +284,9 @@ impl Door for Embedded {
         Ok(sessions.models(&sessions.get(&self.caller, session).await?)?)
     }
 
-    async fn prompts(&self, session: &str) -> Result<Vec<McpPrompt>, DoorError> {
+    async fn prompts(&self, session: &str) -> Result<SessionPrompts, DoorError> {
         let sessions = self.service.sessions();
-        let listed = sessions.prompts(&sessions.get(&self.caller, session).await?).await?;
-        for Unavailable { server, error } in listed.unavailable {
-            tracing::warn!(session_id = session, server, error, "an MCP server's prompts are not offered");
-        }
-        Ok(listed.prompts)
+        Ok(sessions.prompts(&sessions.get(&self.caller, session).await?).await?)
     }
 
     async fn write_prompt(
@@ -584,13 +580,13 @@ impl Door for Bridge {
         Ok(models(self.client.set_model(&session_id(session)?, model, key).await?))
     }
 
-    async fn prompts(&self, session: &str) -> Result<Vec<McpPrompt>, DoorError> {
+    async fn prompts(&self, session: &str) -> Result<SessionPrompts, DoorError> {
         let listed = self.client.prompts(&session_id(session)?).await?;
-        for unavailable in listed.unavailable {
-            let (server, error) = (unavailable.server, unavailable.error);
-            tracing::warn!(session_id = session, server, error, "an MCP server's prompts are not offered");
-        }
-        Ok(listed.prompts.into_iter().map(prompt).collect())
+        let unavailable = listed.unavailable.into_iter().map(|u| Unavailable { server: u.server, error: u.error });
+        Ok(SessionPrompts {
+            prompts: listed.prompts.into_iter().map(prompt).collect(),
+            unavailable: unavailable.collect(),
+        })
     }
 
     async fn write_prompt(

@@ -139,16 +139,21 @@ fn options(modes: Option<&Modes>, models: &Models) -> Vec<SessionConfigOption> {
 /// has no prompts (the commands without them went with its settings) or they cannot be
 /// listed now.
 pub(super) async fn commands_with_prompts(door: &dyn Door, session: &str) -> Option<SessionUpdate> {
-    let prompts = match door.prompts(session).await {
-        Ok(prompts) if prompts.is_empty() => return None,
-        Ok(prompts) => prompts,
+    let listed = match door.prompts(session).await {
+        Ok(listed) => listed,
         Err(error) => {
             tracing::debug!(session_id = session, %error, "the session's MCP prompts are not offered");
             return None;
         }
     };
+    for down in &listed.unavailable {
+        tracing::warn!(session_id = session, server = %down.server, error = %down.error, "an MCP server's prompts are not offered");
+    }
+    if listed.prompts.is_empty() {
+        return None;
+    }
     let (modes, models) = read(door, session).await.ok()?;
-    Some(commands(modes.as_ref(), &models, &prompts))
+    Some(commands(modes.as_ref(), &models, &listed.prompts))
 }
 
 /// The commands of a session with these modes, models and prompts, as an update.

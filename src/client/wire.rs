@@ -128,6 +128,7 @@ pub struct SessionPrompts {
     pub unavailable: Vec<PromptsUnavailable>,
 }
 
+/// One prompt of a session's MCP server.
 #[derive(Debug, Clone, Deserialize)]
 pub struct PromptMeta {
     pub server: String,
@@ -138,6 +139,7 @@ pub struct PromptMeta {
     pub arguments: Vec<PromptArgumentMeta>,
 }
 
+/// One argument of a prompt.
 #[derive(Debug, Clone, Deserialize)]
 pub struct PromptArgumentMeta {
     pub name: String,
@@ -147,6 +149,7 @@ pub struct PromptArgumentMeta {
     pub required: bool,
 }
 
+/// A server whose prompts could not be listed, and why.
 #[derive(Debug, Clone, Deserialize)]
 pub struct PromptsUnavailable {
     pub server: String,

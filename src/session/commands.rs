@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{McpPrompt, Models, Modes};
+use super::{McpPrompt, Models, Modes, Unavailable};
 
 /// A command as a client's menu lists it.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,6 +20,7 @@ pub struct CommandInfo {
     what: What,
 }
 
+/// What a command does, and for a prompt, which.
 #[derive(Debug, Clone, PartialEq)]
 enum What {
     Compact,
@@ -108,11 +109,25 @@ pub fn may_name_a_prompt(text: &str) -> bool {
 
 /// A prompt's text as one of the `offered` commands: `/name` and its argument, alone in the
 /// prompt. `None`: not a command (for the model, as typed); `Err`: a command used wrongly,
-/// saying how to use it.
-pub fn parse(text: &str, offered: &[CommandInfo]) -> Option<Result<Command, String>> {
+/// saying how to use it. A `/mcp:<server>:<prompt>` is never for the model: one not offered
+/// says why (its server cannot be reached now, per `unavailable`, or has no such prompt).
+pub fn parse(text: &str, offered: &[CommandInfo], unavailable: &[Unavailable]) -> Option<Result<Command, String>> {
     let rest = text.trim().strip_prefix('/')?;
     let (name, argument) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
-    let command = offered.iter().find(|c| c.name == name)?;
+    let Some(command) = offered.iter().find(|c| c.name == name) else {
+        let (server, prompt) = name.strip_prefix("mcp:")?.split_once(':')?;
+        let why = match unavailable.iter().find(|u| u.server == server) {
+            Some(down) => format!("MCP server {server} cannot be reached now ({}); try again", down.error),
+            None => {
+                let theirs: Vec<&str> = offered.iter().filter_map(|c| c.name.strip_prefix("mcp:")).collect();
+                let listed = if theirs.is_empty() { "none".to_string() } else { theirs.join(", ") };
+                format!(
+                    "no MCP server of this session offers a prompt {prompt:?} as {server:?} (its prompts: {listed})"
+                )
+            }
+        };
+        return Some(Err(format!("/{name}: {why}")));
+    };
     let argument = argument.trim();
     let hint = command.hint.as_deref().unwrap_or_default();
     Some(match (&command.what, argument) {
@@ -132,49 +147,56 @@ pub fn parse(text: &str, offered: &[CommandInfo]) -> Option<Result<Command, Stri
 }
 
 /// The arguments typed after a prompt's command, by name. Each is one word or a quoted
-/// string (`"New York"`, with `\"` for a quote), given in the prompt's order or by name
-/// (`state=NY`); the last one left takes the rest of the text as it is.
+/// string (`"New York"`, with `\"` for a quote and `\\` for a backslash), given in the
+/// prompt's order or by name (`state=NY`); the last one left takes the rest of the text as
+/// typed (unquoted if it is one quoted string). An empty value does not give a required one.
 fn bind(prompt: &McpPrompt, text: &str) -> Result<BTreeMap<String, String>, String> {
     let mut bound = BTreeMap::new();
     let mut rest = text.trim();
+    let unset = |bound: &BTreeMap<String, String>| -> Vec<String> {
+        prompt.arguments.iter().map(|a| a.name.clone()).filter(|n| !bound.contains_key(n)).collect()
+    };
     while !rest.is_empty() {
+        let left = unset(&bound);
         let named = rest.split_once('=').filter(|(name, _)| prompt.arguments.iter().any(|a| a.name == *name));
-        if let Some((name, after)) = named {
-            let (value, left) = word(after)?;
-            if bound.insert(name.to_string(), value).is_some() {
-                return Err(format!("{name} is given twice"));
-            }
-            rest = left.trim_start();
-            continue;
+        let (name, value_text) = match named {
+            Some((name, _)) if bound.contains_key(name) => return Err(format!("{name} is given twice")),
+            Some((name, after)) => (name.to_string(), after),
+            None => match left.first() {
+                Some(next) => (next.clone(), rest),
+                None if prompt.arguments.is_empty() => return Err("it takes nothing after it".into()),
+                None => return Err(format!("every argument is given; {rest:?} is left over")),
+            },
+        };
+        let last = left.len() == 1 && left[0] == name;
+        if last {
+            bound.insert(name, whole(value_text));
+            break;
         }
-        let unset: Vec<&str> =
-            prompt.arguments.iter().map(|a| a.name.as_str()).filter(|n| !bound.contains_key(*n)).collect();
-        match unset[..] {
-            [] if prompt.arguments.is_empty() => return Err("it takes nothing after it".into()),
-            [] => return Err(format!("every argument is given; {rest:?} is left over")),
-            [last] => {
-                let (value, left) = word(rest)?;
-                let whole = if left.trim().is_empty() { value } else { rest.to_string() };
-                bound.insert(last.to_string(), whole);
-                break;
-            }
-            [next, ..] => {
-                let (value, left) = word(rest)?;
-                bound.insert(next.to_string(), value);
-                rest = left.trim_start();
-            }
-        }
+        let (value, after) = word(value_text)?;
+        bound.insert(name, value);
+        rest = after.trim_start();
     }
     let missing: Vec<&str> = prompt
         .arguments
         .iter()
-        .filter(|a| a.required && !bound.contains_key(&a.name))
+        .filter(|a| a.required && bound.get(&a.name).is_none_or(|v| v.is_empty()))
         .map(|a| a.name.as_str())
         .collect();
     if !missing.is_empty() {
         return Err(format!("{} needed", missing.join(" and ")));
     }
     Ok(bound)
+}
+
+/// The rest of the text as the last argument: unquoted if it is one quoted string, as typed
+/// otherwise.
+fn whole(text: &str) -> String {
+    let text = text.trim();
+    match word(text) {
+        Ok((value, after)) if text.starts_with('"') && after.trim().is_empty() => value,
+        _ => text.to_string(),
+    }
 }
 
 /// The first word of `text` (or its quoted string, unquoted), and what follows it.
@@ -184,14 +206,11 @@ fn word(text: &str) -> Result<(String, &str), String> {
         return Ok((text[..end].to_string(), &text[end..]));
     };
     let mut value = String::new();
-    let mut chars = quoted.char_indices();
+    let mut chars = quoted.char_indices().peekable();
     while let Some((i, c)) = chars.next() {
         match c {
             '"' => return Ok((value, &quoted[i + 1..])),
-            '\\' => match chars.next() {
-                Some((_, escaped)) => value.push(escaped),
-                None => break,
-            },
+            '\\' if matches!(chars.peek(), Some((_, '"' | '\\'))) => value.push(chars.next().map_or(c, |(_, e)| e)),
             c => value.push(c),
         }
     }
@@ -221,16 +240,16 @@ mod tests {
         assert_eq!(all[2].hint.as_deref(), Some("ask, code"));
         let bare = offered(None, &models(&["default"]), &[]);
         assert_eq!(bare.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["compact", "fork"]);
-        assert_eq!(parse("/compact", &bare), Some(Ok(Command::Compact)));
+        assert_eq!(parse("/compact", &bare, &[]), Some(Ok(Command::Compact)));
 
-        assert_eq!(parse("/fork", &all), Some(Ok(Command::Fork)));
-        assert_eq!(parse("  /mode  ask \n", &all), Some(Ok(Command::Mode("ask".into()))));
-        assert_eq!(parse("/model second", &all), Some(Ok(Command::Model("second".into()))));
-        assert_eq!(parse("/mode", &all), Some(Err("/mode needs one of: ask, code".into())));
-        assert_eq!(parse("/fork now", &all), Some(Err("/fork takes nothing after it".into())));
-        assert_eq!(parse("/model second", &bare), None, "not offered: for the model, as typed");
-        assert_eq!(parse("/tool calculator {}", &all), None);
-        assert_eq!(parse("fork", &all), None);
+        assert_eq!(parse("/fork", &all, &[]), Some(Ok(Command::Fork)));
+        assert_eq!(parse("  /mode  ask \n", &all, &[]), Some(Ok(Command::Mode("ask".into()))));
+        assert_eq!(parse("/model second", &all, &[]), Some(Ok(Command::Model("second".into()))));
+        assert_eq!(parse("/mode", &all, &[]), Some(Err("/mode needs one of: ask, code".into())));
+        assert_eq!(parse("/fork now", &all, &[]), Some(Err("/fork takes nothing after it".into())));
+        assert_eq!(parse("/model second", &bare, &[]), None, "not offered: for the model, as typed");
+        assert_eq!(parse("/tool calculator {}", &all, &[]), None);
+        assert_eq!(parse("fork", &all, &[]), None);
     }
 
     fn prompt(name: &str, arguments: &[(&str, bool)]) -> McpPrompt {
@@ -272,51 +291,80 @@ mod tests {
         assert_eq!(all[2].hint, None);
         assert_eq!(all[3].description, "args-prompt's description (MCP server everything)");
 
-        assert_eq!(parse("/mcp:everything:simple-prompt", &all), called("simple-prompt", &[]));
+        assert_eq!(parse("/mcp:everything:simple-prompt", &all, &[]), called("simple-prompt", &[]));
         assert_eq!(
-            parse("/mcp:everything:simple-prompt now", &all),
+            parse("/mcp:everything:simple-prompt now", &all, &[]),
             Some(Err("/mcp:everything:simple-prompt: it takes nothing after it".into()))
         );
         // In order; quoted; by name, in any order.
-        assert_eq!(parse("/mcp:everything:args-prompt Paris", &all), called("args-prompt", &[("city", "Paris")]));
+        assert_eq!(parse("/mcp:everything:args-prompt Paris", &all, &[]), called("args-prompt", &[("city", "Paris")]));
         assert_eq!(
-            parse(r#"/mcp:everything:args-prompt "New York" NY"#, &all),
+            parse(r#"/mcp:everything:args-prompt "New York" NY"#, &all, &[]),
             called("args-prompt", &[("city", "New York"), ("state", "NY")])
         );
         assert_eq!(
-            parse(r#"/mcp:everything:args-prompt state=TX city="El \"Paso\"""#, &all),
+            parse(r#"/mcp:everything:args-prompt state=TX city="El \"Paso\"""#, &all, &[]),
             called("args-prompt", &[("city", "El \"Paso\""), ("state", "TX")])
         );
         assert_eq!(
-            parse("/mcp:everything:args-prompt state=TX Austin", &all),
+            parse("/mcp:everything:args-prompt state=TX Austin", &all, &[]),
             called("args-prompt", &[("city", "Austin"), ("state", "TX")])
         );
         // The last argument left takes the rest as it is, apostrophes and all.
         assert_eq!(
-            parse("/mcp:everything:ask what's  the #1 city=of Texas?", &all),
+            parse("/mcp:everything:ask what's  the #1 city=of Texas?", &all, &[]),
             called("ask", &[("question", "what's  the #1 city=of Texas?")])
         );
         assert_eq!(
-            parse(r#"/mcp:everything:ask "quoted whole""#, &all),
+            parse(r#"/mcp:everything:ask "quoted whole""#, &all, &[]),
             called("ask", &[("question", "quoted whole")])
         );
         // Used wrongly: said how to use it.
         assert_eq!(
-            parse("/mcp:everything:args-prompt", &all),
+            parse("/mcp:everything:args-prompt", &all, &[]),
             Some(Err("/mcp:everything:args-prompt <city> [state]: city needed".into()))
         );
         assert_eq!(
-            parse("/mcp:everything:args-prompt state=TX", &all),
+            parse("/mcp:everything:args-prompt state=TX", &all, &[]),
             Some(Err("/mcp:everything:args-prompt <city> [state]: city needed".into()))
         );
         assert_eq!(
-            parse(r#"/mcp:everything:args-prompt "New York"#, &all),
+            parse(r#"/mcp:everything:args-prompt "New York"#, &all, &[]),
             Some(Err("/mcp:everything:args-prompt <city> [state]: a quote is not closed".into()))
         );
         assert_eq!(
-            parse("/mcp:everything:args-prompt city=A city=B", &all),
+            parse("/mcp:everything:args-prompt city=A city=B", &all, &[]),
             Some(Err("/mcp:everything:args-prompt <city> [state]: city is given twice".into()))
         );
-        assert_eq!(parse("/mcp:everything:nothing", &all), None, "not offered: for the model, as typed");
+        // A prompt command is never for the model: one not offered says why.
+        assert_eq!(
+            parse("/mcp:everything:nothing", &all, &[]),
+            Some(Err("/mcp:everything:nothing: no MCP server of this session offers a prompt \"nothing\" as \"everything\" (its prompts: everything:simple-prompt, everything:args-prompt, everything:ask)".into()))
+        );
+        let down = [Unavailable { server: "git".into(), error: "could not start `mcp-git`".into() }];
+        assert_eq!(
+            parse("/mcp:git:review 12", &all, &down),
+            Some(Err(
+                "/mcp:git:review: MCP server git cannot be reached now (could not start `mcp-git`); try again".into()
+            ))
+        );
+        // The last argument left takes the rest, by name too; a backslash escapes only a
+        // quote or a backslash; an empty value does not give a required argument.
+        assert_eq!(
+            parse("/mcp:everything:ask question=what is this?", &all, &[]),
+            called("ask", &[("question", "what is this?")])
+        );
+        assert_eq!(
+            parse(r#"/mcp:everything:args-prompt "C:\Users\me" \"x"#, &all, &[]),
+            called("args-prompt", &[("city", r"C:\Users\me"), ("state", r#"\"x"#)])
+        );
+        assert_eq!(
+            parse(r#"/mcp:everything:ask "unclosed as typed"#, &all, &[]),
+            called("ask", &[("question", r#""unclosed as typed"#)])
+        );
+        assert_eq!(
+            parse("/mcp:everything:args-prompt city= Paris", &all, &[]),
+            Some(Err("/mcp:everything:args-prompt <city> [state]: city needed".into()))
+        );
     }
 }

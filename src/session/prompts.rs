@@ -16,10 +16,12 @@ use crate::projection::SessionSummary;
 /// A session's prompts, and the servers whose prompts could not be listed now.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SessionPrompts {
+    /// Every server's prompts, the agent's servers first.
     pub prompts: Vec<McpPrompt>,
     pub unavailable: Vec<Unavailable>,
 }
 
+/// A server whose prompts are not offered now, and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Unavailable {
     pub server: String,
@@ -28,14 +30,30 @@ pub struct Unavailable {
 
 impl Sessions {
     /// The prompts of the session's MCP servers, listed afresh (a server not started yet is
-    /// started). A server that cannot be reached is named in `unavailable`.
+    /// started; all are asked at once, none waited for past
+    /// [`PROMPTS_WAIT`](crate::agent::mcp::PROMPTS_WAIT)). A server that
+    /// cannot be reached is named in `unavailable`; so is one the client declared under the
+    /// name of one of the agent's (the agent's is the one offered).
     pub async fn prompts(&self, session: &SessionSummary) -> Result<SessionPrompts, SessionError> {
+        let sets = self.mcp_servers(session)?;
+        let listed = futures_util::future::join_all(sets.iter().map(|servers| servers.prompts())).await;
         let mut all = SessionPrompts::default();
-        for servers in self.mcp_servers(session)? {
-            let (prompts, failed) = servers.prompts().await;
-            all.prompts.extend(prompts);
-            let failed = failed.into_iter().map(|e| Unavailable { server: e.server, error: e.message });
-            all.unavailable.extend(failed);
+        let mut seen = std::collections::HashSet::new();
+        for (servers, (prompts, failed)) in sets.iter().zip(listed) {
+            let shadowed: Vec<String> =
+                servers.names().filter(|name| seen.contains(*name)).map(str::to_string).collect();
+            all.prompts.extend(prompts.into_iter().filter(|p| !shadowed.contains(&p.server)));
+            let failed = failed.into_iter().filter(|e| !shadowed.contains(&e.server));
+            all.unavailable.extend(failed.map(|e| Unavailable { server: e.server, error: e.message }));
+            all.unavailable.extend(shadowed.iter().map(|server| {
+                Unavailable {
+                    server: server.clone(),
+                    error:
+                        "the client declared a server of the same name as one of the agent's, whose prompts are offered"
+                            .into(),
+                }
+            }));
+            seen.extend(servers.names().map(str::to_string));
         }
         Ok(all)
     }

@@ -480,8 +480,8 @@ export class AcpClient {
   }
 
   /** Updates for a session that arrived after its prompt/load answer, before the next request
-   * (but for `available_commands_update`: a session's commands may change at any time, and
-   * its MCP servers' prompts come once they are listed). */
+   * (but for the `available_commands_update` that adds the session's MCP servers' prompts,
+   * which comes once they are listed). */
   lateUpdates() {
     const requests = new Map();
     const late = [];
@@ -493,7 +493,8 @@ export class AcpClient {
       if (request.method === "session/load" && this.loadsFollowRunningTurn.has(request.params.sessionId)) return;
       for (const next of this.transcript.slice(i + 1)) {
         if (next.dir === "out" && isRequest(next.msg)) break;
-        const commands = next.msg?.params?.update?.sessionUpdate === "available_commands_update";
+        const update = next.msg?.params?.update;
+        const commands = update?.sessionUpdate === "available_commands_update" && update.availableCommands.some((c) => c.name.startsWith("mcp:"));
         if (next.dir === "in" && isUpdate(next.msg, request.params.sessionId) && !commands) late.push({ after: request.method, update: next.msg.params.update });
       }
     });

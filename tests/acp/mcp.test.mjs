@@ -29,6 +29,15 @@ model = { provider = "scripted", name = "scripted" }
 command = "${EVERYTHING}"
 args = ["stdio"]
 permission = "allow"
+
+# The same server, and one that cannot start (every turn of this agent fails; its commands do not).
+[agents.halfway]
+model = { provider = "scripted", name = "scripted" }
+[agents.halfway.mcp_servers.everything]
+command = "${EVERYTHING}"
+args = ["stdio"]
+[agents.halfway.mcp_servers.gone]
+command = "/nonexistent/mcp-server-gone"
 `;
 const ARGS_PROMPT = "mcp:everything:args-prompt";
 
@@ -176,6 +185,26 @@ describe("turnlog acp: MCP servers from the editor", () => {
           20_000,
           () => `a load lists the prompts too: ${show(commandsIn(c.transcript, sessionId))}`,
         );
+      });
+
+      // An agent with a server that cannot start: the other's prompts are offered; a prompt
+      // of the one down, or one no server has, is said to the user, never sent to the model.
+      const halfway = [...target.args.slice(0, -1), "halfway"];
+      await withAgent(lab, halfway, async (c) => {
+        await c.initialize();
+        const { sessionId } = await c.ok(m.agent.session.new, c.newSessionParams());
+        await waitFor(
+          () => commandsIn(c.transcript, sessionId).some((u) => u.availableCommands.some((x) => x.name === ARGS_PROMPT)),
+          20_000,
+          () => `the working server's prompts: ${show(commandsIn(c.transcript, sessionId))}`,
+        );
+        const gone = await c.prompt(sessionId, "/mcp:gone:anything at all");
+        assert.equal(gone.stopReason, "end_turn");
+        assert.match(gone.text, /^\/mcp:gone:anything: MCP server gone cannot be reached now \(.*could not start.*\); try again$/, gone.text);
+        const none = await c.prompt(sessionId, "/mcp:everything:no-such-prompt");
+        assert.match(none.text, /^\/mcp:everything:no-such-prompt: no MCP server of this session offers a prompt "no-such-prompt"/, none.text);
+        const { updates } = await c.load(sessionId);
+        assert.deepEqual(updates.filter((u) => u.sessionUpdate === "user_message_chunk"), [], "nothing of either was stored");
       });
     });
   }

@@ -445,6 +445,8 @@ impl<S: Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin> Frames<S> {
                         "id" => frame.id = value.to_string(),
                         "event" => frame.event = value.to_string(),
                         "data" => frame.data = value.to_string(),
+                        // How long a browser waits to reconnect: nothing for this reader.
+                        "retry" => continue,
                         other => panic!("an SSE field {other:?} in {text:?}"),
                     }
                     fields += 1;

@@ -85,6 +85,15 @@ timeout_secs = 1
 model = {{ provider = "scripted", name = "scripted" }}
 [agents.broken.mcp_servers.nothing]
 command = "/nonexistent/mcp-server-nothing"
+
+# One server that works and one that cannot start.
+[agents.halfway]
+model = {{ provider = "scripted", name = "scripted" }}
+[agents.halfway.mcp_servers.everything]
+command = "{EVERYTHING}"
+args = ["stdio"]
+[agents.halfway.mcp_servers.nothing]
+command = "/nonexistent/mcp-server-nothing"
 """
 
 

@@ -22,7 +22,7 @@ mod config;
 mod prompts;
 
 pub use config::{shown_url, McpServerConfig};
-pub use prompts::{McpPrompt, McpPromptArgument, PromptError, PromptPart};
+pub use prompts::{McpPrompt, McpPromptArgument, PromptError, PromptPart, PROMPTS_WAIT};
 
 use super::model::ToolDef;
 use crate::domain::event::{McpServerTools, Permission};
@@ -159,6 +159,11 @@ impl McpServers {
 
     pub fn has(&self, server: &str) -> bool {
         self.servers.iter().any(|s| s.name == server)
+    }
+
+    /// The servers' names, as declared.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.servers.iter().map(|s| s.name.as_str())
     }
 
     /// Every tool of every server, listed afresh (`tools/list`: a server's list may change,

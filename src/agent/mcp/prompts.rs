@@ -13,26 +13,37 @@ use serde_json::Value;
 use super::{McpError, McpServers, Server, CONNECT_TIMEOUT};
 use crate::domain::Block;
 
+/// How long listing the prompts of a set of servers may take, all together (each server is
+/// asked at once): below the 30 s a bridge's HTTP client waits for an answer.
+pub const PROMPTS_WAIT: Duration = Duration::from_secs(20);
+
 /// One of a server's prompts, as it lists it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct McpPrompt {
+    /// The server's name, as the agent's config (or the client) declared it.
     pub server: String,
+    /// The prompt's name, as the server lists it.
     pub name: String,
     /// Its description, or else its title.
     pub description: String,
+    /// What the user gives it, in the order the server lists them.
     pub arguments: Vec<McpPromptArgument>,
 }
 
+/// One argument of a prompt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct McpPromptArgument {
     pub name: String,
+    /// Its description, or else its title.
     pub description: String,
+    /// Whether the prompt cannot be written without it.
     pub required: bool,
 }
 
 /// One message of a prompt: who says it, and what.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptPart {
+    /// The assistant says it (a worked example); otherwise the user does.
     pub assistant: bool,
     pub content: Block,
 }
@@ -51,13 +62,28 @@ pub enum PromptError {
     Unreachable(McpError),
 }
 
+/// The JSON-RPC errors that say the request was wrong: invalid request, no such method,
+/// invalid params (MCP's answer for no such prompt, or arguments it does not take).
+const REFUSALS: [rmcp::model::ErrorCode; 3] = [
+    rmcp::model::ErrorCode::INVALID_REQUEST,
+    rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+    rmcp::model::ErrorCode::INVALID_PARAMS,
+];
+
 impl McpServers {
-    /// Every prompt of every server that has prompts, listed afresh; beside them, the
-    /// servers that could not be reached (their prompts are left out, not the others').
+    /// Every prompt of every server that has prompts, listed afresh, every server asked at
+    /// once and none waited for past [`PROMPTS_WAIT`]; beside them, the servers that could
+    /// not be reached (their prompts are left out, not the others').
     pub async fn prompts(&self) -> (Vec<McpPrompt>, Vec<McpError>) {
+        let each = self.servers.iter().map(|server| async move {
+            match tokio::time::timeout(PROMPTS_WAIT, server.prompts()).await {
+                Ok(listed) => listed,
+                Err(_) => Err(server.error(format!("no prompts within {} s", PROMPTS_WAIT.as_secs()))),
+            }
+        });
         let (mut prompts, mut failed) = (Vec::new(), Vec::new());
-        for server in &self.servers {
-            match server.prompts().await {
+        for listed in futures_util::future::join_all(each).await {
+            match listed {
                 Ok(listed) => prompts.extend(listed),
                 Err(error) => failed.push(error),
             }
@@ -95,7 +121,8 @@ impl Server {
                 return Err(self.error(format!("prompts/list failed: {}", self.scrub(error.to_string()))));
             }
             Err(_) => {
-                return Err(self.error(format!("prompts/list got no answer within {} s", CONNECT_TIMEOUT.as_secs())))
+                self.forget(&connection).await;
+                return Err(self.error(format!("prompts/list got no answer within {} s", CONNECT_TIMEOUT.as_secs())));
             }
         };
         let prompts = listed.into_iter().map(|prompt| McpPrompt {
@@ -129,7 +156,14 @@ impl Server {
                     content: super::block_of(&message.content),
                 })
                 .collect()),
-            Ok(Err(ServiceError::McpError(error))) => Err(PromptError::Refused(failed(error.message.to_string()))),
+            // The request itself refused (no such prompt, arguments it does not take) ...
+            Ok(Err(ServiceError::McpError(error))) if REFUSALS.contains(&error.code) => {
+                Err(PromptError::Refused(failed(self.scrub(error.message.to_string()))))
+            }
+            // ... or the server failing it (its own error): not the request's fault.
+            Ok(Err(ServiceError::McpError(error))) => {
+                Err(PromptError::Unreachable(failed(self.scrub(error.message.to_string()))))
+            }
             Ok(Err(error)) => {
                 if connection.client.is_closed() {
                     self.forget(&connection).await;

@@ -23,6 +23,7 @@ pub struct WritePrompt {
     arguments: BTreeMap<String, String>,
 }
 
+/// The path's server and prompt names (the session's is read by `CallerSession`).
 #[derive(Deserialize)]
 struct PromptPath {
     server: String,
