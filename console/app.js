@@ -333,7 +333,7 @@ function enterSession(id) {
   view.next = 0;
   showHeading();
   resetReplay();
-  followLive();
+  openLog();
   return () => {
     view.gen += 1;
     view.held = [];
@@ -379,10 +379,45 @@ function showControls() {
   $('verify').disabled = !renderer || view.refused;
 }
 
-/** The newest event the page holds: drawn, or received and waiting to be drawn (as the frame's data). */
+/**
+ * The newest event the page holds: drawn, or received and waiting to be drawn (an event
+ * from a page of the log, or a stream frame's data, parsed when drawn).
+ */
 function newestHeld() {
   const last = view.next < view.held.length ? view.held.at(-1) : undefined;
-  return last === undefined ? view.renderer.lastId : JSON.parse(last).id;
+  if (last === undefined) return view.renderer.lastId;
+  return typeof last === 'string' ? JSON.parse(last).id : last.id;
+}
+
+/** Events read at a time when a session opens. */
+const OPEN_PAGE = 500;
+
+/**
+ * Opens a session's log: what it holds so far read a page at a time, each page drawn in
+ * slices as it comes, then followed live from the newest event read. A long log so arrives
+ * in pieces the page draws between, not as one burst of thousands of stream frames (which
+ * the browser dispatches in one task). If a page cannot be read, the stream catches up.
+ */
+async function openLog() {
+  const { gen, id } = view;
+  setConn('connecting');
+  try {
+    for (let after = null; ;) {
+      const params = new URLSearchParams({ limit: String(OPEN_PAGE), order: 'asc' });
+      if (after) params.set('after_id', after);
+      const page = await api('GET', `/sessions/${encodeURIComponent(id)}/events?${params}`);
+      if (gen !== view.gen) return;
+      view.held.push(...page.data);
+      drain();
+      // A log that ends with `terminated` has nothing more to follow (drawing it says so).
+      if (page.data.at(-1)?.type === 'terminated') return;
+      if (!page.has_more || !page.last_id || page.last_id === after) break;
+      after = page.last_id;
+    }
+  } catch {
+    if (gen !== view.gen) return; // (a 401 showed the login form; a 404 the stream's refusal says)
+  }
+  if (gen === view.gen && !inReplay()) followLive();
 }
 
 /** Follows the log live, from after the newest event the page holds (from the start if none). */
@@ -441,7 +476,8 @@ function drain() {
     const until = performance.now() + SLICE_MS;
     let drawn = false;
     while (view.next < view.held.length && performance.now() < until) {
-      const event = JSON.parse(view.held[view.next++]);
+      const held = view.held[view.next++];
+      const event = typeof held === 'string' ? JSON.parse(held) : held;
       // A gap means a frame was missed (of a type this page has no listener for?): reopen
       // after the last event drawn, once per gap; if the same gap comes back, draw on.
       if (event.sequence_number > renderer.lastSeq + 1 && view.gapAt !== renderer.lastSeq) {

@@ -49,19 +49,19 @@ function watchLongTasks(page) {
     window.__longTasks = [];
     window.__frames = [];
     new PerformanceObserver((list) => {
-      for (const entry of list.getEntries()) window.__longTasks.push(Math.round(entry.duration));
+      for (const entry of list.getEntries()) window.__longTasks.push({ at: entry.startTime, ms: Math.round(entry.duration) });
     }).observe({ type: "longtask", buffered: true });
     // What ran in each long frame (Long Animation Frames), to say what a long task was.
     new PerformanceObserver((list) => {
       for (const entry of list.getEntries()) {
         const scripts = entry.scripts.map((s) => `${s.invoker || s.sourceFunctionName || "?"} ${Math.round(s.duration)} ms`);
-        window.__frames.push(`${Math.round(entry.duration)} ms (blocking ${Math.round(entry.blockingDuration)} ms, layout ${Math.round(entry.renderStart ? entry.startTime + entry.duration - entry.renderStart : 0)} ms): ${scripts.join(", ")}`);
+        window.__frames.push({ at: entry.startTime, ms: Math.round(entry.duration), what: `${Math.round(entry.duration)} ms (blocking ${Math.round(entry.blockingDuration)} ms, layout ${Math.round(entry.renderStart ? entry.startTime + entry.duration - entry.renderStart : 0)} ms): ${scripts.join(", ")}` });
       }
     }).observe({ type: "long-animation-frame", buffered: true });
   });
 }
 
-test("long session: 10,000 events load in slices (the longest task is printed), the page stays under a few thousand DOM nodes, and every turn is there to scroll to", { timeout: 300_000 }, async (t) => {
+test("long session: 10,000 events open in slices (the longest task is printed), the page stays under a few thousand DOM nodes, and every turn is there to scroll to", { timeout: 300_000 }, async (t) => {
   const lab = new Lab(t);
   const server = await lab.startServer({ config: lab.writeConfig(EVERY_DELTA) });
   const api = new Api(server);
@@ -73,8 +73,13 @@ test("long session: 10,000 events load in slices (the longest task is printed), 
 
   const { page } = await lab.newPage();
   await watchLongTasks(page);
+  // The page first (its start-up measured apart), then the session opened from the list.
+  await page.goto(`${server.url}/console#/`);
+  await waitFor(page, rowSelector(id), "the session in the list", { state: "visible" });
+  const opened = await page.evaluate(() => performance.now());
   const from = Date.now();
-  await openSession(page, server, id);
+  await page.click(`${rowSelector(id)} a`);
+  await waitFor(page, "#conn[data-state=live]", "the session's stream live", { timeout: 60_000 });
   await waitForRow(page, log.at(-1).id, "the whole log in the table", { timeout: 120_000 });
   await waitFor(page, `#conversation section.turn[data-turn-n="${turns}"] .turn-end`, "the last turn's end", { timeout: 30_000 });
   const loaded = Date.now() - from;
@@ -92,18 +97,24 @@ test("long session: 10,000 events load in slices (the longest task is printed), 
   const keyFrom = Date.now();
   await page.type("#message", "still responsive");
   const typed = Date.now() - keyFrom;
-  const figures = await page.evaluate(() => ({
-    nodes: document.getElementsByTagName("*").length,
-    longest: Math.max(0, ...window.__longTasks),
-    over50: window.__longTasks.filter((d) => d > 50).length,
-    tasks: window.__longTasks.length,
-    sections: document.querySelectorAll("#conversation > section").length,
-    aside: document.querySelectorAll("#conversation > section[data-aside]").length,
-    frames: window.__frames.filter((f) => parseInt(f, 10) > 50),
-  }));
-  lab.note(`frames over 50 ms: ${figures.frames.join(" | ") || "none"}`);
+  const figures = await page.evaluate((opened) => {
+    const open = window.__longTasks.filter((t) => t.at >= opened).map((t) => t.ms);
+    const boot = window.__longTasks.filter((t) => t.at < opened).map((t) => t.ms);
+    return {
+      nodes: document.getElementsByTagName("*").length,
+      longest: Math.max(0, ...open),
+      over50: open.filter((d) => d > 50).length,
+      tasks: open.length,
+      boot: Math.max(0, ...boot),
+      sections: document.querySelectorAll("#conversation > section").length,
+      aside: document.querySelectorAll("#conversation > section[data-aside]").length,
+      frames: window.__frames.filter((f) => f.at >= opened && f.ms > 50).map((f) => f.what),
+    };
+  }, opened);
+  lab.note(`frames over 50 ms while it opened: ${figures.frames.join(" | ") || "none"}`);
   lab.note(
-    `loaded in ${loaded} ms; longest main-thread task ${figures.longest} ms (${figures.over50} over 50 ms, of ${figures.tasks} long tasks); ` +
+    `opened from the list and drawn in ${loaded} ms; longest main-thread task while it opened ${figures.longest} ms ` +
+      `(${figures.over50} over 50 ms, of ${figures.tasks} long tasks; the page's own start-up before it: ${figures.boot} ms); ` +
       `${figures.nodes} DOM nodes; ${figures.sections} sections, ${figures.aside} put aside; typing 16 keys took ${typed} ms`,
   );
   assert.ok(figures.nodes < 5_000, `the page stays under a few thousand DOM nodes: ${figures.nodes}`);
