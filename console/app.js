@@ -326,20 +326,22 @@ function enterSession(id) {
   $('message').value = '';
   $('compose-error').textContent = '';
   $('verify-result').hidden = true;
-  const table = new RawTable({ box: $('events-box'), body: $('events').tBodies[0], typeFilter: $('type-filter'), detail: $('event-detail') });
-  view.renderer = new SessionRenderer({ conversation: $('conversation'), table });
+  // One renderer and one table for the page's life (their listeners and observer once),
+  // emptied for each session.
+  view.renderer ??= new SessionRenderer({
+    conversation: $('conversation'),
+    table: new RawTable({ box: $('events-box'), body: $('events').tBodies[0], typeFilter: $('type-filter'), detail: $('event-detail') }),
+  });
+  view.renderer.table.forgetTypes();
+  view.renderer.reset();
+  view.gapAt = undefined;
   followBottom({ reset: true }); // a session opens at its end
-  view.held = [];
-  view.next = 0;
   showHeading();
   resetReplay();
-  openLog();
+  goLive();
   return () => {
     view.gen += 1;
-    view.held = [];
-    view.next = 0;
-    view.draining = false;
-    stopLive();
+    stopFeeding();
     resetReplay();
   };
 }
@@ -389,6 +391,25 @@ function newestHeld() {
   return typeof last === 'string' ? JSON.parse(last).id : last.id;
 }
 
+/**
+ * Starts (again) what feeds the view live: anything held or streaming for the view is
+ * dropped (`view.live` tells a load or a slice still under way that it is no longer
+ * wanted), then the log is opened from after the last event drawn.
+ */
+function goLive() {
+  view.live = (view.live ?? 0) + 1;
+  stopLive();
+  Object.assign(view, { held: [], next: 0, draining: false });
+  openLog();
+}
+
+/** Stops what feeds the view live (entering a replay). */
+function stopFeeding() {
+  view.live = (view.live ?? 0) + 1;
+  stopLive();
+  Object.assign(view, { held: [], next: 0, draining: false });
+}
+
 /** Events read at a time when a session opens. */
 const OPEN_PAGE = 500;
 
@@ -399,14 +420,15 @@ const OPEN_PAGE = 500;
  * the browser dispatches in one task). If a page cannot be read, the stream catches up.
  */
 async function openLog() {
-  const { gen, id } = view;
+  const { live, id } = view;
+  const current = () => live === view.live;
   setConn('connecting');
   try {
-    for (let after = null; ;) {
+    for (let after = view.renderer.lastId; ;) {
       const params = new URLSearchParams({ limit: String(OPEN_PAGE), order: 'asc' });
       if (after) params.set('after_id', after);
       const page = await api('GET', `/sessions/${encodeURIComponent(id)}/events?${params}`);
-      if (gen !== view.gen) return;
+      if (!current()) return;
       view.held.push(...page.data);
       drain();
       // A log that ends with `terminated` has nothing more to follow (drawing it says so).
@@ -415,14 +437,16 @@ async function openLog() {
       after = page.last_id;
     }
   } catch {
-    if (gen !== view.gen) return; // (a 401 showed the login form; a 404 the stream's refusal says)
+    if (!current()) return; // (a 401 showed the login form; a 404 the stream's refusal says)
   }
-  if (gen === view.gen && !inReplay()) followLive();
+  if (current()) followLive();
 }
 
 /** Follows the log live, from after the newest event the page holds (from the start if none). */
 function followLive() {
   const { id, renderer } = view;
+  if (inReplay()) return;
+  stopLive(); // (never two streams for one view)
   if (renderer.ended) return setConn('ended'); // the log ends with `terminated`: nothing will come
   setConn('connecting');
   view.stream = new Stream({
@@ -469,9 +493,9 @@ function followLive() {
 function drain() {
   if (view.draining) return;
   view.draining = true;
-  const { gen } = view;
+  const { live } = view;
   const slice = () => {
-    if (gen !== view.gen) return;
+    if (live !== view.live) return; // (whoever dropped the held events reset `draining`)
     const { renderer } = view;
     const until = performance.now() + SLICE_MS;
     let drawn = false;
@@ -484,7 +508,6 @@ function drain() {
         view.gapAt = renderer.lastSeq;
         view.held = [];
         view.next = 0;
-        stopLive();
         followLive();
         break;
       }
@@ -529,9 +552,13 @@ const followBottom = (() => {
   let readerUntil = 0; // scrolls until then are the reader's
   const reader = () => { readerUntil = performance.now() + 400; };
   for (const type of ['wheel', 'touchmove', 'keydown', 'pointerdown']) box.addEventListener(type, reader, { passive: true });
+  let lastTop = 0;
   box.addEventListener('scroll', () => {
+    const up = box.scrollTop < lastTop;
+    lastTop = box.scrollTop;
     if (performance.now() > readerUntil) return;
-    stick = box.scrollHeight - box.scrollTop - box.clientHeight < 48;
+    // Any step up leaves the end, however small; reaching the end again comes back to it.
+    stick = !up && box.scrollHeight - box.scrollTop - box.clientHeight < 48;
   });
   return ({ reset = false } = {}) => {
     if (reset) stick = true;
@@ -627,9 +654,7 @@ const inReplay = () => $('session').dataset.mode === 'replay';
 
 async function startReplay() {
   if (inReplay()) return;
-  stopLive();
-  view.held = [];
-  view.next = 0;
+  stopFeeding();
   setConn('ended');
   $('session').dataset.mode = 'replay';
   const gen = ++replay.gen;
@@ -659,14 +684,14 @@ async function loadLog(id) {
   }
 }
 
-/** Back to live: the view is drawn again from the live stream, from the log's start. */
+/** Back to live: the view is drawn again from the log's start, as when it opened. */
 function exitReplay() {
   if (!inReplay()) return;
   resetReplay();
   $('session').dataset.mode = 'live';
   view.renderer.reset();
   followBottom({ reset: true });
-  followLive();
+  goLive();
 }
 
 function resetReplay() {

@@ -198,7 +198,13 @@ export class SessionRenderer {
     this.lastSeq = event.sequence_number;
     this.lastId = event.id;
     this.table.add(event);
-    this.draw(event);
+    try {
+      this.draw(event);
+    } catch (error) {
+      // An event of a shape this page does not expect is shown as it is, and the page goes on.
+      console.error(`event ${event.id} (${event.type}) could not be drawn:`, error);
+      this.add(h('pre', { class: 'raw' }, pretty(event)));
+    }
     return true;
   }
 
@@ -338,7 +344,7 @@ export class SessionRenderer {
 
   /** The model's plan (the built-in `update_plan`'s input), as a list of steps. */
   plan(e) {
-    const steps = Array.isArray(e.input?.entries) ? e.input.entries : [];
+    const steps = (Array.isArray(e.input?.entries) ? e.input.entries : []).filter((step) => step && typeof step === 'object');
     const marks = { pending: '○', in_progress: '◐', completed: '●' };
     const marked = (step) => step.priority && step.priority !== 'medium';
     return h('ol', { class: 'plan-steps' }, ...steps.map((step) => h('li', { 'data-status': step.status, 'data-priority': step.priority },
@@ -441,18 +447,19 @@ export class SessionRenderer {
     const call = h('div', { class: custom ? 'tool-call custom' : 'tool-call', 'data-event-id': e.id, 'data-tool-call-id': e.tool_call_id },
       head, body);
     const box = this.add(h('div', { class: isPlan ? 'tool plan' : 'tool' }, call));
-    box.dataset.call = JSON.stringify([e.type, e.name, e.input]);
+    box.dataset.call = JSON.stringify([e.type, e.name, e.input, e.evaluated_permission]);
     this.tools.set(e.id, box);
     if (e.tool_call_id) this.tools.set(e.tool_call_id, box);
   }
 
   /**
-   * A call the same as the one just before it (its tool, its input), that one answered and
-   * asking nothing: drawn as one more of that call (`×N`), its result kept under it, folded.
+   * A call the same as the one just before it (its tool, its input, its permission), that
+   * one answered and asking nothing: drawn as one more of that call (`×N`), its result kept
+   * under it, folded.
    */
   repeatOf(e) {
     const last = this.section.lastElementChild;
-    if (!last?.matches('.tool:not(.continued)') || last.dataset.call !== JSON.stringify([e.type, e.name, e.input])) return false;
+    if (!last?.matches('.tool:not(.continued)') || last.dataset.call !== JSON.stringify([e.type, e.name, e.input, e.evaluated_permission])) return false;
     if (!last.querySelector(':scope > .tool-result, :scope > .repeats') || e.evaluated_permission === 'ask') return false;
     let repeats = last.querySelector(':scope > .repeats');
     if (!repeats) {

@@ -40,17 +40,23 @@ export class RawTable {
    */
   constructor({ box, body, typeFilter, detail }) {
     Object.assign(this, { box, body, typeFilter, detail });
-    typeFilter.replaceChildren(h('option', { value: '' }, 'all types'));
-    this.filter = '';
-    this.types = new Set();
     this.queued = false;
     box.addEventListener('scroll', () => this.schedule());
     body.addEventListener('click', (click) => this.clicked(click));
+    this.forgetTypes();
     this.reset();
+  }
+
+  /** Forgets the types seen and the filter (another session). */
+  forgetTypes() {
+    this.typeFilter.replaceChildren(h('option', { value: '' }, 'all types'));
+    this.filter = '';
+    this.types = new Set();
   }
 
   /** Forgets every event (the type filter and its options stay). */
   reset() {
+    this.box.scrollTop = 0;
     this.all = [];
     this.shown = []; // the events the filter lets through, in log order
     this.drawn = null; // [first, last) of `shown` in the page
@@ -74,6 +80,8 @@ export class RawTable {
     this.filter = type;
     this.shown = this.all.filter((event) => this.passes(event.type));
     this.drawn = null;
+    this.box.scrollTop = 0;
+    this.mark();
     this.schedule();
   }
 
@@ -104,7 +112,9 @@ export class RawTable {
   draw() {
     // (The box grows with its rows up to its max-height: the window's height bounds its view.)
     const view = Math.max(this.box.clientHeight, window.innerHeight);
-    const first = Math.max(0, Math.floor(this.box.scrollTop / ROW_HEIGHT) - AROUND);
+    const inView = Math.ceil(view / ROW_HEIGHT);
+    // (Never past the rows there are: a box scrolled further than fewer rows reach draws the last ones.)
+    const first = Math.max(0, Math.min(Math.floor(this.box.scrollTop / ROW_HEIGHT), this.shown.length - inView) - AROUND);
     const last = Math.min(this.shown.length, Math.ceil((this.box.scrollTop + view) / ROW_HEIGHT) + AROUND);
     const height = (tr, rows) => { tr.style.height = `${rows * ROW_HEIGHT}px`; }; // (the CSSOM: the page's CSP refuses style attributes)
     if (this.drawn && this.drawn[0] === first && this.drawn[1] === last) {

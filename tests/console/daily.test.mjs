@@ -352,3 +352,52 @@ test("what newer features record: a mode change, the model's plan, an outcome's 
   await page.click(`#conversation .note.created a[href="#/sessions/${id}"]`);
   await waitFor(page, `#session[data-session-id="${id}"]`, "the source opened from the fork's link");
 });
+
+test("switching: a replay started while a long session still loads stays a replay; back to live draws the log once; another session, and a filter, while the table is scrolled down, draw their own rows at once", { timeout: 180_000 }, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer({ config: lab.writeConfig(EVERY_DELTA) });
+  const api = new Api(server);
+  const long = await api.createSession({ tools: [{ name: "calculator", trust: true }] });
+  await fillSession(api, long, 3_000);
+  const longLog = await api.events(long);
+  const short = await api.createSession();
+  await api.postMessage(short, "just one");
+  const shortLog = await api.waitForIdle(short, 1);
+  const view = await lab.newPage();
+  const { page } = view;
+
+  // Replay pressed as soon as it can be, while the log is still loading.
+  await page.goto(`${server.url}/console#/sessions/${long}`);
+  await waitFor(page, "#replay-start:not([disabled])", "Replay available");
+  await page.click("#replay-start");
+  await waitFor(page, "#replay-play:not([disabled])", "the replay loaded", { timeout: 30_000 });
+  const streamsFrom = view.requests.length;
+  await page.$eval("#replay-scrub", (el) => { el.value = "10"; el.dispatchEvent(new Event("input", { bubbles: true })); });
+  await waitInPage(page, () => document.getElementById("events-box").dataset.count === "10", null, "the replay at event 10");
+  // The replay read the whole log after the click: a page of the first load still under
+  // way then has long answered, and anything it started would show by now.
+  assert.equal(await page.getAttribute("#events-box", "data-count"), "10", "nothing but the replay drew after it started");
+  assert.deepEqual(view.requests.slice(streamsFrom).map((r) => r.url()).filter((u) => u.includes("/events/stream")), [], "no live stream during the replay");
+  await page.click("#replay-exit");
+  await assertRowsMatchLog(page, longLog);
+
+  // The table scrolled to its end, then a filter: its rows are drawn at once, from the top.
+  await page.$eval("#events-box", (box) => { box.scrollTop = box.scrollHeight; });
+  await page.selectOption("#type-filter", "user.message");
+  const firstAsk = longLog.find((e) => e.type === "user.message");
+  await waitFor(page, `#events tbody tr[data-event-id="${firstAsk.id}"]`, "the first user.message row, drawn at once");
+  await page.selectOption("#type-filter", "");
+
+  // Another session, the table scrolled down: its own rows, from the top, and only those.
+  await page.$eval("#events-box", (box) => { box.scrollTop = box.scrollHeight; });
+  await page.goto(`${server.url}/console#/sessions/${short}`);
+  await waitFor(page, `#events tbody tr[data-event-id="${shortLog[0].id}"]`, "the other session's first row, drawn at once");
+  await assertRowsMatchLog(page, shortLog);
+  const drawn = await page.evaluate(async () => {
+    const box = document.getElementById("events-box");
+    box.scrollTop = 200;
+    await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve))); // (the table draws at the next frame)
+    return [...box.querySelectorAll("tbody tr[data-event-id]")].map((row) => row.dataset.eventId);
+  });
+  assert.ok(drawn.every((id) => shortLog.some((e) => e.id === id)), `only this session's rows after a scroll: ${show(drawn.filter((id) => !shortLog.some((e) => e.id === id)))}`);
+});

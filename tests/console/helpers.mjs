@@ -508,8 +508,14 @@ export function eventRows(page) {
     box.scrollTop = 0;
     for (;;) {
       await frame();
+      // Each view's rows must run in order, an event once; across views, a number is always the same event.
+      let previous = 0;
       for (const tr of box.querySelectorAll("tbody tr[data-seq]")) {
-        seen.set(Number(tr.dataset.seq), { id: tr.dataset.eventId, seq: Number(tr.dataset.seq), type: tr.dataset.type, shown: !tr.hidden && getComputedStyle(tr).display !== "none" });
+        const row = { id: tr.dataset.eventId, seq: Number(tr.dataset.seq), type: tr.dataset.type, shown: !tr.hidden && getComputedStyle(tr).display !== "none" };
+        const known = seen.get(row.seq);
+        if (row.seq <= previous || (known && known.id !== row.id)) row.wrong = `row ${row.seq} (${row.id}) after ${previous}${known ? `, earlier ${known.id}` : ""}`;
+        previous = row.seq;
+        seen.set(row.seq, known?.wrong ? known : row);
       }
       if (box.scrollTop + box.clientHeight >= box.scrollHeight - 1) break;
       box.scrollTop += Math.max(box.clientHeight - 48, 24);
@@ -554,6 +560,7 @@ export async function openSession(page, server, sessionId) {
 export async function assertRowsMatchLog(page, log) {
   await waitForRow(page, log.at(-1).id, "the log's last event rendered", { timeout: 15_000 });
   const rows = await eventRows(page);
+  assert.deepEqual(rows.filter((r) => r.wrong).map((r) => r.wrong), [], "rows drawn out of order, or twice");
   const ids = rows.map((r) => r.id);
   const logIds = log.map((e) => e.id);
   const twice = ids.filter((id, i) => ids.indexOf(id) !== i);

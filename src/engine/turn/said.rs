@@ -72,12 +72,12 @@ impl Said {
         self.unsent_thinking.push_str(text);
     }
 
-    /// Whether something said has not gone out as a delta yet.
     /// The bytes of text and thinking said so far.
     pub fn bytes(&self) -> usize {
         self.text.len() + self.thinking.len()
     }
 
+    /// Whether something said has not gone out as a delta yet.
     pub fn unsent(&self) -> bool {
         !(self.unsent_text.is_empty() && self.unsent_thinking.is_empty())
     }
