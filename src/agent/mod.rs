@@ -310,6 +310,12 @@ impl Agents {
         }
     }
 
+    /// The MCP servers a session of `agent` has: the agent's, then those its client declared
+    /// for it (each set may be empty). A turn offers their tools; the session, their prompts.
+    pub fn servers_of(&self, agent: &Agent, session: SessionId) -> Vec<Arc<mcp::McpServers>> {
+        [Some(agent.mcp.clone()), self.attached(session)].into_iter().flatten().collect()
+    }
+
     /// The MCP servers a client declared for `session`, if any.
     pub fn attached(&self, session: SessionId) -> Option<Arc<mcp::McpServers>> {
         self.attached.lock().get(&session).cloned()

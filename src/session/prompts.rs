@@ -87,8 +87,7 @@ impl Sessions {
         let agent = self.agents().get_version(&spec.agent.name, spec.agent.version).ok_or_else(|| {
             SessionError::Unavailable(format!("session {}'s agent {:?} is not configured", session.id, spec.agent.name))
         })?;
-        let attached = self.agents().attached(session.id);
-        Ok([Some(agent.mcp.clone()), attached].into_iter().flatten().filter(|s| !s.is_empty()).collect())
+        Ok(self.agents().servers_of(&agent, session.id).into_iter().filter(|s| !s.is_empty()).collect())
     }
 }
 

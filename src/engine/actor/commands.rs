@@ -258,7 +258,7 @@ impl Actor {
             writer: self.writer.clone(),
             turn,
             plan: ToolPlan::new(&agent, &env.agents.tools, &folded.summary.spec, &folded.state.remembered),
-            mcp: [Some(agent.mcp.clone()), env.agents.attached(self.session)].into_iter().flatten().collect(),
+            mcp: env.agents.servers_of(&agent, self.session),
             model: agent.model_for(folded.summary.spec.model.as_deref()).1,
             agent,
             tools: env.agents.tools.clone(),
