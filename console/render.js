@@ -78,13 +78,19 @@ export function sessionRow(item) {
       `${item.agent} · ${item.created_by} · updated ${formatIso(dateFormat, item.updated_at)}`)));
 }
 
-// A conversation of this many sections (turns) or more keeps in the page only those within
-// NEAR_PX of the view; a shorter one keeps them all.
+// A conversation of this many sections (turns, and parts of long turns) or items (messages,
+// calls, results, notes) or more keeps in the page only the sections within NEAR_PX of the
+// view; a shorter one keeps them all.
 const KEEP_ALL_BELOW = 40;
+const KEEP_ALL_ITEMS = 250;
 const NEAR_PX = 2500;
+// A turn goes on in a new part (a section of its own, put aside like a turn) after this
+// many items, so that one turn of thousands of calls is not all in the page.
+const PART_ITEMS = 50;
 
 /**
- * The conversation's sections: one before the first turn, then one per turn. A long
+ * The conversation's sections: one before the first turn, then one per turn, and one per
+ * part of a long turn (a part holds PART_ITEMS items, then the turn goes on in the next). A long
  * conversation keeps in the page only the sections near the view: one far above or below
  * it is emptied into a fragment kept aside, its height kept, and filled again as it comes
  * near (an IntersectionObserver says when). The last section (the current turn's) always
@@ -102,6 +108,8 @@ class Sections {
     this.observer.disconnect();
     this.aside.clear();
     this.all = [];
+    this.items = 0;
+    this.long = false;
     this.box.replaceChildren();
   }
 
@@ -110,21 +118,27 @@ class Sections {
     const section = h('section', { class: kind, ...attrs });
     this.box.append(section);
     this.all.push(section);
-    if (this.all.length === KEEP_ALL_BELOW) {
-      // Long enough now: every section is looked at again (observing anew reports where each is).
-      for (const earlier of this.all.slice(0, -1)) {
-        this.observer.unobserve(earlier);
-        this.observer.observe(earlier);
-      }
-    } else if (this.all.length > 1) this.observer.observe(this.all.at(-2));
+    if (this.all.length > 1) this.observer.observe(this.all.at(-2));
+    this.weigh(0);
     return section;
   }
 
+  /** Counts the items drawn: the conversation is long from KEEP_ALL_BELOW sections or KEEP_ALL_ITEMS items. */
+  weigh(items) {
+    this.items += items;
+    if (this.long || (this.all.length < KEEP_ALL_BELOW && this.items < KEEP_ALL_ITEMS)) return;
+    this.long = true;
+    // Long enough now: every section is looked at again (observing anew reports where each is).
+    for (const earlier of this.all.slice(0, -1)) {
+      this.observer.unobserve(earlier);
+      this.observer.observe(earlier);
+    }
+  }
+
   seen(entries) {
-    const long = this.all.length >= KEEP_ALL_BELOW;
     for (const entry of entries) {
       if (entry.isIntersecting) this.restore(entry.target);
-      else if (long && entry.target !== this.all.at(-1)) this.putAside(entry.target, entry.boundingClientRect.height);
+      else if (this.long && entry.target !== this.all.at(-1)) this.putAside(entry.target, entry.boundingClientRect.height);
     }
   }
 
@@ -165,6 +179,7 @@ export class SessionRenderer {
   constructor({ conversation, table }) {
     Object.assign(this, { conversation, table });
     this.sections = new Sections(conversation);
+    this.drawnItems = 0; // items drawn since the page opened (what a slice of drawing counts)
     this.reset();
   }
 
@@ -184,7 +199,9 @@ export class SessionRenderer {
     this.interrupted = new Set(); // turn ids a user.interrupt cancelled
     this.resumed = new Set(); // turn ids just resumed, whose cut request's end is no failure
     this.turns = 0;
-    this.turn = null; // the current turn: {id, section, head, started, model}
+    this.turn = null; // the current turn: {id, head, started, parts}
+    this.partItems = 0; // the items drawn in the current section
+    this.batch = new Set(); // the calls drawn since the last item that was not a call
     this.sections.reset();
     this.section = this.sections.open('preamble');
     this.table.reset();
@@ -210,9 +227,27 @@ export class SessionRenderer {
 
   // ---- The conversation ----
 
+  /** Draws an item after the others, in a new part of the turn if this one is full. */
   add(node) {
+    if (this.turn && this.partItems >= PART_ITEMS) this.openPart();
+    this.partItems += 1;
+    this.counted();
+    if (!node.matches('.tool')) this.batch.clear();
     this.section.append(node);
     return node;
+  }
+
+  /** The current turn goes on in a section of its own. */
+  openPart() {
+    this.turn.parts += 1;
+    this.section = this.sections.open('turn-part', { 'data-turn-id': this.turn.id, 'data-turn-n': this.turns, 'data-part': this.turn.parts });
+    this.partItems = 0;
+  }
+
+  /** One more item drawn. */
+  counted() {
+    this.drawnItems += 1;
+    this.sections.weigh(1);
   }
 
   /** A turn starts: a section of its own, under a header. */
@@ -225,7 +260,9 @@ export class SessionRenderer {
       h('span', { class: 'turn-took' }));
     this.section = this.sections.open('turn', { 'data-turn-id': e.turn_id, 'data-turn-n': this.turns });
     this.section.append(head);
-    this.turn = { id: e.turn_id, head, started: Date.parse(e.created_at) };
+    this.partItems = 0;
+    this.batch.clear();
+    this.turn = { id: e.turn_id, head, started: Date.parse(e.created_at), parts: 1 };
   }
 
   /** What the turn's header says once known: its model, and how long it took. */
@@ -448,6 +485,7 @@ export class SessionRenderer {
       head, body);
     const box = this.add(h('div', { class: isPlan ? 'tool plan' : 'tool' }, call));
     box.dataset.call = JSON.stringify([e.type, e.name, e.input, e.evaluated_permission]);
+    this.batch.add(box);
     this.tools.set(e.id, box);
     if (e.tool_call_id) this.tools.set(e.tool_call_id, box);
   }
@@ -475,6 +513,7 @@ export class SessionRenderer {
       last.querySelector('.tool-head').append(count);
     }
     count.textContent = `×${n + 1}`;
+    this.counted();
     this.tools.set(e.id, repeats.lastChild);
     if (e.tool_call_id) this.tools.set(e.tool_call_id, repeats.lastChild);
     return true;
@@ -484,22 +523,23 @@ export class SessionRenderer {
    * Puts a result or decision under its tool call, or at the end if the call is unknown.
    * The page reads top to bottom in the log's order: if anything was drawn after the
    * call's box (its turn ended waiting for a decision, say), what comes for the call now
-   * goes in a box of its own at the end, naming the call it continues.
+   * goes in a box of its own at the end, naming the call it continues. Calls made
+   * together stand one after another, across parts of a turn too: a result goes under
+   * its own while nothing but calls was drawn after it.
    */
   underCall(node, callEventId, toolCallId) {
     let box = this.tools.get(callEventId) ?? this.tools.get(toolCallId);
     if (!box) return void this.add(node);
+    this.counted();
     if (box.matches('.repeat')) return void box.append(node); // one more of a call drawn once
-    // (Calls made together stand one after another: a result goes under its own.)
-    let after = box.nextElementSibling;
-    while (after?.matches('.tool')) after = after.nextElementSibling;
-    if (box.parentNode !== this.section || after) {
+    if (!this.batch.has(box)) {
       const call = box.querySelector('.tool-call') ?? box.querySelector('.tool-ref');
       const name = call?.querySelector('.tool-name')?.textContent ?? call?.dataset.toolName ?? '';
       const ref = h('div', { class: 'tool-ref', 'data-call-event-id': call?.dataset.eventId ?? callEventId, 'data-tool-name': name },
         h('span', { class: 'tool-name' }, name), h('span', { class: 'tag' }, 'continued'));
       const next = this.add(h('div', { class: 'tool continued' }, ref));
       for (const [key, value] of this.tools) if (value === box) this.tools.set(key, next);
+      this.batch.add(next);
       box = next;
     }
     box.append(node);

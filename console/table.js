@@ -2,6 +2,9 @@
 // is windowed: every row has one height, and only the rows in view (and a few around them)
 // are in the page, between two spacers that keep the scroll height of them all. A row's
 // whole event shows below the table when its row is clicked.
+//
+// The keyboard reaches every row: one row at a time takes focus (Tab), the arrows, Page
+// Up/Down, Home and End move it, Enter or Space shows its event, and `c` copies its id.
 
 import { h } from './render.js';
 
@@ -43,6 +46,11 @@ export class RawTable {
     this.queued = false;
     box.addEventListener('scroll', () => this.schedule());
     body.addEventListener('click', (click) => this.clicked(click));
+    body.addEventListener('keydown', (key) => this.key(key));
+    body.addEventListener('focusin', (focus) => {
+      const row = focus.target.closest('tr[data-seq]');
+      if (row) this.focusRow(row.dataset.eventId, false);
+    });
     this.forgetTypes();
     this.reset();
   }
@@ -61,6 +69,7 @@ export class RawTable {
     this.shown = []; // the events the filter lets through, in log order
     this.drawn = null; // [first, last) of `shown` in the page
     this.open = null; // the event whose whole JSON shows
+    this.current = null; // the id of the row the keyboard is on (Tab stops there)
     this.detail.replaceChildren();
     this.detail.hidden = true;
     this.body.replaceChildren();
@@ -128,14 +137,19 @@ export class RawTable {
       height(tr, rows);
       return tr;
     };
+    const focused = this.body.contains(document.activeElement);
     const rows = this.shown.slice(first, last).map((event) => this.row(event));
+    // One row takes Tab: the keyboard's row if drawn, else the first in view.
+    const current = rows.find((tr) => tr.dataset.eventId === this.current) ?? rows[Math.floor(this.box.scrollTop / ROW_HEIGHT) - first] ?? rows[0];
+    current?.setAttribute('tabindex', '0');
     this.body.replaceChildren(spacer(first), ...rows, spacer(this.shown.length - last));
+    if (focused && current?.dataset.eventId === this.current) current.focus({ preventScroll: true });
   }
 
   row(event) {
     return h('tr', {
       'data-event-id': event.id, 'data-seq': event.sequence_number, 'data-type': event.type,
-      class: this.open === event ? 'open' : null,
+      class: this.open === event ? 'open' : null, tabindex: '-1',
     },
     h('td', { class: 'seq' }, String(event.sequence_number)),
     h('td', { class: 'id', title: `${event.id} (click to copy)` }, shortId(event.id)),
@@ -150,10 +164,58 @@ export class RawTable {
     if (!row) return;
     const event = this.shown.find((e) => e.id === row.dataset.eventId);
     if (!event) return;
-    if (click.target.closest('td.id')) {
-      navigator.clipboard?.writeText(event.id).then(() => { row.dataset.copied = 'true'; }, () => {});
-      return;
+    if (click.target.closest('td.id')) this.copy(row, event);
+    else this.toggle(event);
+  }
+
+  copy(row, event) {
+    navigator.clipboard?.writeText(event.id).then(() => { row.dataset.copied = 'true'; }, () => {});
+  }
+
+  /** A key on a row: moves the keyboard's row, shows its event, or copies its id. */
+  key(key) {
+    const row = key.target.closest('tr[data-seq]');
+    if (!row || key.altKey || key.ctrlKey || key.metaKey) return;
+    const at = this.shown.findIndex((e) => e.id === row.dataset.eventId);
+    if (at < 0) return;
+    const page = Math.max(1, Math.floor(this.box.clientHeight / ROW_HEIGHT) - 1);
+    const to = { ArrowDown: at + 1, ArrowUp: at - 1, PageDown: at + page, PageUp: at - page, Home: 0, End: this.shown.length - 1 }[key.key];
+    if (to !== undefined) {
+      key.preventDefault();
+      this.moveTo(Math.max(0, Math.min(to, this.shown.length - 1)));
+    } else if (key.key === 'Enter' || key.key === ' ') {
+      key.preventDefault();
+      this.toggle(this.shown[at]); // (drawn again, the row keeps the focus)
+    } else if (key.key === 'c') {
+      this.copy(row, this.shown[at]);
     }
+  }
+
+  /** Puts the keyboard on row `index` of those shown: scrolled into view, drawn, focused. */
+  moveTo(index) {
+    const top = index * ROW_HEIGHT;
+    const header = this.body.parentNode.tHead?.offsetHeight ?? 0;
+    if (top < this.box.scrollTop) this.box.scrollTop = top;
+    else if (top + ROW_HEIGHT + header > this.box.scrollTop + this.box.clientHeight) this.box.scrollTop = top + ROW_HEIGHT + header - this.box.clientHeight;
+    this.focusRow(this.shown[index].id, true);
+  }
+
+  /** The keyboard's row is `id`; focused now if `focus` (drawn first if it is not). */
+  focusRow(id, focus) {
+    this.current = id;
+    for (const tr of this.body.querySelectorAll('tr[tabindex="0"]')) if (tr.dataset.eventId !== id) tr.setAttribute('tabindex', '-1');
+    let row = this.body.querySelector(`tr[data-event-id="${CSS.escape(id)}"]`);
+    if (!row && focus) {
+      this.drawn = null;
+      this.draw();
+      row = this.body.querySelector(`tr[data-event-id="${CSS.escape(id)}"]`);
+    }
+    row?.setAttribute('tabindex', '0');
+    if (focus) row?.focus({ preventScroll: true });
+  }
+
+  /** Shows `event` whole below the table, or hides it if it shows. */
+  toggle(event) {
     this.open = this.open === event ? null : event;
     this.detail.hidden = this.open == null;
     this.detail.replaceChildren();

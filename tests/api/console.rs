@@ -36,7 +36,12 @@ async fn the_console_is_served_from_the_binary() {
         ("/console", "text/html"),
         ("/console/", "text/html"),
         ("/console/app.js", "text/javascript"),
+        ("/console/net.js", "text/javascript"),
+        ("/console/list.js", "text/javascript"),
+        ("/console/session.js", "text/javascript"),
+        ("/console/replay.js", "text/javascript"),
         ("/console/render.js", "text/javascript"),
+        ("/console/table.js", "text/javascript"),
         ("/console/style.css", "text/css"),
     ] {
         let response = app.get(path).send().await.unwrap();

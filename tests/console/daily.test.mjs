@@ -140,6 +140,128 @@ test("long session: 10,000 events open in slices (the longest task is printed), 
   assert.deepEqual(tail.slice(-5), log.slice(-5).map((e) => e.id), "the table's last rows are the log's last events");
 });
 
+test("one long turn: 1,500 calls made together are drawn in parts put aside like turns, each result under its own call", { timeout: 300_000 }, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer();
+  const api = new Api(server);
+  const id = await api.createSession({ tools: [{ name: "calculator", trust: true }] });
+  const calls = 1_500;
+  // One model request with 1,500 different calls: their results come after all of them.
+  const script = Array.from({ length: calls }, (_, i) => `/tool calculator {"expression": "${i}+1000"}`).join("\n");
+  const turn = await api.call("POST", `/sessions/${id}/turns`, { stream: "none", messages: [{ role: "user", content: script }] });
+  assert.equal(turn.status, 200, show(turn.body));
+  const log = await api.events(id);
+  lab.note(`the session: one turn of ${log.length} events`);
+
+  const { page } = await lab.newPage();
+  await watchLongTasks(page);
+  await openSession(page, server, id);
+  await waitForRow(page, log.at(-1).id, "the whole log in the table", { timeout: 120_000 });
+  await waitFor(page, '#conversation section.turn-part .turn-end', "the turn's end, in a later part of it", { timeout: 30_000 });
+  const figures = await page.evaluate(() => ({
+    nodes: document.getElementsByTagName("*").length,
+    parts: document.querySelectorAll('#conversation > section.turn-part[data-turn-n="1"]').length,
+    aside: document.querySelectorAll("#conversation > section[data-aside]").length,
+    longest: Math.max(0, ...window.__longTasks.map((t) => t.ms)),
+    frames: window.__frames.filter((f) => f.ms > 50).map((f) => f.what),
+  }));
+  lab.note(`frames over 50 ms: ${figures.frames.join(" | ") || "none"}`);
+  lab.note(`${figures.nodes} DOM nodes; the turn in ${figures.parts + 1} sections, ${figures.aside} put aside; longest main-thread task ${figures.longest} ms`);
+  assert.ok(figures.parts >= calls / 50, `the turn goes on in parts: ${figures.parts}`);
+  assert.ok(figures.aside > 0, "parts far from the view are put aside");
+  assert.ok(figures.nodes < 5_000, `the page stays under a few thousand DOM nodes: ${figures.nodes}`);
+  await lab.screenshot(page, "long-turn-end");
+
+  // Read from the top to the end, a view at a time: every call once, in order, its own
+  // result under it, no call continued elsewhere.
+  const read = await page.evaluate(async () => {
+    const box = document.getElementById("conversation");
+    const frame = () => new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+    const seen = new Map();
+    const problems = [];
+    box.scrollTop = 0;
+    for (;;) {
+      await frame();
+      for (const tool of box.querySelectorAll(".tool")) {
+        if (tool.matches(".continued")) problems.push(`a continued box for ${tool.querySelector(".tool-ref")?.dataset.callEventId}`);
+        const call = tool.querySelector(".tool-call");
+        if (!call) continue;
+        const input = call.querySelector(".tool-input")?.textContent ?? "";
+        const result = tool.querySelector(":scope > .tool-result")?.textContent ?? null;
+        seen.set(call.dataset.eventId, { input, result });
+      }
+      if (box.scrollTop + box.clientHeight >= box.scrollHeight - 1) break;
+      box.scrollTop += Math.max(box.clientHeight - 48, 24);
+    }
+    return { calls: [...seen.entries()], problems: [...new Set(problems)] };
+  });
+  assert.deepEqual(read.problems, [], "no call's result is in a box of its own");
+  const callEvents = log.filter((e) => e.type === "agent.tool_use");
+  assert.equal(callEvents.length, calls);
+  const drawn = new Map(read.calls);
+  assert.deepEqual([...drawn.keys()].sort(), callEvents.map((e) => e.id).sort(), "every call drawn once");
+  for (const [i, event] of callEvents.entries()) {
+    const { input, result } = drawn.get(event.id);
+    const n = Number(JSON.parse(input).expression.split("+")[0]);
+    assert.equal(result, String(n + 1000), `call ${i} (${event.id}, ${input}): its own result under it`);
+  }
+  await lab.screenshot(page, "long-turn-end-read");
+});
+
+test("keyboard: Tab reaches the events table; the arrows, Page Down, Home and End move along its rows; Enter shows an event; c copies its id", TEST, async (t) => {
+  const lab = new Lab(t);
+  const server = await lab.startServer({ config: lab.writeConfig(EVERY_DELTA) });
+  const api = new Api(server);
+  const id = await api.createSession();
+  for (const text of ["/words 30", "/words 30"]) {
+    const turn = await api.call("POST", `/sessions/${id}/turns`, { stream: "none", messages: [{ role: "user", content: text }] });
+    assert.equal(turn.status, 200, show(turn.body));
+  }
+  const log = await api.events(id);
+  assert.ok(log.length > 60, `more rows than the table shows at once: ${log.length}`);
+  const { page, context } = await lab.newPage();
+  await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: server.url });
+  await openSession(page, server, id);
+  await waitForRow(page, log.at(-1).id, "the whole log in the table");
+  const active = () => page.evaluate(() => {
+    const row = document.activeElement?.closest?.("#events tr[data-seq]");
+    if (!row) return null;
+    const box = document.getElementById("events-box").getBoundingClientRect();
+    const at = row.getBoundingClientRect();
+    return { seq: Number(row.dataset.seq), id: row.dataset.eventId, inView: at.top >= box.top && at.bottom <= box.bottom + 1 };
+  });
+  const on = async (seq, what) => {
+    const row = await until(async () => { const r = await active(); return r?.seq === seq ? r : null; }, { what, state: async () => show(await active()) });
+    assert.ok(row.inView, `${what}: the row is in view`);
+    assert.equal(row.id, log[seq - 1].id, `${what}: the row is the log's event ${seq}`);
+  };
+
+  await page.focus("#type-filter");
+  await page.keyboard.press("Tab");
+  await on(1, "Tab from the type filter: the first row");
+  await page.keyboard.press("End");
+  await on(log.length, "End: the last row");
+  await page.keyboard.press("Home");
+  await on(1, "Home: the first row again");
+  for (let i = 0; i < 3; i += 1) await page.keyboard.press("ArrowDown");
+  await on(4, "three rows down");
+  await page.keyboard.press("ArrowUp");
+  await on(3, "one up");
+  await page.keyboard.press("Enter");
+  await waitFor(page, "#event-detail:not([hidden])", "Enter shows the row's event", { state: "visible" });
+  assert.match(await page.textContent("#event-detail .detail-head"), new RegExp(`^#3 · ${log[2].id} · ${log[2].type}$`));
+  await on(3, "the row keeps the keyboard once its event shows");
+  await page.keyboard.press("Enter");
+  await waitFor(page, "#event-detail", "Enter again hides it", { state: "hidden" });
+  await page.keyboard.press("c");
+  await waitFor(page, `#events tr[data-seq="3"][data-copied="true"]`, "c marks the row's id copied");
+  assert.equal(await page.evaluate(() => navigator.clipboard.readText()), log[2].id, "c copies the row's event id");
+  await page.keyboard.press("PageDown");
+  const paged = await until(async () => { const r = await active(); return r && r.seq > 3 ? r : null; }, { what: "Page Down moves a page of rows" });
+  assert.ok(paged.seq >= 3 + 10 && paged.inView, `a page down, in view: ${show(paged)}`);
+  await lab.screenshot(page, "keyboard-row");
+});
+
 test("list race: a session made while the list's stream is still opening is listed once it opens", TEST, async (t) => {
   const lab = new Lab(t);
   const server = await lab.startServer();

@@ -27,6 +27,10 @@ pub fn routes(cfg: &mut utoipa_actix_web::service_config::ServiceConfig) {
 const FILES: &[(&str, &str, &str)] = &[
     ("index.html", "text/html; charset=utf-8", include_str!("../../../console/index.html")),
     ("app.js", "text/javascript; charset=utf-8", include_str!("../../../console/app.js")),
+    ("net.js", "text/javascript; charset=utf-8", include_str!("../../../console/net.js")),
+    ("list.js", "text/javascript; charset=utf-8", include_str!("../../../console/list.js")),
+    ("session.js", "text/javascript; charset=utf-8", include_str!("../../../console/session.js")),
+    ("replay.js", "text/javascript; charset=utf-8", include_str!("../../../console/replay.js")),
     ("render.js", "text/javascript; charset=utf-8", include_str!("../../../console/render.js")),
     ("table.js", "text/javascript; charset=utf-8", include_str!("../../../console/table.js")),
     ("style.css", "text/css; charset=utf-8", include_str!("../../../console/style.css")),
@@ -65,7 +69,7 @@ async fn index_slash() -> HttpResponse {
     tag = "console",
     operation_id = "console_file",
     security(()),
-    params(("file" = String, Path, description = "`index.html`, `app.js`, `render.js`, `table.js` or `style.css`")),
+    params(("file" = String, Path, description = "`index.html`, a script (`app.js`, `net.js`, `list.js`, `session.js`, `replay.js`, `render.js`, `table.js`) or `style.css`")),
     responses((status = 200, description = "The file", content(
         (String = "text/html"), (String = "text/javascript"), (String = "text/css"),
     ))),
