@@ -95,7 +95,7 @@ impl RawEvent {
     /// strings escape their quotes, so the field is found only where the envelope put it.)
     pub fn request_mark(&self) -> Option<RequestMark> {
         let head = &self.json[..self.json.len().min(ENVELOPE_SPAN)];
-        let at = head.windows(MARK_FIELD.len()).position(|w| w == MARK_FIELD)?;
+        let at = memchr::memmem::find(head, MARK_FIELD)?;
         let object = &self.json[at + b",\"request\":".len()..];
         let mut stream = serde_json::Deserializer::from_slice(object).into_iter::<RequestMark>();
         stream.next()?.ok()

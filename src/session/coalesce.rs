@@ -110,7 +110,7 @@ impl Coalescer {
 /// string (a quote there is always escaped), so the first match is the field.
 fn with_delta(json: &[u8], text: &str) -> Bytes {
     const FIELD: &[u8] = b",\"delta\":";
-    let at = json.windows(FIELD.len()).position(|w| w == FIELD).expect("delta events have a delta");
+    let at = memchr::memmem::find(json, FIELD).expect("delta events have a delta");
     let mut out = Vec::with_capacity(at + FIELD.len() + text.len() + 8);
     out.extend_from_slice(&json[..at + FIELD.len()]);
     serde_json::to_writer(&mut out, text).expect("strings serialise");

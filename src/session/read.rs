@@ -240,7 +240,7 @@ impl Sessions {
             let Some(last) = events.last() else { return Ok(None) };
             before = Some(last.id);
             let final_event = |e: &&RawEvent| matches!(e.kind(), "agent.message" | "agent.thinking");
-            let named = |e: &&RawEvent| e.json.windows(field.len()).any(|w| w == field.as_bytes());
+            let named = |e: &&RawEvent| memchr::memmem::find(&e.json, field.as_bytes()).is_some();
             if let Some(found) = events.iter().filter(final_event).find(named) {
                 return Ok(Some(found.clone()));
             }

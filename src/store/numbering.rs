@@ -110,7 +110,7 @@ impl Tail {
     /// `session.deleted`, in one append, and says so (`session deleted`).
     fn deleted_before(terminated: &RawEvent) -> bool {
         let needle: &[u8] = b"\"reason\":\"session deleted\"";
-        terminated.json.windows(needle.len()).any(|w| w == needle)
+        memchr::memmem::find(&terminated.json, needle).is_some()
     }
 
     /// The last turn sequence number of `turn`, from a session's events, newest first.

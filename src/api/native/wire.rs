@@ -352,7 +352,7 @@ pub fn wire_json(event: &RawEvent) -> Cow<'_, [u8]> {
     }
     let stored = format!(r#""stop_reason":{{"type":"{ours}""#);
     let sent = format!(r#""stop_reason":{{"type":"{theirs}","detail":"{ours}""#);
-    let Some(at) = event.json.windows(stored.len()).position(|w| w == stored.as_bytes()) else {
+    let Some(at) = memchr::memmem::find(&event.json, stored.as_bytes()) else {
         return Cow::Borrowed(&event.json);
     };
     let mut out = Vec::with_capacity(event.json.len() + sent.len());

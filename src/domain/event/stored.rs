@@ -97,19 +97,19 @@ const KIND_OFFSET: usize = 7 + 4 + 26 + 10;
 impl RawEvent {
     /// A stored event: its id (from its key) and its bytes, exactly as stored.
     pub fn stored(id: EventId, json: Bytes) -> RawEvent {
-        let seq = Head::read(&json).map_or(0, |head| head.seq);
+        let seq = Head::seq(&json).unwrap_or(0);
         RawEvent { id, seq, json }
     }
 
     /// The turn the event belongs to and its number in it, read from the envelope.
     pub fn turn(&self) -> Option<(TurnId, u32)> {
-        Head::read(&self.json)?.turn
+        Head::turn(&self.json)
     }
 
     /// The event type, read from where the writer put it.
     pub fn kind(&self) -> &str {
         let rest = self.json.get(KIND_OFFSET..).unwrap_or_default();
-        let end = rest.iter().position(|&b| b == b'"').unwrap_or(0);
+        let end = memchr::memchr(b'"', rest).unwrap_or(0);
         std::str::from_utf8(&rest[..end]).unwrap_or("")
     }
 
@@ -125,10 +125,7 @@ impl RawEvent {
 /// The numbers of an envelope, read where [`Envelope::write`] puts them: after the type,
 /// `,"session_id":"sess_…"`, then inside a turn `,"turn_id":"turn_…","turn_sequence_number":N`,
 /// then `,"sequence_number":N`. Fixed offsets, no scanning: every read of the log does this.
-struct Head {
-    turn: Option<(TurnId, u32)>,
-    seq: u64,
-}
+struct Head;
 
 impl Head {
     const SESSION: &'static [u8] = b"\",\"session_id\":\"sess_";
@@ -137,20 +134,32 @@ impl Head {
     const SEQ: &'static [u8] = b",\"sequence_number\":";
     const ULID: usize = 26;
 
-    fn read(json: &[u8]) -> Option<Head> {
-        let kind_end = KIND_OFFSET + json.get(KIND_OFFSET..)?.iter().position(|&b| b == b'"')?;
-        let rest = json.get(kind_end..)?.strip_prefix(Head::SESSION)?.get(Head::ULID..)?;
-        let (turn, rest) = match rest.strip_prefix(Head::TURN) {
+    /// The sequence number alone (what every event read needs): the turn is skipped, not parsed.
+    fn seq(json: &[u8]) -> Option<u64> {
+        let rest = Head::after_session(json)?;
+        let rest = match rest.strip_prefix(Head::TURN) {
             Some(turn) => {
-                let id = std::str::from_utf8(turn.get(..Head::ULID)?).ok()?;
-                let id = TurnId(ulid::Ulid::from_string(id).ok()?);
-                let (number, rest) = number(turn.get(Head::ULID..)?.strip_prefix(Head::TURN_NUMBER)?)?;
-                (Some((id, u32::try_from(number).ok()?)), rest)
+                let rest = turn.get(Head::ULID..)?.strip_prefix(Head::TURN_NUMBER)?;
+                number(rest)?.1
             }
-            None => (None, rest.strip_prefix(b"\"")?),
+            None => rest.strip_prefix(b"\"")?,
         };
-        let (seq, _) = number(rest.strip_prefix(Head::SEQ)?)?;
-        Some(Head { turn, seq })
+        Some(number(rest.strip_prefix(Head::SEQ)?)?.0)
+    }
+
+    /// What follows the session id.
+    fn after_session(json: &[u8]) -> Option<&[u8]> {
+        let kind_end = KIND_OFFSET + memchr::memchr(b'"', json.get(KIND_OFFSET..)?)?;
+        json.get(kind_end..)?.strip_prefix(Head::SESSION)?.get(Head::ULID..)
+    }
+
+    /// The turn and the event's number in it, if it is in one.
+    fn turn(json: &[u8]) -> Option<(TurnId, u32)> {
+        let turn = Head::after_session(json)?.strip_prefix(Head::TURN)?;
+        let id = std::str::from_utf8(turn.get(..Head::ULID)?).ok()?;
+        let id = TurnId(ulid::Ulid::from_string(id).ok()?);
+        let (number, _) = number(turn.get(Head::ULID..)?.strip_prefix(Head::TURN_NUMBER)?)?;
+        Some((id, u32::try_from(number).ok()?))
     }
 }
 
@@ -203,7 +212,7 @@ const QUEUED: &[u8] = b",\"processed_at\":null";
 impl RawEvent {
     /// Queued input as it reads once a turn has taken it: `processed_at` set to `at`.
     pub fn processed(&self, at: &str) -> RawEvent {
-        let Some(position) = self.json.windows(QUEUED.len()).position(|w| w == QUEUED) else { return self.clone() };
+        let Some(position) = memchr::memmem::find(&self.json, QUEUED) else { return self.clone() };
         let mut json = Vec::with_capacity(self.json.len() + at.len() + 2);
         json.extend_from_slice(&self.json[..position]);
         json.extend_from_slice(format!(",\"processed_at\":\"{at}\"").as_bytes());
@@ -214,8 +223,8 @@ impl RawEvent {
     /// When the event was stored (`created_at`), read from the envelope.
     pub fn created_at(&self) -> Option<&str> {
         const FIELD: &[u8] = b",\"created_at\":\"";
-        let at = self.json.windows(FIELD.len()).position(|w| w == FIELD)? + FIELD.len();
-        let end = at + self.json[at..].iter().position(|&b| b == b'"')?;
+        let at = memchr::memmem::find(&self.json, FIELD)? + FIELD.len();
+        let end = at + memchr::memchr(b'"', &self.json[at..])?;
         std::str::from_utf8(&self.json[at..end]).ok()
     }
 
@@ -224,7 +233,7 @@ impl RawEvent {
     /// `,"schema_version":` is the envelope's: a body's strings escape their quotes.)
     pub fn is_queued(&self) -> bool {
         const VERSION: &[u8] = b",\"schema_version\":";
-        let head = self.json.windows(VERSION.len()).position(|w| w == VERSION).map(|end| &self.json[..end]);
+        let head = memchr::memmem::find(&self.json, VERSION).map(|end| &self.json[..end]);
         head.is_some_and(|head| head.ends_with(QUEUED))
     }
 }
