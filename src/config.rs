@@ -59,6 +59,9 @@ pub struct StoreSettings {
     pub cache_capacity_mb: u64,
     pub max_batch_events: usize,
     pub min_free_mb: u64,
+    /// The newest events of each session kept in memory for readers (sled), and in all.
+    pub recent_kib: usize,
+    pub recent_total_mb: usize,
     pub jetstream: JetStreamSettings,
 }
 

@@ -55,6 +55,15 @@ pub static JETSTREAM_PUBLISH_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
         exponential_buckets(0.000_05, 2.0, 16).expect("buckets"),
     )
 });
+pub static RECENT_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "turnlog_recent_bytes",
+            "Bytes of sessions' newest events kept in memory for readers ([store] recent_kib, recent_total_mb).",
+        )
+        .expect("valid metric"),
+    )
+});
 pub static JETSTREAM_CONSUMER_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
     register(
         IntGauge::new(

@@ -61,6 +61,8 @@ impl Service {
             max_events_per_session: settings.limits.max_events_per_session,
             bus_capacity: settings.streams.bus_capacity,
             min_free_bytes: settings.store.min_free_mb << 20,
+            recent_bytes: settings.store.recent_kib << 10,
+            recent_total_bytes: settings.store.recent_total_mb << 20,
             ..SledConfig::default()
         };
         let path = settings.server.data_dir.display().to_string();

@@ -70,7 +70,7 @@ struct Stored {
 
 /// A log under test, with what a restart of it takes.
 enum Opened {
-    Sled(SledLog),
+    Sled(SledLog, Backend),
     Memory(MemoryLog),
     /// The log on its own nats-server.
     JetStream(JetStreamLog, Arc<nats::Nats>),
@@ -79,6 +79,9 @@ enum Opened {
 #[derive(Debug, Clone, Copy)]
 enum Backend {
     Sled,
+    /// sled keeping only about three events of each session in memory: reads start in
+    /// the recent run, before it, and past it.
+    SledShortRecent,
     Memory,
     JetStream,
 }
@@ -86,9 +89,12 @@ enum Backend {
 impl Opened {
     async fn open(backend: Backend, dir: &std::path::Path) -> Opened {
         match backend {
-            Backend::Sled => {
-                let config = SledConfig { path: Some(dir.to_path_buf()), ..SledConfig::default() };
-                Opened::Sled(SledLog::open(config, turnlog::projection::all()).expect("the log opens"))
+            Backend::Sled | Backend::SledShortRecent => {
+                let mut config = SledConfig { path: Some(dir.to_path_buf()), ..SledConfig::default() };
+                if matches!(backend, Backend::SledShortRecent) {
+                    config.recent_bytes = 1_000;
+                }
+                Opened::Sled(SledLog::open(config, turnlog::projection::all()).expect("the log opens"), backend)
             }
             Backend::Memory => Opened::Memory(MemoryLog::new(turnlog::projection::all(), 256, 1_000_000)),
             Backend::JetStream => {
@@ -100,7 +106,7 @@ impl Opened {
 
     fn log(&self) -> &dyn Log {
         match self {
-            Opened::Sled(log) => log,
+            Opened::Sled(log, _) => log,
             Opened::Memory(log) => log,
             Opened::JetStream(log, _) => log,
         }
@@ -108,7 +114,7 @@ impl Opened {
 
     fn projections(&self) -> &dyn Projections {
         match self {
-            Opened::Sled(log) => log,
+            Opened::Sled(log, _) => log,
             Opened::Memory(log) => log,
             Opened::JetStream(log, _) => log,
         }
@@ -116,7 +122,7 @@ impl Opened {
 
     fn audit(&self) -> &dyn AuditLog {
         match self {
-            Opened::Sled(log) => log,
+            Opened::Sled(log, _) => log,
             Opened::Memory(log) => log,
             Opened::JetStream(log, _) => log,
         }
@@ -124,7 +130,7 @@ impl Opened {
 
     fn shared(&self) -> Arc<dyn Log> {
         match self {
-            Opened::Sled(log) => Arc::new(log.clone()),
+            Opened::Sled(log, _) => Arc::new(log.clone()),
             Opened::Memory(log) => Arc::new(log.clone()),
             Opened::JetStream(log, _) => Arc::new(log.clone()),
         }
@@ -133,14 +139,14 @@ impl Opened {
     /// Closes (cleanly, or as a crash would leave it) and opens again.
     async fn restart(self, dir: &std::path::Path, clean: bool) -> Opened {
         match self {
-            Opened::Sled(log) => {
+            Opened::Sled(log, backend) => {
                 if clean {
                     log.close().await.unwrap();
                 } else {
                     log.close_unclean().unwrap();
                 }
                 drop(log);
-                Opened::open(Backend::Sled, dir).await
+                Opened::open(backend, dir).await
             }
             Opened::Memory(log) => Opened::Memory(log.reopen()),
             // A node restarts on the same engine: nothing of it is kept but what JetStream
@@ -273,6 +279,11 @@ proptest! {
     }
 
     #[test]
+    fn the_sled_log_with_a_short_recent_run_agrees_with_a_vec(ops in prop::collection::vec(op(), 1..50)) {
+        block_on(run(Backend::SledShortRecent, ops));
+    }
+
+    #[test]
     fn the_memory_log_agrees_with_a_vec(ops in prop::collection::vec(op(), 1..50)) {
         block_on(run(Backend::Memory, ops));
     }
@@ -294,7 +305,7 @@ proptest! {
 #[tokio::test]
 async fn appends_to_one_session_made_in_a_row_share_commits() {
     let dir = tempfile::tempdir().unwrap();
-    let Opened::Sled(log) = Opened::open(Backend::Sled, dir.path()).await else { unreachable!() };
+    let Opened::Sled(log, _) = Opened::open(Backend::Sled, dir.path()).await else { unreachable!() };
     let session = SessionId::generate();
     let created = EventBody::SessionCreated { spec: Default::default(), created_by: "t".into() };
     log.append(session, 0, vec![Draft::new(None, &created)]).await.unwrap().unwrap();

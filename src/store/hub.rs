@@ -14,6 +14,7 @@ use tokio::sync::broadcast;
 use ulid::Ulid;
 
 use super::numbering::Tail;
+use super::recent::{Budget, Recent};
 use crate::domain::{EventId, RawEvent};
 
 /// A point in a session's log: its last event and sequence number (0 for an empty log).
@@ -57,6 +58,8 @@ pub struct Channel {
     /// Raised (under the tail's lock) when appends ordered here were not stored and the
     /// tail was dropped: an append numbered before that, on the old tail, is refused.
     pub(super) epoch: std::sync::atomic::AtomicU64,
+    /// The newest commits published, for readers near the end of the log.
+    pub(super) recent: Recent,
 }
 
 impl Channel {
@@ -106,6 +109,7 @@ impl Channel {
         if events.is_empty() {
             return;
         }
+        self.recent.keep(&events);
         // No receivers is not an error: nobody is watching this session right now.
         // Deltas change neither the session nor its state: only the rest is a change.
         let changed = events.iter().any(|event| !event.is_delta());
@@ -125,6 +129,7 @@ pub struct Hub {
     channels: DashMap<Ulid, Arc<Channel>>,
     bus_capacity: usize,
     changes: broadcast::Sender<Ulid>,
+    recent: Arc<Budget>,
 }
 
 /// How many changed sessions the feed holds for a slow watcher before it lags.
@@ -132,8 +137,13 @@ const CHANGES_CAPACITY: usize = 4096;
 
 impl Hub {
     pub fn new(bus_capacity: usize) -> Hub {
+        Hub::keeping(bus_capacity, Budget::new(0, 0))
+    }
+
+    /// A hub whose channels keep their sessions' newest commits within `recent`.
+    pub fn keeping(bus_capacity: usize, recent: Arc<Budget>) -> Hub {
         let (changes, _) = broadcast::channel(CHANGES_CAPACITY);
-        Hub { channels: DashMap::new(), bus_capacity: bus_capacity.max(1), changes }
+        Hub { channels: DashMap::new(), bus_capacity: bus_capacity.max(1), changes, recent }
     }
 
     /// Every session whose log grows from now on by more than deltas, once per publish (a
@@ -169,6 +179,7 @@ impl Hub {
                     changes: self.changes.clone(),
                     chain_head: Mutex::new(None),
                     epoch: Default::default(),
+                    recent: Recent::new(self.recent.clone()),
                 });
                 entry.insert(channel.clone());
                 Ok(channel)

@@ -18,6 +18,7 @@ mod hub;
 pub mod jetstream;
 pub mod memory;
 pub mod numbering;
+mod recent;
 pub mod sled;
 
 use bytes::Bytes;

@@ -3,8 +3,9 @@
 //! whose type and numbers are read at fixed offsets without parsing.
 
 use bytes::Bytes;
+use memchr::memmem::Finder;
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use super::{Event, EventBody, SCHEMA_VERSION, SCHEMA_VERSION_QUEUED};
 use crate::domain::ids::{EventId, SessionId, TurnId};
@@ -212,7 +213,8 @@ const QUEUED: &[u8] = b",\"processed_at\":null";
 impl RawEvent {
     /// Queued input as it reads once a turn has taken it: `processed_at` set to `at`.
     pub fn processed(&self, at: &str) -> RawEvent {
-        let Some(position) = memchr::memmem::find(&self.json, QUEUED) else { return self.clone() };
+        static FIND: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(QUEUED));
+        let Some(position) = FIND.find(&self.json) else { return self.clone() };
         let mut json = Vec::with_capacity(self.json.len() + at.len() + 2);
         json.extend_from_slice(&self.json[..position]);
         json.extend_from_slice(format!(",\"processed_at\":\"{at}\"").as_bytes());
@@ -223,7 +225,8 @@ impl RawEvent {
     /// When the event was stored (`created_at`), read from the envelope.
     pub fn created_at(&self) -> Option<&str> {
         const FIELD: &[u8] = b",\"created_at\":\"";
-        let at = memchr::memmem::find(&self.json, FIELD)? + FIELD.len();
+        static FIND: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(FIELD));
+        let at = FIND.find(&self.json)? + FIELD.len();
         let end = at + memchr::memchr(b'"', &self.json[at..])?;
         std::str::from_utf8(&self.json[at..end]).ok()
     }
@@ -233,7 +236,8 @@ impl RawEvent {
     /// `,"schema_version":` is the envelope's: a body's strings escape their quotes.)
     pub fn is_queued(&self) -> bool {
         const VERSION: &[u8] = b",\"schema_version\":";
-        let head = memchr::memmem::find(&self.json, VERSION).map(|end| &self.json[..end]);
+        static FIND: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(VERSION));
+        let head = FIND.find(&self.json).map(|end| &self.json[..end]);
         head.is_some_and(|head| head.ends_with(QUEUED))
     }
 }

@@ -39,6 +39,9 @@ pub struct SledConfig {
     pub wal_segment_bytes: u64,
     /// Appends are refused while the file system has less free space than this.
     pub min_free_bytes: u64,
+    /// The newest events kept in memory for readers, per session and in all (bytes).
+    pub recent_bytes: usize,
+    pub recent_total_bytes: usize,
 }
 
 impl Default for SledConfig {
@@ -51,6 +54,8 @@ impl Default for SledConfig {
             bus_capacity: 256,
             wal_segment_bytes: wal::SEGMENT_BYTES,
             min_free_bytes: 0,
+            recent_bytes: 2 << 20,
+            recent_total_bytes: 128 << 20,
         }
     }
 }

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use super::{keys, raw_event, wal, writer, Inner, SledConfig, SledLog, Threads};
 use crate::domain::SessionId;
 use crate::store::hub::Hub;
+use crate::store::recent::Budget;
 use crate::store::{signature, Projection, StoreError};
 
 /// How long opening waits for the directory's lock when another handle holds it.
@@ -71,7 +72,7 @@ impl SledLog {
             .iter()
             .map(|p| db.open_tree(format!("projection:{}", p.name())))
             .collect::<Result<Vec<_>, _>>()?;
-        let hub = Hub::new(config.bus_capacity);
+        let hub = Hub::keeping(config.bus_capacity, Budget::new(config.recent_bytes, config.recent_total_bytes));
         let commits = Default::default();
         let inner = Arc::new(Inner {
             db,

@@ -26,7 +26,20 @@ impl SledLog {
         Ok(Some((lower, upper)))
     }
 
+    /// The events of `range`: oldest first from the session's recent commits where they
+    /// hold its start (then any more from the tree), else from the tree.
     pub(super) fn read_sync(&self, session: SessionId, range: ReadRange) -> Result<Vec<RawEvent>, StoreError> {
+        if !range.newest_first {
+            let recent = self.inner.channel(session)?.recent.after(range.after, range.before, range.limit);
+            if let Some(mut events) = recent.filter(|events| !events.is_empty()) {
+                if events.len() < range.limit {
+                    let after = events.last().map(|last| last.id);
+                    let rest = ReadRange { after, limit: range.limit - events.len(), ..range };
+                    events.extend(self.scan_events(session, rest, raw_event)?);
+                }
+                return Ok(events);
+            }
+        }
         self.scan_events(session, range, raw_event)
     }
 
