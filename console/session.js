@@ -266,14 +266,26 @@ export const followBottom = (() => {
     // Any step up leaves the end, however small; reaching the end again comes back to it.
     stick = !up && box.scrollHeight - box.scrollTop - box.clientHeight < 48;
   });
+  // After the last scroll, the end is kept for SETTLE_FRAMES more frames: turns far off
+  // filled again or put aside just then (the IntersectionObserver reports a frame or two
+  // late) may be measured anew and move it.
+  const SETTLE_FRAMES = 10;
+  let settle = 0;
+  const toEnd = () => {
+    queued = false;
+    if (!stick) return;
+    box.scrollTop = box.scrollHeight;
+    if (settle-- > 0) {
+      queued = true;
+      requestAnimationFrame(toEnd);
+    }
+  };
   return ({ reset = false } = {}) => {
     if (reset) stick = true;
+    settle = SETTLE_FRAMES;
     if (!stick || queued) return;
     queued = true; // once per frame, however many events came
-    requestAnimationFrame(() => {
-      queued = false;
-      if (stick) box.scrollTop = box.scrollHeight;
-    });
+    requestAnimationFrame(toEnd);
   };
 })();
 

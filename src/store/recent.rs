@@ -109,21 +109,31 @@ impl Recent {
     /// returned are the log's next ones, without a gap; the caller reads any more from the
     /// store after the last of them.
     pub fn after(&self, after: Option<EventId>, before: Option<EventId>, limit: usize) -> Option<Vec<RawEvent>> {
-        let run = self.runs.lock().commits.clone(); // (a few pointers: the lock is short)
-        let first = run.front()?.first()?;
-        let last = run.back()?.last()?;
-        match after {
-            // The log's first event must be the run's.
-            None if first.seq != 1 => return None,
-            // The run holds the event after `after` only if it starts at or before `after`
-            // (ids grow with the log) and goes on past it.
-            Some(after) if after < first.id || after >= last.id => return None,
-            _ => {}
-        }
         let newer = |event: &RawEvent| after.is_none_or(|after| event.id > after);
-        let start = run.partition_point(|commit| commit.last().is_some_and(|last| !newer(last)));
+        // The commits that hold the answer, taken under the lock (a few pointers).
+        let commits: Vec<Batch> = {
+            let run = self.runs.lock();
+            let first = run.commits.front()?.first()?;
+            let last = run.commits.back()?.last()?;
+            match after {
+                // The log's first event must be the run's.
+                None if first.seq != 1 => return None,
+                // The run holds the event after `after` only if it starts at or before
+                // `after` (ids grow with the log) and goes on past it.
+                Some(after) if after < first.id || after >= last.id => return None,
+                _ => {}
+            }
+            let start = run.commits.partition_point(|commit| commit.last().is_some_and(|last| !newer(last)));
+            let mut counted = 0;
+            let enough = |commit: &&Batch| {
+                let more = counted < limit;
+                counted += commit.len() - commit.partition_point(|event| !newer(event));
+                more
+            };
+            run.commits.range(start..).take_while(enough).cloned().collect()
+        };
         let mut events = Vec::with_capacity(limit.min(1024));
-        for commit in run.range(start..) {
+        for commit in &commits {
             let from = commit.partition_point(|event| !newer(event));
             for event in &commit[from..] {
                 if events.len() == limit || before.is_some_and(|before| event.id >= before) {
