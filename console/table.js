@@ -143,7 +143,8 @@ export class RawTable {
     const current = rows.find((tr) => tr.dataset.eventId === this.current) ?? rows[Math.floor(this.box.scrollTop / ROW_HEIGHT) - first] ?? rows[0];
     current?.setAttribute('tabindex', '0');
     this.body.replaceChildren(spacer(first), ...rows, spacer(this.shown.length - last));
-    if (focused && current?.dataset.eventId === this.current) current.focus({ preventScroll: true });
+    // (A focused row scrolled out of the window hands the focus to the row that takes Tab.)
+    if (focused && current) this.focusRow(current.dataset.eventId, true);
   }
 
   row(event) {
@@ -186,7 +187,7 @@ export class RawTable {
     } else if (key.key === 'Enter' || key.key === ' ') {
       key.preventDefault();
       this.toggle(this.shown[at]); // (drawn again, the row keeps the focus)
-    } else if (key.key === 'c') {
+    } else if (key.key.toLowerCase() === 'c') {
       this.copy(row, this.shown[at]);
     }
   }

@@ -188,6 +188,8 @@ test("one long turn: 1,500 calls made together are drawn in parts put aside like
         if (!call) continue;
         const input = call.querySelector(".tool-input")?.textContent ?? "";
         const result = tool.querySelector(":scope > .tool-result")?.textContent ?? null;
+        // (A view's calls are counted once each; one drawn twice in a view is a problem.)
+        if ([...box.querySelectorAll(`.tool-call[data-event-id="${call.dataset.eventId}"]`)].length > 1) problems.push(`call ${call.dataset.eventId} drawn twice`);
         seen.set(call.dataset.eventId, { input, result });
       }
       if (box.scrollTop + box.clientHeight >= box.scrollHeight - 1) break;
