@@ -109,11 +109,11 @@ impl Channel {
         if events.is_empty() {
             return;
         }
-        self.recent.keep(&events);
         // No receivers is not an error: nobody is watching this session right now.
         // Deltas change neither the session nor its state: only the rest is a change.
         let changed = events.iter().any(|event| !event.is_delta());
         let bytes: usize = events.iter().map(|event| event.json.len()).sum();
+        self.recent.keep(&events, bytes);
         let live = match events.last() {
             Some(last) if bytes > BUS_BATCH_BYTES => Live::Stored(Position { last: Some(last.id), seq: last.seq }),
             _ => Live::Events(events),

@@ -75,11 +75,10 @@ impl Recent {
         Recent { budget, runs: Mutex::default() }
     }
 
-    /// Keeps a commit just published (the one after the last kept, if any), dropping the
-    /// oldest ones beyond the budget. A commit that does not fit empties the run: what is
-    /// kept is always contiguous.
-    pub fn keep(&self, commit: &Batch) {
-        let bytes = size(commit);
+    /// Keeps a commit just published (`bytes` of events; the one after the last kept, if
+    /// any), dropping the oldest ones beyond the budget. A commit that does not fit empties
+    /// the run: what is kept is always contiguous.
+    pub fn keep(&self, commit: &Batch, bytes: usize) {
         if self.budget.per_session == 0 || commit.is_empty() {
             return;
         }
@@ -168,6 +167,11 @@ mod tests {
         seqs.map(event).collect::<Vec<_>>().into()
     }
 
+    fn keep(recent: &Recent, seqs: std::ops::RangeInclusive<u64>) {
+        let commit = commit(seqs);
+        recent.keep(&commit, size(&commit));
+    }
+
     fn seqs(events: Option<Vec<RawEvent>>) -> Option<Vec<u64>> {
         events.map(|events| events.iter().map(|e| e.seq).collect())
     }
@@ -175,8 +179,8 @@ mod tests {
     #[test]
     fn answers_from_the_run_only_what_follows_without_a_gap() {
         let recent = Recent::new(Budget::new(1000, 1000));
-        recent.keep(&commit(1..=3));
-        recent.keep(&commit(4..=5));
+        keep(&recent, 1..=3);
+        keep(&recent, 4..=5);
         let id = |seq| Some(event(seq).id);
         assert_eq!(seqs(recent.after(None, None, 10)), Some(vec![1, 2, 3, 4, 5]));
         assert_eq!(seqs(recent.after(id(2), None, 2)), Some(vec![3, 4]));
@@ -192,8 +196,8 @@ mod tests {
     fn the_oldest_commits_go_beyond_the_budget_and_a_run_that_starts_later_cannot_answer_before_it() {
         let budget = Budget::new(50, 1000);
         let recent = Recent::new(budget.clone());
-        recent.keep(&commit(1..=3));
-        recent.keep(&commit(4..=6)); // 60 bytes: 1..=3 goes
+        keep(&recent, 1..=3);
+        keep(&recent, 4..=6); // 60 bytes: 1..=3 goes
         assert_eq!(budget.used(), 30);
         assert_eq!(seqs(recent.after(None, None, 10)), None, "the log's first event is no longer kept");
         assert_eq!(seqs(recent.after(Some(event(2).id), None, 10)), None, "event 3 is no longer kept");
@@ -201,7 +205,7 @@ mod tests {
         assert_eq!(seqs(recent.after(Some(event(3).id), None, 10)), None);
         assert_eq!(seqs(recent.after(Some(event(4).id), None, 10)), Some(vec![5, 6]));
         // A commit larger than a session's share empties the run.
-        recent.keep(&commit(7..=12));
+        keep(&recent, 7..=12);
         assert_eq!(budget.used(), 0);
         assert_eq!(seqs(recent.after(Some(event(8).id), None, 10)), None);
         drop(recent);
@@ -212,14 +216,14 @@ mod tests {
     fn sessions_share_the_total_and_give_it_back_when_dropped() {
         let budget = Budget::new(40, 50);
         let (a, b) = (Recent::new(budget.clone()), Recent::new(budget.clone()));
-        a.keep(&commit(1..=3));
-        b.keep(&commit(1..=3)); // 60 of 50: b keeps nothing
+        keep(&a, 1..=3);
+        keep(&b, 1..=3); // 60 of 50: b keeps nothing
         assert_eq!(budget.used(), 30);
         assert_eq!(seqs(b.after(None, None, 10)), None);
         drop(a);
         assert_eq!(budget.used(), 0);
-        b.keep(&commit(4..=4));
-        b.keep(&commit(5..=5));
+        keep(&b, 4..=4);
+        keep(&b, 5..=5);
         assert_eq!(budget.used(), 20);
         assert_eq!(seqs(b.after(Some(event(4).id), None, 10)), Some(vec![5]));
     }
