@@ -71,6 +71,7 @@ impl Application {
         };
         let routes = web::Data::new(api::openapi::Routes::new(&api::openapi::document(settings.limits.max_page_size)));
         let head_timeout = Duration::from_millis(settings.server.request_head_timeout_ms);
+        let compression = Arc::new(api::compress::Compression::new(&settings.server));
         raise_open_files_limit();
         let listener = listen(requested).map_err(|source| BuildError::Bind { addr: requested, source })?;
         let addr = listener.local_addr().map_err(|source| BuildError::Bind { addr: requested, source })?;
@@ -85,7 +86,12 @@ impl Application {
             .shutdown_timeout(settings.server.shutdown_timeout_secs)
             .listen("turnlog", listener, move || {
                 let graceful = graceful.clone();
-                let app = views(state.clone(), routes.clone()).wrap(from_fn(observe)).into_factory();
+                let compression = compression.clone();
+                // (The last wrapped is the outermost: a stall is judged on the bytes sent.)
+                let app = views(state.clone(), routes.clone())
+                    .wrap(from_fn(move |req, next| api::compress::compress(compression.clone(), req, next)))
+                    .wrap(from_fn(observe))
+                    .into_factory();
                 // `HttpServer`'s settings where turnlog has none of its own. The app's config
                 // holds the host and address used for a request with no Host header, for URLs
                 // turnlog does not make; only its scheme (http) is read.

@@ -40,6 +40,18 @@ pub struct ServerSettings {
     pub request_head_timeout_ms: u64,
     /// A request has this long to send its whole body (else 408, and it is closed).
     pub body_timeout_ms: u64,
+    /// The encodings a response may be compressed in, for a client that accepts one.
+    pub compress: Vec<Codec>,
+    /// A body of a known length under this many bytes is sent as it is.
+    pub compress_min_bytes: u64,
+}
+
+/// A content coding turnlog compresses responses in (`[server] compress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Codec {
+    Zstd,
+    Gzip,
 }
 
 /// A graceful stop (SIGTERM, SIGINT, the end of an ACP client's input).

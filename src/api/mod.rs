@@ -17,6 +17,7 @@ pub mod audit;
 pub mod auth;
 pub mod body;
 pub mod caller;
+pub mod compress;
 pub mod conn;
 pub mod console;
 pub mod content;

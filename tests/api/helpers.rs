@@ -279,7 +279,6 @@ pub struct Sse {
     pub data: Value,
 }
 
-/// The SSE events of a response, parsed by `eventsource-stream`.
 /// POSTs `body` as JSON: the status and the JSON answer (`null` when it is none).
 pub async fn post_json(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
     let response = app.post(path).json(&body).send().await.unwrap();
@@ -293,6 +292,7 @@ pub async fn get_json(app: &TestApp, path: &str) -> (u16, Value) {
     (response.status().as_u16(), response.json().await.unwrap_or(Value::Null))
 }
 
+/// The SSE events of a response, parsed by `eventsource-stream`.
 pub fn sse(response: reqwest::Response) -> impl Stream<Item = Sse> + Unpin {
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "text/event-stream");

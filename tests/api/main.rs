@@ -2,6 +2,7 @@ mod audit;
 mod auth;
 mod cluster;
 mod compaction;
+mod compression;
 mod console;
 mod crash;
 mod dialects;
