@@ -198,10 +198,11 @@ export class RawTable {
     const header = this.body.parentNode.tHead?.offsetHeight ?? 0;
     if (top < this.box.scrollTop) this.box.scrollTop = top;
     else if (top + ROW_HEIGHT + header > this.box.scrollTop + this.box.clientHeight) this.box.scrollTop = top + ROW_HEIGHT + header - this.box.clientHeight;
-    this.focusRow(this.shown[index].id, true);
+    // (In view in the box now; the page scrolls too if the box is partly out of the window.)
+    this.focusRow(this.shown[index].id, true)?.scrollIntoView({ block: 'nearest' });
   }
 
-  /** The keyboard's row is `id`; focused now if `focus` (drawn first if it is not). */
+  /** The keyboard's row is `id`; focused now if `focus` (drawn first if it is not). Returns the row, if drawn. */
   focusRow(id, focus) {
     this.current = id;
     for (const tr of this.body.querySelectorAll('tr[tabindex="0"]')) if (tr.dataset.eventId !== id) tr.setAttribute('tabindex', '-1');
@@ -213,6 +214,7 @@ export class RawTable {
     }
     row?.setAttribute('tabindex', '0');
     if (focus) row?.focus({ preventScroll: true });
+    return row;
   }
 
   /** Shows `event` whole below the table, or hides it if it shows. */

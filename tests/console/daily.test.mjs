@@ -228,9 +228,12 @@ test("keyboard: Tab reaches the events table; the arrows, Page Down, Home and En
   const active = () => page.evaluate(() => {
     const row = document.activeElement?.closest?.("#events tr[data-seq]");
     if (!row) return null;
+    // In view: in the table's box below its sticky header, and in the window.
     const box = document.getElementById("events-box").getBoundingClientRect();
+    const head = document.querySelector("#events thead").getBoundingClientRect();
     const at = row.getBoundingClientRect();
-    return { seq: Number(row.dataset.seq), id: row.dataset.eventId, inView: at.top >= box.top && at.bottom <= box.bottom + 1 };
+    const inView = at.top >= Math.max(box.top, head.bottom, 0) - 1 && at.bottom <= Math.min(box.bottom, window.innerHeight) + 1;
+    return { seq: Number(row.dataset.seq), id: row.dataset.eventId, inView };
   });
   const on = async (seq, what) => {
     const row = await until(async () => { const r = await active(); return r?.seq === seq ? r : null; }, { what, state: async () => show(await active()) });
@@ -262,6 +265,13 @@ test("keyboard: Tab reaches the events table; the arrows, Page Down, Home and En
   const paged = await until(async () => { const r = await active(); return r && r.seq > 3 ? r : null; }, { what: "Page Down moves a page of rows" });
   assert.ok(paged.seq >= 3 + 10 && paged.inView, `a page down, in view: ${show(paged)}`);
   await lab.screenshot(page, "keyboard-row");
+  // A window too short for the table: the page scrolls too, so the row stays in sight.
+  await page.setViewportSize({ width: 1000, height: 420 });
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await page.keyboard.press("End");
+  await on(log.length, "End in a short window: the last row, in the window");
+  await page.keyboard.press("Home");
+  await on(1, "Home in a short window: the first row, in the window");
 });
 
 test("list race: a session made while the list's stream is still opening is listed once it opens", TEST, async (t) => {
