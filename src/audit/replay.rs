@@ -246,9 +246,9 @@ impl Copier {
         let mut body = serde_json::to_value(&event.body).map_err(|e| SessionError::Invalid(e.to_string()))?;
         rename(&mut body, &self.ids);
         let body = serde_json::from_value(body).map_err(|e| SessionError::Invalid(e.to_string()))?;
-        let draft = match event.processed_at {
-            None => Draft::queued(&body),
-            Some(_) => Draft::new(turn, &body),
+        let draft = match (event.processed_at, &body) {
+            (None, EventBody::UserMessage { .. }) => Draft::queued(&body),
+            _ => Draft::new(turn, &body),
         };
         self.pace.wait(&raw).await;
         let stored = engine.copy(self.session, vec![draft]).await?;

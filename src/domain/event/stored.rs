@@ -35,8 +35,10 @@ impl Draft {
         Draft { turn, body, kind_end, queued: false, request: None }
     }
 
-    /// Input that waits for the running turn to end (`processed_at` null).
+    /// A user's message that waits for the running turn to end (`processed_at` null). Only
+    /// messages wait: [`RawEvent::is_queued`] looks no further for any other type.
     pub fn queued(body: &EventBody) -> Draft {
+        debug_assert!(matches!(body, EventBody::UserMessage { .. }), "only a user's message is queued");
         Draft { queued: true, ..Draft::new(None, body) }
     }
 
@@ -235,6 +237,12 @@ impl RawEvent {
     /// `processed_at`, the field just before its `schema_version`, is null. (The first
     /// `,"schema_version":` is the envelope's: a body's strings escape their quotes.)
     pub fn is_queued(&self) -> bool {
+        // Only a user's message ever waits for a turn ([`Draft::queued`]): any other event is
+        // known processed from its type, with no look through its bytes.
+        const MESSAGE: &[u8] = b"user.message\"";
+        if !self.json.get(KIND_OFFSET..).is_some_and(|rest| rest.starts_with(MESSAGE)) {
+            return false;
+        }
         const VERSION: &[u8] = b",\"schema_version\":";
         static FIND: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(VERSION));
         let head = FIND.find(&self.json).map(|end| &self.json[..end]);

@@ -103,6 +103,15 @@ fn queued_input_is_known_at_any_sequence_number_and_reads_processed_later() {
         );
         assert!(!plain.is_queued(), "a body that holds the words is not queued");
     }
+    // Only a message waits: another type is never queued, whatever its envelope says (and
+    // its bytes are not looked through).
+    let id = EventId(Ulid::new());
+    let json = format!(
+        r#"{{"id":"{id}","type":"user.define_outcome","session_id":"sess_01J00000000000000000000000","sequence_number":2,"created_at":"t","processed_at":null,"schema_version":1,"outcome":"x"}}"#
+    );
+    assert!(!RawEvent::stored(id, Bytes::from(json.clone())).is_queued());
+    let message = json.replace("user.define_outcome", "user.message");
+    assert!(RawEvent::stored(id, Bytes::from(message)).is_queued(), "the same envelope on a message is queued");
 }
 
 #[test]
