@@ -9,8 +9,11 @@
 #
 #   sudo load/constrained_link.sh TL_BIN DS_BIN
 #   RATE=50mbit READERS=100 MODES="get sse" ENCODINGS="identity gzip br" REPS=1 \
-#     BENCH=../shared/bench sudo -E load/constrained_link.sh target/release/turnlog \
-#     /tmp/dse/bin/durable-streams-server
+#     BENCH=../shared/bench TL_CONFIG=streams.toml sudo -E load/constrained_link.sh \
+#     target/release/turnlog /tmp/dse/bin/durable-streams-server
+#
+# TL_CONFIG names a TOML file turnlog reads over its defaults: SSE streams are compressed
+# only with `[server] compress_streams = ["gzip"]` (or "zstd") in one.
 #
 # The namespace's loopback gets an MTU of 1,500 (a real link's, not loopback's 64 KiB) and a
 # token bucket of RATE with a 64 KiB burst; both directions share it. This kernel has no
@@ -29,6 +32,7 @@ MODES=${MODES:-get sse}
 ENCODINGS=${ENCODINGS:-identity gzip br}
 REPS=${REPS:-1}
 PORT=4540
+TL_CONFIG=${TL_CONFIG:+$(realpath "$TL_CONFIG")}
 
 ns="turnlog-link-$$"
 work=$(mktemp -d)
@@ -39,7 +43,9 @@ cleanup() {
   ip netns del "$ns" 2>/dev/null || true
   rm -rf "$work"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 ip netns add "$ns"
 in_ns() { ip netns exec "$ns" "$@"; }
@@ -47,14 +53,15 @@ in_ns ip link set lo mtu 1500
 in_ns ip link set lo up
 in_ns tc qdisc add dev lo root tbf rate "$RATE" burst 64kb latency 100ms
 echo "# namespace $ns: lo mtu 1500, $(in_ns tc qdisc show dev lo)"
-echo "# turnlog: $TL_BIN ($("$TL_BIN" --version 2>/dev/null || echo '?')); peer: $DS_BIN"
+echo "# turnlog: $TL_BIN ($("$TL_BIN" --version 2>/dev/null || echo '?'))${TL_CONFIG:+ with $TL_CONFIG}; peer: $DS_BIN"
 
 cpu_s() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 
 start() { # $1 tl|ds, $2 data dir
   # (`ip netns exec` execs the server: $! is the server's pid, for its CPU and to stop it.)
   if [ "$1" = tl ]; then
-    ip netns exec "$ns" "$TL_BIN" serve --addr "127.0.0.1:$PORT" --data-dir "$2" >"$2.log" 2>&1 &
+    ip netns exec "$ns" "$TL_BIN" serve --addr "127.0.0.1:$PORT" --data-dir "$2" ${TL_CONFIG:+--config "$TL_CONFIG"} \
+      >"$2.log" 2>&1 &
   else
     ip netns exec "$ns" "$DS_BIN" --host 127.0.0.1 --port "$PORT" --data-dir "$2" >"$2.log" 2>&1 &
   fi

@@ -87,10 +87,10 @@ impl Application {
             .listen("turnlog", listener, move || {
                 let graceful = graceful.clone();
                 let compression = compression.clone();
-                // (The last wrapped is the outermost: a stall is judged on the bytes sent.)
+                // (The last wrapped is the outermost: compression wraps the watched body.)
                 let app = views(state.clone(), routes.clone())
-                    .wrap(from_fn(move |req, next| api::compress::compress(compression.clone(), req, next)))
                     .wrap(from_fn(observe))
+                    .wrap(from_fn(move |req, next| api::compress::compress(compression.clone(), req, next)))
                     .into_factory();
                 // `HttpServer`'s settings where turnlog has none of its own. The app's config
                 // holds the host and address used for a request with no Host header, for URLs

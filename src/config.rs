@@ -42,6 +42,9 @@ pub struct ServerSettings {
     pub body_timeout_ms: u64,
     /// The encodings a response may be compressed in, for a client that accepts one.
     pub compress: Vec<Codec>,
+    /// The encodings an SSE stream may be compressed in (each open stream keeps its
+    /// compressor's memory).
+    pub compress_streams: Vec<Codec>,
     /// A body of a known length under this many bytes is sent as it is.
     pub compress_min_bytes: u64,
 }

@@ -52,7 +52,12 @@ function get(path, onText) {
       const parts = [];
       res.on('data', (chunk) => { wire += chunk.length; });
       const coding = res.headers['content-encoding'];
-      const body = coding ? res.pipe(DECODERS[coding]?.() ?? fail(`unexpected content-encoding ${coding}`)) : res;
+      if (coding && !DECODERS[coding]) {
+        req.destroy();
+        reject(new Error(`unexpected content-encoding ${coding}`));
+        return;
+      }
+      const body = coding ? res.pipe(DECODERS[coding]()) : res;
       let done = false;
       const finish = () => { if (!done) { done = true; resolve({ status: res.statusCode, coding: coding ?? 'identity', wire, body: Buffer.concat(parts) }); } };
       body.on('data', (chunk) => {
@@ -66,8 +71,6 @@ function get(path, onText) {
     req.on('error', (e) => reject(e));
   });
 }
-
-function fail(why) { throw new Error(why); }
 
 /** The position each seeded event carries (catchup_seed.mjs: `{w, s, t, p}`), in order. */
 function positions(events, into) {

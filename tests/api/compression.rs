@@ -1,7 +1,7 @@
-//! Compressed responses (`[server] compress`): a client that asks gets pages and streams in
-//! the coding it prefers, byte for byte what it would get uncompressed; a live event on a
-//! compressed stream is not held back; small answers, and every answer when compression is
-//! off, go as they are.
+//! Compressed responses (`[server] compress`, `compress_streams`): a client that asks gets
+//! pages (and, where allowed, streams) in the coding it prefers, byte for byte what it would
+//! get uncompressed; a live event on a compressed stream is not held back; small answers,
+//! streams by default, and every answer when compression is off, go as they are.
 
 use std::io::Write;
 use std::time::Duration;
@@ -96,6 +96,10 @@ async fn a_page_comes_in_the_coding_the_client_prefers_and_decodes_to_the_same_b
         assert_eq!(response.bytes().await.unwrap(), plain, "Accept-Encoding: {accept}");
     }
 
+    // Streams are not compressed unless `compress_streams` says so.
+    let stream = get(&app, &format!("/sessions/{session}/events/stream"), Some("gzip, zstd")).await;
+    assert_eq!(coding(&stream), None, "a stream by default");
+
     // An append's small answer is not worth compressing.
     let response = app
         .post(&format!("/sessions/{session}/events"))
@@ -111,7 +115,7 @@ async fn a_page_comes_in_the_coding_the_client_prefers_and_decodes_to_the_same_b
 #[tokio::test]
 async fn a_compressed_stream_sends_each_live_event_at_once() {
     for accept in ["gzip", "zstd"] {
-        let app = spawn_app().await;
+        let app = spawn_with("[server]\ncompress_streams = [\"gzip\", \"zstd\"]\n").await;
         let session = app.create_session().await;
         let old = ids(&app.post_outcomes(&session, &texts("before", 20)).await);
         let response = get(&app, &format!("/sessions/{session}/events/stream"), Some(accept)).await;
@@ -133,8 +137,11 @@ async fn a_compressed_stream_sends_each_live_event_at_once() {
         };
         until_seen(old.last().unwrap(), &mut text).await;
         // Each live event alone, while the stream stays open: only a flush lets it through.
-        for i in 0..3 {
-            let live = ids(&app.post_outcomes(&session, &texts(&format!("live {i}"), 1)).await);
+        // (A frame over 1 KiB is compressed on actix's blocking pool, a smaller one in place.)
+        for i in 0..4 {
+            let outcome =
+                if i % 2 == 0 { format!("live {i}") } else { format!("live {i} {}", "and more ".repeat(200)) };
+            let live = ids(&app.post_outcomes(&session, &[outcome]).await);
             until_seen(&live[0], &mut text).await;
         }
         assert!(text.starts_with("retry: "), "{accept}: the stream as sent: {}", &text[..80]);

@@ -230,7 +230,7 @@ test("keyboard: Tab reaches the events table; the arrows, Page Down, Home and En
     if (!row) return null;
     // In view: in the table's box below its sticky header, and in the window.
     const box = document.getElementById("events-box").getBoundingClientRect();
-    const head = document.querySelector("#events thead").getBoundingClientRect();
+    const head = document.querySelector("#events th").getBoundingClientRect(); // (the sticky cells)
     const at = row.getBoundingClientRect();
     const inView = at.top >= Math.max(box.top, head.bottom, 0) - 1 && at.bottom <= Math.min(box.bottom, window.innerHeight) + 1;
     return { seq: Number(row.dataset.seq), id: row.dataset.eventId, inView };

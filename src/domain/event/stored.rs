@@ -60,10 +60,14 @@ impl Draft {
         &self.body
     }
 
-    /// A draft of a body serialised by [`Draft::new`] elsewhere; `None` if it is not one.
+    /// A draft of a body serialised by [`Draft::new`] elsewhere; `None` if it is not one
+    /// (or if it says it is queued and is not a user's message: only those wait).
     pub fn from_body(turn: Option<TurnId>, body: Bytes, queued: bool) -> Option<Draft> {
         let rest = body.strip_prefix(TYPE_PREFIX)?;
         let kind_end = TYPE_PREFIX.len() + rest.iter().position(|&b| b == b'"')?;
+        if queued && &body[TYPE_PREFIX.len()..kind_end] != b"user.message" {
+            return None;
+        }
         serde_json::from_slice::<EventBody>(&body).ok()?;
         Some(Draft { turn, body, kind_end, queued, request: None })
     }
