@@ -48,22 +48,21 @@ impl Compression {
 
     /// The codings a response of these headers and size may have: none if it is not worth
     /// compressing (empty, small, already compressed, or of a kind that does not compress:
-    /// an image other than SVG, a video or audio).
+    /// an image other than SVG, a video or audio). Size first: an append's small answer is
+    /// settled without reading its headers.
     fn allowed(&self, headers: &HeaderMap, size: BodySize) -> &[Encoding] {
-        let media = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(media_type);
-        let stream = media.as_deref() == Some("text/event-stream");
         let big = match size {
             BodySize::None => false,
             BodySize::Sized(n) => n >= self.min_bytes,
             BodySize::Stream => true,
         };
-        if !big || headers.contains_key(header::CONTENT_ENCODING) || !media.as_deref().is_none_or(compressible) {
+        if !big || headers.contains_key(header::CONTENT_ENCODING) {
             return &[];
         }
-        if stream {
-            &self.streams
-        } else {
-            &self.bodies
+        match headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(media_type) {
+            Some(media) if !compressible(media) => &[],
+            Some(media) if media.eq_ignore_ascii_case("text/event-stream") => &self.streams,
+            _ => &self.bodies,
         }
     }
 }
@@ -90,15 +89,15 @@ fn choose(accept: Option<&AcceptEncoding>, allowed: &[Encoding]) -> ContentEncod
     }
 }
 
-/// `text/html` of `text/HTML; charset=utf-8`.
-fn media_type(content_type: &str) -> String {
-    content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase()
+/// `text/HTML` of `text/HTML; charset=utf-8`.
+fn media_type(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or("").trim()
 }
 
+/// Whether a media type (any case) compresses: not an image other than SVG, a video or audio.
 fn compressible(media: &str) -> bool {
-    !(media.starts_with("video/")
-        || media.starts_with("audio/")
-        || media.starts_with("image/") && media != "image/svg+xml")
+    let under = |top: &str| media.get(..top.len()).is_some_and(|head| head.eq_ignore_ascii_case(top));
+    !(under("video/") || under("audio/") || under("image/") && !media.eq_ignore_ascii_case("image/svg+xml"))
 }
 
 /// The middleware: reads what the client accepts, and wraps the body once the handler has
@@ -162,10 +161,10 @@ mod tests {
         for kind in
             ["application/json", "text/event-stream", "text/html; charset=utf-8", "image/svg+xml", "text/javascript"]
         {
-            assert!(compressible(&media_type(kind)), "{kind}");
+            assert!(compressible(media_type(kind)), "{kind}");
         }
         for kind in ["image/png", "IMAGE/JPEG", "video/mp4", "audio/ogg"] {
-            assert!(!compressible(&media_type(kind)), "{kind}");
+            assert!(!compressible(media_type(kind)), "{kind}");
         }
     }
 }

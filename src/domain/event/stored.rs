@@ -26,6 +26,8 @@ pub struct Draft {
 }
 
 const TYPE_PREFIX: &[u8] = b"{\"type\":\"";
+/// The only type of event ever written queued (a user's message that waits for a turn).
+const QUEUED_KIND: &str = "user.message";
 
 impl Draft {
     pub fn new(turn: Option<TurnId>, body: &EventBody) -> Draft {
@@ -65,7 +67,7 @@ impl Draft {
     pub fn from_body(turn: Option<TurnId>, body: Bytes, queued: bool) -> Option<Draft> {
         let rest = body.strip_prefix(TYPE_PREFIX)?;
         let kind_end = TYPE_PREFIX.len() + rest.iter().position(|&b| b == b'"')?;
-        if queued && &body[TYPE_PREFIX.len()..kind_end] != b"user.message" {
+        if queued && &body[TYPE_PREFIX.len()..kind_end] != QUEUED_KIND.as_bytes() {
             return None;
         }
         serde_json::from_slice::<EventBody>(&body).ok()?;
@@ -243,8 +245,8 @@ impl RawEvent {
     pub fn is_queued(&self) -> bool {
         // Only a user's message ever waits for a turn ([`Draft::queued`]): any other event is
         // known processed from its type, with no look through its bytes.
-        const MESSAGE: &[u8] = b"user.message\"";
-        if !self.json.get(KIND_OFFSET..).is_some_and(|rest| rest.starts_with(MESSAGE)) {
+        let after = self.json.get(KIND_OFFSET..).and_then(|rest| rest.strip_prefix(QUEUED_KIND.as_bytes()));
+        if after.is_none_or(|after| !after.starts_with(b"\"")) {
             return false;
         }
         const VERSION: &[u8] = b",\"schema_version\":";
