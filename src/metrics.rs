@@ -114,6 +114,18 @@ pub static LEASE_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
         .expect("valid metric"),
     )
 });
+pub static FORWARDED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "turnlog_forwarded_total",
+                "Session commands this node sent to the node holding the session's lease, or served for another node.",
+            ),
+            &["way"],
+        )
+        .expect("valid metric"),
+    )
+});
 pub static STREAMS_OPEN: LazyLock<IntGauge> =
     LazyLock::new(|| register(IntGauge::new("turnlog_streams_open", "SSE streams open now.").expect("valid metric")));
 pub static EVENTS_REPLAYED: LazyLock<IntCounter> =

@@ -152,6 +152,10 @@ pub struct Submission {
     /// the first time (see [`crate::domain::request`]).
     #[serde(default)]
     pub request: Option<RequestKey>,
+    /// The node that forwarded this submission here, set where it runs (never sent): the
+    /// node its client talks to (see the actor's hand-over).
+    #[serde(skip)]
+    pub forwarded_by: Option<String>,
 }
 
 /// The turn a new turn must follow: the session's last, whichever it is (every view but the

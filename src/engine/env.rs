@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +23,7 @@ pub(super) struct Env {
     /// [`super::writer::Writer::new`]).
     pub clustered: bool,
     pub replays: Replays,
+    pub handed: HandedOver,
     stopping: AtomicBool,
 }
 
@@ -35,7 +36,7 @@ impl Env {
         clustered: bool,
     ) -> Env {
         let (replays, stopping) = (Replays::default(), AtomicBool::new(false));
-        Env { log, agents, settings, limits, clustered, replays, stopping }
+        Env { log, agents, settings, limits, clustered, replays, handed: HandedOver::default(), stopping }
     }
 
     /// The service is shutting down: no actor starts a turn from now on.
@@ -91,5 +92,31 @@ impl Replays {
 
     pub fn contains(&self, session: SessionId) -> bool {
         self.running.contains_key(&session)
+    }
+}
+
+/// Sessions this node let go a moment ago because another node sends their commands (see
+/// [`super::actor`]'s hand-over): a command that node forwards here meanwhile is sent back
+/// to it to run, rather than taken up here again.
+#[derive(Default)]
+pub(super) struct HandedOver(DashMap<SessionId, Instant>);
+
+impl HandedOver {
+    /// Long enough for the other node to take the session's lease.
+    const HOLD: Duration = Duration::from_secs(5);
+
+    pub fn note(&self, session: SessionId) {
+        if self.0.len() >= 1024 {
+            self.0.retain(|_, at| at.elapsed() < Self::HOLD);
+        }
+        self.0.insert(session, Instant::now());
+    }
+
+    pub fn recently(&self, session: SessionId) -> bool {
+        let recent = self.0.get(&session).map(|at| at.elapsed() < Self::HOLD);
+        if recent == Some(false) {
+            self.0.remove_if(&session, |_, at| at.elapsed() >= Self::HOLD);
+        }
+        recent == Some(true)
     }
 }

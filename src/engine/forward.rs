@@ -13,6 +13,7 @@ use super::remote::{self, Answer, Remote, Request, WireDraft, WireError};
 use super::Engine;
 use crate::domain::SessionId;
 use crate::error::SessionError;
+use crate::metrics;
 
 /// How long a command forwarded to a node that does not answer waits for its lease to
 /// expire, beyond the lease's time to live.
@@ -95,7 +96,9 @@ impl Engine {
     ) -> Result<(), SessionError> {
         let Some(cluster) = self.cluster.clone() else { return Err(SessionError::ShuttingDown) };
         let Some((command, reply)) = remote(session, &node, command) else { return Ok(()) };
-        let request = remote::encode(&Request { session, command: command.clone() });
+        metrics::FORWARDED.with_label_values(&["sent"]).inc();
+        let from = Some(cluster.node().to_string());
+        let request = remote::encode(&Request { session, command: command.clone(), from });
         let deadline = Instant::now() + cluster.lease_ttl() + FORWARD_GRACE;
         let failed = |error: SessionError| Answer::Failed(WireError::from_error(&error));
         loop {
@@ -153,21 +156,29 @@ impl Engine {
 
     async fn answer_forwarded(&self, request: &[u8]) -> Answer {
         let failed = |error: SessionError| Answer::Failed(WireError::from_error(&error));
-        let Request { session, command } = match remote::decode(request) {
+        let Request { session, command, from } = match remote::decode(request) {
             Ok(request) => request,
             Err(error) => return failed(error),
         };
+        // Let go a moment ago for the node that sends its commands: that node takes it.
+        if self.env.handed.recently(session) && !self.registry.contains(session) {
+            return Answer::Failed(WireError::NotHere);
+        }
         match self.route(session).await {
             Ok(Route::Local(..)) => {}
             Ok(Route::Remote(_)) => return Answer::Failed(WireError::NotHere),
             Err(error) => return failed(error),
         }
+        metrics::FORWARDED.with_label_values(&["served"]).inc();
         let answered = match command {
             Remote::Create(drafts) => match drafts.into_iter().map(WireDraft::into_draft).collect() {
                 Ok(drafts) => self.create(session, drafts).await.map(|()| Answer::Done),
                 Err(error) => Err(error),
             },
-            Remote::Submit(submission) => self.submit(session, *submission).await.map(|s| Answer::submitted(&s)),
+            Remote::Submit(mut submission) => {
+                submission.forwarded_by = from;
+                self.submit(session, *submission).await.map(|s| Answer::submitted(&s))
+            }
             Remote::Close(closing) => self.close(session, closing).await.map(|()| Answer::Done),
             Remote::Wake => self.send(session, Command::Wake(None)).await.map(|()| Answer::Done),
         };

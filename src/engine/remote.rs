@@ -14,6 +14,9 @@ use crate::store::StoreError;
 pub(super) struct Request {
     pub session: SessionId,
     pub command: Remote,
+    /// The node that forwards it (absent from a node of an older build).
+    #[serde(default)]
+    pub from: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

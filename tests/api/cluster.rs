@@ -280,6 +280,45 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
 /// A session made through A, appended to through B and deleted through C (the delete
 /// forwarded to A, which runs it): the delete is answered once stored, and the session is
 /// gone through every node.
+/// A session whose writes all come through one node moves to it, as behind a load balancer
+/// that hashes on the session id (docs/cluster.md): run by A (which took its lease with a
+/// first write, as a node's reaper takes a dead node's sessions), then written only through
+/// B, it is forwarded to A for a few submissions, then A lets it go and B runs it, with
+/// nothing lost, doubled or out of order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_written_through_one_node_moves_to_that_node() {
+    let cluster = Cluster::start().await;
+    let [a, b, _] = &cluster.nodes[..] else { unreachable!() };
+    let session = a.create_session().await;
+    let mut outcomes = vec!["through a".to_string()];
+    a.post_outcomes(&session, &outcomes).await;
+    assert_eq!(a.metric("turnlog_lease_changes_total{change=\"acquired\"}").await, 1.0, "A runs the session");
+    let path = format!("/sessions/{session}/events");
+    let through_b: Vec<String> = (0..16).map(|i| format!("through b {i}")).collect();
+    for outcome in &through_b {
+        let (status, body) =
+            post_json(b, &path, json!({"events": [{"type": "user.define_outcome", "outcome": outcome}]})).await;
+        assert_eq!(status, 200, "{outcome}: {body}\n{}", cluster.logs());
+    }
+    let handed = a.metric("turnlog_lease_changes_total{change=\"handed_over\"}").await;
+    let served = a.metric("turnlog_forwarded_total{way=\"served\"}").await;
+    let sent = b.metric("turnlog_forwarded_total{way=\"sent\"}").await;
+    let logs = format!("handed over {handed}, served {served}, sent {sent}\n{}", cluster.logs());
+    assert_eq!(handed, 1.0, "A let the session go once B had sent it eight in a row\n{logs}");
+    assert_eq!(served, 8.0, "A ran the first eight of B's submissions, then none\n{logs}");
+    // The ninth may have found A letting go: sent back, and run on B.
+    assert!((8.0..=9.0).contains(&sent), "B forwarded {sent} of its 16 submissions, not only the first\n{logs}");
+    assert!(b.metric("turnlog_lease_changes_total{change=\"acquired\"}").await >= 1.0, "B holds the lease");
+
+    let log = read_all(b, &session).await;
+    assert_gapless(&log);
+    outcomes.extend(through_b);
+    let stored: Vec<&str> = log.iter().filter_map(|e| e["outcome"].as_str()).collect();
+    assert_eq!(stored, outcomes, "every write once, in the order sent");
+    // Reads on A see the whole log too.
+    eventually(5, "A reads what B wrote", || async { read_all(a, &session).await.len() == log.len() }).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_deleted_through_one_node_is_gone_on_every_node() {
     let cluster = Cluster::start().await;

@@ -29,7 +29,10 @@ const RESUME_ATTEMPTS: usize = 3;
 impl Actor {
     pub(super) async fn handle(&mut self, command: Command) {
         match command {
-            Command::Submit(submission, reply) => self.submit(*submission, reply).await,
+            Command::Submit(submission, reply) => {
+                self.senders.note(submission.forwarded_by.as_deref());
+                self.submit(*submission, reply).await
+            }
             Command::TurnEnded(turn, outcome) => self.end_turn(turn, outcome).await,
             Command::Create(_, reply) => drop(reply.send(Err(exists(self.session)))),
             Command::Wake(loaded) => drop(loaded.map(|loaded| loaded.send(()))),

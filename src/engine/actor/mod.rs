@@ -36,6 +36,38 @@ pub(super) struct Actor {
     done: bool,
     /// Cancelled if this node loses the session's lease: another node runs it from then on.
     lost: CancellationToken,
+    /// Where the session's recent submissions came from.
+    senders: Senders,
+}
+
+/// How many submissions in a row one other node forwards before this node lets the session
+/// go (once no turn runs), so that the node its clients talk to takes it: a load balancer
+/// that keeps a session's requests on one node (docs/cluster.md) then has them run there,
+/// even after this node took the session over from a node that died. Eight, so that
+/// requests spread at random over three nodes almost never move a session (once in about
+/// 3,000 submissions; with four, one in 40 did, and each move cost more than it saved).
+const HAND_OVER_AFTER: u32 = 8;
+
+/// The other node that forwarded the session's last submissions, and how many in a row.
+#[derive(Default)]
+struct Senders {
+    node: Option<String>,
+    in_a_row: u32,
+}
+
+impl Senders {
+    fn note(&mut self, forwarded_by: Option<&str>) {
+        match forwarded_by {
+            Some(node) if self.node.as_deref() == Some(node) => self.in_a_row += 1,
+            Some(node) => (self.node, self.in_a_row) = (Some(node.to_string()), 1),
+            None => (self.node, self.in_a_row) = (None, 0),
+        }
+    }
+
+    /// The node the session's clients talk to, if it is another.
+    fn elsewhere(&self) -> Option<&str> {
+        self.node.as_deref().filter(|_| self.in_a_row >= HAND_OVER_AFTER)
+    }
 }
 
 /// The turn an actor runs: cancelled, it records how it ended; aborted (a stop past its
@@ -176,6 +208,7 @@ impl Actor {
             after_turn: Vec::new(),
             done: false,
             lost: CancellationToken::new(),
+            senders: Senders::default(),
         };
         actor.catch_up().await?;
         Ok(actor)
@@ -221,6 +254,18 @@ impl Actor {
             // waited, a wake after a restart), messages that wait get their turn.
             if self.running.is_none() {
                 self.answer_queued().await;
+            }
+            if let Some(node) = self.senders.elsewhere().filter(|_| self.running.is_none() && !self.done) {
+                if !self.env.replays.contains(self.session) {
+                    tracing::debug!(session_id = %self.session, node, "handing the session to the node that sends its commands");
+                    // What was ordered here is published before the tail is let go.
+                    if self.writer.settled().await.is_err() {
+                        return self.reload();
+                    }
+                    metrics::LEASE_CHANGES.with_label_values(&["handed_over"]).inc();
+                    self.env.handed.note(self.session);
+                    return;
+                }
             }
         }
     }
