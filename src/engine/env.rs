@@ -95,28 +95,29 @@ impl Replays {
     }
 }
 
-/// Sessions this node let go a moment ago because another node sends their commands (see
-/// [`super::actor`]'s hand-over): a command that node forwards here meanwhile is sent back
-/// to it to run, rather than taken up here again.
+/// Sessions this node let go a moment ago to the node that sends their commands (see
+/// [`super::actor`]'s hand-over): meanwhile this node sends what it gets for them there,
+/// rather than take the session back.
 #[derive(Default)]
-pub(super) struct HandedOver(DashMap<SessionId, Instant>);
+pub(super) struct HandedOver(DashMap<SessionId, (Instant, String)>);
 
 impl HandedOver {
     /// Long enough for the other node to take the session's lease.
     const HOLD: Duration = Duration::from_secs(5);
 
-    pub fn note(&self, session: SessionId) {
+    pub fn note(&self, session: SessionId, node: String) {
         if self.0.len() >= 1024 {
-            self.0.retain(|_, at| at.elapsed() < Self::HOLD);
+            self.0.retain(|_, (at, _)| at.elapsed() < Self::HOLD);
         }
-        self.0.insert(session, Instant::now());
+        self.0.insert(session, (Instant::now(), node));
     }
 
-    pub fn recently(&self, session: SessionId) -> bool {
-        let recent = self.0.get(&session).map(|at| at.elapsed() < Self::HOLD);
-        if recent == Some(false) {
-            self.0.remove_if(&session, |_, at| at.elapsed() >= Self::HOLD);
+    /// The node the session was handed to, if that was a moment ago.
+    pub fn to(&self, session: SessionId) -> Option<String> {
+        let node = self.0.get(&session).map(|entry| (entry.0.elapsed() < Self::HOLD).then(|| entry.1.clone()))?;
+        if node.is_none() {
+            self.0.remove_if(&session, |_, (at, _)| at.elapsed() >= Self::HOLD);
         }
-        recent == Some(true)
+        node
     }
 }

@@ -160,10 +160,6 @@ impl Engine {
             Ok(request) => request,
             Err(error) => return failed(error),
         };
-        // Let go a moment ago for the node that sends its commands: that node takes it.
-        if self.env.handed.recently(session) && !self.registry.contains(session) {
-            return Answer::Failed(WireError::NotHere);
-        }
         match self.route(session).await {
             Ok(Route::Local(..)) => {}
             Ok(Route::Remote(_)) => return Answer::Failed(WireError::NotHere),

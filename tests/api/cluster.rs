@@ -277,9 +277,6 @@ async fn three_nodes_list_stream_and_append_to_one_session() {
     assert_eq!(health, expected);
 }
 
-/// A session made through A, appended to through B and deleted through C (the delete
-/// forwarded to A, which runs it): the delete is answered once stored, and the session is
-/// gone through every node.
 /// A session whose writes all come through one node moves to it, as behind a load balancer
 /// that hashes on the session id (docs/cluster.md): run by A (which took its lease with a
 /// first write, as a node's reaper takes a dead node's sessions), then written only through
@@ -305,8 +302,9 @@ async fn a_session_written_through_one_node_moves_to_that_node() {
     let sent = b.metric("turnlog_forwarded_total{way=\"sent\"}").await;
     let logs = format!("handed over {handed}, served {served}, sent {sent}\n{}", cluster.logs());
     assert_eq!(handed, 1.0, "A let the session go once B had sent it eight in a row\n{logs}");
-    assert_eq!(served, 8.0, "A ran the first eight of B's submissions, then none\n{logs}");
-    // The ninth may have found A letting go: sent back, and run on B.
+    // The ninth may reach A as it lets go: taken by the old actor, which hands it back, and
+    // A sends it on to B, which runs it.
+    assert!((8.0..=9.0).contains(&served), "A ran the first eight of B's submissions, then none\n{logs}");
     assert!((8.0..=9.0).contains(&sent), "B forwarded {sent} of its 16 submissions, not only the first\n{logs}");
     assert!(b.metric("turnlog_lease_changes_total{change=\"acquired\"}").await >= 1.0, "B holds the lease");
 
@@ -319,6 +317,9 @@ async fn a_session_written_through_one_node_moves_to_that_node() {
     eventually(5, "A reads what B wrote", || async { read_all(a, &session).await.len() == log.len() }).await;
 }
 
+/// A session made through A, appended to through B and deleted through C (the delete
+/// forwarded to A, which runs it): the delete is answered once stored, and the session is
+/// gone through every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_deleted_through_one_node_is_gone_on_every_node() {
     let cluster = Cluster::start().await;

@@ -44,8 +44,9 @@ pub(super) struct Actor {
 /// go (once no turn runs), so that the node its clients talk to takes it: a load balancer
 /// that keeps a session's requests on one node (docs/cluster.md) then has them run there,
 /// even after this node took the session over from a node that died. Eight, so that
-/// requests spread at random over three nodes almost never move a session (once in about
-/// 3,000 submissions; with four, one in 40 did, and each move cost more than it saved).
+/// requests spread at random over three nodes almost never move a session (with four, round
+/// robin over three nodes moved one in about 80 appends, and each move cost more than it
+/// saved: load/JOURNAL.md).
 const HAND_OVER_AFTER: u32 = 8;
 
 /// The other node that forwarded the session's last submissions, and how many in a row.
@@ -255,17 +256,20 @@ impl Actor {
             if self.running.is_none() {
                 self.answer_queued().await;
             }
-            if let Some(node) = self.senders.elsewhere().filter(|_| self.running.is_none() && !self.done) {
-                if !self.env.replays.contains(self.session) {
-                    tracing::debug!(session_id = %self.session, node, "handing the session to the node that sends its commands");
-                    // What was ordered here is published before the tail is let go.
-                    if self.writer.settled().await.is_err() {
+            let elsewhere = self.senders.elsewhere().filter(|_| self.running.is_none() && !self.done);
+            if let Some(node) = elsewhere.filter(|_| !self.env.replays.contains(self.session)).map(str::to_string) {
+                tracing::debug!(session_id = %self.session, node, "handing the session to the node that sends its commands");
+                // What was ordered here is published before the tail is let go.
+                tokio::select! {
+                    biased;
+                    _ = self.lost.cancelled() => return,
+                    settled = self.writer.settled() => if settled.is_err() {
                         return self.reload();
-                    }
-                    metrics::LEASE_CHANGES.with_label_values(&["handed_over"]).inc();
-                    self.env.handed.note(self.session);
-                    return;
+                    },
                 }
+                metrics::LEASE_CHANGES.with_label_values(&["handed_over"]).inc();
+                self.env.handed.note(self.session, node);
+                return;
             }
         }
     }
