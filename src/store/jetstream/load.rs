@@ -150,6 +150,12 @@ impl JetStreamLog {
             }
         };
         let every = match by_consumer {
+            // A consumer made as a server fails over may bring less than the leader holds:
+            // the leader's own messages are read instead.
+            Ok(Ok(every)) if every.last().map(|entry| entry.stream_seq) != Some(upto) => {
+                tracing::warn!(subject, upto, "a session's index by consumer ends before its last message; walking it");
+                self.index_walking(subject, upto).await?
+            }
             Ok(Ok(every)) => every,
             Ok(Err(error)) => {
                 tracing::warn!(%error, subject, "indexing a session by consumer failed; walking it");
@@ -161,7 +167,11 @@ impl JetStreamLog {
             }
         };
         if every.last().map(|entry| entry.stream_seq) != Some(upto) {
-            return Err(StoreError::new(format!("session {session}: its index does not end at its last message")));
+            // Still short, as the stream elects its next leader: not an error of the log, and
+            // the same read a moment later is answered.
+            return Err(StoreError::unavailable(format!(
+                "session {session}: its index does not end at its last message yet (the stream is failing over)"
+            )));
         }
         let mut index: Vec<Entry> = Vec::with_capacity(every.len());
         for entry in every {
