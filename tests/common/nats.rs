@@ -152,17 +152,22 @@ impl Nats {
         let server = &mut self.servers[i];
         let deadline = Instant::now() + Duration::from_secs(30);
         let client = reqwest::Client::new();
+        let (http, port) = (server.http, server.port);
+        let monitor = |path: &str| {
+            let request = client.get(format!("http://127.0.0.1:{http}/{path}")).send();
+            async move { request.await.ok()?.json::<serde_json::Value>().await.ok() }
+        };
         loop {
-            let jsz = client.get(format!("http://127.0.0.1:{}/jsz", server.http)).send().await;
-            if let Ok(response) = jsz {
-                let body: serde_json::Value = response.json().await.unwrap_or_default();
-                let leader = body["meta_cluster"]["leader"].as_str().is_some_and(|l| !l.is_empty());
-                if body["config"].is_object() && (!clustered || leader) {
+            let log = || std::fs::read_to_string(&server.log).unwrap_or_default();
+            let exited = server.child.as_mut().is_some_and(|child| child.try_wait().unwrap().is_some());
+            if let (false, Some(jsz)) = (exited, monitor("jsz").await) {
+                let leader = jsz["meta_cluster"]["leader"].as_str().is_some_and(|l| !l.is_empty());
+                // This server's own monitor, not another's that took the same free port.
+                let ours = monitor("varz").await.is_some_and(|varz| varz["port"] == port);
+                if ours && jsz["config"].is_object() && (!clustered || leader) {
                     return Ok(());
                 }
             }
-            let log = || std::fs::read_to_string(&server.log).unwrap_or_default();
-            let exited = server.child.as_mut().is_some_and(|child| child.try_wait().unwrap().is_some());
             if exited {
                 server.child = None;
                 if log().contains("address already in use") {
