@@ -60,23 +60,23 @@ impl Registry {
             let (generation, sender) = self.spawn(env, session, None);
             return Ok(Route::Local(generation, sender));
         };
+        // Let go a moment ago for the node that sends its commands: sent there, which takes
+        // it, rather than taken back here (a command still in flight here, a reaper's wake,
+        // a client of this node). Nothing starts an actor here meanwhile.
+        if let Some(node) = env.handed.to(session) {
+            return Ok(Route::Remote(node));
+        }
         let gate = self.claiming.entry(session).or_default().clone();
         let held = gate.lock().await;
         let route = match self.actors.get(&session).map(|entry| entry.clone()) {
             Some((generation, sender)) => Ok(Route::Local(generation, sender)),
-            // Let go a moment ago for the node that sends its commands: sent there, which
-            // takes it, rather than taken back here (a command still in flight here, a
-            // reaper's wake, a client of this node).
-            None => match env.handed.to(session) {
-                Some(node) => Ok(Route::Remote(node)),
-                None => match cluster.claim(session).await {
-                    Ok(Claim::Mine(lease)) => {
-                        let (generation, sender) = self.spawn(env, session, Some(lease));
-                        Ok(Route::Local(generation, sender))
-                    }
-                    Ok(Claim::Theirs(node)) => Ok(Route::Remote(node)),
-                    Err(error) => Err(error),
-                },
+            None => match cluster.claim(session).await {
+                Ok(Claim::Mine(lease)) => {
+                    let (generation, sender) = self.spawn(env, session, Some(lease));
+                    Ok(Route::Local(generation, sender))
+                }
+                Ok(Claim::Theirs(node)) => Ok(Route::Remote(node)),
+                Err(error) => Err(error),
             },
         };
         drop(held);

@@ -149,10 +149,11 @@ impl JetStreamLog {
                 }
             }
         };
+        let whole = |every: &[Entry]| every.last().map(|entry| entry.stream_seq) == Some(upto);
         let every = match by_consumer {
             // A consumer made as a server fails over may bring less than the leader holds:
             // the leader's own messages are read instead.
-            Ok(Ok(every)) if every.last().map(|entry| entry.stream_seq) != Some(upto) => {
+            Ok(Ok(every)) if !whole(&every) => {
                 tracing::warn!(subject, upto, "a session's index by consumer ends before its last message; walking it");
                 self.index_walking(subject, upto).await?
             }
@@ -166,7 +167,7 @@ impl JetStreamLog {
                 self.index_walking(subject, upto).await?
             }
         };
-        if every.last().map(|entry| entry.stream_seq) != Some(upto) {
+        if !whole(&every) {
             // Still short, as the stream elects its next leader: not an error of the log, and
             // the same read a moment later is answered.
             return Err(StoreError::unavailable(format!(
