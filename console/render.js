@@ -407,7 +407,9 @@ export class SessionRenderer {
   agentText(messageId, text, final) {
     let node = this.texts.get(messageId);
     if (!node) {
-      if (final && !text) return; // a message with no text (only tool calls): nothing to say
+      // Nothing drawn for a message until it has text: one with none (only tool calls, or
+      // an empty delta) would end the batch of calls drawn just before it.
+      if (!text) return;
       node = this.add(h('div', { class: 'msg agent streaming', 'data-message-id': messageId }));
       this.texts.set(messageId, node);
     }
@@ -417,13 +419,22 @@ export class SessionRenderer {
     }
     this.texts.delete(messageId);
     node.classList.remove('streaming');
-    if (text) node.textContent = text;
-    else node.remove();
+    if (text) {
+      node.textContent = text;
+      return;
+    }
+    // Its text came to nothing: gone from the page, the calls drawn just before it are
+    // the run of calls again, so that their results still go under them.
+    const last = node === this.section.lastElementChild;
+    node.remove();
+    if (!last) return;
+    for (let box = this.section.lastElementChild; box?.matches('.tool'); box = box.previousElementSibling) this.batch.add(box);
   }
 
   thinking(messageId, text, final) {
     let box = this.thoughts.get(messageId);
     if (!box) {
+      if (!text) return; // as for a message: nothing drawn until there is text
       box = this.add(h('details', { class: 'thinking streaming', 'data-message-id': messageId },
         h('summary', {}, 'Thinking'), h('div', { class: 'thinking-text' })));
       this.thoughts.set(messageId, box);
@@ -499,6 +510,10 @@ export class SessionRenderer {
     const last = this.section.lastElementChild;
     if (!last?.matches('.tool:not(.continued)') || last.dataset.call !== JSON.stringify([e.type, e.name, e.input, e.evaluated_permission])) return false;
     if (!last.querySelector(':scope > .tool-result, :scope > .repeats') || e.evaluated_permission === 'ask') return false;
+    // Each repeat counts as an item of the part: thousands of the same call go on in the
+    // turn's next parts (a box of their own, folding the next ones), not in one huge box.
+    if (this.partItems >= PART_ITEMS) return false;
+    this.partItems += 1;
     let repeats = last.querySelector(':scope > .repeats');
     if (!repeats) {
       repeats = h('details', { class: 'repeats' }, h('summary', {}));

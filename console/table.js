@@ -10,6 +10,7 @@ import { h } from './render.js';
 
 const ROW_HEIGHT = 24; // px: style.css gives #events rows this height
 const AROUND = 16; // rows drawn above and below those in view
+const BOX_HEIGHT = 480; // px: style.css's max-height of #events-box, the most rows in view
 
 const timeFormat = new Intl.DateTimeFormat(undefined, {
   hour: '2-digit', minute: '2-digit', second: '2-digit', fractionalSecondDigits: 3, hour12: false,
@@ -119,8 +120,8 @@ export class RawTable {
   }
 
   draw() {
-    // (The box grows with its rows up to its max-height: the window's height bounds its view.)
-    const view = Math.max(this.box.clientHeight, window.innerHeight);
+    // (The box grows with its rows up to its max-height, which bounds its view.)
+    const view = Math.max(this.box.clientHeight, Math.min(BOX_HEIGHT, window.innerHeight));
     const inView = Math.ceil(view / ROW_HEIGHT);
     // (Never past the rows there are: a box scrolled further than fewer rows reach draws the last ones.)
     const first = Math.max(0, Math.min(Math.floor(this.box.scrollTop / ROW_HEIGHT), this.shown.length - inView) - AROUND);

@@ -414,6 +414,53 @@ test("cursor after a 502: once the page reopened its stream with after_id, a lat
   await assertRowsMatchLog(page, log);
 });
 
+test("the same call hundreds of times: folded (×N) a part of the turn at a time, so no box holds them all; every call once, in order", { timeout: 180_000 }, async (t) => {
+  const lab = new Lab(t);
+  const requests = 400;
+  const server = await lab.startServer({ config: lab.writeConfig(`[agents.default]\nmax_turn_requests = ${requests}\n`) });
+  const api = new Api(server);
+  const id = await api.createSession({ tools: [{ name: "calculator", trust: true }] });
+  // `/loop` calls the calculator with the same input in every request, until the limit.
+  const turn = await api.call("POST", `/sessions/${id}/turns`, { stream: "none", messages: [{ role: "user", content: "/loop" }] });
+  assert.equal(turn.status, 200, show(turn.body));
+  const log = await api.events(id);
+  const calls = log.filter((e) => e.type === "agent.tool_use");
+  assert.equal(calls.length, requests, "one call per request");
+  lab.note(`the session: one turn of ${log.length} events, ${calls.length} identical calls`);
+
+  const { page } = await lab.newPage();
+  await openSession(page, server, id);
+  await waitForRow(page, log.at(-1).id, "the whole log in the table", { timeout: 60_000 });
+  await waitFor(page, "#conversation section.turn-part .turn-end", "the turn's end, in a later part of it", { timeout: 30_000 });
+  // Read from the top to the end, a view at a time: each box's call and its folded repeats.
+  const read = await page.evaluate(async () => {
+    const box = document.getElementById("conversation");
+    const frame = () => new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+    const boxes = new Map(); // the first call's event id → [the count shown, the calls under it]
+    box.scrollTop = 0;
+    for (;;) {
+      await frame();
+      for (const tool of box.querySelectorAll(".tool")) {
+        const call = tool.querySelector(".tool-call");
+        if (!call) continue;
+        const ids = [call.dataset.eventId, ...[...tool.querySelectorAll(".repeat")].map((r) => r.dataset.eventId)];
+        boxes.set(call.dataset.eventId, [tool.querySelector(".tool-head .count")?.textContent ?? "×1", ids]);
+      }
+      if (box.scrollTop + box.clientHeight >= box.scrollHeight - 1) break;
+      box.scrollTop += Math.max(box.clientHeight - 48, 24);
+    }
+    return [...boxes.values()];
+  });
+  lab.note(`drawn as ${read.length} boxes: ${read.map(([count]) => count).join(" ")}`);
+  assert.deepEqual(read.flatMap(([, ids]) => ids), calls.map((e) => e.id), "every call once, in the log's order");
+  for (const [count, ids] of read) {
+    assert.equal(count, `×${ids.length}`, "a box's count is the calls folded in it");
+    assert.ok(ids.length <= 50, `no box holds more than a part's 50 items: ${count}`);
+  }
+  assert.ok(read.length >= requests / 50, `the calls go on over the turn's parts: ${read.length} boxes`);
+  await lab.screenshot(page, "identical-calls");
+});
+
 test("narrow screen: at 400 px the session reads without sideways scrolling; turn headers name each turn", TEST, async (t) => {
   const lab = new Lab(t);
   const server = await lab.startServer();
@@ -435,6 +482,16 @@ test("narrow screen: at 400 px the session reads without sideways scrolling; tur
   const heads = await page.$$eval("#conversation .turn-head", (els) => els.map((el) => [...el.children].map((part) => part.textContent).join(" ")));
   assert.equal(heads.length, 2, show(heads));
   heads.forEach((head, i) => assert.match(head, new RegExp(`^Turn ${i + 1} \\d\\d:\\d\\d:\\d\\d scripted \\d+\\.\\d s$`), head));
+  // The events table takes the whole width of its box, and the event column what the
+  // others leave (the id and time columns are hidden at this width).
+  const table = await page.evaluate(() => ({
+    box: document.getElementById("events-box").clientWidth,
+    table: document.getElementById("events").getBoundingClientRect().width,
+    shown: [1, 3].map((n) => document.querySelector(`#events th:nth-child(${n})`).getBoundingClientRect().width),
+    event: document.querySelector("#events th:nth-child(5)").getBoundingClientRect().width,
+  }));
+  assert.ok(table.table >= table.box - 2, `the table fills its box: ${show(table)}`);
+  assert.ok(table.event >= table.table - table.shown[0] - table.shown[1] - 2, `the event column has the room left: ${show(table)}`);
   await lab.screenshot(page, "narrow-400");
   await page.setViewportSize({ width: 1600, height: 900 });
   await lab.screenshot(page, "wide-1600");
