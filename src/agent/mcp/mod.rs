@@ -317,6 +317,7 @@ impl Server {
             (None, Some(url)) => {
                 let headers = self.config.header_map().map_err(|e| self.error(e))?;
                 let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
+                install_crypto_provider();
                 let transport = StreamableHttpClientTransport::from_config(config);
                 // Not the error's own text: it may quote the URL whole, query and all.
                 ().serve(transport).await.map_err(|e| {
@@ -445,6 +446,17 @@ pub fn model_names<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<S
     out
 }
 
+/// rmcp's HTTP client (its own reqwest) is built with rustls but no crypto provider of its
+/// own (rmcp's `reqwest-tls-no-provider`), so that the build does not compile AWS-LC, a C
+/// library, next to the `ring` the rest of turnlog's HTTPS already uses: `ring` is made the
+/// process's provider before that client is first built. (Set already, by this or by
+/// anyone: kept.)
+fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
 #[cfg(test)]
 mod tests {
     use super::*;
