@@ -410,7 +410,9 @@ export class SessionRenderer {
       // Nothing drawn for a message until it has text: one with none (only tool calls, or
       // an empty delta) would end the batch of calls drawn just before it.
       if (!text) return;
+      const before = new Set(this.batch);
       node = this.add(h('div', { class: 'msg agent streaming', 'data-message-id': messageId }));
+      node.batchBefore = before; // the run of calls it ended, should it come to nothing
       this.texts.set(messageId, node);
     }
     if (!final) {
@@ -424,11 +426,10 @@ export class SessionRenderer {
       return;
     }
     // Its text came to nothing: gone from the page, the calls drawn just before it are
-    // the run of calls again, so that their results still go under them.
+    // the run of calls again (across parts too), so that their results still go under them.
     const last = node === this.section.lastElementChild;
     node.remove();
-    if (!last) return;
-    for (let box = this.section.lastElementChild; box?.matches('.tool'); box = box.previousElementSibling) this.batch.add(box);
+    if (last) this.batch = node.batchBefore;
   }
 
   thinking(messageId, text, final) {
