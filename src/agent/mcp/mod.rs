@@ -457,6 +457,7 @@ fn install_crypto_provider() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
