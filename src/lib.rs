@@ -41,9 +41,10 @@ pub mod config;
 pub mod domain;
 pub mod engine;
 pub mod error;
-/// The fuzz targets' entry points: only with the `fuzzing` feature (`fuzz/`, and
-/// `tests/fuzz_corpus.rs`), never in the service.
-#[cfg(feature = "fuzzing")]
+/// The fuzz targets' entry points (`fuzz/`, and `tests/fuzz_corpus.rs`): nothing of the
+/// service calls them, so its binary links none of it. Always built, so that one build of
+/// the workspace serves the lints, the tests and the fuzz corpus alike.
+#[doc(hidden)]
 pub mod fuzzing;
 pub mod metrics;
 pub mod projection;

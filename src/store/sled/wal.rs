@@ -329,7 +329,6 @@ pub(super) fn remove_through(dir: &Path, last: u64) -> io::Result<()> {
 /// written as records, the bytes are then cut short or have one bit flipped where `data`
 /// says, and reading them back gives exactly the commits wholly before the damage, never
 /// part of one or one that was not written.
-#[cfg(feature = "fuzzing")]
 pub fn recovers_the_commits_before_any_damage(data: &[u8]) {
     let Some((&[segment, damage, at_low, at_high], mut data)) = data.split_first_chunk::<4>() else { return };
     let segment = u64::from(segment);
