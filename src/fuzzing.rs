@@ -1,9 +1,10 @@
-//! The entry points of the fuzz targets in `fuzz/` (`cargo fuzz`), one per kind of bytes
-//! turnlog takes from outside. Each takes the bytes as turnlog takes them and panics only
-//! where turnlog is wrong: a parser that panics or hangs, an id that does not print back as
-//! it was read, a request answered 5xx or with an error body that is not JSON, a write-ahead
-//! log that recovers something that was not written. `tests/fuzz_corpus.rs` runs the kept
-//! corpora (`fuzz/corpus/<target>/`) through them in every `cargo test`.
+//! The entry points of the fuzz targets in `fuzz/` (libFuzzer, `scripts/fuzz`), one per
+//! kind of bytes turnlog takes from outside. Each takes the bytes as turnlog takes them and
+//! panics only where turnlog is wrong: a parser that panics or hangs, an id that does not
+//! print back as it was read, a request answered 5xx or with an error body that is not
+//! JSON, a write-ahead log that recovers something that was not written.
+//! `tests/fuzz_corpus.rs` runs the kept corpora (`fuzz/corpus/<target>/`) through them in
+//! every `cargo test`.
 
 use std::cell::RefCell;
 use std::future::Future;

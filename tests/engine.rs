@@ -412,6 +412,40 @@ impl Log for HeldLog {
     }
 }
 
+/// Another node stores a batch in a session this node holds and has gone quiet in (a
+/// previous holder's last batch landing after a failover): this node's log lets go of the
+/// session's end as the batch arrives, and tells no actor. The next submission here reads the
+/// batch and decides after it, rather than being refused as raced: a 503 on a quiet
+/// cluster, as the three-node soak saw now and then.
+#[tokio::test]
+async fn a_batch_another_node_stored_is_read_before_the_next_decision_on_jetstream() {
+    use turnlog::store::SharedLog as _;
+    let g = given(Backend::JetStream, &[]).await;
+    g.when(vec![Input::Outcome(json!("loads the actor"))]).await.unwrap();
+    let other = nats::open_log(g._nats.as_ref().expect("a nats-server")).await;
+    let session = g.session.id;
+    other.prepare(session).await.unwrap();
+    let at = other.position(session).await.unwrap().seq;
+    let foreign = Draft::new(None, &EventBody::UserDefineOutcome { outcome: json!("from another node") });
+    other.append(session, at, vec![foreign]).await.unwrap().unwrap();
+    // This node has taken the batch (its end moved past what its actor folded).
+    let mut waited = 0;
+    while g.log.position(session).await.unwrap().seq < at + 1 {
+        assert!(waited < 1_000, "this node never took the other node's batch");
+        waited += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let submitted = g.when(vec![text("hi")]).await.expect("the submission is decided after the batch, not refused");
+    let events = g.then_events(0).await;
+    let numbers: Vec<u64> = events.iter().map(|e| e.sequence_number).collect();
+    assert_eq!(numbers, (1..=events.len() as u64).collect::<Vec<_>>(), "no gap");
+    let started = events.iter().position(|e| matches!(e.body, EventBody::TurnStarted {})).unwrap();
+    assert_eq!(events[started].sequence_number, at + 2, "the turn starts after the other node's event");
+    assert_eq!(events[started].turn_id, submitted.turn);
+    assert_eq!(said(&events), vec!["echo: hi"]);
+    other.close().await.unwrap();
+}
+
 /// A tool acts on the world, so it runs only once its call is on disk: a turn whose log is
 /// slow to make the call durable waits, and runs the tool once the log catches up.
 #[tokio::test]

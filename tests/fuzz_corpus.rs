@@ -1,4 +1,4 @@
-//! The fuzz targets' kept corpora (`fuzz/corpus/<target>/`: the seeds, and what `cargo fuzz`
+//! The fuzz targets' kept corpora (`fuzz/corpus/<target>/`: the seeds, and what the fuzzer
 //! found worth keeping) run through the targets' entry points on every `cargo test`, so
 //! that anything a fuzzer once found stays fixed without a fuzzer at hand.
 

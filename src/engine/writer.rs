@@ -111,6 +111,13 @@ impl Writer {
         self.failed.cancelled()
     }
 
+    /// Whether everything ordered here is durable and folded: nothing of this writer's is
+    /// still in flight, so what the actor folded is the log as this node stored it.
+    pub fn idle(&self) -> bool {
+        let state = self.state.lock();
+        state.unfolded.is_empty() && state.last.as_ref().is_none_or(|last| matches!(last.done.peek(), Some(Ok(()))))
+    }
+
     /// Waits until everything ordered here so far is durable.
     pub async fn settled(&self) -> Result<(), SessionError> {
         match self.last() {

@@ -403,8 +403,10 @@ pub trait AuditLog: Send + Sync + 'static {
 /// cluster port) and for `/healthz`.
 #[async_trait::async_trait]
 pub trait SharedLog: Send + Sync + 'static {
-    /// Makes ready to order appends to `session` (loads its end from the engine underneath).
-    /// The engine calls it before a session's first append on this node.
+    /// Makes ready to order appends to `session` (loads its end from the engine underneath,
+    /// unless it is loaded). The engine calls it before a session's first append on this
+    /// node, and before each decision made with no turn running and nothing of its own in
+    /// flight: the end is let go when another node's batch lands there.
     async fn prepare(&self, session: SessionId) -> Result<(), StoreError>;
 
     /// This node's writer of `session` has stopped: what `prepare` loaded may go (the

@@ -165,6 +165,15 @@ impl Actor {
     ) -> Result<(Decision, Vec<RawEvent>, Durable), SessionError> {
         for _ in 0..ATTEMPTS {
             self.fold_ordered();
+            // A shared log lets go of this node's place at the end of the session when a batch
+            // another node ordered lands there, and tells no actor. With no turn running and
+            // nothing of its own in flight, the actor takes its place again first: the batch
+            // then comes back as a conflict below, read and decided on again, not as a refusal
+            // to the client (a 503 on a quiet cluster). A running turn never saw the batch, so
+            // then the refusal stands and the turn ends on it. (Free on one node.)
+            if self.running.is_none() && self.writer.idle() {
+                self.env.log.prepare(self.session).await?;
+            }
             let mut decision = decide(&self.folded)?;
             let (appended, durable) = self.writer.order(std::mem::take(&mut decision.drafts))?;
             self.fold_ordered();
