@@ -436,13 +436,7 @@ async fn a_batch_another_node_stored_is_read_before_the_next_decision_on_jetstre
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let submitted = g.when(vec![text("hi")]).await.expect("the submission is decided after the batch, not refused");
-    let events = g.then_events(0).await;
-    let numbers: Vec<u64> = events.iter().map(|e| e.sequence_number).collect();
-    assert_eq!(numbers, (1..=events.len() as u64).collect::<Vec<_>>(), "no gap");
-    let started = events.iter().position(|e| matches!(e.body, EventBody::TurnStarted {})).unwrap();
-    assert_eq!(events[started].sequence_number, at + 2, "the turn starts after the other node's event");
-    assert_eq!(events[started].turn_id, submitted.turn);
-    assert_eq!(said(&events), vec!["echo: hi"]);
+    echoed_after(&g.then_events(0).await, at + 1, submitted.turn);
     other.close().await.unwrap();
 }
 
@@ -1031,13 +1025,18 @@ async fn another_writer_makes_the_actor_decide_again(log: Backend) {
     let foreign = turnlog::domain::Draft::new(None, &EventBody::UserDefineOutcome { outcome: json!("foreign") });
     g.log.append(g.session.id, at, vec![foreign]).await.unwrap().unwrap();
     let submitted = g.when(vec![text("hi")]).await.unwrap();
-    let events = g.then_events(0).await;
+    echoed_after(&g.then_events(0).await, at + 1, submitted.turn);
+}
+
+/// The log, without a gap, has turn `turn` start right after event `foreign` (another
+/// writer's) and answer "hi".
+fn echoed_after(events: &[Event], foreign: u64, turn: Option<turnlog::domain::TurnId>) {
     let numbers: Vec<u64> = events.iter().map(|e| e.sequence_number).collect();
     assert_eq!(numbers, (1..=events.len() as u64).collect::<Vec<_>>(), "no gap");
     let started = events.iter().position(|e| matches!(e.body, EventBody::TurnStarted {})).unwrap();
-    assert_eq!(events[started].sequence_number, at + 2, "the turn starts after the foreign event");
-    assert_eq!(events[started].turn_id, submitted.turn);
-    assert_eq!(said(&events), vec!["echo: hi"]);
+    assert_eq!(events[started].sequence_number, foreign + 1, "the turn starts after the other writer's event");
+    assert_eq!(events[started].turn_id, turn);
+    assert_eq!(said(events), vec!["echo: hi"]);
 }
 
 async fn another_writer_during_a_turn_ends_it_with_a_log_error(log: Backend) {
