@@ -65,6 +65,11 @@ impl EngineLog {
         self.log.order(session, expected, drafts)
     }
 
+    /// Whether the log is shared by several nodes (a [`SharedLog`] underneath).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
     /// Makes a shared log ready to order appends to `session` (see [`SharedLog::prepare`]).
     pub async fn prepare(&self, session: SessionId) -> Result<(), SessionError> {
         match &self.shared {

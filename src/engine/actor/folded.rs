@@ -170,8 +170,9 @@ impl Actor {
             // nothing of its own in flight, the actor takes its place again first: the batch
             // then comes back as a conflict below, read and decided on again, not as a refusal
             // to the client (a 503 on a quiet cluster). A running turn never saw the batch, so
-            // then the refusal stands and the turn ends on it. (Free on one node.)
-            if self.running.is_none() && self.writer.idle() {
+            // then the refusal stands and the turn ends on it. (On one node, one check of an
+            // Option: the append path of sled is as it was.)
+            if self.env.log.is_shared() && self.running.is_none() && self.writer.idle() {
                 self.env.log.prepare(self.session).await?;
             }
             let mut decision = decide(&self.folded)?;
