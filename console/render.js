@@ -3,6 +3,8 @@
 // Everything here builds nodes with createElement and text nodes, never innerHTML, so no
 // text from the log is ever parsed as HTML.
 
+import { Sections } from './sections.js';
+
 /**
  * Makes an element. `attrs` are set as attributes (`class` and booleans handled), children
  * are nodes or strings (appended as text, never parsed).
@@ -78,89 +80,9 @@ export function sessionRow(item) {
       `${item.agent} · ${item.created_by} · updated ${formatIso(dateFormat, item.updated_at)}`)));
 }
 
-// A conversation of this many sections (turns, and parts of long turns) or items (messages,
-// calls, results, notes) or more keeps in the page only the sections within NEAR_PX of the
-// view; a shorter one keeps them all.
-const KEEP_ALL_BELOW = 40;
-const KEEP_ALL_ITEMS = 250;
-const NEAR_PX = 2500;
 // A turn goes on in a new part (a section of its own, put aside like a turn) after this
 // many items, so that one turn of thousands of calls is not all in the page.
 const PART_ITEMS = 50;
-
-/**
- * The conversation's sections: one before the first turn, then one per turn, and one per
- * part of a long turn (a part holds PART_ITEMS items, then the turn goes on in the next). A long
- * conversation keeps in the page only the sections near the view: one far above or below
- * it is emptied into a fragment kept aside, its height kept, and filled again as it comes
- * near (an IntersectionObserver says when). The last section (the current turn's) always
- * stays, so what a live turn draws is drawn in the page.
- */
-class Sections {
-  constructor(box) {
-    this.box = box;
-    this.observer = new IntersectionObserver((entries) => this.seen(entries), { root: box, rootMargin: `${NEAR_PX}px 0px` });
-    this.aside = new Map(); // section → its children, while it is out of the page
-    this.all = [];
-  }
-
-  reset() {
-    this.observer.disconnect();
-    this.aside.clear();
-    this.all = [];
-    this.items = 0;
-    this.long = false;
-    this.box.replaceChildren();
-  }
-
-  /** Opens a section after the others; the one before it may now be put aside. */
-  open(kind, attrs = {}) {
-    const section = h('section', { class: kind, ...attrs });
-    this.box.append(section);
-    this.all.push(section);
-    if (this.all.length > 1) this.observer.observe(this.all.at(-2));
-    this.weigh(0);
-    return section;
-  }
-
-  /** Counts the items drawn: the conversation is long from KEEP_ALL_BELOW sections or KEEP_ALL_ITEMS items. */
-  weigh(items) {
-    this.items += items;
-    if (this.long || (this.all.length < KEEP_ALL_BELOW && this.items < KEEP_ALL_ITEMS)) return;
-    this.long = true;
-    // Long enough now: every section is looked at again (observing anew reports where each is).
-    for (const earlier of this.all.slice(0, -1)) {
-      this.observer.unobserve(earlier);
-      this.observer.observe(earlier);
-    }
-  }
-
-  seen(entries) {
-    for (const entry of entries) {
-      if (entry.isIntersecting) this.restore(entry.target);
-      else if (this.long && entry.target !== this.all.at(-1)) this.putAside(entry.target, entry.boundingClientRect.height);
-    }
-  }
-
-  putAside(section, height) {
-    if (this.aside.has(section)) return;
-    const kept = document.createDocumentFragment();
-    kept.append(...section.childNodes);
-    section.style.height = `${height}px`;
-    section.dataset.aside = 'true';
-    this.aside.set(section, kept);
-  }
-
-  restore(section) {
-    const kept = this.aside.get(section);
-    if (!kept) return;
-    this.aside.delete(section);
-    section.append(kept);
-    section.style.height = '';
-    delete section.dataset.aside;
-  }
-}
-
 /** `3.2 s`, `2 min 5 s`: how long a turn took. */
 function duration(ms) {
   if (!(ms >= 0)) return '';
@@ -206,6 +128,9 @@ export class SessionRenderer {
     this.section = this.sections.open('preamble');
     this.table.reset();
   }
+
+  /** Before a conversation drawn out of sight shows: only its last section stays in the page. */
+  showFromTheEnd() { this.sections.asideAllButLast(); }
 
   /** Draws an event; returns false (drawing nothing) if it was drawn already. */
   apply(event) {

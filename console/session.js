@@ -96,9 +96,7 @@ function newestHeld() {
  * wanted), then the log is opened from after the last event drawn.
  */
 export function goLive() {
-  view.live = (view.live ?? 0) + 1;
-  stopLive();
-  Object.assign(view, { held: [], next: 0, draining: false });
+  stopFeeding();
   openLog();
 }
 
@@ -106,7 +104,8 @@ export function goLive() {
 export function stopFeeding() {
   view.live = (view.live ?? 0) + 1;
   stopLive();
-  Object.assign(view, { held: [], next: 0, draining: false });
+  Object.assign(view, { held: [], next: 0, draining: false, reading: false });
+  loading(false);
 }
 
 /** Events read at a time when a session opens. */
@@ -117,28 +116,68 @@ const OPEN_PAGE = 500;
  * slices as it comes, then followed live from the newest event read. A long log so arrives
  * in pieces the page draws between, not as one burst of thousands of stream frames (which
  * the browser dispatches in one task). If a page cannot be read, the stream catches up.
+ *
+ * A log longer than a page, opened from its start, is drawn out of sight (`loading`): its
+ * turns are built but not laid out or painted, nor the table's rows, a line says how far the
+ * reading is, and the conversation shows once it is all drawn, at its end. Drawing
+ * thousands of events in view, frame after frame, painted each turn on its way past: on
+ * two cores, frames of 50-100 ms.
  */
 async function openLog() {
   const { live, id } = view;
   const current = () => live === view.live;
   setConn('connecting');
+  view.reading = true;
+  let ended = false;
   try {
     for (let after = view.renderer.lastId; ;) {
       const params = new URLSearchParams({ limit: String(OPEN_PAGE), order: 'asc' });
       if (after) params.set('after_id', after);
       const page = await api('GET', `/sessions/${encodeURIComponent(id)}/events?${params}`);
       if (!current()) return;
+      if (!after && page.has_more) loading(true);
       view.held.push(...page.data);
       drain();
+      if (view.loading) loading(true, view.renderer.lastSeq + view.held.length - view.next);
       // A log that ends with `terminated` has nothing more to follow (drawing it says so).
-      if (page.data.at(-1)?.type === 'terminated') return;
+      if (page.data.at(-1)?.type === 'terminated') {
+        ended = true;
+        break;
+      }
       if (!page.has_more || !page.last_id || page.last_id === after) break;
       after = page.last_id;
     }
   } catch {
     if (!current()) return; // (a 401 showed the login form; a 404 the stream's refusal says)
   }
-  if (current()) followLive();
+  if (!current()) return;
+  view.reading = false;
+  if (!view.draining) loading(false);
+  if (!ended) followLive();
+}
+
+/**
+ * Whether the conversation is drawn out of sight while a long log is read (`read`: the
+ * events read so far). Once it is not, the conversation shows, at its end.
+ */
+function loading(on, read) {
+  const box = $('conversation');
+  const { table } = view.renderer;
+  if (on) {
+    view.loading = true;
+    table.hold(true);
+    box.dataset.loading = read ? `Reading the session’s log: ${read.toLocaleString('en-US')} events so far…` : 'Reading the session’s log…';
+  } else if (view.loading) {
+    view.loading = false;
+    view.renderer.showFromTheEnd();
+    delete box.dataset.loading;
+    // At the end at once (a layout of the last section), before the observer looks: at the
+    // top of a long last section, the sections above it would be near, and filled again.
+    box.scrollTop = box.scrollHeight;
+    followBottom({ reset: true });
+    // The table's rows come after the conversation's first frame, not in it.
+    requestAnimationFrame(() => requestAnimationFrame(() => view.loading || table.hold(false)));
+  }
 }
 
 /** Follows the log live, from after the newest event the page holds (from the start if none). */
@@ -235,6 +274,7 @@ function drain() {
       view.held = [];
       view.next = 0;
       view.draining = false;
+      if (!view.reading) loading(false);
     }
   };
   setTimeout(slice, 0);

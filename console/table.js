@@ -11,6 +11,13 @@ import { h } from './render.js';
 const ROW_HEIGHT = 24; // px: style.css gives #events rows this height
 const AROUND = 16; // rows drawn above and below those in view
 const BOX_HEIGHT = 480; // px: style.css's max-height of #events-box, the most rows in view
+const ROWS_PER_DRAW = 12; // new rows a frame's draw adds at most (see `draw`)
+
+/** A row that stands for `rows` rows not drawn (its height is set by `setHeight`). */
+const spacer = () => h('tr', { class: 'spacer', 'aria-hidden': 'true' }, h('td', { colspan: 5 }));
+
+/** A spacer's height: `rows` rows'. (The CSSOM: the page's CSP refuses style attributes.) */
+function setHeight(tr, rows) { tr.style.height = `${rows * ROW_HEIGHT}px`; }
 
 const timeFormat = new Intl.DateTimeFormat(undefined, {
   hour: '2-digit', minute: '2-digit', second: '2-digit', fractionalSecondDigits: 3, hour12: false,
@@ -109,9 +116,15 @@ export class RawTable {
     this.box.dataset.lastId = this.all.at(-1)?.id ?? '';
   }
 
-  /** Draws the rows in view at the next frame (once, however many events came). */
+  /** Holds the table's drawing (its events are still taken), or lets it draw again. */
+  hold(on) {
+    this.held = on;
+    if (!on) this.schedule();
+  }
+
+  /** Draws the rows in view at the next frame (once, however many events came), unless held. */
   schedule() {
-    if (this.queued) return;
+    if (this.queued || this.held) return;
     this.queued = true;
     requestAnimationFrame(() => {
       this.queued = false;
@@ -119,33 +132,69 @@ export class RawTable {
     });
   }
 
-  draw() {
+  /**
+   * Draws the rows in view and AROUND rows on each side, reusing the rows already in the
+   * page. The rows the reader can see (in the box's view and in the window) are drawn at
+   * once; of the others, a scheduled draw (`all` false) adds at most ROWS_PER_DRAW and
+   * leaves the rest to the next frames. A table's first rows, below a long conversation
+   * that is opening, so cost a few rows a frame, not one long frame.
+   */
+  draw({ all = false } = {}) {
     // (The box grows with its rows up to its max-height, which bounds its view.)
     const view = Math.max(this.box.clientHeight, Math.min(BOX_HEIGHT, window.innerHeight));
+    const top = this.box.scrollTop;
+    const count = this.shown.length;
     const inView = Math.ceil(view / ROW_HEIGHT);
     // (Never past the rows there are: a box scrolled further than fewer rows reach draws the last ones.)
-    const first = Math.max(0, Math.min(Math.floor(this.box.scrollTop / ROW_HEIGHT), this.shown.length - inView) - AROUND);
-    const last = Math.min(this.shown.length, Math.ceil((this.box.scrollTop + view) / ROW_HEIGHT) + AROUND);
-    const height = (tr, rows) => { tr.style.height = `${rows * ROW_HEIGHT}px`; }; // (the CSSOM: the page's CSP refuses style attributes)
-    if (this.drawn && this.drawn[0] === first && this.drawn[1] === last) {
-      // The same rows in view (more events came below them): only the lower spacer grows.
-      height(this.body.lastElementChild, this.shown.length - last);
-      return;
-    }
-    this.drawn = [first, last];
-    const spacer = (rows) => {
-      const tr = h('tr', { class: 'spacer', 'aria-hidden': 'true' }, h('td', { colspan: 5 }));
-      height(tr, rows);
-      return tr;
-    };
+    const viewFirst = Math.max(0, Math.min(Math.floor(top / ROW_HEIGHT), count - inView));
+    const viewLast = Math.min(count, Math.ceil((top + view) / ROW_HEIGHT));
+    const first = Math.max(0, viewFirst - AROUND);
+    const last = Math.min(count, viewLast + AROUND);
+    // The rows of the view inside the window (none while the box is below it).
+    const box = this.box.getBoundingClientRect();
+    const seen = (y) => Math.min(viewLast, Math.max(viewFirst, Math.floor((top + y) / ROW_HEIGHT)));
+    const seenFirst = seen(Math.max(0, -box.top));
+    const seenLast = Math.max(seenFirst, seen(Math.min(view, window.innerHeight - box.top) + ROW_HEIGHT - 1));
     const focused = this.body.contains(document.activeElement);
-    const rows = this.shown.slice(first, last).map((event) => this.row(event));
+    let [from, to] = this.drawn ?? [0, 0];
+    if (!this.drawn || to <= first || from >= last) {
+      // Nothing drawn is wanted: start again, from the rows seen.
+      this.body.replaceChildren(spacer(), spacer());
+      from = to = seenFirst;
+    }
+    // The rows no longer wanted go; the page keeps [from, to) between its two spacers.
+    for (; from < first; from += 1) this.body.firstElementChild.nextElementSibling.remove();
+    for (; to > last; to -= 1) this.body.lastElementChild.previousElementSibling.remove();
+    // New rows: those seen first (whatever the budget), then the rest of the view, then the rows around it.
+    let budget = all ? Infinity : ROWS_PER_DRAW;
+    const down = (until, free = false) => {
+      const rows = [];
+      for (; to < until && (free || budget > 0); to += 1, budget -= 1) rows.push(this.row(this.shown[to]));
+      this.body.lastElementChild.before(...rows);
+    };
+    const up = (until, free = false) => {
+      const rows = [];
+      for (; from > until && (free || budget > 0); from -= 1, budget -= 1) rows.unshift(this.row(this.shown[from - 1]));
+      this.body.firstElementChild.after(...rows);
+    };
+    if (from === to) from = to = seenFirst; // (none left: start from the rows seen)
+    down(seenLast, true);
+    up(seenFirst, true);
+    down(viewLast);
+    up(viewFirst);
+    down(last);
+    up(first);
+    this.drawn = [from, to];
+    setHeight(this.body.firstElementChild, from);
+    setHeight(this.body.lastElementChild, count - to);
+    if (from > first || to < last) this.schedule(); // (the rest at the next frame)
     // One row takes Tab: the keyboard's row if drawn, else the first in view.
-    const current = rows.find((tr) => tr.dataset.eventId === this.current) ?? rows[Math.floor(this.box.scrollTop / ROW_HEIGHT) - first] ?? rows[0];
+    const rows = this.body.querySelectorAll('tr[data-seq]');
+    const current = [...rows].find((tr) => tr.dataset.eventId === this.current) ?? rows[viewFirst - from] ?? rows[0];
+    for (const tr of this.body.querySelectorAll('tr[tabindex="0"]')) if (tr !== current) tr.setAttribute('tabindex', '-1');
     current?.setAttribute('tabindex', '0');
-    this.body.replaceChildren(spacer(first), ...rows, spacer(this.shown.length - last));
     // (A focused row scrolled out of the window hands the focus to the row that takes Tab.)
-    if (focused && current) this.focusRow(current.dataset.eventId, true);
+    if (focused && current && !this.body.contains(document.activeElement)) this.focusRow(current.dataset.eventId, true);
   }
 
   row(event) {
@@ -187,7 +236,7 @@ export class RawTable {
       this.moveTo(Math.max(0, Math.min(to, this.shown.length - 1)));
     } else if (key.key === 'Enter' || key.key === ' ') {
       key.preventDefault();
-      this.toggle(this.shown[at]); // (drawn again, the row keeps the focus)
+      this.toggle(this.shown[at]);
     } else if (key.key.toLowerCase() === 'c') {
       this.copy(row, this.shown[at]);
     }
@@ -209,8 +258,7 @@ export class RawTable {
     for (const tr of this.body.querySelectorAll('tr[tabindex="0"]')) if (tr.dataset.eventId !== id) tr.setAttribute('tabindex', '-1');
     let row = this.body.querySelector(`tr[data-event-id="${CSS.escape(id)}"]`);
     if (!row && focus) {
-      this.drawn = null;
-      this.draw();
+      this.draw({ all: true });
       row = this.body.querySelector(`tr[data-event-id="${CSS.escape(id)}"]`);
     }
     row?.setAttribute('tabindex', '0');
@@ -220,7 +268,10 @@ export class RawTable {
 
   /** Shows `event` whole below the table, or hides it if it shows. */
   toggle(event) {
+    const rowOf = (e) => e && this.body.querySelector(`tr[data-event-id="${CSS.escape(e.id)}"]`);
+    rowOf(this.open)?.classList.remove('open');
     this.open = this.open === event ? null : event;
+    rowOf(this.open)?.classList.add('open');
     this.detail.hidden = this.open == null;
     this.detail.replaceChildren();
     if (this.open) {
@@ -228,7 +279,5 @@ export class RawTable {
         h('div', { class: 'detail-head' }, `#${event.sequence_number} · `, h('code', {}, event.id), ` · ${event.type}`),
         h('pre', {}, JSON.stringify(event, null, 2)));
     }
-    this.drawn = null;
-    this.draw();
   }
 }

@@ -41,6 +41,7 @@ async fn the_console_is_served_from_the_binary() {
         ("/console/session.js", "text/javascript"),
         ("/console/replay.js", "text/javascript"),
         ("/console/render.js", "text/javascript"),
+        ("/console/sections.js", "text/javascript"),
         ("/console/table.js", "text/javascript"),
         ("/console/style.css", "text/css"),
     ] {

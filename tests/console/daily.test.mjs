@@ -73,6 +73,13 @@ test("long session: 10,000 events open in slices (the longest task is printed), 
 
   const { page } = await lab.newPage();
   await watchLongTasks(page);
+  // What the conversation said while the log was read (its `data-loading`), as it changed.
+  await page.addInitScript(() => {
+    window.__loading = [];
+    new MutationObserver((changes) => {
+      for (const change of changes) if (change.target.id === "conversation") window.__loading.push(change.target.dataset.loading ?? null);
+    }).observe(document, { subtree: true, attributes: true, attributeFilter: ["data-loading"] });
+  });
   // The page first (its start-up measured apart), then the session opened from the list.
   await page.goto(`${server.url}/console#/`);
   await waitFor(page, rowSelector(id), "the session in the list", { state: "visible" });
@@ -117,6 +124,12 @@ test("long session: 10,000 events open in slices (the longest task is printed), 
       `(${figures.over50} over 50 ms, of ${figures.tasks} long tasks; the page's own start-up before it: ${figures.boot} ms); ` +
       `${figures.nodes} DOM nodes; ${figures.sections} sections, ${figures.aside} put aside; typing 16 keys took ${typed} ms`,
   );
+  // Drawn out of sight while it was read, saying how far the reading was; shown once drawn.
+  const said = await page.evaluate(() => window.__loading);
+  const progress = said.filter((text) => text != null);
+  lab.note(`while it was read, the conversation said ${progress.length} times where the reading was, from "${progress[0]}" to "${progress.at(-1)}"`);
+  assert.match(said.find((text) => /events so far/.test(text ?? "")) ?? "", /^Reading the session’s log: [\d,]+ events so far…$/, "the reading's progress, said");
+  assert.equal(said.at(-1), null, "the conversation shown once drawn");
   assert.ok(figures.nodes < 5_000, `the page stays under a few thousand DOM nodes: ${figures.nodes}`);
   assert.equal(figures.sections, turns + 1, "a section per turn, and one before them");
   assert.ok(figures.aside > 0, "turns far from the view are put aside");
@@ -130,13 +143,19 @@ test("long session: 10,000 events open in slices (the longest task is printed), 
   assert.match(first, /w1 w2 w3/, "the first turn's reply");
   await lab.screenshot(page, "long-session-top");
 
-  // The table's last rows, scrolled to: the log's last events, in order.
-  const tail = await page.evaluate(async () => {
-    const box = document.getElementById("events-box");
-    box.scrollTop = box.scrollHeight;
-    await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
-    return [...box.querySelectorAll("tbody tr[data-seq]")].map((tr) => tr.dataset.eventId);
-  });
+  // The table's last rows, scrolled to: the log's last events, in order. (Rows out of the
+  // window are drawn a few a frame, so the last may come a frame or two after the scroll.)
+  await page.$eval("#events-box", (box) => { box.scrollTop = box.scrollHeight; });
+  const tail = await waitInPage(
+    page,
+    (lastId) => {
+      const ids = [...document.querySelectorAll("#events-box tbody tr[data-seq]")].map((tr) => tr.dataset.eventId);
+      return ids.at(-1) === lastId && ids;
+    },
+    log.at(-1).id,
+    "the table's last row drawn once scrolled to its end",
+    { timeout: 5_000 },
+  );
   assert.deepEqual(tail.slice(-5), log.slice(-5).map((e) => e.id), "the table's last rows are the log's last events");
 });
 

@@ -32,6 +32,7 @@ const FILES: &[(&str, &str, &str)] = &[
     ("session.js", "text/javascript; charset=utf-8", include_str!("../../../console/session.js")),
     ("replay.js", "text/javascript; charset=utf-8", include_str!("../../../console/replay.js")),
     ("render.js", "text/javascript; charset=utf-8", include_str!("../../../console/render.js")),
+    ("sections.js", "text/javascript; charset=utf-8", include_str!("../../../console/sections.js")),
     ("table.js", "text/javascript; charset=utf-8", include_str!("../../../console/table.js")),
     ("style.css", "text/css; charset=utf-8", include_str!("../../../console/style.css")),
 ];
@@ -69,7 +70,7 @@ async fn index_slash() -> HttpResponse {
     tag = "console",
     operation_id = "console_file",
     security(()),
-    params(("file" = String, Path, description = "`index.html`, a script (`app.js`, `net.js`, `list.js`, `session.js`, `replay.js`, `render.js`, `table.js`) or `style.css`")),
+    params(("file" = String, Path, description = "`index.html`, a script (`app.js`, `net.js`, `list.js`, `session.js`, `replay.js`, `render.js`, `sections.js`, `table.js`) or `style.css`")),
     responses((status = 200, description = "The file", content(
         (String = "text/html"), (String = "text/javascript"), (String = "text/css"),
     ))),
