@@ -37,7 +37,7 @@ export class Sections {
   open(kind, attrs = {}) {
     const section = document.createElement('section');
     section.className = kind;
-    for (const [name, value] of Object.entries(attrs)) section.setAttribute(name, value);
+    for (const [name, value] of Object.entries(attrs)) if (value != null) section.setAttribute(name, value);
     this.box.append(section);
     this.all.push(section);
     if (this.all.length > 1) this.observer.observe(this.all.at(-2));
@@ -61,11 +61,17 @@ export class Sections {
    * Puts aside every section but the last (a long log drawn out of sight, about to show at
    * its end): what shows first is the last section alone, not every section near it at the
    * height guessed for sections never laid out; the observer fills those near it again.
+   * (Those never laid out are put aside at that guess, 240 px, until they come near: the
+   * scroll bar is only about right for a long log just opened.)
    */
   asideAllButLast() {
-    for (const section of this.all.slice(0, -1)) {
-      this.putAside(section, section.getBoundingClientRect().height);
-      // (Observed anew: the observer reports where each is, and fills those near again.)
+    const earlier = this.all.slice(0, -1);
+    const heights = earlier.map((section) => section.getBoundingClientRect().height); // (one layout, then writes)
+    earlier.forEach((section, i) => this.putAside(section, heights[i]));
+    // Observed anew (what it queued meanwhile is dropped): it reports where each is, and
+    // fills those near the view again.
+    this.observer.takeRecords();
+    for (const section of earlier) {
       this.observer.unobserve(section);
       this.observer.observe(section);
     }

@@ -105,7 +105,7 @@ export function stopFeeding() {
   view.live = (view.live ?? 0) + 1;
   stopLive();
   Object.assign(view, { held: [], next: 0, draining: false, reading: false });
-  loading(false);
+  loaded({ show: false });
 }
 
 /** Events read at a time when a session opens. */
@@ -117,7 +117,7 @@ const OPEN_PAGE = 500;
  * in pieces the page draws between, not as one burst of thousands of stream frames (which
  * the browser dispatches in one task). If a page cannot be read, the stream catches up.
  *
- * A log longer than a page, opened from its start, is drawn out of sight (`loading`): its
+ * A log longer than a page, opened from its start, is drawn out of sight (`loading`, then `loaded`): its
  * turns are built but not laid out or painted, nor the table's rows, a line says how far the
  * reading is, and the conversation shows once it is all drawn, at its end. Drawing
  * thousands of events in view, frame after frame, painted each turn on its way past: on
@@ -135,10 +135,10 @@ async function openLog() {
       if (after) params.set('after_id', after);
       const page = await api('GET', `/sessions/${encodeURIComponent(id)}/events?${params}`);
       if (!current()) return;
-      if (!after && page.has_more) loading(true);
+      if (!after && page.has_more) loading();
       view.held.push(...page.data);
       drain();
-      if (view.loading) loading(true, view.renderer.lastSeq + view.held.length - view.next);
+      if (view.loading) loading(view.renderer.lastSeq + view.held.length - view.next);
       // A log that ends with `terminated` has nothing more to follow (drawing it says so).
       if (page.data.at(-1)?.type === 'terminated') {
         ended = true;
@@ -152,32 +152,35 @@ async function openLog() {
   }
   if (!current()) return;
   view.reading = false;
-  if (!view.draining) loading(false);
+  if (!view.draining) loaded();
   if (!ended) followLive();
 }
 
+/** The conversation is drawn out of sight while a long log is read (`read`: the events read so far). */
+function loading(read) {
+  view.loading = true;
+  view.renderer.table.hold(true);
+  $('conversation').dataset.loading = read ? `Reading the session’s log: ${read.toLocaleString('en-US')} events so far…` : 'Reading the session’s log…';
+}
+
 /**
- * Whether the conversation is drawn out of sight while a long log is read (`read`: the
- * events read so far). Once it is not, the conversation shows, at its end.
+ * The log is read and drawn: the conversation shows, at its end (or, with `show` false,
+ * only stops being hidden: the view is left, or a replay takes it).
  */
-function loading(on, read) {
+function loaded({ show = true } = {}) {
+  if (!view.loading) return;
   const box = $('conversation');
-  const { table } = view.renderer;
-  if (on) {
-    view.loading = true;
-    table.hold(true);
-    box.dataset.loading = read ? `Reading the session’s log: ${read.toLocaleString('en-US')} events so far…` : 'Reading the session’s log…';
-  } else if (view.loading) {
-    view.loading = false;
-    view.renderer.showFromTheEnd();
-    delete box.dataset.loading;
-    // At the end at once (a layout of the last section), before the observer looks: at the
-    // top of a long last section, the sections above it would be near, and filled again.
-    box.scrollTop = box.scrollHeight;
-    followBottom({ reset: true });
-    // The table's rows come after the conversation's first frame, not in it.
-    requestAnimationFrame(() => requestAnimationFrame(() => view.loading || table.hold(false)));
-  }
+  const { renderer } = view;
+  view.loading = false;
+  delete box.dataset.loading;
+  if (!show) return renderer.table.hold(false);
+  renderer.showFromTheEnd();
+  // At the end at once (a layout of the last section), before the observer looks: at the
+  // top of a long last section, the sections above it would be near, and filled again.
+  box.scrollTop = box.scrollHeight;
+  followBottom({ reset: true });
+  // The table's rows come after the conversation's first frame, not in it.
+  requestAnimationFrame(() => requestAnimationFrame(() => view.loading || renderer.table.hold(false)));
 }
 
 /** Follows the log live, from after the newest event the page holds (from the start if none). */
@@ -241,43 +244,52 @@ function drain() {
   const { live } = view;
   const slice = () => {
     if (live !== view.live) return; // (whoever dropped the held events reset `draining`)
-    const { renderer } = view;
-    const more = sliceBudget();
-    let drawn = false;
-    while (view.next < view.held.length && more()) {
-      const held = view.held[view.next++];
-      const event = typeof held === 'string' ? JSON.parse(held) : held;
-      // A gap means a frame was missed (of a type this page has no listener for?): reopen
-      // after the last event drawn, once per gap; if the same gap comes back, draw on.
-      if (event.sequence_number > renderer.lastSeq + 1 && view.gapAt !== renderer.lastSeq) {
-        view.gapAt = renderer.lastSeq;
+    try {
+      drawSlice();
+    } finally {
+      // (Whatever a slice threw, the drawing goes on, or ends and shows what it drew.)
+      if (view.next < view.held.length) setTimeout(slice, 0);
+      else {
         view.held = [];
         view.next = 0;
-        followLive();
-        break;
+        view.draining = false;
+        if (!view.reading) loaded();
       }
-      if (renderer.apply(event)) {
-        drawn = true;
-        if (event.type === 'session.created' || event.type === 'session.updated') showHeading();
-      }
-      if (event.type === 'terminated') {
-        stopLive();
-        setConn('ended');
-      }
-    }
-    if (drawn) {
-      showControls();
-      followBottom();
-    }
-    if (view.next < view.held.length) setTimeout(slice, 0);
-    else {
-      view.held = [];
-      view.next = 0;
-      view.draining = false;
-      if (!view.reading) loading(false);
     }
   };
   setTimeout(slice, 0);
+}
+
+/** Draws the events held, as many as a slice's budget allows. */
+function drawSlice() {
+  const { renderer } = view;
+  const more = sliceBudget();
+  let drawn = false;
+  while (view.next < view.held.length && more()) {
+    const held = view.held[view.next++];
+    const event = typeof held === 'string' ? JSON.parse(held) : held;
+    // A gap means a frame was missed (of a type this page has no listener for?): reopen
+    // after the last event drawn, once per gap; if the same gap comes back, draw on.
+    if (event.sequence_number > renderer.lastSeq + 1 && view.gapAt !== renderer.lastSeq) {
+      view.gapAt = renderer.lastSeq;
+      view.held = [];
+      view.next = 0;
+      followLive();
+      break;
+    }
+    if (renderer.apply(event)) {
+      drawn = true;
+      if (event.type === 'session.created' || event.type === 'session.updated') showHeading();
+    }
+    if (event.type === 'terminated') {
+      stopLive();
+      setConn('ended');
+    }
+  }
+  if (drawn) {
+    showControls();
+    followBottom();
+  }
 }
 
 function stopLive() {

@@ -128,7 +128,7 @@ export class RawTable {
     this.queued = true;
     requestAnimationFrame(() => {
       this.queued = false;
-      this.draw();
+      if (!this.held) this.draw();
     });
   }
 

@@ -73,12 +73,13 @@ test("long session: 10,000 events open in slices (the longest task is printed), 
 
   const { page } = await lab.newPage();
   await watchLongTasks(page);
-  // What the conversation said while the log was read (its `data-loading`), as it changed.
+  // What the conversation said while the log was read: each value its `data-loading` had
+  // before a change (the value after the last change is read at the end).
   await page.addInitScript(() => {
     window.__loading = [];
     new MutationObserver((changes) => {
-      for (const change of changes) if (change.target.id === "conversation") window.__loading.push(change.target.dataset.loading ?? null);
-    }).observe(document, { subtree: true, attributes: true, attributeFilter: ["data-loading"] });
+      for (const change of changes) if (change.target.id === "conversation") window.__loading.push(change.oldValue);
+    }).observe(document, { subtree: true, attributes: true, attributeOldValue: true, attributeFilter: ["data-loading"] });
   });
   // The page first (its start-up measured apart), then the session opened from the list.
   await page.goto(`${server.url}/console#/`);
@@ -125,7 +126,7 @@ test("long session: 10,000 events open in slices (the longest task is printed), 
       `${figures.nodes} DOM nodes; ${figures.sections} sections, ${figures.aside} put aside; typing 16 keys took ${typed} ms`,
   );
   // Drawn out of sight while it was read, saying how far the reading was; shown once drawn.
-  const said = await page.evaluate(() => window.__loading);
+  const said = await page.evaluate(() => [...window.__loading, document.getElementById("conversation").dataset.loading ?? null]);
   const progress = said.filter((text) => text != null);
   lab.note(`while it was read, the conversation said ${progress.length} times where the reading was, from "${progress[0]}" to "${progress.at(-1)}"`);
   assert.match(said.find((text) => /events so far/.test(text ?? "")) ?? "", /^Reading the session’s log: [\d,]+ events so far…$/, "the reading's progress, said");
@@ -133,6 +134,8 @@ test("long session: 10,000 events open in slices (the longest task is printed), 
   assert.ok(figures.nodes < 5_000, `the page stays under a few thousand DOM nodes: ${figures.nodes}`);
   assert.equal(figures.sections, turns + 1, "a section per turn, and one before them");
   assert.ok(figures.aside > 0, "turns far from the view are put aside");
+  // Shown with only its last turn in the page, the turns near it are filled again.
+  await waitFor(page, `#conversation section.turn[data-turn-n="${turns - 1}"]:not([data-aside]) .turn-end`, "the turn before the last, near the view, filled again", { state: "attached", timeout: 5_000 });
   await lab.screenshot(page, "long-session-end");
 
   // The first turn is there to scroll to: its section is filled again as it comes near.
