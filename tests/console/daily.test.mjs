@@ -177,18 +177,27 @@ test("one long turn: 1,500 calls made together are drawn in parts put aside like
 
   const { page } = await lab.newPage();
   await watchLongTasks(page);
-  await openSession(page, server, id);
+  // The page first (its start-up measured apart), then the session opened from the list.
+  await page.goto(`${server.url}/console#/`);
+  await waitFor(page, rowSelector(id), "the session in the list", { state: "visible" });
+  const opened = await page.evaluate(() => performance.now());
+  await page.click(`${rowSelector(id)} a`);
+  await waitFor(page, "#conn[data-state=live]", "the session's stream live", { timeout: 60_000 });
   await waitForRow(page, log.at(-1).id, "the whole log in the table", { timeout: 120_000 });
   await waitFor(page, '#conversation section.turn-part .turn-end', "the turn's end, in a later part of it", { timeout: 30_000 });
-  const figures = await page.evaluate(() => ({
+  const figures = await page.evaluate((opened) => ({
     nodes: document.getElementsByTagName("*").length,
     parts: document.querySelectorAll('#conversation > section.turn-part[data-turn-n="1"]').length,
     aside: document.querySelectorAll("#conversation > section[data-aside]").length,
-    longest: Math.max(0, ...window.__longTasks.map((t) => t.ms)),
-    frames: window.__frames.filter((f) => f.ms > 50).map((f) => f.what),
-  }));
-  lab.note(`frames over 50 ms: ${figures.frames.join(" | ") || "none"}`);
-  lab.note(`${figures.nodes} DOM nodes; the turn in ${figures.parts + 1} sections, ${figures.aside} put aside; longest main-thread task ${figures.longest} ms`);
+    longest: Math.max(0, ...window.__longTasks.filter((t) => t.at >= opened).map((t) => t.ms)),
+    boot: Math.max(0, ...window.__longTasks.filter((t) => t.at < opened).map((t) => t.ms)),
+    frames: window.__frames.filter((f) => f.at >= opened && f.ms > 50).map((f) => f.what),
+  }), opened);
+  lab.note(`frames over 50 ms while it opened: ${figures.frames.join(" | ") || "none"}`);
+  lab.note(
+    `${figures.nodes} DOM nodes; the turn in ${figures.parts + 1} sections, ${figures.aside} put aside; ` +
+      `longest main-thread task while it opened ${figures.longest} ms (the page's own start-up before it: ${figures.boot} ms)`,
+  );
   assert.ok(figures.parts >= calls / 50, `the turn goes on in parts: ${figures.parts}`);
   assert.ok(figures.aside > 0, "parts far from the view are put aside");
   assert.ok(figures.nodes < 5_000, `the page stays under a few thousand DOM nodes: ${figures.nodes}`);
