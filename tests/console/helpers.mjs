@@ -612,3 +612,21 @@ export function pageFetch(page, urlPath, { method = "GET", headers = {}, body } 
     { urlPath, method, headers, body },
   );
 }
+
+/** Every delta a log event of its own (the default merges a model's tokens 25 ms at a time). */
+export const EVERY_DELTA = "[engine]\ndelta_coalesce_ms = 0\n";
+
+/** Runs whole turns through the turn API (each answered once it ended) until the log holds at least `n` events. */
+export async function fillSession(api, id, n) {
+  for (let i = 1; ; i += 1) {
+    let text = "/words 40";
+    if (i % 5 === 0) text = `/tool calculator {"expression": "${i}*2"}`;
+    else if (i % 7 === 0) text = `/think step ${i}\n/words 30`;
+    const turn = await api.call("POST", `/sessions/${id}/turns`, { stream: "none", messages: [{ role: "user", content: text }] });
+    assert.equal(turn.status, 200, `turn ${i}: ${show(turn.body)}`);
+    if (i % 25 === 0) {
+      const last = await api.ok("GET", `/sessions/${id}/events?limit=1&order=desc`);
+      if (last.data[0].sequence_number >= n) return i;
+    }
+  }
+}
